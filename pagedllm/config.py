@@ -1,0 +1,127 @@
+"""Typed engine configuration, validated at construction.
+
+Derived numbers (KV bytes per token, number of blocks) are computed once, here, so the
+start-up log, the CLI and the engine agree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9,
+          "T": 1e12, "TB": 1e12, "KI": 2**10, "KIB": 2**10, "MI": 2**20, "MIB": 2**20,
+          "GI": 2**30, "GIB": 2**30, "TI": 2**40, "TIB": 2**40}
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+          "float": torch.float32, "half": torch.float16}
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def parse_size(value: int | float | str) -> int:
+    """Parse a byte count: 2147483648, '2GiB', '512MiB', '1.5G' (decimal G = 1e9)."""
+    if isinstance(value, int | float):
+        return int(value)
+    m = _SIZE_RE.match(value)
+    if not m:
+        raise ValueError(f"cannot parse memory size {value!r}; use bytes or a suffix like 4GiB")
+    unit = (m.group(2) or "").upper()
+    if unit not in _UNITS:
+        raise ValueError(f"unknown memory unit in {value!r}")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto' is float32 on CPU (no native bf16 matmul on the target CPUs) and bf16 on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class EngineConfig:
+    """Every knob of the engine (vLLM names). `finalize()` fills model-dependent values."""
+
+    model: str | None = None
+    dtype: str | torch.dtype = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    kv_cache_memory: int | str | None = None  # bytes; default 2 GiB on CPU
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    seed: int = 0
+    num_threads: int | None = None
+    enforce_eager: bool = True
+    _extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.torch_device = torch.device(self.device)
+        self.torch_dtype = resolve_dtype(self.dtype, self.torch_device)
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_size(self.kv_cache_memory)
+            if self.kv_cache_memory <= 0:
+                raise ValueError(f"kv_cache_memory must be > 0, got {self.kv_cache_memory}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+    def finalize(self, model_max_len: int) -> None:
+        """Resolve defaults that depend on the model's context length."""
+        if self.max_model_len is None:
+            self.max_model_len = model_max_len
+        elif self.max_model_len > model_max_len:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's maximum context "
+                f"length {model_max_len}")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = 2048
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Shape of the paged KV cache and the arithmetic users plan with."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    block_size: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+    def num_blocks_for(self, budget_bytes: int) -> int:
+        return budget_bytes // self.bytes_per_block
+
+    def blocks_per_seq(self, seq_len: int) -> int:
+        return -(-seq_len // self.block_size)

@@ -1,0 +1,121 @@
+"""One sequence being generated, and every bit of its progress.
+
+The scheduler's unit. `num_computed_tokens` catches up with `num_tokens` (prompt + generated):
+while it is behind by more than one, the request is prefilling (possibly in chunks); when it is
+behind by exactly one, the next step decodes. A request with `n > 1` samples is scheduled as one
+sequence until its prompt is computed, then forked into `n` sequences sharing the prompt's blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedllm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass
+class RequestTimes:
+    """Wall-clock stamps (time.monotonic) for metrics."""
+
+    arrival: float = field(default_factory=time.monotonic)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+
+class Request:
+    """A sequence: prompt tokens, generated tokens, block table and scheduling state."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, *, eos_token_id: int | None,
+                 prompt: str | None = None, group_id: str | None = None, index: int = 0,
+                 arrival_time: float | None = None) -> None:
+        self.request_id = request_id
+        self.group_id = group_id or request_id
+        self.index = index  # which of the group's n samples this sequence is
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.num_preemptions = 0
+        self.max_tokens = sampling_params.max_tokens or 0  # resolved by the engine
+        self.forked = sampling_params.n == 1  # True once n > 1 sampling has fanned out
+        self.stop_reason: int | str | None = None
+        self.times = RequestTimes(arrival=arrival_time or time.monotonic())
+        # One generator per sample of the group (seed + index), kept across steps so that a
+        # seeded request's draws never depend on its batch mates or on preemption.
+        self.generators: list[torch.Generator | None] = [None] * sampling_params.n
+        self.logprobs: list[dict[int, float]] | None = (
+            [] if sampling_params.logprobs is not None else None)
+        self.detokenizer = None  # set by the output processor
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        return self.generators[0]
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def fork(self, request_id: str, index: int) -> Request:
+        """A sibling sample sharing everything computed so far (blocks are shared by the caller)."""
+        child = Request(request_id, self.prompt_token_ids, self.sampling_params,
+                        eos_token_id=self.eos_token_id, prompt=self.prompt,
+                        group_id=self.group_id, index=index, arrival_time=self.times.arrival)
+        child.output_token_ids = list(self.output_token_ids)
+        child.all_token_ids = list(self.all_token_ids)
+        child.status = self.status
+        child.num_computed_tokens = self.num_computed_tokens
+        child.forked = True
+        child.max_tokens = self.max_tokens
+        child.generators = [self.generators[index]]
+        child.times = RequestTimes(**vars(self.times))
+        if self.logprobs is not None:
+            child.logprobs = list(self.logprobs)
+        return child
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, status={self.status.value}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+                f"blocks={len(self.block_ids)})")

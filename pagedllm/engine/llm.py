@@ -1,0 +1,105 @@
+"""`LLM`: the vLLM-compatible offline API (generate, chat)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | Sequence[int] | dict
+Conversation = list[dict[str, str]]
+
+
+class LLM:
+    """Offline batched generation: all prompts are queued, then the engine steps until done.
+
+    `LLM(model=None)` loads the default model (SmolLM2-135M-Instruct GGUF); engine arguments
+    use vLLM's names (block_size, max_model_len, max_num_seqs, max_num_batched_tokens,
+    kv_cache_memory, dtype, device, ...).
+    """
+
+    def __init__(self, model: str | None = None, **engine_args) -> None:
+        self.llm_engine = LLMEngine.from_engine_args(model=model, **engine_args)
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for one prompt or many (str, token-id list, or {"prompt_token_ids": [...]}).
+
+        Results come back in input order. Invalid input raises ValueError before anything runs.
+        """
+        prompts = self._normalize_prompts(prompts)
+        params = sampling_params or SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        elif len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        return self._run(prompts, list(params), use_tqdm)
+
+    def chat(self, messages: Conversation | Sequence[Conversation],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             chat_template: str | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation, then generate."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tok = self.get_tokenizer()
+        prompts = []
+        for conv in convs:
+            ids = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                          tokenize=True, chat_template=chat_template)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids),
+                            "prompt": tok.decode(ids, skip_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    @staticmethod
+    def _normalize_prompts(prompts) -> list[Prompt]:
+        if isinstance(prompts, str | dict):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(p, int) for p in prompts):
+            return [prompts]
+        return prompts
+
+    def _run(self, prompts: list[Prompt], params: list[SamplingParams],
+             use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        ids: list[str] = []
+        try:
+            for prompt, p in zip(prompts, params, strict=True):
+                text = None
+                if isinstance(prompt, dict):
+                    text = prompt.get("prompt")
+                    prompt = prompt.get("prompt_token_ids", text)
+                rid = engine.add_request(prompt, p)
+                if text is not None:
+                    engine.output_processor.groups[rid].seqs[0].prompt = text
+                ids.append(rid)
+        except Exception:
+            engine.abort_request(ids)
+            raise
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        bar.update(1)
+        except BaseException:
+            engine.abort_request([i for i in ids if i not in results])
+            raise
+        finally:
+            bar.close()
+        return [results[i] for i in ids]

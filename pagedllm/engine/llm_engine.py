@@ -1,0 +1,160 @@
+"""LLMEngine: add_request / abort_request / step, synchronous and single-threaded.
+
+One `step()` = schedule -> forward + sample -> append tokens, stop checks, free -> outputs.
+`AsyncEngine` (server) and `LLM` (offline) both drive this loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+
+import torch
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.block_manager import BlockManager
+from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.engine import model_setup
+from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.stats import EngineStats
+from pagedllm.loader import load_checkpoint
+from pagedllm.model.layers.sampler import make_generator
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.worker.cache_engine import CacheEngine
+from pagedllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, debug_steps: bool = False) -> None:
+        self.config = config
+        self.debug_steps = debug_steps
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        ckpt = load_checkpoint(config.model)
+        self.hf_config = ckpt.config
+        self.tokenizer = ckpt.tokenizer
+        self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
+        config.finalize(int(getattr(ckpt.config, "max_position_embeddings", 2048)))
+        self.model = model_setup.build_model(ckpt, config)
+        self.vocab_size = ckpt.config.vocab_size
+        eos = getattr(ckpt.config, "eos_token_id", None)
+        if isinstance(eos, list):
+            eos = eos[0]
+        self.eos_token_id = eos if eos is not None else self.tokenizer.eos_token_id
+        self.kv_spec = model_setup.kv_spec_for(ckpt.config, config)
+        budget = model_setup.kv_budget_bytes(config)
+        self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len)
+        self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device)
+        self.block_manager = BlockManager(self.num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len)
+        window = getattr(ckpt.config, "sliding_window", None)
+        if window is not None and not getattr(ckpt.config, "use_sliding_window", True):
+            window = None
+        self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
+                                  device=config.torch_device, sliding_window=window)
+        self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
+                                                self.block_manager, config.max_model_len)
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._requests: dict[str, list[Request]] = {}
+
+    @classmethod
+    def from_engine_args(cls, debug_steps: bool = False, **kwargs) -> LLMEngine:
+        return cls(EngineConfig(**kwargs), debug_steps=debug_steps)
+
+    # -------------------------------------------------------------- requests
+    def tokenize_prompt(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        return None, [int(t) for t in prompt]
+
+    def validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("prompt must not be empty")
+        if len(token_ids) > self.config.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens, max_model_len is "
+                f"{self.config.max_model_len}")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is out of range [0, {self.vocab_size})")
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request; raises ValueError (and queues nothing) on invalid input."""
+        params = params or SamplingParams()
+        request_id = request_id or str(next(self._ids))
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        text, token_ids = self.tokenize_prompt(prompt)
+        self.validate_prompt(token_ids)
+        req = Request(request_id, token_ids, params, eos_token_id=self.eos_token_id,
+                      prompt=text, arrival_time=arrival_time)
+        req.max_tokens = params.max_tokens or (self.config.max_model_len - len(token_ids))
+        if params.seed is not None:
+            req.generators = [make_generator(params.seed + i, self.config.torch_device)
+                              for i in range(params.n)]
+        self.output_processor.add(req)
+        self.scheduler.add_request(req)
+        self._requests[request_id] = self.output_processor.groups[request_id].seqs
+        self.stats.on_add(len(token_ids))
+        return request_id
+
+    def abort_request(self, request_ids: str | Sequence[str]) -> None:
+        """Finish the requests as aborted and free their blocks (unknown ids are ignored)."""
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            seqs = self._requests.pop(rid, None)
+            if seqs is None:
+                continue
+            for seq in seqs:
+                if not seq.is_finished:
+                    self.scheduler.finish_request(seq, RequestStatus.FINISHED_ABORTED)
+            self.output_processor.groups.pop(rid, None)
+            self.stats.on_finish("abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    # ------------------------------------------------------------------ step
+    def step(self, stream: bool = False) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if sched.is_empty:
+            return []
+        result = self.runner.execute(sched)
+        self.scheduler.update_computed(sched)
+        t2 = time.perf_counter()
+        touched = self.output_processor.process(result.sampled)
+        outputs = []
+        for gid in touched:
+            out = self.output_processor.make_output(gid, stream=stream)
+            if out.finished:
+                self._requests.pop(gid, None)
+                for c in out.outputs:
+                    self.stats.on_finish(c.finish_reason or "abort")
+            outputs.append(out)
+        t3 = time.perf_counter()
+        self.stats.on_step(sched, result, self.block_manager.usage, len(self.scheduler.running),
+                           len(self.scheduler.waiting),
+                           {"schedule": (t1 - t0) * 1e3, **result.timings_ms,
+                            "output": (t3 - t2) * 1e3}, outputs)
+        if self.debug_steps:
+            logger.info(self.stats.step_line())
+        return outputs
+
+    def check_invariants(self) -> None:
+        live = [s for seqs in self._requests.values() for s in seqs]
+        self.block_manager.check_invariants(live)

@@ -1,0 +1,83 @@
+"""Build the model from a checkpoint and size the KV pool from the memory budget."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import nn
+
+from pagedllm.config import EngineConfig, KVCacheSpec
+from pagedllm.loader import Checkpoint
+from pagedllm.model.models.llama import model_dims
+from pagedllm.model.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_BYTES = 2 * 2**30
+GiB = 2**30
+
+
+def build_model(ckpt: Checkpoint, config: EngineConfig) -> nn.Module:
+    """Construct on the meta device, allocate once on the target device, copy weights in."""
+    t0 = time.perf_counter()
+    cls = get_model_class(getattr(ckpt.config, "architectures", None))
+    with torch.device("meta"):
+        model = cls(ckpt.config)
+    model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
+    n_params = sum(p.numel() for p in model.parameters())
+    if getattr(ckpt.config, "tie_word_embeddings", False):
+        n_params -= model.lm_head.weight.numel()
+    model.load_weights(ckpt.weights())
+    model.eval()
+    logger.info("loaded %s (%s, %.1fM parameters, %s on %s) in %.1f s",
+                ckpt.source.name, cls.__name__, n_params / 1e6, config.torch_dtype,
+                config.torch_device, time.perf_counter() - t0)
+    return model
+
+
+def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:
+    _, kv_heads, head_dim = model_dims(hf_config)
+    return KVCacheSpec(num_layers=hf_config.num_hidden_layers, num_kv_heads=kv_heads,
+                       head_dim=head_dim, dtype=config.torch_dtype, block_size=config.block_size)
+
+
+def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None) -> int:
+    """Bytes for the KV pool: explicit `kv_cache_memory`, else on CUDA the share of device
+    memory left by `gpu_memory_utilization` after the profiled peak, else 2 GiB on CPU."""
+    if config.kv_cache_memory is not None:
+        return int(config.kv_cache_memory)
+    if config.torch_device.type == "cuda":
+        total = torch.cuda.get_device_properties(config.torch_device).total_memory
+        peak = profile_peak_bytes or torch.cuda.max_memory_allocated(config.torch_device)
+        budget = int(total * config.gpu_memory_utilization) - peak
+        if budget <= 0:
+            raise ValueError(
+                f"no memory left for the KV cache: model + activations peak at {peak / GiB:.2f} "
+                f"GiB of {total / GiB:.2f} GiB; raise gpu_memory_utilization "
+                f"(now {config.gpu_memory_utilization})")
+        return budget
+    return DEFAULT_CPU_KV_BYTES
+
+
+def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int) -> int:
+    """Blocks that fit in `budget`; refuses a pool that cannot hold one max_model_len sequence."""
+    num_blocks = spec.num_blocks_for(budget)
+    per_seq = spec.blocks_per_seq(max_model_len)
+    elem = torch.empty((), dtype=spec.dtype).element_size()
+    logger.info(
+        "KV cache: %d bytes/token (2 x %d layers x %d kv_heads x %d head_dim x %d bytes); "
+        "budget %.2f GiB -> %d blocks of %d tokens = %d tokens; %.1f sequences of "
+        "max_model_len %d fit", spec.bytes_per_token, spec.num_layers, spec.num_kv_heads,
+        spec.head_dim, elem, budget / GiB, num_blocks, spec.block_size,
+        num_blocks * spec.block_size, num_blocks / per_seq, max_model_len)
+    if num_blocks < per_seq:
+        need = per_seq * spec.bytes_per_block
+        raise ValueError(
+            f"the KV cache budget of {budget / GiB:.3f} GiB holds {num_blocks} blocks "
+            f"({num_blocks * spec.block_size} tokens), less than one sequence of max_model_len "
+            f"{max_model_len} ({per_seq} blocks); raise kv_cache_memory to at least "
+            f"{need / GiB:.3f} GiB ({need} bytes) or lower max_model_len to "
+            f"{num_blocks * spec.block_size}")
+    return num_blocks

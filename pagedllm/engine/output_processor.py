@@ -1,0 +1,138 @@
+"""After each forward pass: append sampled tokens, fan out n > 1 samples, detokenize, check
+stop conditions, free finished requests, and build `RequestOutput`s per request group.
+
+Stop conditions, in order, for each new token (vLLM semantics): a stop string in the text;
+then, once `min_tokens` are generated, EOS (unless ignore_eos) and `stop_token_ids`; then
+`max_tokens` or `max_model_len` reached (finish reason "length").
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pagedllm.core.block_manager import BlockManager
+from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.engine.detokenizer import IncrementalDetokenizer
+from pagedllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pagedllm.worker.model_runner import SampledTokens
+
+
+@dataclass
+class RequestGroup:
+    """The n sequences of one user request, and what has been reported of them."""
+
+    request_id: str
+    seqs: list[Request]
+    emitted_tokens: dict[int, int] = field(default_factory=dict)  # index -> tokens reported
+    emitted_logprobs: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        """An n > 1 request fans out on its first token, so before that only an abort ends it."""
+        return all(s.is_finished for s in self.seqs)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, scheduler: Scheduler, block_manager: BlockManager,
+                 max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.groups: dict[str, RequestGroup] = {}
+
+    def add(self, request: Request) -> None:
+        p = request.sampling_params
+        request.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
+            spaces_between_special_tokens=p.spaces_between_special_tokens, stop=p.stop,
+            include_stop_str_in_output=p.include_stop_str_in_output)
+        self.groups[request.group_id] = RequestGroup(request.group_id, [request])
+
+    # ---------------------------------------------------------------- tokens
+    def process(self, sampled: list[SampledTokens]) -> set[str]:
+        """Apply this step's tokens; return the group ids that changed."""
+        now = time.monotonic()
+        touched: set[str] = set()
+        for st in sampled:
+            req = st.request
+            targets = [req] if len(st.token_ids) == 1 else self._fan_out(req)
+            for i, (seq, tok) in enumerate(zip(targets, st.token_ids, strict=True)):
+                seq.append_token(tok)
+                if st.logprobs is not None:
+                    seq.logprobs.append(st.logprobs[i])
+                if seq.times.first_token is None:
+                    seq.times.first_token = now
+                seq.times.last_token = now
+                self._check_stop(seq, tok)
+            touched.add(req.group_id)
+        return touched
+
+    def _fan_out(self, parent: Request) -> list[Request]:
+        """Fork a just-prefilled n > 1 request into n sequences sharing its blocks."""
+        group = self.groups[parent.group_id]
+        parent.forked = True
+        children = [parent]
+        for i in range(1, parent.sampling_params.n):
+            child = parent.fork(f"{parent.group_id}-{i}", i)
+            child.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, parent.prompt_token_ids,
+                skip_special_tokens=parent.sampling_params.skip_special_tokens,
+                spaces_between_special_tokens=(
+                    parent.sampling_params.spaces_between_special_tokens),
+                stop=parent.sampling_params.stop,
+                include_stop_str_in_output=parent.sampling_params.include_stop_str_in_output)
+            self.block_manager.fork(parent, child)
+            self.scheduler.add_running(child)
+            group.seqs.append(child)
+            children.append(child)
+        parent.generators = parent.generators[:1]
+        return children
+
+    def _check_stop(self, seq: Request, tok: int) -> None:
+        p = seq.sampling_params
+        stop_str = seq.detokenizer.update([tok])
+        status = None
+        if stop_str is not None:
+            status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
+        elif seq.num_output_tokens >= p.min_tokens and (
+                (not p.ignore_eos and tok == seq.eos_token_id) or tok in p.stop_token_ids):
+            status = RequestStatus.FINISHED_STOPPED
+            seq.stop_reason = None if tok == seq.eos_token_id else tok
+        elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            status = RequestStatus.FINISHED_LENGTH
+        if status is not None:
+            self.scheduler.finish_request(seq, status)
+
+    # --------------------------------------------------------------- outputs
+    def make_output(self, group_id: str, *, stream: bool = False) -> RequestOutput:
+        group = self.groups[group_id]
+        first = group.seqs[0]
+        finished = group.finished
+        outputs = []
+        for seq in sorted(group.seqs, key=lambda s: s.index):
+            done = seq.is_finished
+            text = seq.detokenizer.output_text
+            delta = seq.detokenizer.get_delta(done) if stream else ""
+            n_prev = group.emitted_tokens.get(seq.index, 0)
+            group.emitted_tokens[seq.index] = seq.num_output_tokens
+            out = CompletionOutput(
+                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
+                logprobs=seq.logprobs,
+                cumulative_logprob=None,
+                finish_reason=seq.status.value if done else None, stop_reason=seq.stop_reason,
+                delta_text=delta, delta_token_ids=seq.output_token_ids[n_prev:],
+                delta_logprobs=seq.logprobs[n_prev:] if seq.logprobs is not None else None)
+            outputs.append(out)
+        t = first.times
+        metrics = RequestMetrics(
+            arrival_time=t.arrival, first_scheduled_time=t.first_scheduled,
+            first_token_time=t.first_token, last_token_time=t.last_token,
+            finished_time=t.finished, num_preemptions=sum(s.num_preemptions for s in group.seqs))
+        if finished:
+            del self.groups[group_id]
+        return RequestOutput(request_id=group_id, prompt=first.prompt,
+                             prompt_token_ids=first.prompt_token_ids, outputs=outputs,
+                             finished=finished, metrics=metrics)

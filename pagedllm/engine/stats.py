@@ -1,0 +1,54 @@
+"""Engine counters and per-step timings (read by the metrics endpoint and --debug-steps)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    step: int
+    prefill_tokens: int
+    decode_seqs: int
+    preempted: int
+    kv_usage: float
+    running: int
+    waiting: int
+    timings_ms: dict[str, float]
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_preemptions_total: int = 0
+    num_steps: int = 0
+    finished: Counter = field(default_factory=Counter)
+    last: StepRecord | None = None
+
+    def on_add(self, num_prompt_tokens: int) -> None:
+        self.prompt_tokens_total += num_prompt_tokens
+
+    def on_finish(self, reason: str) -> None:
+        self.finished[reason] += 1
+
+    def on_step(self, sched, result, kv_usage: float, running: int, waiting: int,
+                timings_ms: dict[str, float], outputs) -> None:
+        self.num_steps += 1
+        decodes = sum(1 for s in sched.scheduled if s.num_new_tokens == 1)
+        self.generation_tokens_total += sum(len(s.token_ids) for s in result.sampled)
+        self.num_preemptions_total += len(sched.preempted)
+        self.last = StepRecord(
+            step=self.num_steps, prefill_tokens=sched.num_batched_tokens - decodes,
+            decode_seqs=decodes, preempted=len(sched.preempted), kv_usage=kv_usage,
+            running=running, waiting=waiting, timings_ms=timings_ms)
+
+    def step_line(self) -> str:
+        r = self.last
+        if r is None:
+            return "no step yet"
+        t = " ".join(f"{k}={v:.1f}ms" for k, v in r.timings_ms.items())
+        return (f"step {r.step}: prefill_tokens={r.prefill_tokens} decode_seqs={r.decode_seqs} "
+                f"running={r.running} waiting={r.waiting} preempted={r.preempted} {t} "
+                f"kv_usage={100 * r.kv_usage:.1f}%")

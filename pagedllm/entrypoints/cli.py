@@ -1,0 +1,87 @@
+"""`pagedllm` command line: generate, chat (and serve once the server lands)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pagedllm.entrypoints.args import add_engine_args, engine_config_from_args
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--sampling-seed", dest="sample_seed", type=int, default=None)
+
+
+def _params(args):
+    from pagedllm import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed)
+
+
+def _engine(args):
+    from pagedllm.engine.llm import LLM
+    from pagedllm.engine.llm_engine import LLMEngine
+
+    llm = LLM.__new__(LLM)
+    llm.llm_engine = LLMEngine(engine_config_from_args(args), debug_steps=args.debug_steps)
+    return llm
+
+
+def cmd_generate(args) -> int:
+    llm = _engine(args)
+    outs = llm.generate(args.prompt, _params(args), use_tqdm=False)
+    for out in outs:
+        sys.stdout.write(f"{out.prompt!r} -> {out.outputs[0].text!r}\n")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    llm = _engine(args)
+    history: list[dict[str, str]] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    sys.stdout.write("pagedllm chat (empty line or Ctrl-D to quit)\n")
+    while True:
+        try:
+            line = input("you> ").strip()
+        except EOFError:
+            break
+        if not line:
+            break
+        history.append({"role": "user", "content": line})
+        reply = llm.chat(history, _params(args), use_tqdm=False)[0].outputs[0].text
+        history.append({"role": "assistant", "content": reply})
+        sys.stdout.write(f"assistant> {reply}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagedllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate completions for prompts")
+    add_engine_args(gen)
+    gen.add_argument("--prompt", action="append", required=True, help="repeatable")
+    _sampling_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    chat = sub.add_parser("chat", help="interactive chat with the model's chat template")
+    add_engine_args(chat)
+    chat.add_argument("--system", default=None, help="system prompt")
+    _sampling_args(chat)
+    chat.set_defaults(func=cmd_chat)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

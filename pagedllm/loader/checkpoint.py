@@ -1,0 +1,69 @@
+"""The loader's output contract, and the single entry point that picks a loader.
+
+A :class:`Checkpoint` is format-neutral: whatever the source (HF directory or
+GGUF file), the model code sees a HF config, a HF tokenizer and HF parameter
+names with float32 CPU tensors. Weights are a callable returning a fresh
+iterator, so a model can stream them one tensor at a time (no full state dict
+in memory) and the caller decides dtype and device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+from pagedllm.loader.default_model import resolve_model
+
+logger = logging.getLogger(__name__)
+
+WeightsFn = Callable[[], Iterator[tuple[str, torch.Tensor]]]
+
+
+@dataclass
+class Checkpoint:
+    """A model ready to be instantiated.
+
+    Attributes:
+        config: HF config; ``architectures`` is set (e.g. ``["LlamaForCausalLM"]``).
+        tokenizer: fast tokenizer; ``chat_template`` is set when the model has one.
+        weights: each call yields ``(hf_name, tensor)`` lazily, e.g.
+            ``("model.layers.0.self_attn.q_proj.weight", tensor)``; tensors are
+            float32 on CPU. Tied models may omit ``lm_head.weight``.
+        source: the file or directory the checkpoint was read from.
+    """
+
+    config: transformers.PretrainedConfig
+    tokenizer: transformers.PreTrainedTokenizerBase
+    weights: WeightsFn
+    source: Path
+
+    @property
+    def architecture(self) -> str:
+        """First entry of ``config.architectures`` (the model registry key)."""
+        architectures = self.config.architectures or []
+        if not architectures:
+            raise ValueError(f"config of {self.source} has no 'architectures' entry")
+        return architectures[0]
+
+
+def load_checkpoint(model: str | None, cache_dir: Path | None = None) -> Checkpoint:
+    """Resolve ``model`` (see :func:`resolve_model`) and load it.
+
+    Args:
+        model: HF model directory, ``.gguf`` file, or ``None`` for the default model.
+        cache_dir: GGUF conversion cache; defaults to ``$PAGEDLLM_CACHE_DIR``
+            or ``~/.cache/pagedllm``. Unused for HF directories.
+    """
+    path = resolve_model(model)
+    if path.is_dir():
+        from pagedllm.loader.hf_loader import load_hf_checkpoint
+
+        return load_hf_checkpoint(path)
+    from pagedllm.loader.gguf_loader import load_gguf_checkpoint
+
+    return load_gguf_checkpoint(path, cache_dir=cache_dir)

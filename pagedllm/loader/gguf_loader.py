@@ -1,0 +1,202 @@
+"""Load a llama-architecture GGUF file as a HF-shaped :class:`Checkpoint`.
+
+Weights are dequantized to float32 with ``gguf.quants.dequantize`` (vectorized
+numpy), renamed to HF parameter names, and the rotary row permutation that
+llama.cpp applies to q/k projections is undone. The result (config, tokenizer,
+weights) is stored as an HF directory in the cache (see :mod:`cache`); later
+loads read that directory with the HF loader.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader, ReaderTensor
+from gguf.quants import dequantize
+from transformers import AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+
+from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
+from pagedllm.loader.checkpoint import Checkpoint
+from pagedllm.loader.errors import UnsupportedModelError
+from pagedllm.loader.hf_loader import load_hf_checkpoint
+
+logger = logging.getLogger(__name__)
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_REQUIRED = object()
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None if unknown."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    match = _LAYER_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        return None
+    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.{match.group(3)}"
+
+
+def reverse_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (``convert_hf_to_gguf.py``: ``permute``).
+
+    HF rotary pairs dimension i with i + d/2 inside each head ("rotate_half");
+    llama.cpp pairs adjacent dimensions (2i, 2i+1). Per head, the converter
+    reorders rows as ``reshape(n_head, 2, d/2).swapaxes(1, 2)``::
+
+        HF rows per head:   [x0 x1 .. x(d/2-1) | y0 y1 .. y(d/2-1)]
+        GGUF rows per head: [x0 y0 x1 y1 .. x(d/2-1) y(d/2-1)]
+
+    so the inverse is ``reshape(n_head, d/2, 2).swapaxes(1, 2)``. ``n_head`` is the
+    number of heads of this projection (the kv head count for k_proj).
+    """
+    half = weight.shape[0] // n_head // 2
+    shaped = weight.reshape(n_head, half, 2, *weight.shape[1:])
+    return shaped.swapaxes(1, 2).reshape(weight.shape)
+
+
+def _meta(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
+    field = reader.get_field(key)
+    if field is None:
+        if default is _REQUIRED:
+            raise UnsupportedModelError(f"GGUF metadata key '{key}' is missing")
+        return default
+    return field.contents()
+
+
+def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
+    """GGUF tensors that have an HF equivalent, with their HF names."""
+    planned = []
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            logger.warning("skipping GGUF tensor %s: no HF Llama equivalent", tensor.name)
+            continue
+        planned.append((tensor, name))
+    return planned
+
+
+def _hf_shape(tensor: ReaderTensor) -> tuple[int, ...]:
+    # GGUF lists dimensions fastest-first (ggml order); numpy/torch list them slowest-first.
+    return tuple(int(dim) for dim in reversed(tensor.shape))
+
+
+def gguf_config(reader: GGUFReader) -> LlamaConfig:
+    """Build a HF ``LlamaConfig`` from the ``llama.*`` and ``tokenizer.ggml.*`` metadata."""
+    arch = _meta(reader, "general.architecture")
+    if arch != "llama":
+        raise UnsupportedModelError(f"GGUF architecture '{arch}' is not supported (only 'llama')")
+    names = {tensor.name: tensor for tensor in reader.tensors}
+    if "token_embd.weight" not in names:
+        raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
+    heads = int(_meta(reader, "llama.attention.head_count"))
+    hidden = int(_meta(reader, "llama.embedding_length"))
+    scaling = _meta(reader, "llama.rope.scaling.type", "none")
+    if scaling != "none":
+        logger.warning("GGUF rope scaling '%s' is ignored (plain RoPE is used)", scaling)
+    return LlamaConfig(
+        architectures=["LlamaForCausalLM"],
+        vocab_size=_hf_shape(names["token_embd.weight"])[0],
+        hidden_size=hidden,
+        intermediate_size=int(_meta(reader, "llama.feed_forward_length")),
+        num_hidden_layers=int(_meta(reader, "llama.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(_meta(reader, "llama.attention.head_count_kv", heads)),
+        head_dim=int(_meta(reader, "llama.attention.key_length", hidden // heads)),
+        max_position_embeddings=int(_meta(reader, "llama.context_length")),
+        rms_norm_eps=float(_meta(reader, "llama.attention.layer_norm_rms_epsilon")),
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": float(_meta(reader, "llama.rope.freq_base", 10000.0)),
+        },
+        attention_bias="blk.0.attn_q.bias" in names,
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=_meta(reader, "tokenizer.ggml.bos_token_id", None),
+        eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id", None),
+        pad_token_id=_meta(reader, "tokenizer.ggml.padding_token_id", None),
+    )
+
+
+def iter_gguf_tensors(reader: GGUFReader, config: LlamaConfig) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield ``(hf_name, float32 array in HF shape)``, dequantizing one tensor at a time."""
+    for tensor, name in _tensors(reader):
+        array = dequantize(tensor.data, tensor.tensor_type).reshape(_hf_shape(tensor))
+        if ".self_attn.q_proj." in name:
+            array = reverse_permute(array, config.num_attention_heads)
+        elif ".self_attn.k_proj." in name:
+            array = reverse_permute(array, config.num_key_value_heads)
+        yield name, np.ascontiguousarray(array, dtype=np.float32)
+
+
+def gguf_tokenizer(path: Path, reader: GGUFReader) -> PreTrainedTokenizerBase:
+    """HF fast tokenizer converted by transformers from the GGUF vocab, with the chat template."""
+    tokenizer = AutoTokenizer.from_pretrained(
+        path.parent, gguf_file=path.name, local_files_only=True
+    )
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = _meta(reader, "tokenizer.chat_template", None)
+    return tokenizer
+
+
+def _write_entry(entry: Path, reader: GGUFReader, config: LlamaConfig, tokenizer: Any) -> None:
+    start = time.perf_counter()
+    config.save_pretrained(entry)
+    tokenizer.save_pretrained(entry)
+    specs = [(name, _hf_shape(tensor)) for tensor, name in _tensors(reader)]
+    write_safetensors(entry / "model.safetensors", specs, iter_gguf_tensors(reader, config))
+    logger.info(
+        "dequantized and cached %d tensors in %.2fs", len(specs), time.perf_counter() - start
+    )
+
+
+def _stream_from_gguf(
+    reader: GGUFReader, config: LlamaConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, array in iter_gguf_tensors(reader, config):
+        # F32 tensors come back as read-only views of the file's memory map.
+        yield name, torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def load_gguf_checkpoint(path: Path, cache_dir: Path | None = None) -> Checkpoint:
+    """Load ``path`` from its cache entry, converting and caching it first if needed."""
+    start = time.perf_counter()
+    entry = gguf_entry_dir(path, cache_dir)
+    if not entry.is_dir():
+        reader = GGUFReader(path)
+        logger.info("read GGUF %s in %.2fs", path.name, time.perf_counter() - start)
+        config = gguf_config(reader)
+        phase = time.perf_counter()
+        tokenizer = gguf_tokenizer(path, reader)
+        logger.info("converted GGUF tokenizer in %.2fs", time.perf_counter() - phase)
+        try:
+            build_atomically(entry, lambda tmp: _write_entry(tmp, reader, config, tokenizer))
+        except OSError as exc:
+            logger.warning("cannot write cache %s (%s); weights stream from the GGUF", entry, exc)
+            return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
+    checkpoint = replace(load_hf_checkpoint(entry), source=path)
+    logger.info("loaded %s (cache %s) in %.2fs", path.name, entry, time.perf_counter() - start)
+    return checkpoint

@@ -1,0 +1,70 @@
+"""Load a Hugging Face model directory (config.json, tokenizer, *.safetensors).
+
+Only safetensors checkpoints are supported: they can be memory-mapped and read
+one tensor at a time, so loading never holds a second full copy of the model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoTokenizer
+
+from pagedllm.loader.checkpoint import Checkpoint
+from pagedllm.loader.errors import ModelNotFoundError
+
+logger = logging.getLogger(__name__)
+
+_INDEX_FILE = "model.safetensors.index.json"
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files of ``model_dir``: the shards named by the index, or all *.safetensors."""
+    index = model_dir / _INDEX_FILE
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ModelNotFoundError(f"{index} lists missing shard files: {missing}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFoundError(
+            f"no *.safetensors files in {model_dir}; only safetensors checkpoints are supported"
+        )
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, float32 CPU tensor)`` one at a time from memory-mapped files."""
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
+                yield name, handle.get_tensor(name).float()
+
+
+def load_hf_checkpoint(model_dir: Path) -> Checkpoint:
+    """Load config and tokenizer from ``model_dir`` (local files only); weights stay lazy."""
+    start = time.perf_counter()
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    files = safetensors_files(model_dir)
+    logger.info(
+        "loaded config and tokenizer of %s in %.2fs (%d weight file(s))",
+        model_dir,
+        time.perf_counter() - start,
+        len(files),
+    )
+    return Checkpoint(
+        config=config,
+        tokenizer=tokenizer,
+        weights=lambda: iter_safetensors(files),
+        source=model_dir,
+    )

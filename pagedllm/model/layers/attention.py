@@ -1,0 +1,85 @@
+"""Paged attention over a flattened batch of prefill chunks and decodes.
+
+The runner orders the batch decodes first, then prefill chunks::
+
+    tokens:  [d0 d1 ... d(D-1) | p0 p0 p0 p0 | p1 p1 | ...]
+              one per decode      q_len tokens per prefill request
+
+For every token its K/V is first written to its slot (`slot_mapping`); then each request
+attends to its whole context (cached + new) gathered through its block table. Decodes need
+no causal mask (one query, every key in the past); prefill queries see keys up to their own
+position (`ctx_start + i`). Queries of the G = heads / kv_heads heads sharing a KV head are
+stacked along the query axis so K/V are never repeated. Scale is 1/sqrt(head_dim); the
+softmax runs in fp32 (inputs are fp32 on CPU; on CUDA the fused SDPA kernels accumulate and
+normalise in fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step batch layout shared by every layer (built once by the runner)."""
+
+    slot_mapping: torch.Tensor          # [T] int64 flat slot of each new token
+    num_decodes: int                    # first D tokens are single-token decodes
+    decode_block_tables: torch.Tensor | None   # [D, max_blocks_d] int64
+    decode_key_mask: torch.Tensor | None       # [D, 1, 1, Ld] bool, True = attend
+    prefill_block_tables: torch.Tensor | None  # [P, max_blocks_p]
+    prefill_token_index: torch.Tensor | None   # [P, max_q] flat index into tokens (pad -> 0)
+    prefill_query_valid: torch.Tensor | None   # [P, max_q] bool
+    prefill_mask: torch.Tensor | None          # [P, 1, max_q, Lp] bool, True = attend
+
+
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[num_blocks, bs, kvh, d] x [B, nb] -> [B, kvh, nb*bs, d]."""
+    b, nb = block_tables.shape
+    _, bs, kvh, d = cache.shape
+    return cache[block_tables].view(b, nb * bs, kvh, d).transpose(1, 2)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+          scale: float) -> torch.Tensor:
+    if q.dtype != torch.float32 and q.device.type == "cpu":
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                             scale=scale)
+        return out.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q [T, H, d], k/v [T, kvh, d] -> [T, H*d]. Writes k/v into the caches first."""
+    t, h, d = q.shape
+    kvh = k.shape[1]
+    g = h // kvh
+    flat_k = k_cache.view(-1, kvh, d)
+    flat_v = v_cache.view(-1, kvh, d)
+    flat_k.index_copy_(0, meta.slot_mapping, k)
+    flat_v.index_copy_(0, meta.slot_mapping, v)
+    out = q.new_empty(t, h, d)
+    nd = meta.num_decodes
+    if nd:
+        qd = q[:nd].view(nd, kvh, g, d)
+        kd = _gather(k_cache, meta.decode_block_tables)
+        vd = _gather(v_cache, meta.decode_block_tables)
+        out[:nd] = _sdpa(qd, kd, vd, meta.decode_key_mask, scale).reshape(nd, h, d)
+    if meta.prefill_block_tables is not None:
+        idx = meta.prefill_token_index
+        p, mq = idx.shape
+        qp = q[idx]                                          # [P, mq, H, d]
+        qp = qp.view(p, mq, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(p, kvh, g * mq, d)
+        kp = _gather(k_cache, meta.prefill_block_tables)
+        vp = _gather(v_cache, meta.prefill_block_tables)
+        mask = meta.prefill_mask.unsqueeze(2).expand(p, 1, g, mq, -1).reshape(p, 1, g * mq, -1)
+        op = _sdpa(qp, kp, vp, mask, scale)                  # [P, kvh, g*mq, d]
+        op = op.view(p, kvh, g, mq, d).permute(0, 3, 1, 2, 4).reshape(p, mq, h, d)
+        valid = meta.prefill_query_valid
+        out[idx[valid]] = op[valid]
+    return out.view(t, h * d)

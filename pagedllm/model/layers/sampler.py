@@ -1,0 +1,259 @@
+"""Batched next-token sampling (vLLM v1 semantics), one row per sequence that samples.
+
+Pipeline, all in float32 whatever the model dtype::
+
+    raw logits --log_softmax--> logprobs (reported)
+        |
+        +-> min_tokens suppression -> repetition / frequency / presence penalties
+              |-> greedy rows:  argmax
+              '-> random rows:  / temperature -> min_p -> top_k -> top_p
+                                -> softmax -> argmax(probs / q),  q ~ Exp(1)
+
+Seeded rows draw ``q`` from their own generator, so their samples do not depend on
+which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm.sampling_params import SamplingParams
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A generator on ``device`` seeded with ``seed``; one per seeded request."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know about one sequence this step."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: torch.Generator | None = None
+    eos_token_id: int | None = None
+
+
+@dataclass
+class LogprobsTensors:
+    """Logprobs of the raw (unpenalised, unscaled) logits; N = max_num_logprobs."""
+
+    sampled_logprobs: torch.Tensor  # [B] float32, logprob of the sampled token
+    sampled_ranks: torch.Tensor  # [B] int64, 1 = most likely token
+    topk_token_ids: torch.Tensor  # [B, N] int64, most likely first
+    topk_logprobs: torch.Tensor  # [B, N] float32, descending
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logprobs: LogprobsTensors | None
+
+
+@dataclass
+class SamplingMetadata:
+    """Batched sampling parameters; row i of every tensor is sequence i.
+
+    Optional tensors are ``None`` when no row uses the feature, so the sampler skips it.
+    Token id tensors are padded with ``vocab_size``, which must equal ``logits.shape[-1]``.
+    """
+
+    temperature: torch.Tensor  # [B] float32; 0 for greedy rows
+    all_greedy: bool
+    all_random: bool
+    top_k: torch.Tensor | None  # [B] int64, vocab_size where disabled
+    top_p: torch.Tensor | None  # [B] float32
+    min_p: torch.Tensor | None  # [B] float32
+    presence_penalties: torch.Tensor | None  # [B] float32
+    frequency_penalties: torch.Tensor | None  # [B] float32
+    repetition_penalties: torch.Tensor | None  # [B] float32
+    prompt_token_ids: torch.Tensor | None  # [B, Lp] int64; built iff repetition penalty used
+    output_token_ids: torch.Tensor | None  # [B, Lo] int64; built iff any penalty used
+    min_tokens_stop_ids: dict[int, set[int]]  # row -> ids banned until min_tokens reached
+    generators: dict[int, torch.Generator]  # row -> generator of a seeded random row
+    max_num_logprobs: int | None  # None: no row wants logprobs
+
+    @classmethod
+    def build(
+        cls, rows: list[SamplingRow], vocab_size: int, device: torch.device | str
+    ) -> SamplingMetadata:
+        ps = [r.params for r in rows]
+        greedy = [p.is_greedy for p in ps]
+
+        def f32(values: list[float], neutral: float) -> torch.Tensor | None:
+            if all(v == neutral for v in values):
+                return None
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        top_k = None
+        if any(p.top_k > 0 for p in ps):
+            ks = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in ps]
+            top_k = torch.tensor(ks, dtype=torch.int64, device=device)
+        presence = f32([p.presence_penalty for p in ps], 0.0)
+        frequency = f32([p.frequency_penalty for p in ps], 0.0)
+        repetition = f32([p.repetition_penalty for p in ps], 1.0)
+        any_penalty = any(t is not None for t in (presence, frequency, repetition))
+
+        stop_ids: dict[int, set[int]] = {}
+        for i, r in enumerate(rows):
+            if len(r.output_token_ids) < r.params.min_tokens:
+                ids = set(r.params.stop_token_ids or ())
+                if r.eos_token_id is not None and not r.params.ignore_eos:
+                    ids.add(r.eos_token_id)
+                if ids:
+                    stop_ids[i] = ids
+        wants = [p.logprobs for p in ps if p.logprobs is not None]
+        return cls(
+            temperature=torch.tensor(
+                [0.0 if g else p.temperature for p, g in zip(ps, greedy, strict=True)],
+                dtype=torch.float32,
+                device=device,
+            ),
+            all_greedy=all(greedy),
+            all_random=not any(greedy),
+            top_k=top_k,
+            top_p=f32([p.top_p for p in ps], 1.0),
+            min_p=f32([p.min_p for p in ps], 0.0),
+            presence_penalties=presence,
+            frequency_penalties=frequency,
+            repetition_penalties=repetition,
+            prompt_token_ids=(
+                _pad([r.prompt_token_ids for r in rows], vocab_size, device)
+                if repetition is not None
+                else None
+            ),
+            output_token_ids=(
+                _pad([r.output_token_ids for r in rows], vocab_size, device)
+                if any_penalty
+                else None
+            ),
+            min_tokens_stop_ids=stop_ids,
+            generators={
+                i: r.generator
+                for i, r in enumerate(rows)
+                if r.generator is not None and not greedy[i]
+            },
+            max_num_logprobs=max(wants) if wants else None,
+        )
+
+
+def _pad(seqs: list[list[int]], pad: int, device: torch.device | str) -> torch.Tensor:
+    width = max((len(s) for s in seqs), default=0)
+    padded = [list(s) + [pad] * (width - len(s)) for s in seqs]
+    return torch.tensor(padded, dtype=torch.int64, device=device).view(len(seqs), width)
+
+
+class Sampler(torch.nn.Module):
+    """Turns last-position logits ``[B, V]`` into one token id per row (see module doc)."""
+
+    def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        # One float32 copy: the caller's logits are never modified.
+        logits = logits.to(dtype=torch.float32, copy=True)
+        raw = None if md.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
+        logits = _apply_min_tokens(logits, md.min_tokens_stop_ids)
+        logits = _apply_penalties(logits, md)
+
+        greedy_ids = None if md.all_random else logits.argmax(dim=-1)
+        if md.all_greedy:
+            sampled = greedy_ids
+        else:
+            random_ids = _sample_random(logits, md)
+            if md.all_random:
+                sampled = random_ids
+            else:
+                sampled = torch.where(md.temperature == 0.0, greedy_ids, random_ids)
+
+        logprobs = None
+        if raw is not None:
+            logprobs = _gather_logprobs(raw, sampled, md.max_num_logprobs)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+
+def _apply_min_tokens(logits: torch.Tensor, stop_ids: dict[int, set[int]]) -> torch.Tensor:
+    if not stop_ids:
+        return logits
+    rows = [i for i, ids in stop_ids.items() for _ in ids]
+    cols = [t for ids in stop_ids.values() for t in ids]
+    idx = torch.tensor([rows, cols], dtype=torch.int64).to(logits.device, non_blocking=True)
+    logits[idx[0], idx[1]] = float("-inf")
+    return logits
+
+
+def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, L] ids padded with vocab_size -> [B, V] occurrence counts (pad column dropped)."""
+    counts = torch.zeros(
+        token_ids.shape[0], vocab_size + 1, dtype=torch.int64, device=token_ids.device
+    )
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids))
+    return counts[:, :vocab_size]
+
+
+def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    if md.output_token_ids is None:
+        return logits
+    vocab_size = logits.shape[-1]
+    output_counts = _token_counts(md.output_token_ids, vocab_size)
+    output_mask = output_counts > 0
+    if md.repetition_penalties is not None:
+        assert md.prompt_token_ids is not None
+        seen = output_mask | (_token_counts(md.prompt_token_ids, vocab_size) > 0)
+        penalty = torch.where(seen, md.repetition_penalties.unsqueeze(1), 1.0)
+        logits = torch.where(logits > 0, logits / penalty, logits * penalty)
+    if md.frequency_penalties is not None:
+        logits = logits - md.frequency_penalties.unsqueeze(1) * output_counts
+    if md.presence_penalties is not None:
+        logits = logits - md.presence_penalties.unsqueeze(1) * output_mask
+    return logits
+
+
+def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    # Greedy rows are sampled here too (with temperature 1) and replaced by the caller.
+    temperature = torch.where(md.temperature == 0.0, 1.0, md.temperature)
+    logits = logits / temperature.unsqueeze(1)
+    if md.min_p is not None:
+        # p < min_p * p_max  <=>  logit < logit_max + log(min_p): no softmax needed.
+        threshold = logits.amax(dim=-1, keepdim=True) + torch.log(md.min_p).unsqueeze(1)
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if md.top_k is not None or md.top_p is not None:
+        logits = _apply_top_k_top_p(logits, md.top_k, md.top_p)
+    probs = torch.softmax(logits, dim=-1)
+
+    q = torch.empty_like(probs).exponential_()
+    for i, g in md.generators.items():
+        q[i].exponential_(generator=g)
+    return (probs / q).argmax(dim=-1)
+
+
+def _apply_top_k_top_p(
+    logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None
+) -> torch.Tensor:
+    """Mask to -inf everything outside the top-k, then outside the top-p nucleus.
+
+    One ascending sort serves both; ties at the k-th value are all kept (as vLLM).
+    """
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        kth = sorted_logits.gather(1, (logits.shape[-1] - k).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if p is not None:
+        # Drop the least likely tokens while their total mass stays <= 1 - p; what is
+        # left is the smallest set with mass >= p. The top token is always kept.
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1.0 - p).unsqueeze(1)
+        drop[:, -1] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _gather_logprobs(raw: torch.Tensor, sampled: torch.Tensor, n: int) -> LogprobsTensors:
+    sampled_logprobs = raw.gather(1, sampled.unsqueeze(1)).squeeze(1)
+    # Rank counts every token at least as likely as the sampled one (vLLM convention).
+    ranks = (raw >= sampled_logprobs.unsqueeze(1)).sum(dim=-1)
+    topk_logprobs, topk_ids = raw.topk(n, dim=-1)
+    return LogprobsTensors(sampled_logprobs, ranks, topk_ids, topk_logprobs)

@@ -1,0 +1,184 @@
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over a flattened token batch.
+
+Config flags select the variants: `attention_bias` / Qwen2 (q/k/v bias), tied embeddings,
+`head_dim`, `partial_rotary_factor`, rope scaling. q/k/v and gate/up are fused into single
+matmuls; `load_weights` maps HF parameter names onto the fused shards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm.model.layers.attention import AttentionMetadata, paged_attention
+from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.norm import RMSNorm
+from pagedllm.model.layers.rotary import RotaryEmbedding
+
+# HF name fragment -> (fused parameter fragment, shard id)
+_STACKED = {
+    "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+
+
+def model_dims(config) -> tuple[int, int, int]:
+    """(num_heads, num_kv_heads, head_dim) from an HF config."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, kv_heads, head_dim
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = model_dims(config)
+        bias = bool(getattr(config, "attention_bias", False)) or (
+            config.model_type == "qwen2")
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size,
+                             bias=bool(getattr(config, "attention_bias", False))
+                             and config.model_type != "qwen2")
+        self.rotary = rotary
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+                ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q = RotaryEmbedding.apply(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = RotaryEmbedding.apply(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.inter = config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.inter)
+        self.down_proj = Linear(self.inter, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, -1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, rotary)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, residual, cos, sin, kv_cache, meta):
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos, sin, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        _, _, head_dim = model_dims(config)
+        rotary_dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
+        rope_params = getattr(config, "rope_parameters", None) or {}
+        rope_scaling = getattr(config, "rope_scaling", None) or rope_params or None
+        theta = getattr(config, "rope_theta", None) or rope_params.get("rope_theta", 10000.0)
+        self.rotary = RotaryEmbedding(head_dim, rotary_dim, config.max_position_embeddings,
+                                      float(theta), rope_scaling)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, self.rotary) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, max_pos, kv_caches, meta):
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, max_pos)
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, cos, sin, kv, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder + lm_head; `compute_logits` runs only on the rows that sample."""
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, max_pos: int,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, max_pos, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into (fused) parameters; raises on missing/unknown names."""
+        params = dict(self.named_parameters())
+        _, kv_heads, head_dim = model_dims(self.config)
+        q_size = self.config.num_attention_heads * head_dim
+        kv_size = kv_heads * head_dim
+        offsets = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            for frag, (fused, shard) in _STACKED.items():
+                if f".{frag}." in name:
+                    target = name.replace(frag, fused)
+                    param = params[target]
+                    if isinstance(shard, str):
+                        start, size = offsets[shard]
+                    else:
+                        size = param.shape[0] // 2
+                        start = shard * size
+                    param.narrow(0, start, size).copy_(tensor)
+                    loaded.add(f"{target}:{shard}")
+                    break
+            else:
+                if name not in params:
+                    raise ValueError(f"checkpoint has unexpected weight {name!r}")
+                params[name].copy_(tensor)
+                loaded.add(name)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+            loaded.add("lm_head.weight")
+        expected = set()
+        for pname in params:
+            if "qkv_proj" in pname:
+                expected |= {f"{pname}:{s}" for s in "qkv"}
+            elif "gate_up_proj" in pname:
+                expected |= {f"{pname}:0", f"{pname}:1"}
+            else:
+                expected.add(pname)
+        if self.tie_word_embeddings:
+            expected.add("lm_head.weight")
+        missing = expected - loaded
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.finalize()

@@ -1,0 +1,26 @@
+"""Model classes by HF architecture name (config.architectures[0])."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from pagedllm.model.models.llama import LlamaForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+}
+
+
+class UnsupportedArchitectureError(ValueError):
+    pass
+
+
+def get_model_class(architectures: list[str] | None) -> type[nn.Module]:
+    for arch in architectures or []:
+        if arch in MODEL_REGISTRY:
+            return MODEL_REGISTRY[arch]
+    raise UnsupportedArchitectureError(
+        f"model architecture {architectures} is not supported; supported architectures: "
+        f"{', '.join(sorted(MODEL_REGISTRY))}")

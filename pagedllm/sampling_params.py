@@ -1,0 +1,127 @@
+"""Per-request sampling parameters, field-compatible with vLLM's ``SamplingParams``."""
+
+from __future__ import annotations
+
+import copy
+import enum
+from dataclasses import dataclass, field
+
+SAMPLING_EPS = 1e-5
+"""Temperatures below this mean greedy decoding."""
+
+MAX_LOGPROBS = 20
+"""Largest number of top logprobs a request may ask for."""
+
+
+class SamplingType(enum.Enum):
+    GREEDY = enum.auto()
+    RANDOM = enum.auto()
+    RANDOM_SEED = enum.auto()
+
+
+@dataclass
+class SamplingParams:
+    """How to pick the next tokens of one request and when to stop.
+
+    Validated at construction (``ValueError`` naming the field, its value and the allowed
+    range). Normalisation: ``stop`` and ``stop_token_ids`` become lists, ``top_k=-1``
+    becomes ``0`` (disabled), and a greedy request (``temperature < 1e-5``) has
+    ``top_p``, ``top_k`` and ``min_p`` reset to their neutral values.
+    ``max_tokens=None`` means "up to max_model_len"; the engine resolves it.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = field(default=None)
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        self._verify()
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.temperature < SAMPLING_EPS:
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+    def _verify(self) -> None:
+        for name in ("n", "top_k", "min_tokens"):
+            _check_int(name, getattr(self, name))
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be 0 or -1 (disable) or >= 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.seed is not None:
+            _check_int("seed", self.seed)
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens)
+            if self.max_tokens < 1:
+                raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
+            )
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs)
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids entries", t)
+            if t < 0:
+                raise ValueError(f"stop_token_ids entries must be >= 0, got {t}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.is_greedy:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (the stop lists are not shared)."""
+        return copy.deepcopy(self)
+
+
+def _check_int(name: str, value: object) -> None:
+    # bool is an int subclass; True as a seed or count is almost certainly a mistake.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")

@@ -1,0 +1,90 @@
+"""Turn a SchedulerOutput into the flat tensors of one forward pass (vectorized numpy).
+
+    requests (decodes first):   r0     r1     r2 (prefill chunk of 3, ctx_start 5)
+    q_lens                       1      1      3
+    positions                  [17]   [4]    [5 6 7]
+    slot(pos) = block_table[pos // block_size] * block_size + pos % block_size
+    logits_indices: the last token of every request that samples this step
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagedllm.core.scheduler import ScheduledRequest
+from pagedllm.model.layers.attention import AttentionMetadata
+
+
+@dataclass
+class BatchInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    max_pos: int
+    meta: AttentionMetadata
+    order: list[ScheduledRequest]     # scheduled requests in batch order
+    logits_indices: np.ndarray        # [B] flat index of each request's last token
+
+
+def _key_mask(seq_lens: np.ndarray, q_pos: np.ndarray, width: int,
+              window: int | None) -> np.ndarray:
+    """mask[b, i, j] = key j visible to the query at absolute position q_pos[b, i]."""
+    j = np.arange(width)[None, None, :]
+    qp = q_pos[:, :, None]
+    mask = j <= np.minimum(qp, (seq_lens - 1)[:, None, None])
+    if window is not None:
+        mask &= j > qp - window
+    return mask
+
+
+def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device,
+                 sliding_window: int | None = None) -> BatchInputs:
+    order = sorted(scheduled, key=lambda s: s.num_new_tokens > 1)
+    n = len(order)
+    q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
+    starts = np.fromiter((s.request.num_computed_tokens for s in order), np.int64, n)
+    seq_lens = starts + q_lens
+    cu = np.concatenate([[0], np.cumsum(q_lens)])
+    total = int(cu[-1])
+    ids = np.fromiter(
+        (t for s, a in zip(order, starts, strict=True)
+         for t in s.request.all_token_ids[a:a + s.num_new_tokens]), np.int64, total)
+    req_idx = np.repeat(np.arange(n), q_lens)
+    positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
+    max_blocks = int(-(-seq_lens.max() // block_size))
+    bt = np.zeros((n, max_blocks), np.int64)
+    for i, s in enumerate(order):
+        blocks = s.request.block_ids[:max_blocks]
+        bt[i, :len(blocks)] = blocks
+    slots = bt[req_idx, positions // block_size] * block_size + positions % block_size
+
+    nd = int((q_lens == 1).sum())
+    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    dec_bt = dec_mask = pre_bt = pre_idx = pre_valid = pre_mask = None
+    if nd:
+        width_blocks = int(-(-seq_lens[:nd].max() // block_size))
+        dec_bt = to(bt[:nd, :width_blocks])
+        mask = _key_mask(seq_lens[:nd], positions[:nd, None], width_blocks * block_size,
+                         sliding_window)
+        dec_mask = to(mask[:, None])                       # [D, 1, 1, L]
+    if nd < n:
+        p_q = q_lens[nd:]
+        max_q = int(p_q.max())
+        width_blocks = int(-(-seq_lens[nd:].max() // block_size))
+        pre_bt = to(bt[nd:, :width_blocks])
+        ar = np.arange(max_q)[None, :]
+        valid = ar < p_q[:, None]
+        pre_idx = to(np.where(valid, cu[nd:-1, None] + ar, 0))
+        pre_valid = to(valid)
+        q_pos = starts[nd:, None] + ar
+        pre_mask = to(_key_mask(seq_lens[nd:], q_pos, width_blocks * block_size,
+                                sliding_window)[:, None])   # [P, 1, max_q, L]
+    meta = AttentionMetadata(
+        slot_mapping=to(slots), num_decodes=nd, decode_block_tables=dec_bt,
+        decode_key_mask=dec_mask, prefill_block_tables=pre_bt, prefill_token_index=pre_idx,
+        prefill_query_valid=pre_valid, prefill_mask=pre_mask)
+    return BatchInputs(input_ids=to(ids), positions=to(positions),
+                       max_pos=int(seq_lens.max()) - 1, meta=meta, order=order,
+                       logits_indices=cu[1:] - 1)

@@ -1,0 +1,114 @@
+"""Runs one engine step on the device: batch tensors -> model -> logits -> sampler.
+
+One forward pass per step over every scheduled token (prefill chunks and decodes mixed);
+`compute_logits` runs only on the last token of the requests that sample. A request with
+n > 1 samples that has just finished its prompt gets n sampling rows on the same logits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pagedllm.core.request import Request
+from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, SamplingRow
+from pagedllm.outputs import Logprob
+from pagedllm.worker.cache_engine import CacheEngine
+from pagedllm.worker.input_batch import build_inputs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SampledTokens:
+    """Tokens sampled for one request this step (n of them when an n>1 request fans out)."""
+
+    request: Request
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]] | None = None
+
+
+@dataclass
+class RunnerOutput:
+    sampled: list[SampledTokens] = field(default_factory=list)
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, cache: CacheEngine, *, vocab_size: int,
+                 device: torch.device, sliding_window: int | None = None) -> None:
+        self.model = model
+        self.cache = cache
+        self.vocab_size = vocab_size
+        self.device = device
+        self.block_size = cache.spec.block_size
+        self.sliding_window = sliding_window
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        t0 = time.perf_counter()
+        self.cache.copy_blocks(sched.blocks_to_copy)
+        batch = build_inputs(sched.scheduled, self.block_size, self.device, self.sliding_window)
+        t1 = time.perf_counter()
+        hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
+                            self.cache.layer_caches, batch.meta)
+        rows: list[SamplingRow] = []
+        row_index: list[int] = []
+        owners: list[tuple[Request, int]] = []  # (request, number of rows)
+        for s, last in zip(batch.order, batch.logits_indices, strict=True):
+            if not s.samples:
+                continue
+            req = s.request
+            n = 1 if req.forked else req.sampling_params.n
+            gens = req.generators if n > 1 else [req.generator]
+            for i in range(n):
+                rows.append(SamplingRow(req.sampling_params, req.prompt_token_ids,
+                                        req.output_token_ids, gens[i], req.eos_token_id))
+                row_index.append(int(last))
+            owners.append((req, n))
+        out = RunnerOutput()
+        if rows:
+            logits = self.model.compute_logits(
+                hidden[torch.tensor(row_index, device=hidden.device)])
+            t2 = time.perf_counter()
+            md = SamplingMetadata.build(rows, self.vocab_size, self.device)
+            result = self.sampler(logits, md)
+            out.sampled = self._collect(result, owners)
+        else:
+            t2 = time.perf_counter()
+        t3 = time.perf_counter()
+        out.timings_ms = {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
+                          "sample": (t3 - t2) * 1e3}
+        return out
+
+    def _collect(self, result, owners: list[tuple[Request, int]]) -> list[SampledTokens]:
+        token_ids = result.sampled_token_ids.tolist()
+        lp = result.logprobs
+        if lp is not None:
+            s_lp = lp.sampled_logprobs.tolist()
+            s_rank = lp.sampled_ranks.tolist()
+            top_ids = lp.topk_token_ids.tolist()
+            top_lp = lp.topk_logprobs.tolist()
+        sampled: list[SampledTokens] = []
+        row = 0
+        for req, n in owners:
+            toks = token_ids[row:row + n]
+            logprobs = None
+            k = req.sampling_params.logprobs
+            if k is not None and lp is not None:
+                logprobs = []
+                for r in range(row, row + n):
+                    entry = {token_ids[r]: Logprob(s_lp[r], s_rank[r])}
+                    for rank, (tid, tl) in enumerate(
+                            zip(top_ids[r][:k], top_lp[r][:k], strict=True)):
+                        entry.setdefault(tid, Logprob(tl, rank + 1))
+                    logprobs.append(entry)
+            sampled.append(SampledTokens(req, toks, logprobs))
+            row += n
+        return sampled

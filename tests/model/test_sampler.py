@@ -1,0 +1,230 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm.model.layers.sampler import (
+    Sampler,
+    SamplingMetadata,
+    SamplingRow,
+    _apply_penalties,
+    make_generator,
+)
+from pagedllm.sampling_params import SamplingParams
+
+DEVICE = "cpu"
+# A small vocabulary with a clear nucleus: probs 0.5, 0.3, 0.1, 0.06, 0.04.
+PROBS = torch.tensor([0.5, 0.3, 0.1, 0.06, 0.04])
+LOGITS = PROBS.log()
+
+
+def run(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    md = SamplingMetadata.build(rows, logits.shape[-1], DEVICE)
+    return Sampler()(logits, md).sampled_token_ids
+
+
+def row(params: SamplingParams, out: list[int] | None = None, **kw) -> SamplingRow:
+    return SamplingRow(params, kw.pop("prompt", [0]), out or [], **kw)
+
+
+def draw(params: SamplingParams, n: int = 4000, logits: torch.Tensor = LOGITS) -> torch.Tensor:
+    """Sample n times from the same distribution in one batch; returns token counts."""
+    torch.manual_seed(0)
+    ids = run(logits.expand(n, -1), [row(params) for _ in range(n)])
+    return torch.bincount(ids, minlength=logits.shape[-1])
+
+
+def test_greedy_is_argmax() -> None:
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    ids = run(logits, [row(SamplingParams(temperature=0.0)) for _ in range(6)])
+    assert torch.equal(ids, logits.argmax(-1)) and ids.dtype == torch.int64
+
+
+def test_mixed_batch_greedy_rows_stay_argmax() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
+    greedy, rand = SamplingParams(temperature=0.0), SamplingParams(temperature=5.0)
+    ids = run(logits, [row(greedy), row(rand), row(greedy), row(rand)])
+    assert ids[0] == logits[0].argmax() and ids[2] == logits[2].argmax()
+
+
+def test_temperature_distribution_matches_softmax() -> None:
+    temperature, n = 0.7, 4000
+    counts = draw(SamplingParams(temperature=temperature), n)
+    expected = torch.softmax(LOGITS / temperature, -1) * n
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 18.47  # df=4, p=0.001
+
+
+def test_top_k_one_equals_greedy() -> None:
+    logits = torch.randn(8, 100, generator=torch.Generator().manual_seed(3))
+    ids = run(logits, [row(SamplingParams(top_k=1, temperature=2.0)) for _ in range(8)])
+    assert torch.equal(ids, logits.argmax(-1))
+
+
+def test_top_k_keeps_k_most_likely() -> None:
+    counts = draw(SamplingParams(top_k=3))
+    assert counts[3:].sum() == 0 and (counts[:3] > 0).all()
+
+
+def test_top_p_keeps_exactly_the_nucleus() -> None:
+    # 0.5 < 0.75 <= 0.5 + 0.3: the nucleus is {0, 1}.
+    counts = draw(SamplingParams(top_p=0.75))
+    assert counts[2:].sum() == 0 and (counts[:2] > 0).all()
+    assert abs(counts[0].item() / counts.sum().item() - 0.5 / 0.8) < 0.03
+    # A tiny top_p still keeps the top token.
+    assert draw(SamplingParams(top_p=0.01), 200)[0] == 200
+
+
+def test_top_p_combined_with_top_k_and_per_row_values() -> None:
+    # top_k=2 renormalises to 0.625/0.375, so top_p=0.6 keeps only token 0.
+    counts = draw(SamplingParams(top_k=2, top_p=0.6), 500)
+    assert counts[0] == 500
+    torch.manual_seed(0)
+    params = [SamplingParams(top_p=0.75), SamplingParams(top_k=1), SamplingParams()]
+    ids = run(LOGITS.expand(3000, -1), [row(params[i % 3]) for i in range(3000)])
+    assert ids[0::3].max() <= 1 and (ids[1::3] == 0).all() and ids[2::3].max() == 4
+
+
+def test_min_p() -> None:
+    # Threshold 0.15 * 0.5 = 0.075 keeps {0, 1, 2}.
+    counts = draw(SamplingParams(min_p=0.15))
+    assert counts[3:].sum() == 0 and (counts[:3] > 0).all()
+
+
+def naive_penalties(
+    logits: torch.Tensor, prompt: list[int], out: list[int], p: SamplingParams
+) -> torch.Tensor:
+    logits = logits.clone()
+    for tok in set(prompt) | set(out):
+        if logits[tok] > 0:
+            logits[tok] /= p.repetition_penalty
+        else:
+            logits[tok] *= p.repetition_penalty
+    for tok in set(out):
+        logits[tok] -= p.frequency_penalty * out.count(tok) + p.presence_penalty
+    return logits
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        [SamplingParams(repetition_penalty=1.3), SamplingParams(repetition_penalty=0.8)],
+        [SamplingParams(frequency_penalty=0.5), SamplingParams(frequency_penalty=-1.0)],
+        [SamplingParams(presence_penalty=1.5), SamplingParams(presence_penalty=-0.5)],
+        [
+            SamplingParams(repetition_penalty=1.2, frequency_penalty=0.3, presence_penalty=0.7),
+            SamplingParams(),
+        ],
+    ],
+)
+def test_penalties_match_naive_reference(params: list[SamplingParams]) -> None:
+    g = torch.Generator().manual_seed(4)
+    vocab = 20
+    logits = torch.randn(2, vocab, generator=g) * 3
+    prompts = [[1, 2, 2, 3], [4]]
+    outputs = [[3, 5, 5, 5, 7], []]
+    rows = [SamplingRow(p, pr, o) for p, pr, o in zip(params, prompts, outputs, strict=True)]
+    md = SamplingMetadata.build(rows, vocab, DEVICE)
+    got = _apply_penalties(logits.clone(), md)
+    for i in range(2):
+        want = naive_penalties(logits[i], prompts[i], outputs[i], params[i])
+        torch.testing.assert_close(got[i], want)
+
+
+def test_penalties_steer_greedy_choice() -> None:
+    logits = torch.tensor([[3.0, 2.9, 0.0]])
+    p = SamplingParams(temperature=0.0, presence_penalty=1.0)
+    assert run(logits, [row(p, [0])]).item() == 1
+    assert run(logits, [row(p, [1])]).item() == 0
+
+
+def test_neutral_params_build_no_optional_tensors() -> None:
+    md = SamplingMetadata.build([row(SamplingParams(), [1, 2])], 10, DEVICE)
+    assert md.top_k is md.top_p is md.min_p is None
+    assert md.presence_penalties is md.frequency_penalties is md.repetition_penalties is None
+    assert md.prompt_token_ids is md.output_token_ids is None
+    assert md.max_num_logprobs is None and md.all_random and not md.all_greedy
+
+
+def test_build_pads_and_fills_disabled_top_k() -> None:
+    params = [SamplingParams(top_k=3, repetition_penalty=1.1), SamplingParams(top_k=50)]
+    rows = [row(params[0], [1, 2], prompt=[7]), row(params[1], [], prompt=[8, 9, 6])]
+    rows.append(row(SamplingParams()))
+    md = SamplingMetadata.build(rows, 10, DEVICE)
+    assert md.top_k.tolist() == [3, 10, 10]
+    assert md.prompt_token_ids.tolist() == [[7, 10, 10], [8, 9, 6], [0, 10, 10]]
+    assert md.output_token_ids.tolist() == [[1, 2], [10, 10], [10, 10]]
+
+
+def test_min_tokens_suppresses_eos_and_stop_ids() -> None:
+    eos, vocab = 3, 6
+    logits = torch.tensor([[0.0, 1.0, 2.0, 9.0, 8.0, 0.0]])
+    p = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[4])
+
+    def greedy(out: list[int], params: SamplingParams = p) -> int:
+        return run(logits, [row(params, out, eos_token_id=eos)]).item()
+
+    assert greedy([1]) == 2  # eos and stop id 4 both banned
+    assert greedy([1, 1]) == eos  # min_tokens reached
+    ignore = SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True)
+    assert greedy([], ignore) == eos  # with ignore_eos, eos is not a stop token
+    md = SamplingMetadata.build([row(p, [], eos_token_id=eos)], vocab, DEVICE)
+    assert md.min_tokens_stop_ids == {0: {3, 4}}
+
+
+def test_seeded_rows_independent_of_batch() -> None:
+    vocab = 1000
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(5))
+    seeded = [SamplingParams(seed=11, temperature=1.5), SamplingParams(seed=22, top_p=0.9)]
+
+    def sample(order: list[int], extra: int) -> list[int]:
+        torch.manual_seed(extra)  # unseeded rows must not disturb seeded ones
+        rows, batch = [], []
+        for i in order:
+            p = seeded[i] if i < 2 else SamplingParams(temperature=0.0 if i == 4 else 1.0)
+            g = make_generator(p.seed, DEVICE) if p.seed is not None else None
+            rows.append(row(p, generator=g))
+            batch.append(logits[i])
+        ids = run(torch.stack(batch), rows).tolist()
+        return [ids[order.index(0)], ids[order.index(1)]]
+
+    first = sample([0, 1, 2, 3, 4], 0)
+    assert sample([3, 1, 4, 0], 1) == first
+    assert sample([1, 0], 2) == first
+    # Draws keep coming from the same generator: a second step differs, but reproducibly.
+    g1, g2 = make_generator(11, DEVICE), make_generator(11, DEVICE)
+    p = seeded[0]
+    steps = [[run(logits[:1], [row(p, generator=g)]).item() for _ in range(5)] for g in (g1, g2)]
+    assert steps[0] == steps[1] and len(set(steps[0])) > 1
+
+
+def test_logprobs_from_raw_logits() -> None:
+    g = torch.Generator().manual_seed(6)
+    logits = (torch.randn(3, 30, generator=g) * 2).to(torch.bfloat16)
+    before = logits.clone()
+    params = [
+        SamplingParams(logprobs=5, repetition_penalty=1.5, temperature=0.0),
+        SamplingParams(logprobs=0, temperature=3.0),
+        SamplingParams(),
+    ]
+    rows = [row(p, [int(logits[i].float().argmax())]) for i, p in enumerate(params)]
+    out = Sampler()(logits, SamplingMetadata.build(rows, 30, DEVICE))
+    assert torch.equal(logits, before)  # caller's logits untouched
+    lp = out.logprobs
+    raw = torch.log_softmax(logits.float(), -1)
+    ids = out.sampled_token_ids
+    torch.testing.assert_close(lp.sampled_logprobs, raw.gather(1, ids[:, None]).squeeze(1))
+    ranks = [(raw[i] >= raw[i, ids[i]]).sum().item() for i in range(3)]
+    assert lp.sampled_ranks.tolist() == ranks
+    assert ranks[0] > 1  # the penalty moved greedy off the raw argmax
+    assert lp.topk_token_ids.shape == lp.topk_logprobs.shape == (3, 5)
+    assert lp.topk_logprobs.dtype == torch.float32
+    assert (lp.topk_logprobs[:, :-1] >= lp.topk_logprobs[:, 1:]).all()
+    torch.testing.assert_close(lp.topk_logprobs, raw.gather(1, lp.topk_token_ids))
+    assert lp.topk_token_ids[:, 0].tolist() == raw.argmax(-1).tolist()
+
+
+def test_logprobs_zero_gives_only_sampled_token() -> None:
+    md = SamplingMetadata.build([row(SamplingParams(logprobs=0))], 10, DEVICE)
+    lp = Sampler()(torch.randn(1, 10), md).logprobs
+    assert lp.topk_token_ids.shape == (1, 0) and lp.sampled_logprobs.shape == (1,)
