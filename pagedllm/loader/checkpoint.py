@@ -67,3 +67,18 @@ def load_checkpoint(model: str | None, cache_dir: Path | None = None) -> Checkpo
     from pagedllm.loader.gguf_loader import load_gguf_checkpoint
 
     return load_gguf_checkpoint(path, cache_dir=cache_dir)
+
+
+def hf_reference_dir(model: str | None, cache_dir: Path | None = None) -> Path:
+    """An ordinary HF folder with the same weights as ``model`` (for transformers references).
+
+    For a GGUF file this is its conversion cache entry (created if missing), whose fp32
+    safetensors hold exactly the dequantized weights the engine loads.
+    """
+    path = resolve_model(model)
+    if path.is_dir():
+        return path
+    from pagedllm.loader.cache import gguf_entry_dir
+
+    load_checkpoint(model, cache_dir=cache_dir)  # builds the cache entry if needed
+    return gguf_entry_dir(path, cache_dir)

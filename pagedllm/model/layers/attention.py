@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pagedllm.kernels import cpu_ops
+
 
 @dataclass
 class AttentionMetadata:
@@ -30,6 +32,8 @@ class AttentionMetadata:
     num_decodes: int                    # first D tokens are single-token decodes
     decode_block_tables: torch.Tensor | None   # [D, max_blocks_d] int64
     decode_key_mask: torch.Tensor | None       # [D, 1, 1, Ld] bool, True = attend
+    decode_seq_lens: torch.Tensor | None       # [D] int64 context length incl. the new token
+    sliding_window: int | None
     prefill_block_tables: torch.Tensor | None  # [P, max_blocks_p]
     prefill_token_index: torch.Tensor | None   # [P, max_q] flat index into tokens (pad -> 0)
     prefill_query_valid: torch.Tensor | None   # [P, max_q] bool
@@ -52,6 +56,11 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
+def _use_cpu_kernel(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    return (q.device.type == "cpu" and q.dtype == torch.float32
+            and cache.dtype == torch.float32 and cpu_ops.load() is not None)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -65,7 +74,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     flat_v.index_copy_(0, meta.slot_mapping, v)
     out = q.new_empty(t, h, d)
     nd = meta.num_decodes
-    if nd:
+    if nd and _use_cpu_kernel(q, k_cache):
+        out_d = out[:nd]
+        cpu_ops.load().paged_decode_attention(
+            out_d, q[:nd].contiguous(), k_cache, v_cache, meta.decode_block_tables,
+            meta.decode_seq_lens, scale, meta.sliding_window or 0)
+    elif nd:
         qd = q[:nd].view(nd, kvh, g, d)
         kd = _gather(k_cache, meta.decode_block_tables)
         vd = _gather(v_cache, meta.decode_block_tables)

@@ -1,0 +1,50 @@
+"""Optional C++ CPU kernels, compiled on first use with torch's JIT extension builder.
+
+`paged_decode_attention` reads K/V straight from the block pool through the block table,
+saving the gather copy that dominates decode attention on CPU (memory-bound: the gather
+reads and writes every context byte before attention reads it again). If the compiler or
+ninja is missing, `load()` returns None and callers use the pure-torch path.
+Set PAGEDLLM_NO_CPU_KERNELS=1 to force the torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import time
+from functools import cache
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+_SRC = Path(__file__).with_name("paged_attention_cpu.cpp")
+
+
+def _cpu_tag() -> str:
+    """Builds use -march=native, so key the cached build by the CPU's feature flags."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+
+
+@cache
+def load():
+    """The compiled module, or None when kernels are disabled or cannot be built."""
+    if os.environ.get("PAGEDLLM_NO_CPU_KERNELS"):
+        return None
+    try:
+        from torch.utils.cpp_extension import load as load_ext
+
+        t0 = time.perf_counter()
+        mod = load_ext(name=f"pagedllm_cpu_{_cpu_tag()}", sources=[str(_SRC)],
+                       extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+                       extra_ldflags=["-fopenmp"], verbose=False)
+        logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
+        return mod
+    except Exception as exc:  # noqa: BLE001 - any build failure falls back to torch ops
+        logger.warning("CPU kernels unavailable (%s); using the torch attention path", exc)
+        return None
