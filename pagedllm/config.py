@@ -6,10 +6,15 @@ start-up log, the CLI and the engine agree.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
 import torch
+
+from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+
+logger = logging.getLogger(__name__)
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9,
@@ -64,6 +69,10 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None
     enforce_eager: bool = True
+    rope_scaling: dict | None = None  # replaces the model's rope scaling (HF keys, or JSON text)
+    rope_theta: float | None = None   # replaces the model's RoPE base
+    allow_long_max_model_len: bool = False  # max_model_len past the model's RoPE maximum
+    enable_prefix_caching: bool = True  # share full KV blocks of common prompt prefixes
     _extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -87,15 +96,28 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+        if self.rope_theta is not None and not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
 
-    def finalize(self, model_max_len: int) -> None:
-        """Resolve defaults that depend on the model's context length."""
+    def finalize(self, model_max_len: int, derivation: str = "") -> None:
+        """Resolve defaults that depend on the model's context length (`rope_max_len`)."""
         if self.max_model_len is None:
             self.max_model_len = model_max_len
         elif self.max_model_len > model_max_len:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's maximum context "
-                f"length {model_max_len}")
+            why = f" ({derivation})" if derivation else ""
+            msg = (f"max_model_len={self.max_model_len} exceeds the model's maximum context "
+                   f"length {model_max_len}{why}")
+            if not self.allow_long_max_model_len:
+                raise ValueError(
+                    f"{msg}. Positions past it were never trained: configure rope scaling "
+                    f"that covers {self.max_model_len} tokens (e.g. --rope-scaling "
+                    f"'{{\"rope_type\": \"yarn\", \"factor\": 4.0}}' for 4x the original "
+                    f"length), or pass --allow-long-max-model-len "
+                    f"(allow_long_max_model_len=True) to run anyway, at the risk of degraded "
+                    f"output")
+            logger.warning("%s; allowed by allow_long_max_model_len, output quality past "
+                           "%d tokens may degrade", msg, model_max_len)
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = 2048
 

@@ -3,6 +3,7 @@ byte-level BPE tokenizer, written to disk so the engine loads them like real mod
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 
@@ -67,7 +68,91 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("llama"), "llama", tiny_tokenizer)
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """Qwen2: q/k/v biases, tied embeddings."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2", tiny_tokenizer,
+                                seed=1, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """Mistral with a sliding window shorter than the longer test prompts."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("mistral"), "mistral", tiny_tokenizer,
+                                seed=2, sliding_window=24)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_logs(caplog):
     caplog.set_level(logging.WARNING)
     yield
+
+
+@pytest.fixture(scope="session")
+def make_llm():
+    """`make_llm(model_dir, **engine_args)`: an LLM for the tiny checkpoints.
+
+    Single-threaded (tiny matmuls only lose from threads, and on a busy 2-core machine two
+    threads are ~100x slower) with a 16 MiB KV pool instead of the 2 GiB CPU default.
+    """
+    from pagedllm import LLM
+
+    def make(model_dir: Path, **engine_args):
+        engine_args.setdefault("num_threads", 1)
+        engine_args.setdefault("kv_cache_memory", 16 * 2**20)
+        return LLM(str(model_dir), **engine_args)
+
+    return make
+
+
+class HFReference:
+    """Greedy decoding with HF transformers (its own KV cache, logits of the last position
+    only), step by step so the log_softmax of every step is kept. Models and results are
+    cached for the session."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, torch.nn.Module] = {}
+        self._results: dict[tuple, tuple[list[int], torch.Tensor]] = {}
+
+    def register(self, model_dir: Path, model: torch.nn.Module) -> None:
+        """Use an already loaded `model` for `model_dir`."""
+        self._models[str(model_dir)] = model.eval()
+
+    def model(self, model_dir: Path) -> torch.nn.Module:
+        key = str(model_dir)
+        if key not in self._models:
+            import transformers
+
+            self._models[key] = transformers.AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=torch.float32).eval()
+        return self._models[key]
+
+    @torch.inference_mode()
+    def greedy(self, model_dir: Path, prompt: list[int], max_tokens: int
+               ) -> tuple[list[int], torch.Tensor]:
+        """(generated token ids, log_softmax of the logits at each step [max_tokens, V])."""
+        key = (str(model_dir), tuple(prompt), max_tokens)
+        cached = next((v for k, v in self._results.items()
+                       if k[:2] == key[:2] and k[2] >= max_tokens), None)
+        if cached is not None:
+            return cached[0][:max_tokens], cached[1][:max_tokens]
+        model = self.model(model_dir)
+        # transformers renamed `past_key_values` to `cache` (5.2x); accept either.
+        cache_kw = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                    else "past_key_values")
+        inputs, cache = torch.tensor([prompt]), None
+        generated, rows = [], []
+        for _ in range(max_tokens):
+            out = model(inputs, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+            cache = getattr(out, cache_kw)
+            logprobs = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            rows.append(logprobs)
+            generated.append(int(logprobs.argmax()))
+            inputs = torch.tensor([[generated[-1]]])
+        self._results[key] = (generated, torch.stack(rows))
+        return self._results[key]
+
+
+@pytest.fixture(scope="session")
+def hf_reference() -> HFReference:
+    return HFReference()

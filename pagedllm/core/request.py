@@ -48,7 +48,7 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, *, eos_token_id: int | None,
                  prompt: str | None = None, group_id: str | None = None, index: int = 0,
-                 arrival_time: float | None = None) -> None:
+                 arrival_time: float | None = None, cache_salt: str | None = None) -> None:
         self.request_id = request_id
         self.group_id = group_id or request_id
         self.index = index  # which of the group's n samples this sequence is
@@ -61,6 +61,14 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        # Prefix caching: requests with different salts never share blocks; `block_hashes`
+        # are the chained hashes of the full blocks of `all_token_ids` (filled lazily);
+        # `block_ids[:num_cached_blocks]` are registered in the cache; `num_cached_tokens`
+        # are the tokens found there when the request was first scheduled.
+        self.cache_salt = cache_salt
+        self.block_hashes: list[bytes] = []
+        self.num_cached_blocks = 0
+        self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
         self.max_tokens = sampling_params.max_tokens or 0  # resolved by the engine
         self.forked = sampling_params.n == 1  # True once n > 1 sampling has fanned out
@@ -102,7 +110,10 @@ class Request:
         """A sibling sample sharing everything computed so far (blocks are shared by the caller)."""
         child = Request(request_id, self.prompt_token_ids, self.sampling_params,
                         eos_token_id=self.eos_token_id, prompt=self.prompt,
-                        group_id=self.group_id, index=index, arrival_time=self.times.arrival)
+                        group_id=self.group_id, index=index, arrival_time=self.times.arrival,
+                        cache_salt=self.cache_salt)
+        child.block_hashes = list(self.block_hashes)
+        child.num_cached_tokens = self.num_cached_tokens
         child.output_token_ids = list(self.output_token_ids)
         child.all_token_ids = list(self.all_token_ids)
         child.status = self.status

@@ -1,15 +1,23 @@
 """Token-budget scheduler (vLLM v1 style): no prefill/decode phases.
 
-Each step hands out at most `max_num_batched_tokens` tokens. Running requests go first, in
-admission order, each getting `num_tokens - num_computed_tokens` new tokens (1 when decoding,
-a chunk of the prompt when prefilling), capped by what is left of the budget; then waiting
-requests are admitted while the budget, `max_num_seqs` and free blocks allow. A long prompt
-therefore spreads over several steps (chunked prefill) while other requests keep decoding.
+Each step hands out at most `max_num_batched_tokens` tokens to at most `max_num_seqs`
+requests. Running requests go first, in admission order, each getting `num_tokens -
+num_computed_tokens` new tokens (1 when decoding, a chunk of the prompt when prefilling),
+capped by what is left of the budget; then waiting requests are admitted while the budget,
+`max_num_seqs` and free blocks allow. A long prompt therefore spreads over several steps
+(chunked prefill) while other requests keep decoding. An n > 1 request fans out into n
+running sequences after its prompt, which can leave more than `max_num_seqs` running; the
+ones past the cap keep their blocks and wait their turn.
 
 When a running request needs a block and none is free, the most recently admitted running
 request is preempted by recompute: its blocks are freed, `num_computed_tokens` goes back to
 0 and it is put at the front of the waiting queue; on resumption its prompt plus the tokens
 it had generated are prefilled again, so its output is unchanged.
+
+With prefix caching, a request admitted from the waiting queue first takes the cached blocks
+holding the longest prefix of its tokens: `num_computed_tokens` starts at hits x block_size
+and only the rest is prefilled (a resumed request usually finds its own blocks again). After
+each forward pass the newly full blocks are registered in the cache (`update_computed`).
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # Tokens of the requests admitted this step, and how many of them the prefix cache had.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def num_batched_tokens(self) -> int:
@@ -92,7 +103,12 @@ class Scheduler:
         self.block_manager.free(request)
 
     # -------------------------------------------------------------- schedule
-    def _preempt(self, victim: Request) -> None:
+    def preempt(self, victim: Request) -> None:
+        """Preempt a running request by recompute: free its blocks, requeue it first."""
+        if victim.status != RequestStatus.RUNNING:
+            raise ValueError(f"only a running request can be preempted, not {victim}")
+        if victim in self.running:
+            self.running.remove(victim)
         self.block_manager.free(victim)
         victim.status = RequestStatus.WAITING
         victim.num_computed_tokens = 0
@@ -106,12 +122,12 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         bm = self.block_manager
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and len(out.scheduled) < self.max_num_seqs:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             while not bm.allocate_slots(req, num_new):
                 victim = self.running.pop()
-                self._preempt(victim)
+                self.preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
@@ -124,9 +140,17 @@ class Scheduler:
         if not out.preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
-                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-                if not bm.allocate_slots(req, num_new):
+                hits = bm.get_computed_blocks(req)
+                num_cached = len(hits) * bm.block_size
+                num_new = min(req.num_tokens - num_cached, budget)
+                if not bm.allocate_slots(req, num_new, hits):
                     break
+                req.num_computed_tokens = num_cached
+                if req.num_cached_tokens is None:
+                    req.num_cached_tokens = num_cached
+                if bm.enable_caching:
+                    out.prefix_cache_queries += req.num_tokens
+                    out.prefix_cache_hits += num_cached
                 self.waiting.popleft()
                 req.status = RequestStatus.RUNNING
                 if req.times.first_scheduled is None:
@@ -138,6 +162,8 @@ class Scheduler:
         return out
 
     def update_computed(self, out: SchedulerOutput) -> None:
-        """After the forward pass: the scheduled tokens' KV is now in the cache."""
+        """After the forward pass: the scheduled tokens' KV is now in the cache; blocks it
+        filled are registered in the prefix cache."""
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+            self.block_manager.cache_full_blocks(s.request)

@@ -33,10 +33,13 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, use_tqdm: bool = True) -> list[RequestOutput]:
+                 *, use_tqdm: bool = True, cache_salt: str | None = None
+                 ) -> list[RequestOutput]:
         """Generate for one prompt or many (str, token-id list, or {"prompt_token_ids": [...]}).
 
         Results come back in input order. Invalid input raises ValueError before anything runs.
+        `cache_salt` isolates these requests' prefix-cache blocks from other salts'; a dict
+        prompt's own "cache_salt" key takes precedence.
         """
         prompts = self._normalize_prompts(prompts)
         params = sampling_params or SamplingParams()
@@ -44,12 +47,13 @@ class LLM:
             params = [params] * len(prompts)
         elif len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        return self._run(prompts, list(params), use_tqdm)
+        return self._run(prompts, list(params), use_tqdm, cache_salt)
 
     def chat(self, messages: Conversation | Sequence[Conversation],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
-             chat_template: str | None = None) -> list[RequestOutput]:
+             chat_template: str | None = None, cache_salt: str | None = None
+             ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.get_tokenizer()
@@ -61,7 +65,7 @@ class LLM:
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids),
                             "prompt": tok.decode(ids, skip_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, cache_salt=cache_salt)
 
     @staticmethod
     def _normalize_prompts(prompts) -> list[Prompt]:
@@ -72,17 +76,18 @@ class LLM:
             return [prompts]
         return prompts
 
-    def _run(self, prompts: list[Prompt], params: list[SamplingParams],
-             use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool,
+             cache_salt: str | None) -> list[RequestOutput]:
         engine = self.llm_engine
         ids: list[str] = []
         try:
             for prompt, p in zip(prompts, params, strict=True):
-                text = None
+                text, salt = None, cache_salt
                 if isinstance(prompt, dict):
                     text = prompt.get("prompt")
+                    salt = prompt.get("cache_salt", salt)
                     prompt = prompt.get("prompt_token_ids", text)
-                rid = engine.add_request(prompt, p)
+                rid = engine.add_request(prompt, p, cache_salt=salt)
                 if text is not None:
                     engine.output_processor.groups[rid].seqs[0].prompt = text
                 ids.append(rid)

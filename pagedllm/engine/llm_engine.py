@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
+import reprlib
 import time
 from collections.abc import Sequence
 
@@ -20,7 +22,13 @@ from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine import model_setup
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
+from pagedllm.kernels import cpu_ops
 from pagedllm.loader import load_checkpoint
+from pagedllm.model.layers.rope_scaling import (
+    apply_rope_overrides,
+    rope_max_len,
+    rope_parameters,
+)
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -40,7 +48,8 @@ class LLMEngine:
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
-        config.finalize(int(getattr(ckpt.config, "max_position_embeddings", 2048)))
+        apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
+        config.finalize(*rope_max_len(ckpt.config))
         self.model = model_setup.build_model(ckpt, config)
         self.vocab_size = ckpt.config.vocab_size
         eos = getattr(ckpt.config, "eos_token_id", None)
@@ -51,7 +60,15 @@ class LLMEngine:
         budget = model_setup.kv_budget_bytes(config)
         self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len)
         self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device)
-        self.block_manager = BlockManager(self.num_blocks, config.block_size)
+        if config.torch_device.type == "cpu":
+            cpu_ops.load()  # compile (first run only) now rather than inside the first step
+        if config.enable_prefix_caching and rope_parameters(ckpt.config).get(
+                "rope_type") == "dynamic":
+            logger.warning("prefix caching disabled: with dynamic NTK RoPE a key's rotation "
+                           "depends on the length its sequence had when it was computed")
+            config.enable_prefix_caching = False
+        self.block_manager = BlockManager(self.num_blocks, config.block_size,
+                                          enable_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -75,7 +92,14 @@ class LLMEngine:
     def tokenize_prompt(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
-        return None, [int(t) for t in prompt]
+        try:
+            # operator.index takes ints (also numpy / integer tensor scalars), never floats,
+            # strings or nested lists that int() would coerce or choke on.
+            return None, [operator.index(t) for t in prompt]
+        except TypeError:
+            raise ValueError(
+                "prompt must be a string or a list of token ids (or a dict with "
+                f"'prompt_token_ids' or 'prompt'), got {reprlib.repr(prompt)}") from None
 
     def validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -89,16 +113,22 @@ class LLMEngine:
             raise ValueError(f"prompt token id {bad[0]} is out of range [0, {self.vocab_size})")
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue a request; raises ValueError (and queues nothing) on invalid input."""
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    cache_salt: str | None = None) -> str:
+        """Queue a request; raises ValueError (and queues nothing) on invalid input.
+
+        Requests with different `cache_salt`s never share prefix-cache blocks (tenants).
+        """
         params = params or SamplingParams()
         request_id = request_id or str(next(self._ids))
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids)
         req = Request(request_id, token_ids, params, eos_token_id=self.eos_token_id,
-                      prompt=text, arrival_time=arrival_time)
+                      prompt=text, arrival_time=arrival_time, cache_salt=cache_salt)
         req.max_tokens = params.max_tokens or (self.config.max_model_len - len(token_ids))
         if params.seed is not None:
             req.generators = [make_generator(params.seed + i, self.config.torch_device)

@@ -1,8 +1,9 @@
 """After each forward pass: append sampled tokens, fan out n > 1 samples, detokenize, check
 stop conditions, free finished requests, and build `RequestOutput`s per request group.
 
-Stop conditions, in order, for each new token (vLLM semantics): a stop string in the text;
-then, once `min_tokens` are generated, EOS (unless ignore_eos) and `stop_token_ids`; then
+Stop conditions, in order, for each new token (vLLM v1 semantics): once `min_tokens` are
+generated, EOS (unless ignore_eos) and `stop_token_ids` (their text is not added to the
+output unless include_stop_str_in_output); then a stop string in the text; then
 `max_tokens` or `max_model_len` reached (finish reason "length").
 """
 
@@ -92,15 +93,21 @@ class OutputProcessor:
         return children
 
     def _check_stop(self, seq: Request, tok: int) -> None:
+        """vLLM v1 order: stop tokens (EOS unless ignore_eos, stop_token_ids; both only after
+        min_tokens) end the sequence and their text is left out unless
+        include_stop_str_in_output; then stop strings; then max_tokens / max_model_len."""
         p = seq.sampling_params
-        stop_str = seq.detokenizer.update([tok])
+        is_eos = not p.ignore_eos and tok == seq.eos_token_id
+        token_stop = seq.num_output_tokens >= p.min_tokens and (
+            is_eos or tok in p.stop_token_ids)
+        stop_str = None
+        if not token_stop or p.include_stop_str_in_output:
+            stop_str = seq.detokenizer.update([tok])
         status = None
-        if stop_str is not None:
+        if token_stop:
+            status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, None if is_eos else tok
+        elif stop_str is not None:
             status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
-        elif seq.num_output_tokens >= p.min_tokens and (
-                (not p.ignore_eos and tok == seq.eos_token_id) or tok in p.stop_token_ids):
-            status = RequestStatus.FINISHED_STOPPED
-            seq.stop_reason = None if tok == seq.eos_token_id else tok
         elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             status = RequestStatus.FINISHED_LENGTH
         if status is not None:
@@ -135,4 +142,5 @@ class OutputProcessor:
             del self.groups[group_id]
         return RequestOutput(request_id=group_id, prompt=first.prompt,
                              prompt_token_ids=first.prompt_token_ids, outputs=outputs,
-                             finished=finished, metrics=metrics)
+                             finished=finished, metrics=metrics,
+                             num_cached_tokens=first.num_cached_tokens or 0)

@@ -23,6 +23,10 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
+    # Prefix caching, in tokens: the tokens of every admitted request (resumptions after a
+    # preemption included), and how many of them were found in the cache.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     num_steps: int = 0
     finished: Counter = field(default_factory=Counter)
     last: StepRecord | None = None
@@ -39,10 +43,18 @@ class EngineStats:
         decodes = sum(1 for s in sched.scheduled if s.num_new_tokens == 1)
         self.generation_tokens_total += sum(len(s.token_ids) for s in result.sampled)
         self.num_preemptions_total += len(sched.preempted)
+        self.prefix_cache_queries += sched.prefix_cache_queries
+        self.prefix_cache_hits += sched.prefix_cache_hits
         self.last = StepRecord(
             step=self.num_steps, prefill_tokens=sched.num_batched_tokens - decodes,
             decode_seqs=decodes, preempted=len(sched.preempted), kv_usage=kv_usage,
             running=running, waiting=waiting, timings_ms=timings_ms)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Fraction of queried tokens found in the prefix cache so far (0.0 before any)."""
+        queries = self.prefix_cache_queries
+        return self.prefix_cache_hits / queries if queries else 0.0
 
     def step_line(self) -> str:
         r = self.last
@@ -51,4 +63,5 @@ class EngineStats:
         t = " ".join(f"{k}={v:.1f}ms" for k, v in r.timings_ms.items())
         return (f"step {r.step}: prefill_tokens={r.prefill_tokens} decode_seqs={r.decode_seqs} "
                 f"running={r.running} waiting={r.waiting} preempted={r.preempted} {t} "
-                f"kv_usage={100 * r.kv_usage:.1f}%")
+                f"kv_usage={100 * r.kv_usage:.1f}% "
+                f"prefix_cache_hit_rate={100 * self.prefix_cache_hit_rate:.1f}%")

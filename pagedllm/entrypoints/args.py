@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from pagedllm.config import EngineConfig
+from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -21,6 +23,15 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="KV cache budget in bytes or with a suffix (4GiB); CPU default 2GiB")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--rope-scaling", type=_rope_scaling, default=None,
+                   help="JSON replacing the model's rope scaling, e.g. "
+                   "'{\"rope_type\": \"yarn\", \"factor\": 4.0}' (linear, dynamic, yarn, llama3)")
+    g.add_argument("--rope-theta", type=float, default=None, help="override the RoPE base")
+    g.add_argument("--allow-long-max-model-len", action="store_true",
+                   help="allow --max-model-len beyond the model's RoPE maximum (with a warning)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="reuse the KV blocks of prompt prefixes computed before "
+                   "(default: on; --no-enable-prefix-caching turns it off)")
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
@@ -29,10 +40,32 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="log one line per engine step with timings")
 
 
+def _rope_scaling(text: str) -> dict | None:
+    try:
+        return parse_rope_scaling(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=os.environ.get("PAGEDLLM_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize "
+                   "(default: $PAGEDLLM_API_KEY)")
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients use for the model; the first appears in responses "
+                   "(default: the model argument)")
+    g.add_argument("--disable-access-log", action="store_true", help="no per-request log line")
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model_flag or args.model, dtype=args.dtype, device=args.device,
         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        seed=args.seed, num_threads=args.num_threads)
+        seed=args.seed, num_threads=args.num_threads, rope_scaling=args.rope_scaling,
+        rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching)

@@ -1,4 +1,4 @@
-"""`pagedllm` command line: generate, chat (and serve once the server lands)."""
+"""`pagedllm` command line: serve (OpenAI-compatible HTTP server), generate, chat."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from pagedllm.entrypoints.args import add_engine_args, engine_config_from_args
+from pagedllm.entrypoints.args import add_engine_args, add_server_args, engine_config_from_args
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -61,9 +61,28 @@ def cmd_chat(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from pagedllm.engine.async_engine import AsyncEngine
+    from pagedllm.engine.llm_engine import LLMEngine
+    from pagedllm.entrypoints.api_server import run_server
+
+    engine = LLMEngine(engine_config_from_args(args), debug_steps=args.debug_steps)
+    names = args.served_model_name or [engine.model_name]
+    logging.getLogger(__name__).info("serving %s as %s on http://%s:%d%s", engine.model_name,
+                                     ", ".join(names), args.host, args.port,
+                                     " (API key required)" if args.api_key else "")
+    return run_server(AsyncEngine(engine, names[0]), host=args.host, port=args.port,
+                      served_model_names=names, api_key=args.api_key,
+                      access_log=not args.disable_access_log)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_engine_args(serve)
+    add_server_args(serve)
+    serve.set_defaults(func=cmd_serve)
     gen = sub.add_parser("generate", help="generate completions for prompts")
     add_engine_args(gen)
     gen.add_argument("--prompt", action="append", required=True, help="repeatable")

@@ -17,7 +17,7 @@ from torch import nn
 from pagedllm.model.layers.attention import AttentionMetadata, paged_attention
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import RMSNorm
-from pagedllm.model.layers.rotary import RotaryEmbedding
+from pagedllm.model.layers.rotary import RotaryEmbedding, sequence_lengths
 
 # HF name fragment -> (fused parameter fragment, shard id)
 _STACKED = {
@@ -92,12 +92,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         _, _, head_dim = model_dims(config)
-        rotary_dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
-        rope_params = getattr(config, "rope_parameters", None) or {}
-        rope_scaling = getattr(config, "rope_scaling", None) or rope_params or None
-        theta = getattr(config, "rope_theta", None) or rope_params.get("rope_theta", 10000.0)
-        self.rotary = RotaryEmbedding(head_dim, rotary_dim, config.max_position_embeddings,
-                                      float(theta), rope_scaling)
+        self.rotary = RotaryEmbedding.from_config(config, head_dim)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(
@@ -106,7 +101,8 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids, positions, max_pos, kv_caches, meta):
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, max_pos)
+        seq_lens = sequence_lengths(positions, meta) if self.rotary.is_dynamic else None
+        cos, sin = self.rotary.cos_sin(positions, max_pos, seq_lens)
         residual = None
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, cos, sin, kv, meta)

@@ -1,0 +1,340 @@
+"""AsyncEngine: runs `LLMEngine.step()` in a background thread and hands each request's outputs
+to the asyncio side without ever waiting on a consumer.
+
+    HTTP handlers (event loop thread)             engine thread
+    ---------------------------------             -------------
+    add_requests() ──("add", ...)──▶ command queue ──▶ drained before every step
+    RequestStream.abort() ──("abort", ids)──▶           engine.add_request / abort_request
+                                                        engine.step(stream=True)
+    RequestStream  ◀── loop.call_soon_threadsafe(_dispatch, outputs) ── once per step
+
+The engine is not thread-safe, so only the engine thread touches it; everything the HTTP side
+needs (add results, outputs, the metrics snapshot) crosses over as messages. `_dispatch` runs on
+the event loop and merges outputs into each stream's pending slot (deltas concatenated,
+cumulative fields replaced), so a reader that falls behind gets one coalesced output when it
+catches up: the engine never blocks on it and memory stays O(its tokens), not O(steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.metrics import EngineSnapshot, ServingMetrics
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_IDLE_POLL_S = 0.005  # wait when requests exist but nothing could be scheduled
+
+
+class EngineShuttingDown(RuntimeError):
+    """The engine no longer accepts requests (shutdown started)."""
+
+
+class RequestAborted(RuntimeError):
+    """The engine aborted the request (shutdown) before it finished."""
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    cache_salt: str | None = None  # prefix-cache namespace (tenant isolation)
+
+
+def _merge(into: RequestOutput, new: RequestOutput) -> None:
+    """Fold `new` (a later output of the same request) into `into`, in place: deltas are
+    appended (token and logprob lists extended, not copied), cumulative fields replaced."""
+    by_index = {c.index: c for c in into.outputs}
+    for c in new.outputs:
+        old = by_index.get(c.index)
+        if old is None:  # n > 1 fan-out happened since
+            by_index[c.index] = c
+            continue
+        old.delta_text += c.delta_text
+        old.delta_token_ids.extend(c.delta_token_ids)
+        if old.delta_logprobs is not None and c.delta_logprobs is not None:
+            old.delta_logprobs.extend(c.delta_logprobs)
+        old.text, old.token_ids, old.logprobs = c.text, c.token_ids, c.logprobs
+        old.cumulative_logprob = c.cumulative_logprob
+        old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
+    into.outputs = [by_index[i] for i in sorted(by_index)]
+    into.finished, into.metrics = new.finished, new.metrics
+    into.num_cached_tokens = new.num_cached_tokens
+
+
+class RequestStream:
+    """Outputs of the engine requests behind one API call, in arrival order per request.
+
+    Iterate with `async for outputs in stream` (each item: the requests' outputs that arrived
+    since the last item, coalesced per request). Iteration ends when all requests finished;
+    raises `RequestAborted` if the engine aborted them, or the engine's error. `abort()` (also
+    safe after the end) cancels whatever is unfinished.
+    """
+
+    def __init__(self, engine: AsyncEngine, requests: Sequence[EngineRequest]) -> None:
+        self._engine = engine
+        self.request_ids = [r.request_id for r in requests]
+        self._arrival = {r.request_id: r.arrival_time for r in requests}
+        self._unfinished = set(self.request_ids)
+        self._pending: dict[str, RequestOutput] = {}
+        self._error: BaseException | None = None
+        self._event = asyncio.Event()
+
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished
+
+    # -- called on the event loop by the engine's dispatch
+    def _put(self, out: RequestOutput) -> None:
+        prev = self._pending.get(out.request_id)
+        if prev is None:
+            self._pending[out.request_id] = out
+        else:
+            _merge(prev, out)
+        if out.finished:
+            self._unfinished.discard(out.request_id)
+        self._event.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._unfinished.clear()
+        self._event.set()
+
+    # -- consumer side
+    async def __aiter__(self) -> AsyncIterator[list[RequestOutput]]:
+        while True:
+            if self._pending:
+                outs = [self._pending.pop(r) for r in self.request_ids if r in self._pending]
+                yield outs
+                continue
+            if self._error is not None:
+                raise self._error
+            if not self._unfinished:
+                return
+            self._event.clear()
+            await self._event.wait()
+
+    def abort(self) -> None:
+        if self._unfinished:
+            self._engine._abort(self, list(self._unfinished))
+            self._unfinished.clear()
+        self._engine._streams_closed(self)
+
+
+class AsyncEngine:
+    """Owns an `LLMEngine` and the thread that steps it; see the module docstring."""
+
+    def __init__(self, engine: LLMEngine, served_model_name: str | None = None) -> None:
+        self.engine = engine
+        self.model_name = served_model_name or engine.model_name
+        self.metrics = ServingMetrics(self.model_name)
+        self.snapshot = EngineSnapshot()
+        self.shutting_down = False
+        self.dead: BaseException | None = None  # set if the step loop itself died
+        self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}  # event loop side only
+        self._live: set[str] = set()  # engine thread side only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
+        self._thread.start()
+
+    def begin_shutdown(self) -> None:
+        """Stop accepting requests and abort those in flight (thread- and signal-safe)."""
+        self.shutting_down = True
+        self._commands.put(("abort_all",))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort everything, then stop and join the engine thread."""
+        self.begin_shutdown()
+        self._commands.put(("stop",))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------ requests
+    async def add_requests(self, requests: Sequence[EngineRequest]) -> RequestStream:
+        """Queue all requests or none; raises ValueError (invalid input) or EngineShuttingDown."""
+        if self.shutting_down:
+            raise EngineShuttingDown("server is shutting down")
+        if self.dead is not None:
+            raise RuntimeError(f"engine is dead: {self.dead!r}")
+        stream = RequestStream(self, requests)
+        for rid in stream.request_ids:
+            self._streams[rid] = stream
+        fut = asyncio.get_running_loop().create_future()
+        self._commands.put(("add", list(requests), fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            # The client left while the add was queued: commands are FIFO, so this abort
+            # follows the add and frees whatever it queued.
+            stream.abort()
+            raise
+        except BaseException:
+            stream._unfinished.clear()  # rejected: nothing was queued
+            self._streams_closed(stream)
+            raise
+        return stream
+
+    def _abort(self, stream: RequestStream, request_ids: list[str]) -> None:
+        now = time.monotonic()
+        for rid in request_ids:
+            self.metrics.observe_abort(rid, stream._arrival[rid], now)
+        self._commands.put(("abort", request_ids))
+
+    def _streams_closed(self, stream: RequestStream) -> None:
+        for rid in stream.request_ids:
+            if self._streams.get(rid) is stream:
+                del self._streams[rid]
+
+    # ------------------------------------------- event loop side of dispatch
+    def _dispatch(self, outputs: list[RequestOutput], now: float) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # its consumer already left (abort queued)
+            self.metrics.observe(out, now)
+            stream._put(out)
+            if out.finished:
+                del self._streams[out.request_id]
+
+    def _dispatch_error(self, request_ids: list[str], error: BaseException) -> None:
+        now = time.monotonic()
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                self.metrics.observe_abort(rid, stream._arrival[rid], now)
+                stream._fail(error)
+
+    @staticmethod
+    def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
+
+    # ------------------------------------------------------- engine thread
+    def _run(self) -> None:
+        try:
+            self._loop_forever()
+        except BaseException as exc:  # pragma: no cover - last resort, keep the server honest
+            logger.exception("engine loop died")
+            self.dead = exc
+            self._call(self._dispatch_error, list(self._live), exc)
+
+    def _call(self, fn, *args) -> None:
+        assert self._loop is not None
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _loop_forever(self) -> None:
+        eng = self.engine
+        while True:
+            busy = eng.has_unfinished_requests()
+            if not self._drain(block=not busy):
+                return
+            if not eng.has_unfinished_requests():
+                continue
+            steps = eng.stats.num_steps
+            try:
+                outputs = eng.step(stream=True)
+            except Exception as exc:
+                logger.exception("engine step failed; aborting %d requests", len(self._live))
+                self._abort_live(exc)
+                continue
+            now = time.monotonic()
+            for out in outputs:
+                if out.finished:
+                    self._live.discard(out.request_id)
+            self._publish()
+            if outputs:
+                self._call(self._dispatch, outputs, now)
+            elif eng.stats.num_steps == steps and not self._drain(block=True,
+                                                                   timeout=_IDLE_POLL_S):
+                return
+
+    def _drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Run queued commands (waiting for the first one if `block`); False on "stop"."""
+        try:
+            cmd = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if not self._execute(cmd):
+                return False
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        self._publish()
+        return True
+
+    def _execute(self, cmd: tuple) -> bool:
+        kind = cmd[0]
+        if kind == "add":
+            self._add(cmd[1], cmd[2])
+        elif kind == "abort":
+            ids = [rid for rid in cmd[1] if rid in self._live]
+            self.engine.abort_request(ids)
+            self._live.difference_update(ids)
+        elif kind == "abort_all":
+            self._abort_live(RequestAborted("request aborted: server is shutting down"))
+        elif kind == "stop":
+            return False
+        return True
+
+    def _add(self, requests: list[EngineRequest], fut: asyncio.Future) -> None:
+        if self.shutting_down:
+            self._call(self._resolve, fut, EngineShuttingDown("server is shutting down"))
+            return
+        added: list[str] = []
+        error: BaseException | None = None
+        try:
+            for r in requests:
+                self.engine.add_request(r.prompt, r.params, request_id=r.request_id,
+                                        arrival_time=r.arrival_time, cache_salt=r.cache_salt)
+                added.append(r.request_id)
+        except Exception as exc:  # ValueError for bad input; anything else is ours
+            error = exc
+            self.engine.abort_request(added)
+            added = []
+        self._live.update(added)
+        self._call(self._resolve, fut, error)
+
+    def _abort_live(self, error: BaseException) -> None:
+        ids = list(self._live)
+        self._live.clear()
+        try:
+            self.engine.abort_request(ids)
+        except Exception:
+            logger.exception("abort after failure failed")
+        self._call(self._dispatch_error, ids, error)
+
+    def _publish(self) -> None:
+        eng, st = self.engine, self.engine.stats
+        running = eng.scheduler.running
+        self.snapshot = EngineSnapshot(
+            running=len({r.group_id for r in running}),
+            waiting=len(eng.scheduler.waiting), kv_usage=eng.block_manager.usage,
+            prompt_tokens_total=st.prompt_tokens_total,
+            generation_tokens_total=st.generation_tokens_total,
+            num_preemptions_total=st.num_preemptions_total, num_steps=st.num_steps,
+            prefix_cache_queries_total=st.prefix_cache_queries,
+            prefix_cache_hits_total=st.prefix_cache_hits)

@@ -1,0 +1,145 @@
+"""/v1/chat/completions: messages through the model's chat template, n choices.
+
+Streams start with a role delta per choice (sent at once, before the first token exists), then
+one content delta per engine step; each choice's finish_reason appears in its last chunk only.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.responses import JSONResponse, Response
+
+from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
+from pagedllm.entrypoints.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    DeltaMessage,
+    TopLogprob,
+)
+from pagedllm.entrypoints.serving import (
+    SSE_DONE,
+    APIError,
+    ServingBase,
+    SSEResponse,
+    make_usage,
+    random_id,
+    sse,
+    sse_error,
+)
+from pagedllm.outputs import RequestOutput, SampleLogprobs
+from pagedllm.sampling_params import MAX_LOGPROBS
+
+
+class OpenAIServingChat(ServingBase):
+    async def create(self, req: ChatCompletionRequest) -> Response:
+        self.check_model(req.model)
+        if req.tools:
+            raise APIError(400, "tools are not supported", param="tools")
+        num_top = None
+        if req.top_logprobs is not None:
+            if not req.logprobs:
+                raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+            if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+                raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got "
+                               f"{req.top_logprobs}", param="top_logprobs")
+        if req.logprobs:
+            num_top = req.top_logprobs or 0
+        max_tokens = (req.max_tokens if req.max_completion_tokens is None
+                      else req.max_completion_tokens)
+        params = self.sampling_params(req, max_tokens, num_top)
+        ids = self.apply_chat_template(req.messages, req.add_generation_prompt)
+        self.check_length(len(ids), max_tokens, "messages")
+        api_id = random_id("chatcmpl")
+        stream = await self.submit([EngineRequest(api_id, ids, params, time.monotonic(),
+                                                  cache_salt=req.cache_salt)])
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            gen = self._stream(req, api_id, stream, len(ids), num_top, include_usage)
+            return SSEResponse(gen, on_close=stream.abort)
+        try:
+            return JSONResponse(await self._full(api_id, stream, len(ids), num_top))
+        finally:
+            stream.abort()
+
+    def _logprobs(self, token_ids: list[int], logprobs: SampleLogprobs | None,
+                  num_top: int | None) -> ChatLogprobs | None:
+        if logprobs is None or num_top is None:
+            return None
+        content = []
+        for tid, entry in zip(token_ids, logprobs, strict=True):
+            top = sorted((v.rank or 0, t, v.logprob) for t, v in entry.items()
+                         if v.rank is not None and v.rank <= num_top)[:num_top]
+            content.append(ChatTokenLogprob(
+                **self._top(tid, entry[tid].logprob),
+                top_logprobs=[TopLogprob(**self._top(t, lp)) for _, t, lp in top]))
+        return ChatLogprobs(content=content)
+
+    def _top(self, token_id: int, logprob: float) -> dict:
+        tok = self.token_str(token_id)
+        return {"token": tok, "logprob": logprob, "bytes": list(tok.encode("utf-8"))}
+
+    async def _full(self, api_id: str, stream: RequestStream, num_prompt: int,
+                    num_top: int | None) -> dict:
+        final: RequestOutput | None = None
+        try:
+            async for outs in stream:
+                final = outs[-1]
+        except RequestAborted as exc:
+            raise APIError(503, str(exc), type="service_unavailable") from exc
+        assert final is not None
+        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+                              logprobs=self._logprobs(c.token_ids, c.logprobs, num_top),
+                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                   for c in final.outputs]
+        completion = sum(len(c.token_ids) for c in final.outputs)
+        return ChatCompletionResponse(
+            id=api_id, model=self.model_name, choices=choices,
+            usage=make_usage(num_prompt, completion, final.num_cached_tokens)).model_dump()
+
+    async def _stream(self, req: ChatCompletionRequest, api_id: str, stream: RequestStream,
+                      num_prompt: int, num_top: int | None, include_usage: bool):
+        created, n = int(time.time()), req.n
+        done, tokens = [False] * n, [0] * n
+        cached = 0  # prompt tokens found in the prefix cache
+
+        def chunk(choice: ChatChunkChoice) -> str:
+            return sse(ChatCompletionChunk(id=api_id, created=created, model=self.model_name,
+                                           choices=[choice]).model_dump_json())
+
+        try:
+            yield "".join(chunk(ChatChunkChoice(
+                index=i, delta=DeltaMessage(role="assistant", content=""))) for i in range(n))
+            async for outs in stream:
+                events = []
+                cached = outs[-1].num_cached_tokens
+                for c in outs[-1].outputs:
+                    i = c.index
+                    if done[i] or not (c.delta_token_ids or c.delta_text or c.finish_reason):
+                        continue
+                    tokens[i], done[i] = len(c.token_ids), c.finish_reason is not None
+                    events.append(chunk(ChatChunkChoice(
+                        index=i, delta=DeltaMessage(content=c.delta_text),
+                        logprobs=self._logprobs(c.delta_token_ids, c.delta_logprobs, num_top),
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)))
+                if events:
+                    yield "".join(events)
+        except RequestAborted:
+            yield "".join(chunk(ChatChunkChoice(index=i, delta=DeltaMessage(),
+                                                finish_reason="abort"))
+                          for i in range(n) if not done[i])
+        except Exception as exc:  # engine failure: tell the client in-band, then end
+            yield sse_error(APIError(500, f"engine error: {exc}", type="server_error"))
+            yield SSE_DONE
+            return
+        if include_usage:
+            yield sse(ChatCompletionChunk(
+                id=api_id, created=created, model=self.model_name, choices=[],
+                usage=make_usage(num_prompt, sum(tokens), cached)).model_dump_json())
+        yield SSE_DONE

@@ -1,0 +1,175 @@
+"""/v1/completions: prompts (string, strings, token ids, lists of token ids) x n choices.
+
+Prompt p's sample i is choice `p * n + i`. Streaming sends one event per engine step with the
+choices that gained tokens; each choice's finish_reason appears in its last chunk only.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.responses import JSONResponse, Response
+
+from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
+from pagedllm.entrypoints.protocol import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from pagedllm.entrypoints.serving import (
+    SSE_DONE,
+    APIError,
+    ServingBase,
+    SSEResponse,
+    make_usage,
+    random_id,
+    sse,
+    sse_error,
+)
+from pagedllm.outputs import RequestOutput, SampleLogprobs
+
+
+class OpenAIServingCompletion(ServingBase):
+    def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        """(text or None, token ids) per prompt."""
+        p = req.prompt
+        if isinstance(p, str):
+            items: list = [p]
+        elif not p:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        elif all(isinstance(t, int) for t in p):
+            items = [p]
+        else:
+            items = list(p)
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                out.append((item, self.encode(item)))
+            else:
+                ids = [int(t) for t in item]
+                self.check_token_ids(ids, "prompt")
+                out.append((None, ids))
+        return out
+
+    async def create(self, req: CompletionRequest) -> Response:
+        self.check_model(req.model)
+        if req.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError(400, "best_of is not supported (it must equal n)", param="best_of")
+        if req.echo and req.logprobs is not None:
+            raise APIError(400, "echo with logprobs is not supported (prompt logprobs are not "
+                           "computed)", param="echo")
+        params = self.sampling_params(req, req.max_tokens, req.logprobs)
+        prompts = self._prompts(req)
+        for _, ids in prompts:
+            self.check_length(len(ids), req.max_tokens, "prompt")
+        api_id = random_id("cmpl")
+        now = time.monotonic()
+        requests = [EngineRequest(f"{api_id}-{i}", ids, params.clone(), now,
+                                  cache_salt=req.cache_salt)
+                    for i, (_, ids) in enumerate(prompts)]
+        stream = await self.submit(requests)
+        echo = [(t if t is not None else self.tokenizer.decode(ids)) if req.echo else ""
+                for t, ids in prompts]
+        num_prompt = sum(len(ids) for _, ids in prompts)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            gen = self._stream(req, api_id, stream, echo, num_prompt, include_usage)
+            return SSEResponse(gen, on_close=stream.abort)
+        try:
+            return JSONResponse(await self._full(req, api_id, stream, echo, num_prompt))
+        finally:
+            stream.abort()
+
+    def _logprobs(self, token_ids: list[int], logprobs: SampleLogprobs | None, offset: int
+                  ) -> tuple[CompletionLogprobs | None, int]:
+        """OpenAI's completions shape; `offset` is where the first token starts in the text."""
+        if logprobs is None:
+            return None, offset
+        lp = CompletionLogprobs()
+        for tid, entry in zip(token_ids, logprobs, strict=True):
+            tok = self.token_str(tid)
+            lp.tokens.append(tok)
+            lp.token_logprobs.append(entry[tid].logprob)
+            top: dict[str, float] = {}
+            for t, v in entry.items():  # distinct ids may decode alike: keep the likeliest
+                top[self.token_str(t)] = max(v.logprob, top.get(self.token_str(t), v.logprob))
+            lp.top_logprobs.append(top)
+            lp.text_offset.append(offset)
+            offset += len(tok)
+        return lp, offset
+
+    async def _full(self, req: CompletionRequest, api_id: str, stream: RequestStream,
+                    echo: list[str], num_prompt: int) -> dict:
+        final: dict[str, RequestOutput] = {}
+        try:
+            async for outs in stream:
+                for out in outs:
+                    final[out.request_id] = out
+        except RequestAborted as exc:
+            raise APIError(503, str(exc), type="service_unavailable") from exc
+        choices, completion_tokens = [], 0
+        for p, rid in enumerate(stream.request_ids):
+            for c in final[rid].outputs:
+                completion_tokens += len(c.token_ids)
+                lp, _ = self._logprobs(c.token_ids, c.logprobs, len(echo[p]))
+                choices.append(CompletionChoice(
+                    index=p * req.n + c.index, text=echo[p] + c.text, logprobs=lp,
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+        usage = make_usage(num_prompt, completion_tokens,
+                           sum(final[rid].num_cached_tokens for rid in stream.request_ids))
+        return CompletionResponse(id=api_id, model=self.model_name, choices=choices,
+                                  usage=usage).model_dump()
+
+    async def _stream(self, req: CompletionRequest, api_id: str, stream: RequestStream,
+                      echo: list[str], num_prompt: int, include_usage: bool):
+        created, n = int(time.time()), req.n
+        prompt_of = {rid: p for p, rid in enumerate(stream.request_ids)}
+        num_choices = n * len(stream.request_ids)
+        done = [False] * num_choices
+        tokens = [0] * num_choices
+        cached: dict[str, int] = {}  # request id -> prompt tokens found in the prefix cache
+        offset = [len(echo[i // n]) for i in range(num_choices)]
+
+        def chunk(choices: list[CompletionChoice]) -> str:
+            return sse(CompletionChunk(id=api_id, created=created, model=self.model_name,
+                                       choices=choices).model_dump_json())
+
+        try:
+            if req.echo:
+                yield "".join(chunk([CompletionChoice(index=i, text=echo[i // n])])
+                              for i in range(num_choices))
+            async for outs in stream:
+                events = []
+                for out in outs:
+                    p = prompt_of[out.request_id]
+                    cached[out.request_id] = out.num_cached_tokens
+                    for c in out.outputs:
+                        i = p * n + c.index
+                        if done[i] or not (c.delta_token_ids or c.delta_text or c.finish_reason):
+                            continue
+                        tokens[i] = len(c.token_ids)
+                        done[i] = c.finish_reason is not None
+                        lp, offset[i] = self._logprobs(c.delta_token_ids, c.delta_logprobs,
+                                                       offset[i])
+                        events.append(chunk([CompletionChoice(
+                            index=i, text=c.delta_text, logprobs=lp,
+                            finish_reason=c.finish_reason, stop_reason=c.stop_reason)]))
+                if events:
+                    yield "".join(events)
+        except RequestAborted:
+            yield "".join(chunk([CompletionChoice(index=i, text="", finish_reason="abort")])
+                          for i in range(num_choices) if not done[i])
+        except Exception as exc:  # engine failure: tell the client in-band, then end
+            yield sse_error(APIError(500, f"engine error: {exc}", type="server_error"))
+            yield SSE_DONE
+            return
+        if include_usage:
+            yield sse(CompletionChunk(
+                id=api_id, created=created, model=self.model_name, choices=[],
+                usage=make_usage(num_prompt, sum(tokens), sum(cached.values()))
+            ).model_dump_json())
+        yield SSE_DONE
