@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 
 logger = logging.getLogger(__name__)
@@ -25,6 +26,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
           "float": torch.float32, "half": torch.float16}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+# "auto" stores K/V in the model dtype; the 8-bit ones add a float16 scale per token per KV
+# head (model/layers/kv_quant.py). "fp8" is vLLM's alias for fp8_e4m3.
+KV_CACHE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn,
+                   "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 def parse_size(value: int | float | str) -> int:
@@ -73,6 +78,7 @@ class EngineConfig:
     rope_theta: float | None = None   # replaces the model's RoPE base
     allow_long_max_model_len: bool = False  # max_model_len past the model's RoPE maximum
     enable_prefix_caching: bool = True  # share full KV blocks of common prompt prefixes
+    kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
     _extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +86,10 @@ class EngineConfig:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.torch_device = torch.device(self.device)
         self.torch_dtype = resolve_dtype(self.dtype, self.torch_device)
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of auto, {', '.join(KV_CACHE_DTYPES)}; "
+                             f"got {self.kv_cache_dtype!r}")
+        self.torch_kv_cache_dtype = KV_CACHE_DTYPES.get(self.kv_cache_dtype, self.torch_dtype)
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
         if self.max_num_seqs < 1:
@@ -124,7 +134,11 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-    """Shape of the paged KV cache and the arithmetic users plan with."""
+    """Shape of the paged KV cache and the arithmetic users plan with.
+
+    `dtype` is the storage dtype of K/V: the model dtype, or int8 / fp8, which also store a
+    scale per token per KV head.
+    """
 
     num_layers: int
     num_kv_heads: int
@@ -133,10 +147,25 @@ class KVCacheSpec:
     block_size: int
 
     @property
+    def quantized(self) -> bool:
+        return kv_quant.is_quantized(self.dtype)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes of the scale stored with each head_dim row (0 when not quantized)."""
+        if not self.quantized:
+            return 0
+        return torch.empty((), dtype=kv_quant.SCALE_DTYPE).element_size()
+
+    @property
     def bytes_per_token(self) -> int:
-        """2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+        """2 (K and V) x layers x kv_heads x (head_dim x dtype bytes + scale bytes)."""
+        return (2 * self.num_layers * self.num_kv_heads
+                * (self.head_dim * self.dtype_bytes + self.scale_bytes))
 
     @property
     def bytes_per_block(self) -> int:

@@ -58,7 +58,8 @@ class LLMEngine:
         self.eos_token_id = eos if eos is not None else self.tokenizer.eos_token_id
         self.kv_spec = model_setup.kv_spec_for(ckpt.config, config)
         budget = model_setup.kv_budget_bytes(config)
-        self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len)
+        self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len,
+                                                      model_dtype=config.torch_dtype)
         self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device)
         if config.torch_device.type == "cpu":
             cpu_ops.load()  # compile (first run only) now rather than inside the first step

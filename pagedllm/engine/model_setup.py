@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -40,7 +41,8 @@ def build_model(ckpt: Checkpoint, config: EngineConfig) -> nn.Module:
 def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:
     _, kv_heads, head_dim = model_dims(hf_config)
     return KVCacheSpec(num_layers=hf_config.num_hidden_layers, num_kv_heads=kv_heads,
-                       head_dim=head_dim, dtype=config.torch_dtype, block_size=config.block_size)
+                       head_dim=head_dim, dtype=config.torch_kv_cache_dtype,
+                       block_size=config.block_size)
 
 
 def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None) -> int:
@@ -61,17 +63,29 @@ def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None)
     return DEFAULT_CPU_KV_BYTES
 
 
-def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int) -> int:
-    """Blocks that fit in `budget`; refuses a pool that cannot hold one max_model_len sequence."""
+def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int,
+                    model_dtype: torch.dtype | None = None) -> int:
+    """Blocks that fit in `budget`; refuses a pool that cannot hold one max_model_len sequence.
+
+    With an int8 / fp8 cache and `model_dtype` given, the log also compares the capacity with
+    an unquantized cache of the model dtype.
+    """
     num_blocks = spec.num_blocks_for(budget)
     per_seq = spec.blocks_per_seq(max_model_len)
-    elem = torch.empty((), dtype=spec.dtype).element_size()
+    dtype_name = str(spec.dtype).removeprefix("torch.")
+    scale_term = f" + {spec.scale_bytes} scale bytes" if spec.quantized else ""
+    vs_model = ""
+    if spec.quantized and model_dtype is not None:
+        plain = dataclasses.replace(spec, dtype=model_dtype)
+        vs_model = (f" ({plain.bytes_per_token / spec.bytes_per_token:.2f}x the tokens of a "
+                    f"{str(model_dtype).removeprefix('torch.')} cache)")
     logger.info(
-        "KV cache: %d bytes/token (2 x %d layers x %d kv_heads x %d head_dim x %d bytes); "
-        "budget %.2f GiB -> %d blocks of %d tokens = %d tokens; %.1f sequences of "
-        "max_model_len %d fit", spec.bytes_per_token, spec.num_layers, spec.num_kv_heads,
-        spec.head_dim, elem, budget / GiB, num_blocks, spec.block_size,
-        num_blocks * spec.block_size, num_blocks / per_seq, max_model_len)
+        "KV cache (%s): %d bytes/token (2 x %d layers x %d kv_heads x (%d head_dim x %d bytes%s)); "
+        "budget %.2f GiB -> %d blocks of %d tokens = %d tokens%s; %.1f sequences of "
+        "max_model_len %d fit", dtype_name, spec.bytes_per_token, spec.num_layers,
+        spec.num_kv_heads, spec.head_dim, spec.dtype_bytes, scale_term, budget / GiB,
+        num_blocks, spec.block_size, num_blocks * spec.block_size, vs_model,
+        num_blocks / per_seq, max_model_len)
     if num_blocks < per_seq:
         need = per_seq * spec.bytes_per_block
         raise ValueError(

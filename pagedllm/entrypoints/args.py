@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagedllm.config import EngineConfig
+from pagedllm.config import KV_CACHE_DTYPES, EngineConfig
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 
 
@@ -32,6 +32,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse the KV blocks of prompt prefixes computed before "
                    "(default: on; --no-enable-prefix-caching turns it off)")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPES],
+                   help="KV cache storage: auto (the model dtype), int8 or fp8 (= fp8_e4m3), "
+                   "fp8_e5m2; 8-bit caches hold ~2x (vs fp16) or ~4x (vs fp32) the tokens, with "
+                   "a scale per token per KV head")
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
@@ -68,4 +72,4 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed, num_threads=args.num_threads, rope_scaling=args.rope_scaling,
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
-        enable_prefix_caching=args.enable_prefix_caching)
+        enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype)

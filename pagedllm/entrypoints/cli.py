@@ -76,6 +76,29 @@ def cmd_serve(args) -> int:
                       access_log=not args.disable_access_log)
 
 
+_KV_DTYPE_BYTES = {"auto": None, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2,
+                   "bfloat16": 2, "bf16": 2, "int8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def cmd_plan(args) -> int:
+    from pagedllm.memory_plan import load_config, plan
+
+    if args.memory is None and args.kv_cache_memory is None:
+        args.memory = 24.0
+    result = plan(load_config(args.model_or_config), memory_gib=args.memory,
+                  kv_cache_memory_gib=args.kv_cache_memory, max_model_len=args.max_model_len,
+                  block_size=args.block_size, kv_dtype_bytes=_KV_DTYPE_BYTES[args.kv_cache_dtype],
+                  utilization=args.gpu_memory_utilization)
+    lines = result.lines()
+    if args.max_num_seqs is not None:
+        need = args.max_num_seqs * result.kv_bytes_per_seq
+        verdict = "fits" if need <= result.kv_budget else "does NOT fit"
+        lines.append(f"max_num_seqs {args.max_num_seqs} x max_model_len {result.max_model_len} "
+                     f"needs {need / 2**30:.2f} GiB of KV: {verdict}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,6 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt")
     _sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
+    pl = sub.add_parser("plan", help="memory plan from a config.json (no weights needed)")
+    pl.add_argument("model_or_config", help="config.json, model directory or .gguf file")
+    pl.add_argument("--max-model-len", type=int, default=None)
+    pl.add_argument("--max-num-seqs", type=int, default=None)
+    pl.add_argument("--kv-cache-dtype", default="auto", choices=sorted(_KV_DTYPE_BYTES))
+    pl.add_argument("--block-size", type=int, default=16)
+    pl.add_argument("--memory", type=float, default=None,
+                    help="device memory in GiB to plan for (default 24)")
+    pl.add_argument("--kv-cache-memory", type=float, default=None,
+                    help="KV cache budget in GiB (instead of --memory)")
+    pl.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    pl.set_defaults(func=cmd_plan)
     return parser
 
 

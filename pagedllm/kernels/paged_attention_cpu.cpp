@@ -1,12 +1,28 @@
-// Paged decode attention for CPU (fp32): one query token per sequence, keys/values read
-// straight from the block pool through the block table (no gather copy). Parallel over
-// sequence; each K/V row (all kv heads) is read once and serves the G = heads / kv_heads
-// query heads of each KV head.
-// softmax in fp32 with max subtraction. Layout: cache [num_blocks, block_size, kv_heads, d].
+// Paged decode attention for CPU: one query token per sequence, keys/values read straight
+// from the block pool through the block table (no gather copy). Parallel over sequence;
+// each K/V row (all kv heads) is read once and serves the G = heads / kv_heads query heads
+// of each KV head. softmax in fp32 with max subtraction.
+// Layout: cache [num_blocks, block_size, kv_heads, d].
+//
+// Cache dtypes: fp32, or 8 bits (int8, fp8 e4m3fn, fp8 e5m2) with a float16 scale per token
+// per KV head, scales [num_blocks, block_size, kv_heads] (pagedllm/model/layers/kv_quant.py).
+// An 8-bit row is converted to fp32 once into a small per-thread buffer (L1) and serves its
+// G query heads; its scale multiplies the G dot products (K) or softmax weights (V) instead
+// of every element. The row read from memory is 1/4 of fp32's bytes.
+//
+// quantize_into_cache is the write side: quantize new tokens' K or V and store values and
+// scales at their slots (one call per layer instead of ~15 small torch ops); it computes
+// exactly what kv_quant.quantize does.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Half.h>
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -45,30 +61,105 @@ static inline void axpy(float* y, float a, const float* x, int64_t d) {
 }
 #endif
 
+static inline float half_to_float(uint16_t h) { return c10::detail::fp16_ieee_to_fp32_value(h); }
 
-void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
-                            torch::Tensor v_cache, torch::Tensor block_tables,
-                            torch::Tensor seq_lens, double scale, int64_t window) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && k_cache.dtype() == torch::kFloat32,
-              "paged_decode_attention: fp32 only");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-              out.is_contiguous() && block_tables.is_contiguous() && seq_lens.is_contiguous());
-  const int64_t D = q.size(0), H = q.size(1), d = q.size(2);
-  const int64_t bs = k_cache.size(1), kvh = k_cache.size(2);
-  const int64_t G = H / kvh, max_blocks = block_tables.size(1);
-  (void)d;
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t* bt = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = seq_lens.data_ptr<int64_t>();
-  const float fscale = static_cast<float>(scale);
+// Row<T>::load converts n stored values to fp32; the stored value is kMul times that.
+// Row<T>::store is the quantizer's rounding of one already-scaled value.
+template <typename T>
+struct Row;
+
+template <>
+struct Row<int8_t> {
+  static constexpr float kMul = 1.f, kMax = 127.f;
+  static void load(const int8_t* s, float* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + i));
+      _mm256_storeu_ps(d + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
+    }
+#endif
+    for (; i < n; ++i) d[i] = static_cast<float>(s[i]);
+  }
+  static int8_t store(float y) {
+    return static_cast<int8_t>(std::min(std::max(std::nearbyint(y), -kMax), kMax));
+  }
+};
+
+// fp8 e5m2 is the high byte of a float16.
+template <>
+struct Row<c10::Float8_e5m2> {
+  static constexpr float kMul = 1.f, kMax = 57344.f;
+  static uint16_t bits(uint8_t x) { return static_cast<uint16_t>(x << 8); }
+  static void load(const c10::Float8_e5m2* src, float* d, int64_t n) {
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(src);
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+      const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + i)));
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_slli_epi16(w, 8)));
+    }
+#endif
+    for (; i < n; ++i) d[i] = half_to_float(bits(s[i]));
+  }
+  static c10::Float8_e5m2 store(float y) {
+    return c10::Float8_e5m2(std::min(std::max(y, -kMax), kMax));
+  }
+};
+
+// fp8 e4m3fn (exponent bias 7) moved into float16's bits (bias 15): sign to bit 15, exponent
+// and mantissa to bits 13..7. That float16 is the value times 2^-8, subnormals included, so
+// kMul = 256 (folded into the row's scale).
+template <>
+struct Row<c10::Float8_e4m3fn> {
+  static constexpr float kMul = 256.f, kMax = 448.f;
+  static uint16_t bits(uint8_t x) {
+    return static_cast<uint16_t>(((x & 0x7F) << 7) | ((x & 0x80) << 8));
+  }
+  static void load(const c10::Float8_e4m3fn* src, float* d, int64_t n) {
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(src);
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    const __m128i mag = _mm_set1_epi16(0x7F), sign = _mm_set1_epi16(0x80);
+    for (; i + 8 <= n; i += 8) {
+      const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + i)));
+      const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, mag), 7),
+                                     _mm_slli_epi16(_mm_and_si128(w, sign), 8));
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; ++i) d[i] = half_to_float(bits(s[i]));
+  }
+  static c10::Float8_e4m3fn store(float y) {
+    return c10::Float8_e4m3fn(std::min(std::max(y, -kMax), kMax));
+  }
+};
+
+// T = float: rows are used in place; otherwise ks / vs are the float16 scale pools.
+template <typename T>
+static void decode(float* op, const float* qp, const T* kp, const T* vp, const uint16_t* ks,
+                   const uint16_t* vs, const int64_t* bt, const int64_t* lens, int64_t D,
+                   int64_t H, int64_t d, int64_t bs, int64_t kvh, int64_t max_blocks,
+                   float fscale, int64_t window) {
+  constexpr bool kQuant = !std::is_same_v<T, float>;
+  const int64_t G = H / kvh, row_len = kvh * d;
   // One job per sequence: each cached token's K (then V) row of all kv heads is read once,
   // contiguously, and serves all H query heads.
   at::parallel_for(0, D, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<float> acc(H * d);
+    std::vector<float> scores, acc(H * d), buf(kQuant ? row_len : 0), row_scale(kvh);
+    auto fetch = [&](const T* pool, const uint16_t* scales, int64_t slot, float mul) {
+      if constexpr (kQuant) {
+        Row<T>::load(pool + slot * row_len, buf.data(), row_len);
+        for (int64_t j = 0; j < kvh; ++j) {
+          row_scale[j] = mul * Row<T>::kMul * half_to_float(scales[slot * kvh + j]);
+        }
+        return static_cast<const float*>(buf.data());
+      } else {
+        (void)scales;
+        std::fill(row_scale.begin(), row_scale.end(), mul);
+        return static_cast<const float*>(pool + slot * row_len);
+      }
+    };
     for (int64_t b = begin; b < end; ++b) {
       const int64_t L = lens[b];
       const int64_t start = window > 0 && L > window ? L - window : 0;
@@ -77,9 +168,10 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
       const float* qb = qp + b * H * d;
       for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = start + t;
-        const float* row = kp + (bt[b * max_blocks + pos / bs] * bs + pos % bs) * kvh * d;
+        const int64_t slot = bt[b * max_blocks + pos / bs] * bs + pos % bs;
+        const float* row = fetch(kp, ks, slot, fscale);
         for (int64_t h = 0; h < H; ++h) {
-          scores[h * n + t] = dot(qb + h * d, row + (h / G) * d, d) * fscale;
+          scores[h * n + t] = dot(qb + h * d, row + (h / G) * d, d) * row_scale[h / G];
         }
       }
       for (int64_t h = 0; h < H; ++h) {
@@ -94,9 +186,10 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = start + t;
-        const float* row = vp + (bt[b * max_blocks + pos / bs] * bs + pos % bs) * kvh * d;
+        const int64_t slot = bt[b * max_blocks + pos / bs] * bs + pos % bs;
+        const float* row = fetch(vp, vs, slot, 1.f);
         for (int64_t h = 0; h < H; ++h) {
-          axpy(acc.data() + h * d, scores[h * n + t], row + (h / G) * d, d);
+          axpy(acc.data() + h * d, scores[h * n + t] * row_scale[h / G], row + (h / G) * d, d);
         }
       }
       std::copy(acc.begin(), acc.end(), op + b * H * d);
@@ -104,6 +197,111 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   });
 }
 
+static void check_decode_args(const torch::Tensor& out, const torch::Tensor& q,
+                              const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                              const torch::Tensor& block_tables, const torch::Tensor& seq_lens) {
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && out.dtype() == torch::kFloat32,
+              "paged decode attention: fp32 queries only");
+  TORCH_CHECK(k_cache.dtype() == v_cache.dtype(), "K and V caches must have one dtype");
+  TORCH_CHECK(block_tables.dtype() == torch::kInt64 && seq_lens.dtype() == torch::kInt64);
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+              out.is_contiguous() && block_tables.is_contiguous() && seq_lens.is_contiguous());
+}
+
+void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
+                            torch::Tensor v_cache, torch::Tensor block_tables,
+                            torch::Tensor seq_lens, double scale, int64_t window) {
+  check_decode_args(out, q, k_cache, v_cache, block_tables, seq_lens);
+  TORCH_CHECK(k_cache.dtype() == torch::kFloat32, "paged_decode_attention: fp32 cache only");
+  decode<float>(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<float>(),
+                v_cache.data_ptr<float>(), nullptr, nullptr, block_tables.data_ptr<int64_t>(),
+                seq_lens.data_ptr<int64_t>(), q.size(0), q.size(1), q.size(2),
+                k_cache.size(1), k_cache.size(2), block_tables.size(1),
+                static_cast<float>(scale), window);
+}
+
+void paged_decode_attention_quant(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
+                                  torch::Tensor v_cache, torch::Tensor k_scale,
+                                  torch::Tensor v_scale, torch::Tensor block_tables,
+                                  torch::Tensor seq_lens, double scale, int64_t window) {
+  check_decode_args(out, q, k_cache, v_cache, block_tables, seq_lens);
+  TORCH_CHECK(k_scale.dtype() == torch::kFloat16 && v_scale.dtype() == torch::kFloat16 &&
+              k_scale.is_contiguous() && v_scale.is_contiguous(),
+              "scales must be contiguous float16");
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    decode<T>(out.data_ptr<float>(), q.data_ptr<float>(),
+              static_cast<const T*>(k_cache.data_ptr()), static_cast<const T*>(v_cache.data_ptr()),
+              static_cast<const uint16_t*>(k_scale.data_ptr()),
+              static_cast<const uint16_t*>(v_scale.data_ptr()), block_tables.data_ptr<int64_t>(),
+              seq_lens.data_ptr<int64_t>(), q.size(0), q.size(1), q.size(2), k_cache.size(1),
+              k_cache.size(2), block_tables.size(1), static_cast<float>(scale), window);
+  };
+  switch (k_cache.scalar_type()) {
+    case at::kChar: run(int8_t{}); break;
+    case at::kFloat8_e4m3fn: run(c10::Float8_e4m3fn{}); break;
+    case at::kFloat8_e5m2: run(c10::Float8_e5m2{}); break;
+    default: TORCH_CHECK(false, "paged_decode_attention_quant: int8 or fp8 cache expected, got ",
+                         k_cache.scalar_type());
+  }
+}
+
+template <typename T>
+static void quantize_rows(const float* x, T* cache, uint16_t* scales, const int64_t* slots,
+                          int64_t rows, int64_t kvh, int64_t d) {
+  constexpr float kScaleMin = 5.9604644775390625e-08f;  // 2^-24, smallest float16
+  constexpr float kScaleMax = 65504.f;                   // largest float16
+  constexpr float kInvMax = 1.f / Row<T>::kMax;
+  at::parallel_for(0, rows, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* src = x + r * d;
+      float amax = 0.f;
+      for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(src[i]));
+      const float target = std::min(std::max(amax * kInvMax, kScaleMin), kScaleMax);
+      uint16_t s = c10::detail::fp16_ieee_from_fp32_value(target);
+      if (half_to_float(s) < target) ++s;  // round up: positive and finite, so next float16
+      const float inv = 1.f / half_to_float(s);
+      const int64_t dst = slots[r / kvh] * kvh + r % kvh;
+      T* out = cache + dst * d;
+      for (int64_t i = 0; i < d; ++i) out[i] = Row<T>::store(src[i] * inv);
+      scales[dst] = s;
+    }
+  });
+}
+
+void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor scales,
+                         torch::Tensor slots) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 3,
+              "quantize_into_cache: x must be contiguous fp32 [T, kv_heads, d]");
+  TORCH_CHECK(cache.is_contiguous() && scales.is_contiguous() &&
+              scales.dtype() == torch::kFloat16 && slots.dtype() == torch::kInt64 &&
+              slots.is_contiguous());
+  const int64_t T = x.size(0), kvh = x.size(1), d = x.size(2);
+  TORCH_CHECK(slots.numel() == T && cache.size(-2) == kvh && cache.size(-1) == d);
+  const int64_t num_slots = cache.numel() / (kvh * d);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "slot ", sp[t], " out of range [0, ",
+                num_slots, ")");
+  }
+  auto run = [&](auto tag) {
+    using Q = decltype(tag);
+    quantize_rows<Q>(x.data_ptr<float>(), static_cast<Q*>(cache.data_ptr()),
+                     static_cast<uint16_t*>(scales.data_ptr()), sp, T * kvh, kvh, d);
+  };
+  switch (cache.scalar_type()) {
+    case at::kChar: run(int8_t{}); break;
+    case at::kFloat8_e4m3fn: run(c10::Float8_e4m3fn{}); break;
+    case at::kFloat8_e5m2: run(c10::Float8_e5m2{}); break;
+    default: TORCH_CHECK(false, "quantize_into_cache: int8 or fp8 cache expected, got ",
+                         cache.scalar_type());
+  }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU, fp32)");
+  m.def("paged_decode_attention_quant", &paged_decode_attention_quant,
+        "paged decode attention over an int8 / fp8 cache with float16 scales (CPU)");
+  m.def("quantize_into_cache", &quantize_into_cache,
+        "quantize K or V rows and store values and float16 scales at their slots (CPU)");
 }

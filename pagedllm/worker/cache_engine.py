@@ -1,9 +1,13 @@
-"""The KV pool tensors: one preallocated tensor for all layers, K and V.
+"""The KV pool tensors: one preallocated tensor for all layers, K and V (plus their scales
+when the cache is int8 / fp8).
 
 Layout `[layers, 2, num_blocks, block_size, kv_heads, head_dim]`; layer l's K pool is
-`kv[l, 0]` (`num_blocks x block_size x kv_heads x head_dim`). Zero-initialised so that padded
-(masked) slots read by batched attention are finite. Block copies for copy-on-write run as one
-indexed copy across all layers.
+`kv[l, 0]` (`num_blocks x block_size x kv_heads x head_dim`). A quantized cache adds
+`scales [layers, 2, num_blocks, block_size, kv_heads]` (float16, one per token per KV head;
+see model/layers/kv_quant.py). Both are indexed by the same block ids, and every operation
+that moves blocks goes through `pools`, so scales always travel with their values.
+Zero-initialised so that padded (masked) slots read by batched attention are finite. Block
+copies for copy-on-write run as one indexed copy per pool across all layers.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import logging
 import torch
 
 from pagedllm.config import KVCacheSpec
+from pagedllm.model.layers import kv_quant
+from pagedllm.model.layers.attention import LayerKVCache
 
 logger = logging.getLogger(__name__)
 
@@ -21,14 +27,41 @@ class CacheEngine:
     def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device) -> None:
         self.spec = spec
         self.num_blocks = num_blocks
-        self.kv = torch.zeros(spec.num_layers, 2, num_blocks, spec.block_size,
-                              spec.num_kv_heads, spec.head_dim, dtype=spec.dtype, device=device)
-        self.layer_caches = [(self.kv[i, 0], self.kv[i, 1]) for i in range(spec.num_layers)]
+        shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads)
+        self.kv = torch.zeros(*shape, spec.head_dim, dtype=spec.dtype, device=device)
+        self.scales = (torch.zeros(shape, dtype=kv_quant.SCALE_DTYPE, device=device)
+                       if spec.quantized else None)
+        s = self.scales
+        self.layer_caches = [
+            LayerKVCache(self.kv[i, 0], self.kv[i, 1],
+                         None if s is None else s[i, 0], None if s is None else s[i, 1])
+            for i in range(spec.num_layers)]
+
+    @property
+    def pools(self) -> list[torch.Tensor]:
+        """Every tensor indexed by block id on dim 2 (values, then scales if quantized)."""
+        return [self.kv] if self.scales is None else [self.kv, self.scales]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy whole blocks src -> dst in every layer (one batched op)."""
+        """Copy whole blocks src -> dst in every layer (one batched op per pool)."""
         if not copies:
             return
         src = torch.tensor([s for s, _ in copies], device=self.kv.device)
         dst = torch.tensor([d for _, d in copies], device=self.kv.device)
-        self.kv[:, :, dst] = self.kv[:, :, src]
+        for pool in self.pools:
+            p = kv_quant.raw(pool)
+            p[:, :, dst] = p[:, :, src]
+
+    def swap_out(self, block_ids: list[int], device: torch.device | str = "cpu"
+                 ) -> list[torch.Tensor]:
+        """Copies of the blocks' contents (all layers, values and scales) on `device`."""
+        idx = torch.tensor(block_ids, device=self.kv.device)
+        return [kv_quant.raw(pool)[:, :, idx].to(device).view(pool.dtype) for pool in self.pools]
+
+    def swap_in(self, block_ids: list[int], saved: list[torch.Tensor]) -> None:
+        """Write what `swap_out` returned into the blocks `block_ids` (any free blocks)."""
+        if len(saved) != len(self.pools):
+            raise ValueError(f"expected {len(self.pools)} saved pools, got {len(saved)}")
+        idx = torch.tensor(block_ids, device=self.kv.device)
+        for pool, data in zip(self.pools, saved, strict=True):
+            kv_quant.raw(pool)[:, :, idx] = kv_quant.raw(data).to(pool.device)

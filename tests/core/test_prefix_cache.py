@@ -168,6 +168,24 @@ def test_forked_siblings_share_full_blocks_and_copy_only_the_partial_one() -> No
     assert parent.block_ids[2] != child.block_ids[2]
 
 
+def test_a_block_shared_by_siblings_is_not_swapped_for_a_cached_copy() -> None:
+    """Swapping it in one sibling's table only would split their common prefix."""
+    pool = Pool()
+    x, parent = pool.new("x", list(range(9))), pool.new("p", list(range(9)), n=2)
+    pool.admit(x)
+    pool.admit(parent)
+    parent.num_computed_tokens = 9                # computed, not registered before the fork
+    child = parent.fork("c", 1)
+    pool.requests.append(child)
+    pool.bm.fork(parent, child)
+    pool.computed(x)                              # x registers the same blocks first
+    own = list(parent.block_ids)
+    pool.computed(parent)
+    pool.computed(child)
+    assert parent.block_ids == child.block_ids == own
+    assert parent.num_cached_blocks == child.num_cached_blocks == 0
+
+
 def test_eviction_takes_least_recently_freed_first_and_a_requests_tail_first() -> None:
     pool = Pool(num_blocks=8)
     a = pool.new("a", list(range(13)))            # blocks: 3 full + 1 partial

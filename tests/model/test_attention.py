@@ -1,4 +1,5 @@
-"""Paged attention: the C++ decode kernel and the torch path agree with a dense reference."""
+"""Paged attention: the C++ decode kernel and the torch path agree with a dense reference,
+for fp32 caches and for int8 / fp8 caches (against the dequantized values)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers import attention as attn
+from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.attention import AttentionMetadata, paged_attention
 
 
@@ -70,3 +72,134 @@ def test_decode_matches_dense(block_size, use_kernel, window, monkeypatch):
         vs = v_cache.view(-1, kvh, d)[flat]
         ref = _dense_reference(q[i], ks, vs, scale, window)
         torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------- int8 / fp8 caches
+
+QUANT_DTYPES = [torch.int8, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def _quantized_pools(nblocks, block_size, kvh, d, dtype, seed=0):
+    """Random fp32 pools, their quantized (values, scales) and the dequantized fp32 pools."""
+    torch.manual_seed(seed)
+    pools = []
+    for _ in range(2):
+        x = torch.randn(nblocks, block_size, kvh, d) * torch.rand(nblocks, block_size, kvh, 1) * 4
+        values, scales = kv_quant.quantize(x, dtype)
+        pools.append((x, values, scales, kv_quant.dequantize(values, scales, torch.float32)))
+    return pools
+
+
+def _tables(lens, block_size, nblocks):
+    perm = torch.randperm(nblocks).tolist()
+    tables, used = [], 0
+    for L in lens:
+        nb = -(-L // block_size)
+        tables.append(perm[used:used + nb])
+        used += nb
+    width = max(map(len, tables))
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables])
+
+
+def _context(pool, bt_row, L, block_size):
+    pos = torch.arange(L)
+    flat = bt_row[pos // block_size] * block_size + pos % block_size
+    return pool.view(-1, *pool.shape[2:])[flat]
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES, ids=str)
+@pytest.mark.parametrize("use_kernel", [True, False])
+@pytest.mark.parametrize("window", [None, 20])
+def test_quantized_decode_matches_dense(dtype, use_kernel, window, monkeypatch):
+    """C++ kernel and torch path (gather + dequantize + SDPA) both equal a dense attention
+    over the dequantized cache, and stay near the one over the original fp32 values."""
+    if use_kernel and cpu_ops.load() is None:
+        pytest.skip("CPU kernels unavailable")
+    if not use_kernel:
+        monkeypatch.setattr(attn, "_use_cpu_kernel", lambda q, c: False)
+    h, kvh, d, nblocks, block_size = 6, 2, 64, 64, 16
+    (k_x, k_q, k_s, k_deq), (v_x, v_q, v_s, v_deq) = _quantized_pools(
+        nblocks, block_size, kvh, d, dtype)
+    lens = [1, 7, 33, 70, 150]
+    bt = _tables(lens, block_size, nblocks)
+    q = torch.randn(len(lens), h, d)
+    slots = torch.tensor([bt[i, (L - 1) // block_size] * block_size + (L - 1) % block_size
+                          for i, L in enumerate(lens)])
+    # The new tokens are the original rows at their slots: writing re-quantizes them to
+    # exactly the values already stored.
+    k_new, v_new = k_x.view(-1, kvh, d)[slots], v_x.view(-1, kvh, d)[slots]
+    key_pos = torch.arange(bt.shape[1] * block_size)
+    seq = torch.tensor(lens)
+    mask = key_pos[None] < seq[:, None]
+    if window is not None:
+        mask &= key_pos[None] > (seq[:, None] - 1 - window)
+    meta = AttentionMetadata(
+        slot_mapping=slots, num_decodes=len(lens), decode_block_tables=bt,
+        decode_key_mask=mask[:, None, None, :], decode_seq_lens=seq, sliding_window=window,
+        prefill_block_tables=None, prefill_token_index=None, prefill_query_valid=None,
+        prefill_mask=None)
+    scale = d ** -0.5
+    k_cache, v_cache, k_scale, v_scale = k_q.clone(), v_q.clone(), k_s.clone(), v_s.clone()
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, scale, k_scale,
+                          v_scale).view(len(lens), h, d)
+    assert torch.equal(kv_quant.raw(k_cache), kv_quant.raw(k_q)) and torch.equal(k_scale, k_s)
+    loose = {torch.int8: 0.02, torch.float8_e4m3fn: 0.1, torch.float8_e5m2: 0.2}[dtype]
+    for i, L in enumerate(lens):
+        ref = _dense_reference(q[i], _context(k_deq, bt[i], L, block_size),
+                               _context(v_deq, bt[i], L, block_size), scale, window)
+        torch.testing.assert_close(out[i], ref, atol=2e-5, rtol=1e-4)
+        exact = _dense_reference(q[i], _context(k_x, bt[i], L, block_size),
+                                 _context(v_x, bt[i], L, block_size), scale, window)
+        assert (out[i] - exact).abs().max() < loose * exact.abs().max()
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES, ids=str)
+@pytest.mark.parametrize("kernels", [True, False])
+def test_quantized_prefill_and_decode_batch(dtype, kernels, monkeypatch):
+    """A mixed batch (2 decodes + a 5-token prefill chunk after 11 cached tokens) writes the
+    new rows quantized and attends over the dequantized cache, with or without C++ kernels
+    (the write goes through `quantize_into_cache` or torch ops; the same bits either way)."""
+    if kernels and cpu_ops.load() is None:
+        pytest.skip("CPU kernels unavailable")
+    if not kernels:
+        monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    h, kvh, d, nblocks, block_size = 4, 2, 32, 16, 8
+    (k_x, k_q, k_s, _), (v_x, v_q, v_s, _) = _quantized_pools(nblocks, block_size, kvh, d,
+                                                              dtype, seed=1)
+    lens = [9, 20, 16]                   # decode, decode, prefill (ctx_start 11, 5 new)
+    bt = _tables(lens, block_size, nblocks)
+    new_pos = [[8], [19], list(range(11, 16))]
+    slots = torch.tensor([int(bt[i, p // block_size]) * block_size + p % block_size
+                          for i, ps in enumerate(new_pos) for p in ps])
+    k_new, v_new = k_x.view(-1, kvh, d)[slots].clone(), v_x.view(-1, kvh, d)[slots].clone()
+    # Start from a cache whose new slots hold garbage: the write must fill values and scales.
+    k_cache, v_cache, k_scale, v_scale = k_q.clone(), v_q.clone(), k_s.clone(), v_s.clone()
+    for pool in (kv_quant.raw(k_cache), kv_quant.raw(v_cache)):
+        pool.view(-1, kvh, d)[slots] = 7
+    k_scale.view(-1, kvh)[slots] = 0
+    t = len(slots)
+    q = torch.randn(t, h, d)
+    width = bt.shape[1] * block_size
+    key_pos = torch.arange(width)
+    dec_seq = torch.tensor(lens[:2])
+    q_pos = torch.arange(11, 16)
+    meta = AttentionMetadata(
+        slot_mapping=slots, num_decodes=2, decode_block_tables=bt[:2],
+        decode_key_mask=(key_pos[None] < dec_seq[:, None])[:, None, None, :],
+        decode_seq_lens=dec_seq, sliding_window=None, prefill_block_tables=bt[2:],
+        prefill_token_index=torch.arange(2, t)[None],
+        prefill_query_valid=torch.ones(1, 5, dtype=torch.bool),
+        prefill_mask=(key_pos[None, :] <= q_pos[:, None])[None, None])
+    scale = d ** -0.5
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, scale, k_scale,
+                          v_scale).view(t, h, d)
+    assert torch.equal(kv_quant.raw(k_cache), kv_quant.raw(k_q))
+    assert torch.equal(kv_quant.raw(v_cache), kv_quant.raw(v_q))
+    assert torch.equal(k_scale, k_s) and torch.equal(v_scale, v_s)
+    k_deq = kv_quant.dequantize(k_q, k_s, torch.float32)
+    v_deq = kv_quant.dequantize(v_q, v_s, torch.float32)
+    queries = [(0, 0, 9), (1, 1, 20)] + [(2 + j, 2, 12 + j) for j in range(5)]
+    for row, seq, L in queries:
+        ref = _dense_reference(q[row], _context(k_deq, bt[seq], L, block_size),
+                               _context(v_deq, bt[seq], L, block_size), scale)
+        torch.testing.assert_close(out[row], ref, atol=2e-5, rtol=1e-4)

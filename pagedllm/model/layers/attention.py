@@ -12,16 +12,35 @@ position (`ctx_start + i`). Queries of the G = heads / kv_heads heads sharing a 
 stacked along the query axis so K/V are never repeated. Scale is 1/sqrt(head_dim); the
 softmax runs in fp32 (inputs are fp32 on CPU; on CUDA the fused SDPA kernels accumulate and
 normalise in fp32).
+
+With an int8 / fp8 cache (`kv_quant`), new K/V rows are quantized as they are written, with
+one scale per token per KV head stored at the same slot in the scale pool; every read
+dequantizes (the C++ decode kernel converts rows in registers; the torch path gathers and
+multiplies by the scales), so prefill and decode both attend to the stored 8-bit values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers import kv_quant
+
+_KERNEL_DTYPES = (torch.float32, *kv_quant.QMAX)
+
+
+class LayerKVCache(NamedTuple):
+    """One layer's views of the pools: K/V [num_blocks, block_size, kv_heads, head_dim] and,
+    for an int8 / fp8 cache, their scales [num_blocks, block_size, kv_heads] (else None)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
 
 @dataclass
@@ -40,11 +59,30 @@ class AttentionMetadata:
     prefill_mask: torch.Tensor | None          # [P, 1, max_q, Lp] bool, True = attend
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[num_blocks, bs, kvh, d] x [B, nb] -> [B, kvh, nb*bs, d]."""
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor, scales: torch.Tensor | None,
+            dtype: torch.dtype) -> torch.Tensor:
+    """[num_blocks, bs, kvh, d] x [B, nb] -> [B, kvh, nb*bs, d] (dequantized to `dtype`)."""
     b, nb = block_tables.shape
     _, bs, kvh, d = cache.shape
-    return cache[block_tables].view(b, nb * bs, kvh, d).transpose(1, 2)
+    x = kv_quant.raw(cache)[block_tables].view(cache.dtype).view(b, nb * bs, kvh, d)
+    if scales is not None:
+        x = kv_quant.dequantize(x, scales[block_tables].view(b, nb * bs, kvh), dtype)
+    return x.transpose(1, 2)
+
+
+def _write(cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor,
+           x: torch.Tensor) -> None:
+    """Store the rows x [T, kvh, d] at their slots (quantized, with scales, if 8-bit)."""
+    kvh, d = x.shape[1:]
+    if scales is None:
+        cache.view(-1, kvh, d).index_copy_(0, slots, x)
+        return
+    if x.device.type == "cpu" and x.dtype == torch.float32 and (ops := cpu_ops.load()):
+        ops.quantize_into_cache(x.contiguous(), cache, scales, slots)
+        return
+    values, s = kv_quant.quantize(x, cache.dtype)
+    kv_quant.raw(cache).view(-1, kvh, d).index_copy_(0, slots, kv_quant.raw(values))
+    scales.view(-1, kvh).index_copy_(0, slots, s)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -58,39 +96,48 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
 
 def _use_cpu_kernel(q: torch.Tensor, cache: torch.Tensor) -> bool:
     return (q.device.type == "cpu" and q.dtype == torch.float32
-            and cache.dtype == torch.float32 and cpu_ops.load() is not None)
+            and cache.dtype in _KERNEL_DTYPES and cpu_ops.load() is not None)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, H, d], k/v [T, kvh, d] -> [T, H*d]. Writes k/v into the caches first."""
+                    meta: AttentionMetadata, scale: float,
+                    k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, H, d], k/v [T, kvh, d] -> [T, H*d]. Writes k/v into the caches first.
+
+    `k_scale` / `v_scale` are the scale pools of an int8 / fp8 cache (None otherwise).
+    """
     t, h, d = q.shape
     kvh = k.shape[1]
     g = h // kvh
-    flat_k = k_cache.view(-1, kvh, d)
-    flat_v = v_cache.view(-1, kvh, d)
-    flat_k.index_copy_(0, meta.slot_mapping, k)
-    flat_v.index_copy_(0, meta.slot_mapping, v)
+    _write(k_cache, k_scale, meta.slot_mapping, k)
+    _write(v_cache, v_scale, meta.slot_mapping, v)
     out = q.new_empty(t, h, d)
     nd = meta.num_decodes
     if nd and _use_cpu_kernel(q, k_cache):
         out_d = out[:nd]
-        cpu_ops.load().paged_decode_attention(
-            out_d, q[:nd].contiguous(), k_cache, v_cache, meta.decode_block_tables,
-            meta.decode_seq_lens, scale, meta.sliding_window or 0)
+        if k_scale is None:
+            cpu_ops.load().paged_decode_attention(
+                out_d, q[:nd].contiguous(), k_cache, v_cache, meta.decode_block_tables,
+                meta.decode_seq_lens, scale, meta.sliding_window or 0)
+        else:
+            cpu_ops.load().paged_decode_attention_quant(
+                out_d, q[:nd].contiguous(), k_cache, v_cache, k_scale, v_scale,
+                meta.decode_block_tables, meta.decode_seq_lens, scale,
+                meta.sliding_window or 0)
     elif nd:
         qd = q[:nd].view(nd, kvh, g, d)
-        kd = _gather(k_cache, meta.decode_block_tables)
-        vd = _gather(v_cache, meta.decode_block_tables)
+        kd = _gather(k_cache, meta.decode_block_tables, k_scale, q.dtype)
+        vd = _gather(v_cache, meta.decode_block_tables, v_scale, q.dtype)
         out[:nd] = _sdpa(qd, kd, vd, meta.decode_key_mask, scale).reshape(nd, h, d)
     if meta.prefill_block_tables is not None:
         idx = meta.prefill_token_index
         p, mq = idx.shape
         qp = q[idx]                                          # [P, mq, H, d]
         qp = qp.view(p, mq, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(p, kvh, g * mq, d)
-        kp = _gather(k_cache, meta.prefill_block_tables)
-        vp = _gather(v_cache, meta.prefill_block_tables)
+        kp = _gather(k_cache, meta.prefill_block_tables, k_scale, q.dtype)
+        vp = _gather(v_cache, meta.prefill_block_tables, v_scale, q.dtype)
         mask = meta.prefill_mask.unsqueeze(2).expand(p, 1, g, mq, -1).reshape(p, 1, g * mq, -1)
         op = _sdpa(qp, kp, vp, mask, scale)                  # [P, kvh, g*mq, d]
         op = op.view(p, kvh, g, mq, d).permute(0, 3, 1, 2, 4).reshape(p, mq, h, d)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.model.layers.attention import AttentionMetadata, paged_attention
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import RMSNorm
 from pagedllm.model.layers.rotary import RotaryEmbedding, sequence_lengths
@@ -50,14 +50,15 @@ class LlamaAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
+                kv_cache: LayerKVCache, meta: AttentionMetadata
                 ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], -1)
         q = RotaryEmbedding.apply(q.view(t, self.num_heads, self.head_dim), cos, sin)
         k = RotaryEmbedding.apply(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = paged_attention(q, k, v, kv_cache.k, kv_cache.v, meta, self.scale,
+                              kv_cache.k_scale, kv_cache.v_scale)
         return self.o_proj(out)
 
 
@@ -121,7 +122,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, max_pos: int,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                kv_caches: list[LayerKVCache],
                 meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, max_pos, kv_caches, meta)
 

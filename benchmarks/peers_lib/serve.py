@@ -1,0 +1,92 @@
+"""Serving peers: start a server process, wait for /health, load it with the client of
+`benchmarks/serving.py` (streaming /v1/completions, token-id prompts, ignore_eos), stop it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks import serving as client
+
+logger = logging.getLogger("benchmarks.peers")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server command whose output goes to `log_path`; a context manager that stops it."""
+
+    def __init__(self, cmd: list[str], port: int, log_path: Path) -> None:
+        self.cmd, self.port, self.log_path = cmd, port, log_path
+        self.base_url = f"http://127.0.0.1:{port}"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        logger.info("$ %s", " ".join(cmd))
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.cmd[0]} exited {self.proc.returncode}:\n"
+                                   f"{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.cmd[0]} not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 3000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def pagedllm_command(model: str | None, port: int, threads: int, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", *([model] if model else []),
+            "--port", str(port), "--num-threads", str(threads), "--disable-access-log", *extra]
+
+
+def load(base_url: str, *, concurrency: int, num_prompts: int, input_len: int,
+         output_len: int, seed: int = 0) -> dict:
+    """One `benchmarks/serving.py` run at a fixed concurrency (all requests queued at once)."""
+    args = argparse.Namespace(
+        api_key=None, model=None, num_prompts=num_prompts, input_len=input_len,
+        output_len=output_len, max_concurrency=concurrency, request_rate=float("inf"),
+        vocab_size=32000, token_id_low=100, warmup=1, seed=seed)
+    res = asyncio.run(client.run_one(base_url, args))
+    res["concurrency"] = concurrency
+    if res["failed"]:
+        logger.warning("%s at concurrency %d: %d requests failed: %s", base_url, concurrency,
+                       res["failed"], res["errors"])
+    return res

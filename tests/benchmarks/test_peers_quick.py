@@ -1,0 +1,99 @@
+"""`benchmarks/peers.py`: the llama.cpp output parsers (on captured real output) and a
+`--quick` run end to end in a subprocess (peers that are not prepared are reported skipped)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.peers_lib import llamacpp, report  # noqa: E402
+
+# Captured from llama-batched-bench / llama-bench (llama.cpp vendored in llama-cpp-python
+# 0.3.36), SmolLM2-135M-Instruct Q4_1, 2 threads; log lines around the tables kept.
+BATCHED_BENCH_OUT = """\
+main: n_kv_max = 96, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0, \
+is_tg_separate = 0, n_gpu_layers = -1, n_threads = 2, n_threads_batch = 2
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|    16 |      8 |    1 |     24 |    0.120 |   133.46 |    0.108 |    74.02 |    0.228 |   105.30 |
+|    16 |      8 |    2 |     48 |    0.205 |   156.17 |    0.170 |    94.05 |    0.375 |   128.06 |
+
+llama_perf_context_print:        load time =     166.41 ms
+"""
+
+LLAMA_BENCH_OUT = """\
+| model                          |       size |     params | backend    | threads |            test |                  t/s |
+| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |
+| llama ?B Q4_1                  |  85.77 MiB |   134.52 M | CPU        |       2 |           pp512 |        311.65 ± 4.71 |
+
+build: unknown (0)
+"""
+
+
+def test_parse_batched_bench():
+    rows = llamacpp.parse_batched_bench(BATCHED_BENCH_OUT)
+    assert [(r["pp"], r["tg"], r["batch"]) for r in rows] == [(16, 8, 1), (16, 8, 2)]
+    assert rows[1]["decode_tok_s"] == pytest.approx(94.05)
+    assert rows[1]["output_tok_s"] == pytest.approx(2 * 8 / 0.375)
+    with pytest.raises(ValueError, match="no llama-batched-bench result rows"):
+        llamacpp.parse_batched_bench("error: failed to load model\n")
+
+
+def test_parse_llama_bench():
+    rows = llamacpp.parse_llama_bench(LLAMA_BENCH_OUT)
+    assert rows == [{"test": "pp512", "tok_s": 311.65, "stdev": 4.71, "threads": 2}]
+
+
+def test_update_docs_replaces_only_the_peers_section(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n## Serving\n\nkeep\n\n## Peers\n\nold\n\n## Later\n\nkeep 2\n")
+    report.update_docs(doc, "## Peers\n\nnew\n")
+    assert doc.read_text() == ("# Benchmarks\n\n## Serving\n\nkeep\n\n## Peers\n\nnew\n\n"
+                               "## Later\n\nkeep 2\n")
+    doc.write_text("# Benchmarks\n\n## Serving\n\nkeep\n")
+    report.update_docs(doc, "## Peers\n\nnew\n")
+    assert doc.read_text().endswith("keep\n\n## Peers\n\nnew\n")
+
+
+@pytest.mark.slow
+def test_quick_run_writes_results(tmp_path):
+    out = tmp_path / "peers"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--threads", "1",
+         "--out", str(out), "--peer-dir", str(tmp_path / "no-peers")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = json.loads((out / "peers.json").read_text())
+    assert set(res) >= {"meta", "skipped", "errors", "offline", "prefill", "serving",
+                        "block_size_sweep", "kv_efficiency", "ratios"}
+    assert res["errors"] == {}
+    assert res["meta"]["quick"] and res["meta"]["settings"]["concurrency"] == [1, 2]
+    # an empty --peer-dir: llama.cpp is reported as skipped, not failed
+    assert "llama.cpp" in res["skipped"] and "llama.cpp" not in res["offline"]
+    for engine in ("pagedllm", "hf"):
+        for c in ("1", "2"):
+            r = res["offline"][engine][c]
+            assert r["output_tokens"] == 4 * 8 and r["output_tok_s"] > 0
+        assert res["prefill"][engine]["prefill_tok_s"] > 0
+    assert set(res["ratios"]["offline"]["hf"]) == {"1", "2"}
+    for c in ("1", "2"):
+        srv = res["serving"]["pagedllm"][c]
+        assert srv["completed"] == 4 and srv["failed"] == 0
+        assert srv["ttft_ms"]["median"] > 0 and srv["tpot_ms"]["p99"] > 0
+    sweep = res["block_size_sweep"]
+    assert [r["block_size"] for r in sweep] == res["meta"]["settings"]["block_sizes"]
+    assert all(0 <= r["kv_waste_pct"] < 100 for r in sweep)
+    kv = res["kv_efficiency"]
+    assert kv["paged"]["kv_waste_pct"] < kv["paged"]["contiguous_max_len_waste_pct"]
+    assert kv["fixed_budget"]["running_max"] >= kv["fixed_budget"]["contiguous_max_len_seqs"]
+    assert {p.name for p in out.glob("*.png")} == {"peers_offline.png", "peers_serving.png",
+                                                   "peers_kv_blocks.png"}
+    assert "Offline throughput" in proc.stdout

@@ -1,0 +1,61 @@
+"""`pagedllm plan`: the KV formula and what fits, from a config.json alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pagedllm.entrypoints.cli import main
+from pagedllm.memory_plan import GiB, load_config, plan
+
+LLAMA2_7B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
+                 intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                 num_key_value_heads=32, head_dim=128, vocab_size=32000,
+                 max_position_embeddings=4096, torch_dtype="float16")
+
+
+@pytest.fixture
+def cfg_path(tmp_path):
+    def write(**overrides):
+        p = tmp_path / f"config{len(overrides)}.json"
+        p.write_text(json.dumps({**LLAMA2_7B, **overrides}))
+        return p
+    return write
+
+
+def test_llama2_7b_kv_formula(cfg_path):
+    result = plan(load_config(str(cfg_path())), memory_gib=80)
+    assert result.kv_bytes_per_token == 512 * 1024
+    assert result.kv_bytes_per_seq == 2 * GiB            # 4096 tokens
+    assert abs(result.weight_bytes / 1e9 - 13.48) < 0.05  # 6.74B params in fp16
+
+
+def test_gqa_is_a_quarter(cfg_path):
+    full = plan(load_config(str(cfg_path())), kv_cache_memory_gib=16)
+    gqa = plan(load_config(str(cfg_path(num_key_value_heads=8))), kv_cache_memory_gib=16)
+    assert gqa.kv_bytes_per_token * 4 == full.kv_bytes_per_token == 512 * 1024
+    assert gqa.kv_bytes_per_seq == GiB // 2
+    assert gqa.full_length_seqs == 4 * full.full_length_seqs == 32
+
+
+def test_pairs_and_int8(cfg_path):
+    fp16 = plan(load_config(str(cfg_path())), kv_cache_memory_gib=16)
+    assert dict(fp16.pairs)[4096] == 8 and dict(fp16.pairs)[512] == 64
+    result = plan(load_config(str(cfg_path())), kv_cache_memory_gib=16, kv_dtype_bytes=1)
+    # int8 values plus one scale per token per KV head (counted in the budget).
+    scale = result.kv_spec.scale_bytes
+    assert result.kv_bytes_per_token == 2 * 32 * 32 * (128 + scale)
+    assert 15 <= dict(result.pairs)[4096] <= 16
+
+
+def test_cli_prints_plan(cfg_path, capsys):
+    assert main(["plan", str(cfg_path()), "--memory", "24", "--max-model-len", "4096",
+                 "--max-num-seqs", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "512 KiB" in out and "2.000 GiB" in out and "does NOT fit" in out
+
+
+def test_missing_config_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        load_config(str(tmp_path / "nope"))

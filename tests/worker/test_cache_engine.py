@@ -1,0 +1,80 @@
+"""CacheEngine: pool shapes and bytes match KVCacheSpec, and block copies / swaps move the
+int8 / fp8 scales with their values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm.config import KVCacheSpec
+from pagedllm.model.layers import kv_quant
+from pagedllm.worker.cache_engine import CacheEngine
+
+DTYPES = [torch.float32, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def _engine(dtype: torch.dtype, num_blocks: int = 6) -> CacheEngine:
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype=dtype, block_size=4)
+    engine = CacheEngine(spec, num_blocks, torch.device("cpu"))
+    torch.manual_seed(0)
+    for layer in engine.layer_caches:      # fill every slot through the write path's views
+        for pool, scales in ((layer.k, layer.k_scale), (layer.v, layer.v_scale)):
+            x = torch.randn(pool.shape)
+            if scales is None:
+                pool.copy_(x)
+            else:
+                values, s = kv_quant.quantize(x, dtype)
+                kv_quant.raw(pool).copy_(kv_quant.raw(values))
+                scales.copy_(s)
+    return engine
+
+
+def _block(engine: CacheEngine, b: int) -> list[torch.Tensor]:
+    return [kv_quant.raw(p)[:, :, b].clone() for p in engine.pools]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pool_bytes_match_the_spec(dtype) -> None:
+    engine = _engine(dtype)
+    spec = engine.spec
+    assert sum(p.nbytes for p in engine.pools) == engine.num_blocks * spec.bytes_per_block
+    elem = torch.empty((), dtype=dtype).element_size()
+    assert spec.bytes_per_token == 2 * 2 * 2 * (8 * elem + (2 if elem == 1 else 0))
+    assert (engine.scales is None) == (dtype == torch.float32)
+    assert len(engine.layer_caches) == 2
+
+
+def test_smollm2_capacity_int8_vs_fp32() -> None:
+    """SmolLM2: 46080 bytes/token in fp32, 2 x 30 x 3 x (64 + 2) = 11880 in int8: 3.88x."""
+    spec = KVCacheSpec(num_layers=30, num_kv_heads=3, head_dim=64, dtype=torch.int8,
+                       block_size=16)
+    fp32 = KVCacheSpec(num_layers=30, num_kv_heads=3, head_dim=64, dtype=torch.float32,
+                       block_size=16)
+    assert (fp32.bytes_per_token, spec.bytes_per_token) == (46080, 11880)
+    budget = 2 * 2**30
+    assert spec.num_blocks_for(budget) / fp32.num_blocks_for(budget) >= 3.8
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_copy_blocks_copies_values_and_scales(dtype) -> None:
+    engine = _engine(dtype)
+    before = {b: _block(engine, b) for b in range(engine.num_blocks)}
+    engine.copy_blocks([(1, 4), (2, 5)])
+    for b in range(engine.num_blocks):
+        want = before[{4: 1, 5: 2}.get(b, b)]
+        assert all(torch.equal(x, y) for x, y in zip(_block(engine, b), want, strict=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swap_out_and_in_restores_values_and_scales(dtype) -> None:
+    engine = _engine(dtype)
+    saved = engine.swap_out([3, 0])
+    assert [t.dtype for t in saved] == [p.dtype for p in engine.pools]
+    originals = [_block(engine, 3), _block(engine, 0)]
+    for pool in engine.pools:
+        kv_quant.raw(pool).zero_()
+    engine.swap_in([5, 1], saved)            # swapped back into other blocks
+    assert all(torch.equal(x, y) for x, y in zip(_block(engine, 5), originals[0], strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(_block(engine, 1), originals[1], strict=True))
+    with pytest.raises(ValueError, match="saved pools"):
+        engine.swap_in([2], saved[:1] if len(saved) > 1 else [*saved, *saved])
