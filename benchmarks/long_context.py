@@ -107,7 +107,7 @@ def pagedllm_point(engine: LLMEngine, b: int, n: int, steps: int, warmup: int, p
     # One token's K/V for each of the b sequences, every layer, written into its slot.
     _, _, _, _, kvh, head_dim = engine.cache.kv.shape
     pools = [(k.view(-1, kvh, head_dim), v.view(-1, kvh, head_dim))
-             for k, v in engine.cache.layer_caches]
+             for k, v, *_ in engine.cache.layer_caches]
     slots = torch.arange(b) * per_seq + n
     k_new = torch.randn(b, kvh, head_dim)
 

@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="fixed KV budget, in max_model_len sequences")
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes for CI: 4 requests, 16-token prompts, 8 new tokens, "
-                    "concurrency 1 and 2")
+                    "concurrency 1 and 2, block sizes 8 and 32")
     ap.add_argument("--out", default="benchmarks/results/peers", help="results directory")
     ap.add_argument("--write-docs", action="store_true",
                     help="copy plots to docs/img/ and rewrite docs/benchmarks.md's Peers section")
@@ -96,6 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.input_len, args.output_len, args.min_requests = 16, 8, 4
         args.prefill_len, args.prefill_reps = 32, 2
         args.mixed_requests, args.mixed_prompt, args.mixed_output = 6, "4,24", "2,8"
+        args.block_sizes = "8,32"
         args.kv_max_model_len, args.kv_budget_seqs = 64, 2
     for name in ("peers", "sections"):
         vals = [v for v in getattr(args, name).split(",") if v]
@@ -149,7 +150,8 @@ def versions(manifest: dict) -> dict:
     except md.PackageNotFoundError:
         out["llama_cpp_python"] = None
     if manifest.get("built_from"):
-        out["llama_cpp"] = f"vendored in llama-cpp-python {manifest['built_from']}"
+        out["llama_cpp"] = manifest.get("llama_cpp_version") or \
+            f"vendored in llama-cpp-python {manifest['built_from']}"
     return out
 
 
@@ -163,6 +165,11 @@ class Run:
         self.args = args
         self.t0 = time.perf_counter()
         self.load_before = os.getloadavg()[0]
+        self.loads = [self.load_before]  # 1-minute load average at each section start
+        if self.load_before > 0.5 and not args.quick:
+            logger.warning("1-minute load average is %.1f: other work is running, so the "
+                           "numbers (ratios too) will be noisy; a quiet machine is best",
+                           self.load_before)
         self.model_path = Path(args.model) if args.model else default_model_path()
         self.model_arg = args.model  # None -> pagedllm's default (the same file)
         self.peer_dir = prep.peer_dir(args.peer_dir)
@@ -171,7 +178,7 @@ class Run:
         self.engine_args = ({"kv_cache_memory": "32MiB", "max_model_len": 256}
                             if args.quick else {})
         self.out_dir = Path(args.out)
-        self.res: dict = {"meta": {}, "engines": {}, "skipped": {}, "errors": {},
+        self.res: dict = {"meta": {}, "skipped": {}, "errors": {},
                           "offline": {}, "prefill": {}, "serving": {}, "ratios": {}}
         self.peer_commands: list[str] = []
         self.tok = None  # pagedllm's tokenizer and KV bytes/token, from the first engine built
@@ -382,6 +389,7 @@ class Run:
         machine = machine_info()
         machine["load_before"] = self.load_before
         machine["load_after"] = os.getloadavg()[0]
+        machine["load_max"] = max([*self.loads, machine["load_after"]])
         res["meta"] = {
             "date": time.strftime("%Y-%m-%d"), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "command": "python benchmarks/peers.py" + "".join(f" {shlex.quote(x)}" for x in argv),
@@ -389,6 +397,7 @@ class Run:
             "model": str(self.model_path), "peer_dir": str(self.peer_dir),
             "machine": machine, "versions": versions(self.manifest),
             "engines_run": self.engines, "peer_commands": self.peer_commands,
+            "prepare": {k: v for k, v in self.manifest.items() if k.endswith("_s")},
             "settings": {"threads": a.threads, "input_len": a.input_len,
                          "output_len": a.output_len, "concurrency": ints(a.concurrency),
                          "serving_concurrency": ints(a.serving_concurrency),
@@ -406,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     if args.prepare:
         prep.prepare(prep.peer_dir(args.peer_dir), jobs=args.jobs, bindings=not args.no_bindings)
         return 0
@@ -416,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                              ("kv", {"block-sweep", "kv"}, run.kv)):
         if wanted & set(args.sections):
             t0 = time.perf_counter()
+            run.loads.append(os.getloadavg()[0])
             fn()
             timings[name] = round(time.perf_counter() - t0, 1)
     res = run.finish(argv)

@@ -112,7 +112,8 @@ def llama_bench_prefill(binary: Path, model: Path, *, threads: int, n_prompt: in
            "-r", str(reps)]
     rows = parse_llama_bench(_run(cmd, timeout))
     row = next(r for r in rows if r["test"] == f"pp{n_prompt}")
-    return {"command": " ".join(cmd), "prompt_tokens": n_prompt, "prefill_tok_s": row["tok_s"],
+    return {"command": " ".join(cmd), "prompt_tokens": n_prompt, "reps": reps,
+            "seconds": n_prompt / row["tok_s"], "prefill_tok_s": row["tok_s"],
             "stdev": row["stdev"]}
 
 

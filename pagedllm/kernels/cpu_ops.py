@@ -2,7 +2,9 @@
 
 `paged_decode_attention` reads K/V straight from the block pool through the block table,
 saving the gather copy that dominates decode attention on CPU (memory-bound: the gather
-reads and writes every context byte before attention reads it again). If the compiler or
+reads and writes every context byte before attention reads it again);
+`paged_decode_attention_quant` does the same over an int8 / fp8 cache with its float16
+scales, and `quantize_into_cache` writes new K/V rows into such a cache. If the compiler or
 ninja is missing, `load()` returns None and callers use the pure-torch path.
 Set PAGEDLLM_NO_CPU_KERNELS=1 to force the torch path.
 """

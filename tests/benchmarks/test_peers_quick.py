@@ -15,41 +15,43 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.peers_lib import llamacpp, report  # noqa: E402
 
-# Captured from llama-batched-bench / llama-bench (llama.cpp vendored in llama-cpp-python
-# 0.3.36), SmolLM2-135M-Instruct Q4_1, 2 threads; log lines around the tables kept.
+# Captured from the tools built by `peers.py --prepare` (llama.cpp vendored in
+# llama-cpp-python 0.3.36, commit 0c1e570), SmolLM2-135M-Instruct Q4_1, 2 threads on a busy
+# machine (hence the low speeds); the log lines around the tables are kept.
 BATCHED_BENCH_OUT = """\
-main: n_kv_max = 96, n_batch = 2048, n_ubatch = 512, flash_attn = -1, is_pp_shared = 0, \
-is_tg_separate = 0, n_gpu_layers = -1, n_threads = 2, n_threads_batch = 2
+0.00.310.874 W llama_context: n_ctx is not divisible by n_seq_max - rounding down to 512
+
+llama_batched_bench: n_kv_max = 512, n_batch = 2048, n_ubatch = 512, flash_attn = -1, \
+is_pp_shared = 0, is_tg_separate = 0, n_gpu_layers = -1, n_threads = 2, n_threads_batch = 2
 
 |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
 |-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
-|    16 |      8 |    1 |     24 |    0.120 |   133.46 |    0.108 |    74.02 |    0.228 |   105.30 |
-|    16 |      8 |    2 |     48 |    0.205 |   156.17 |    0.170 |    94.05 |    0.375 |   128.06 |
+|    16 |      8 |    1 |     24 |    4.750 |     3.37 |    5.840 |     1.37 |   10.590 |     2.27 |
+|    16 |      8 |    2 |     48 |    4.508 |     7.10 |   17.572 |     0.91 |   22.080 |     2.17 |
 
-llama_perf_context_print:        load time =     166.41 ms
 """
 
 LLAMA_BENCH_OUT = """\
 | model                          |       size |     params | backend    | threads |            test |                  t/s |
 | ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |
-| llama ?B Q4_1                  |  85.77 MiB |   134.52 M | CPU        |       2 |           pp512 |        311.65 ± 4.71 |
+| llama 256M Q4_1                |  92.10 MiB |   134.52 M | CPU        |       2 |            pp32 |          6.44 ± 0.43 |
 
-build: unknown (0)
+build: 0c1e570 (1)
 """
 
 
 def test_parse_batched_bench():
     rows = llamacpp.parse_batched_bench(BATCHED_BENCH_OUT)
     assert [(r["pp"], r["tg"], r["batch"]) for r in rows] == [(16, 8, 1), (16, 8, 2)]
-    assert rows[1]["decode_tok_s"] == pytest.approx(94.05)
-    assert rows[1]["output_tok_s"] == pytest.approx(2 * 8 / 0.375)
+    assert rows[1]["decode_tok_s"] == pytest.approx(0.91)
+    assert rows[1]["output_tok_s"] == pytest.approx(2 * 8 / 22.080)
     with pytest.raises(ValueError, match="no llama-batched-bench result rows"):
         llamacpp.parse_batched_bench("error: failed to load model\n")
 
 
 def test_parse_llama_bench():
     rows = llamacpp.parse_llama_bench(LLAMA_BENCH_OUT)
-    assert rows == [{"test": "pp512", "tok_s": 311.65, "stdev": 4.71, "threads": 2}]
+    assert rows == [{"test": "pp32", "tok_s": 6.44, "stdev": 0.43, "threads": 2}]
 
 
 def test_update_docs_replaces_only_the_peers_section(tmp_path):
@@ -68,7 +70,8 @@ def test_quick_run_writes_results(tmp_path):
     out = tmp_path / "peers"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--threads", "1",
-         "--out", str(out), "--peer-dir", str(tmp_path / "no-peers")],
+         "--out", str(out), "--peer-dir", str(tmp_path / "no-peers"),
+         "--peers", "pagedllm,hf,llama.cpp"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = json.loads((out / "peers.json").read_text())
@@ -77,7 +80,9 @@ def test_quick_run_writes_results(tmp_path):
     assert res["errors"] == {}
     assert res["meta"]["quick"] and res["meta"]["settings"]["concurrency"] == [1, 2]
     # an empty --peer-dir: llama.cpp is reported as skipped, not failed
-    assert "llama.cpp" in res["skipped"] and "llama.cpp" not in res["offline"]
+    assert res["skipped"]["llama.cpp"].startswith("not prepared")
+    assert "llama.cpp" not in res["offline"] and "llama.cpp" not in res["serving"]
+    assert res["skipped"]["llama-cpp-python"] == "not selected (--peers)"
     for engine in ("pagedllm", "hf"):
         for c in ("1", "2"):
             r = res["offline"][engine][c]

@@ -15,8 +15,9 @@ normalise in fp32).
 
 With an int8 / fp8 cache (`kv_quant`), new K/V rows are quantized as they are written, with
 one scale per token per KV head stored at the same slot in the scale pool; every read
-dequantizes (the C++ decode kernel converts rows in registers; the torch path gathers and
-multiplies by the scales), so prefill and decode both attend to the stored 8-bit values.
+dequantizes (the C++ decode kernel converts each row to fp32 as it reads it; the torch path
+gathers, then multiplies by the scales), so prefill and decode both attend to the stored
+8-bit values.
 """
 
 from __future__ import annotations
