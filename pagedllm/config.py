@@ -30,6 +30,7 @@ BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 # head (model/layers/kv_quant.py). "fp8" is vLLM's alias for fp8_e4m3.
 KV_CACHE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn,
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 def parse_size(value: int | float | str) -> int:
@@ -79,6 +80,8 @@ class EngineConfig:
     allow_long_max_model_len: bool = False  # max_model_len past the model's RoPE maximum
     enable_prefix_caching: bool = True  # share full KV blocks of common prompt prefixes
     kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
+    preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
+    swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
     _extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +109,11 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; "
+                             f"got {self.preemption_mode!r}")
+        if not self.swap_space >= 0:
+            raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")

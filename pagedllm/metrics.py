@@ -33,10 +33,13 @@ class EngineSnapshot:
 
     running: int = 0  # requests (not sequences) in the running batch
     waiting: int = 0
+    swapped: int = 0  # requests whose KV blocks are in the CPU swap pool
     kv_usage: float = 0.0  # fraction of KV blocks in use, 0.0 - 1.0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
+    swapped_out_blocks_total: int = 0
+    swapped_in_blocks_total: int = 0
     num_steps: int = 0
     prefix_cache_queries_total: int = 0  # tokens looked up in the prefix cache
     prefix_cache_hits_total: int = 0     # of those, tokens found there
@@ -137,6 +140,8 @@ class ServingMetrics:
                "Number of requests in the running batch.", snap.running)
         scalar("pagedllm:num_requests_waiting", "gauge",
                "Number of requests waiting to be scheduled.", snap.waiting)
+        scalar("pagedllm:num_requests_swapped", "gauge",
+               "Number of requests swapped out to CPU memory.", snap.swapped)
         scalar("pagedllm:kv_cache_usage_perc", "gauge",
                "Fraction of KV cache blocks in use (1 = 100%).", float(snap.kv_usage))
         scalar("pagedllm:prompt_tokens_total", "counter",
@@ -145,6 +150,11 @@ class ServingMetrics:
                "Tokens generated.", snap.generation_tokens_total)
         scalar("pagedllm:num_preemptions_total", "counter",
                "Preemptions by the scheduler.", snap.num_preemptions_total)
+        scalar("pagedllm:swapped_out_blocks_total", "counter",
+               "KV blocks copied to CPU swap space by swap preemption.",
+               snap.swapped_out_blocks_total)
+        scalar("pagedllm:swapped_in_blocks_total", "counter",
+               "KV blocks copied back from CPU swap space.", snap.swapped_in_blocks_total)
         scalar("pagedllm:prefix_cache_queries_total", "counter",
                "Prompt tokens looked up in the prefix cache.", snap.prefix_cache_queries_total)
         scalar("pagedllm:prefix_cache_hits_total", "counter",

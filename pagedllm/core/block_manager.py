@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pagedllm.core.prefix_cache import BlockHash, PrefixCache, extra_keys, update_block_hashes
-from pagedllm.core.request import Request
+from pagedllm.core.request import Request, RequestStatus
 
 
 class BlockInvariantError(AssertionError):
@@ -117,6 +117,13 @@ class BlockManager:
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             self.free_queue[block_id] = block
+
+    def take_blocks(self, num_blocks: int) -> list[int]:
+        """`num_blocks` fresh blocks (refcount 1), e.g. a swap-in's destinations; the caller
+        checked `num_free_blocks` and puts them in a block table."""
+        if num_blocks > self.num_free_blocks:
+            raise BlockInvariantError(f"{num_blocks} blocks wanted, {self.num_free_blocks} free")
+        return [self._take_block().block_id for _ in range(num_blocks)]
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        computed_blocks: Sequence[int] = ()) -> bool:
@@ -216,6 +223,11 @@ class BlockManager:
                 # Its computed-token count is stale history; it must only hold nothing.
                 if req.block_ids:
                     raise BlockInvariantError(f"finished {req} still holds blocks")
+                continue
+            if req.status == RequestStatus.SWAPPED:
+                # Its KV is in the CPU swap pool (see core.swap_manager); none on the device.
+                if req.block_ids:
+                    raise BlockInvariantError(f"swapped {req} still holds device blocks")
                 continue
             if len(set(req.block_ids)) != len(req.block_ids):
                 raise BlockInvariantError(f"{req} holds a block twice: {req.block_ids}")

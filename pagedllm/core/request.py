@@ -61,6 +61,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.swapped_block_ids: list[int] = []  # CPU swap pool blocks while SWAPPED
         # Prefix caching: requests with different salts never share blocks; `block_hashes`
         # are the chained hashes of the full blocks of `all_token_ids` (filled lazily);
         # `block_ids[:num_cached_blocks]` are registered in the cache; `num_cached_tokens`
@@ -129,4 +130,6 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.value}, "
                 f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
-                f"blocks={len(self.block_ids)})")
+                f"blocks={len(self.block_ids)}"
+                + (f", cpu_blocks={len(self.swapped_block_ids)})" if self.swapped_block_ids
+                   else ")"))

@@ -12,7 +12,14 @@ ones past the cap keep their blocks and wait their turn.
 When a running request needs a block and none is free, the most recently admitted running
 request is preempted by recompute: its blocks are freed, `num_computed_tokens` goes back to
 0 and it is put at the front of the waiting queue; on resumption its prompt plus the tokens
-it had generated are prefilled again, so its output is unchanged.
+it had generated are prefilled again, so its output is unchanged. With a `SwapManager`
+(preemption mode "swap") the victim's blocks are copied to the CPU swap pool instead and it
+joins the swapped queue, keeping `num_computed_tokens`; when the swap pool is full it falls
+back to recompute. Swapped requests are swapped back in (oldest first) before any waiting
+request is admitted, and no waiting request is admitted while one is still swapped out::
+
+    running ──preempt──▶ swapped (CPU) ──swap in, next steps with free blocks──▶ running
+       └──────preempt, swap pool full──▶ waiting (recompute)
 
 With prefix caching, a request admitted from the waiting queue first takes the cached blocks
 holding the longest prefix of its tokens: `num_computed_tokens` starts at hits x block_size
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.swap_manager import SwapManager
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +57,13 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
+    # (device block, CPU block) and (CPU block, device block) pairs; the runner executes
+    # swap-outs, then swap-ins, then blocks_to_copy, all before the forward pass.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)   # by recompute or swap
+    swapped_out: list[Request] = field(default_factory=list)  # the preempted by swap
+    swapped_in: list[Request] = field(default_factory=list)
     # Tokens of the requests admitted this step, and how many of them the prefix cache had.
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
@@ -60,21 +74,28 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        """Nothing to run and no blocks to move (a step whose requests were all swapped out
+        still has its swap-outs to execute)."""
+        return not (self.scheduled or self.blocks_to_swap_out or self.blocks_to_swap_in
+                    or self.blocks_to_copy)
 
 
 class Scheduler:
     """Decides, each step, which requests run and how many tokens each computes."""
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, max_model_len: int) -> None:
+                 max_num_batched_tokens: int, max_model_len: int,
+                 swap_manager: SwapManager | None = None) -> None:
         self.block_manager = block_manager
+        self.swap_manager = swap_manager  # None: preempt by recompute only
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
         self.num_preemptions = 0
+        self.num_swap_outs = 0
 
     # ---------------------------------------------------------------- queues
     def add_request(self, request: Request) -> None:
@@ -86,11 +107,11 @@ class Scheduler:
         self.running.append(request)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     @property
     def requests(self) -> list[Request]:
-        return [*self.running, *self.waiting]
+        return [*self.running, *self.swapped, *self.waiting]
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Remove a request from whichever queue holds it and free its blocks."""
@@ -98,24 +119,36 @@ class Scheduler:
             self.running.remove(request)
         elif request.status == RequestStatus.WAITING:
             self.waiting.remove(request)
+        elif request.status == RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+            self.swap_manager.free(request)
         request.status = status
         request.times.finished = time.monotonic()
         self.block_manager.free(request)
 
     # -------------------------------------------------------------- schedule
-    def preempt(self, victim: Request) -> None:
-        """Preempt a running request by recompute: free its blocks, requeue it first."""
+    def preempt(self, victim: Request) -> bool:
+        """Preempt a running request: swap its blocks out to the CPU pool when there is one
+        with room (True), else by recompute: free its blocks, requeue it first (False)."""
         if victim.status != RequestStatus.RUNNING:
             raise ValueError(f"only a running request can be preempted, not {victim}")
         if victim in self.running:
             self.running.remove(victim)
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        if self.swap_manager is not None and self.swap_manager.swap_out(victim):
+            # Older victims of the same step go in front: the oldest is swapped in first.
+            self.swapped.appendleft(victim)
+            self.num_swap_outs += 1
+            logger.debug("preempted %s (swap, %d blocks)", victim.request_id,
+                         len(victim.swapped_block_ids))
+            return True
         self.block_manager.free(victim)
         victim.status = RequestStatus.WAITING
         victim.num_computed_tokens = 0
-        victim.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(victim)
         logger.debug("preempted %s (recompute)", victim.request_id)
+        return False
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -127,7 +160,8 @@ class Scheduler:
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             while not bm.allocate_slots(req, num_new):
                 victim = self.running.pop()
-                self.preempt(victim)
+                if self.preempt(victim):
+                    out.swapped_out.append(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
@@ -138,6 +172,8 @@ class Scheduler:
                 continue
             break  # `req` itself was preempted: nothing after it can run either
         if not out.preempted:
+            budget = self._swap_in(out, budget)
+        if not out.preempted and not self.swapped:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
                 hits = bm.get_computed_blocks(req)
@@ -159,7 +195,25 @@ class Scheduler:
                 out.scheduled.append(ScheduledRequest(req, num_new))
                 budget -= num_new
         out.blocks_to_copy = bm.take_pending_copies()
+        if self.swap_manager is not None:
+            out.blocks_to_swap_out, out.blocks_to_swap_in = self.swap_manager.take_pending()
         return out
+
+    def _swap_in(self, out: SchedulerOutput, budget: int) -> int:
+        """Move swapped requests back to the running batch, oldest first, while the budget,
+        `max_num_seqs` and free blocks allow; each is scheduled in this step. Returns the
+        budget left."""
+        while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.swapped[0]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.swap_manager.swap_in(req, num_new):
+                break
+            self.swapped.popleft()
+            self.running.append(req)
+            out.swapped_in.append(req)
+            out.scheduled.append(ScheduledRequest(req, num_new))
+            budget -= num_new
+        return budget
 
     def update_computed(self, out: SchedulerOutput) -> None:
         """After the forward pass: the scheduled tokens' KV is now in the cache; blocks it

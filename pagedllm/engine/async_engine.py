@@ -332,9 +332,13 @@ class AsyncEngine:
         running = eng.scheduler.running
         self.snapshot = EngineSnapshot(
             running=len({r.group_id for r in running}),
-            waiting=len(eng.scheduler.waiting), kv_usage=eng.block_manager.usage,
+            waiting=len(eng.scheduler.waiting),
+            swapped=len({r.group_id for r in eng.scheduler.swapped}),
+            kv_usage=eng.block_manager.usage,
             prompt_tokens_total=st.prompt_tokens_total,
             generation_tokens_total=st.generation_tokens_total,
-            num_preemptions_total=st.num_preemptions_total, num_steps=st.num_steps,
+            num_preemptions_total=st.num_preemptions_total,
+            swapped_out_blocks_total=st.swapped_out_blocks_total,
+            swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
             prefix_cache_queries_total=st.prefix_cache_queries,
             prefix_cache_hits_total=st.prefix_cache_hits)

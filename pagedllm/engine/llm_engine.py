@@ -19,6 +19,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.swap_manager import SwapManager
 from pagedllm.engine import model_setup
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
@@ -60,7 +61,9 @@ class LLMEngine:
         budget = model_setup.kv_budget_bytes(config)
         self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len,
                                                       model_dtype=config.torch_dtype)
-        self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device)
+        self.num_swap_blocks = model_setup.plan_swap_blocks(self.kv_spec, config)
+        self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device,
+                                 num_swap_blocks=self.num_swap_blocks)
         if config.torch_device.type == "cpu":
             cpu_ops.load()  # compile (first run only) now rather than inside the first step
         if config.enable_prefix_caching and rope_parameters(ckpt.config).get(
@@ -70,10 +73,12 @@ class LLMEngine:
             config.enable_prefix_caching = False
         self.block_manager = BlockManager(self.num_blocks, config.block_size,
                                           enable_caching=config.enable_prefix_caching)
+        self.swap_manager = (SwapManager(self.num_swap_blocks, self.block_manager)
+                             if config.preemption_mode == "swap" else None)
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=config.max_model_len)
+            max_model_len=config.max_model_len, swap_manager=self.swap_manager)
         window = getattr(ckpt.config, "sliding_window", None)
         if window is not None and not getattr(ckpt.config, "use_sliding_window", True):
             window = None
@@ -181,7 +186,8 @@ class LLMEngine:
         self.stats.on_step(sched, result, self.block_manager.usage, len(self.scheduler.running),
                            len(self.scheduler.waiting),
                            {"schedule": (t1 - t0) * 1e3, **result.timings_ms,
-                            "output": (t3 - t2) * 1e3}, outputs)
+                            "output": (t3 - t2) * 1e3}, outputs,
+                           swapped=len(self.scheduler.swapped))
         if self.debug_steps:
             logger.info(self.stats.step_line())
         return outputs
@@ -189,3 +195,5 @@ class LLMEngine:
     def check_invariants(self) -> None:
         live = [s for seqs in self._requests.values() for s in seqs]
         self.block_manager.check_invariants(live)
+        if self.swap_manager is not None:
+            self.swap_manager.check_invariants(live)

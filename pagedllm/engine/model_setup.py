@@ -95,3 +95,14 @@ def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int,
             f"{need / GiB:.3f} GiB ({need} bytes) or lower max_model_len to "
             f"{num_blocks * spec.block_size}")
     return num_blocks
+
+
+def plan_swap_blocks(spec: KVCacheSpec, config: EngineConfig) -> int:
+    """CPU swap blocks for preemption mode "swap" (0 in recompute mode)."""
+    if config.preemption_mode != "swap":
+        return 0
+    num = spec.num_blocks_for(int(config.swap_space * GiB))
+    logger.info("swap space: %.2f GiB of CPU memory -> %d blocks of %d tokens%s",
+                config.swap_space, num, spec.block_size,
+                "" if num else "; every preemption will recompute")
+    return num

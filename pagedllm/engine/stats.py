@@ -16,6 +16,9 @@ class StepRecord:
     running: int
     waiting: int
     timings_ms: dict[str, float]
+    swapped: int = 0          # requests in the swap pool after the step
+    swap_out_blocks: int = 0  # blocks copied device -> CPU this step
+    swap_in_blocks: int = 0   # blocks copied CPU -> device this step
 
 
 @dataclass
@@ -23,6 +26,9 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0
+    # Swap preemption: blocks copied to the CPU swap pool and back.
+    swapped_out_blocks_total: int = 0
+    swapped_in_blocks_total: int = 0
     # Prefix caching, in tokens: the tokens of every admitted request (resumptions after a
     # preemption included), and how many of them were found in the cache.
     prefix_cache_queries: int = 0
@@ -38,17 +44,21 @@ class EngineStats:
         self.finished[reason] += 1
 
     def on_step(self, sched, result, kv_usage: float, running: int, waiting: int,
-                timings_ms: dict[str, float], outputs) -> None:
+                timings_ms: dict[str, float], outputs, swapped: int = 0) -> None:
         self.num_steps += 1
         decodes = sum(1 for s in sched.scheduled if s.num_new_tokens == 1)
         self.generation_tokens_total += sum(len(s.token_ids) for s in result.sampled)
         self.num_preemptions_total += len(sched.preempted)
+        self.swapped_out_blocks_total += len(sched.blocks_to_swap_out)
+        self.swapped_in_blocks_total += len(sched.blocks_to_swap_in)
         self.prefix_cache_queries += sched.prefix_cache_queries
         self.prefix_cache_hits += sched.prefix_cache_hits
         self.last = StepRecord(
             step=self.num_steps, prefill_tokens=sched.num_batched_tokens - decodes,
             decode_seqs=decodes, preempted=len(sched.preempted), kv_usage=kv_usage,
-            running=running, waiting=waiting, timings_ms=timings_ms)
+            running=running, waiting=waiting, timings_ms=timings_ms, swapped=swapped,
+            swap_out_blocks=len(sched.blocks_to_swap_out),
+            swap_in_blocks=len(sched.blocks_to_swap_in))
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -62,6 +72,8 @@ class EngineStats:
             return "no step yet"
         t = " ".join(f"{k}={v:.1f}ms" for k, v in r.timings_ms.items())
         return (f"step {r.step}: prefill_tokens={r.prefill_tokens} decode_seqs={r.decode_seqs} "
-                f"running={r.running} waiting={r.waiting} preempted={r.preempted} {t} "
+                f"running={r.running} waiting={r.waiting} swapped={r.swapped} "
+                f"preempted={r.preempted} swap_out_blocks={r.swap_out_blocks} "
+                f"swap_in_blocks={r.swap_in_blocks} {t} "
                 f"kv_usage={100 * r.kv_usage:.1f}% "
                 f"prefix_cache_hit_rate={100 * self.prefix_cache_hit_rate:.1f}%")

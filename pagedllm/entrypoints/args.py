@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagedllm.config import KV_CACHE_DTYPES, EngineConfig
+from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, EngineConfig
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 
 
@@ -36,6 +36,12 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="KV cache storage: auto (the model dtype), int8 or fp8 (= fp8_e4m3), "
                    "fp8_e5m2; 8-bit caches hold ~2x (vs fp16) or ~4x (vs fp32) the tokens, with "
                    "a scale per token per KV head")
+    g.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES,
+                   help="when KV blocks run out: recompute (free the victim's blocks, prefill "
+                   "again later) or swap (copy them to --swap-space CPU memory and back)")
+    g.add_argument("--swap-space", type=float, default=4.0,
+                   help="GiB of CPU memory for swapped-out KV blocks with --preemption-mode "
+                   "swap (default 4; 0 disables: every preemption recomputes)")
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
@@ -72,4 +78,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         seed=args.seed, num_threads=args.num_threads, rope_scaling=args.rope_scaling,
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
-        enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype)
+        enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
+        preemption_mode=args.preemption_mode, swap_space=args.swap_space)

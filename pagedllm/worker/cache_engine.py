@@ -8,6 +8,11 @@ see model/layers/kv_quant.py). Both are indexed by the same block ids, and every
 that moves blocks goes through `pools`, so scales always travel with their values.
 Zero-initialised so that padded (masked) slots read by batched attention are finite. Block
 copies for copy-on-write run as one indexed copy per pool across all layers.
+
+Swap space (preemption mode "swap"): `num_swap_blocks` more blocks of the same layout in
+host memory (pinned when the device is CUDA), with their own block ids, kept separate from
+the device pool even on a CPU-only machine. `swap_blocks_out` / `swap_blocks_in` move a
+step's blocks in one batched gather + scatter per pool (values and scales together).
 """
 
 from __future__ import annotations
@@ -24,13 +29,21 @@ logger = logging.getLogger(__name__)
 
 
 class CacheEngine:
-    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device) -> None:
+    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device,
+                 num_swap_blocks: int = 0) -> None:
         self.spec = spec
         self.num_blocks = num_blocks
+        self.num_swap_blocks = num_swap_blocks
         shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads)
         self.kv = torch.zeros(*shape, spec.head_dim, dtype=spec.dtype, device=device)
         self.scales = (torch.zeros(shape, dtype=kv_quant.SCALE_DTYPE, device=device)
                        if spec.quantized else None)
+        # Same layout as `pools` with num_swap_blocks on dim 2. A block is never read before a
+        # swap-out writes it, so `empty` (which, unpinned, commits no RAM up front) is enough.
+        self.swap_pools = [
+            torch.empty((*p.shape[:2], num_swap_blocks, *p.shape[3:]), dtype=p.dtype,
+                        device="cpu", pin_memory=device.type == "cuda")
+            for p in self.pools] if num_swap_blocks else []
         s = self.scales
         self.layer_caches = [
             LayerKVCache(self.kv[i, 0], self.kv[i, 1],
@@ -65,3 +78,20 @@ class CacheEngine:
         idx = torch.tensor(block_ids, device=self.kv.device)
         for pool, data in zip(self.pools, saved, strict=True):
             kv_quant.raw(pool)[:, :, idx] = kv_quant.raw(data).to(pool.device)
+
+    def swap_blocks_out(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy device blocks into swap blocks: (device block, swap block) pairs."""
+        if not pairs:
+            return
+        saved = self.swap_out([d for d, _ in pairs], "cpu")
+        idx = torch.tensor([c for _, c in pairs])
+        for swap_pool, data in zip(self.swap_pools, saved, strict=True):
+            kv_quant.raw(swap_pool)[:, :, idx] = kv_quant.raw(data)
+
+    def swap_blocks_in(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy swap blocks into device blocks: (swap block, device block) pairs."""
+        if not pairs:
+            return
+        idx = torch.tensor([c for c, _ in pairs])
+        saved = [kv_quant.raw(p)[:, :, idx].view(p.dtype) for p in self.swap_pools]
+        self.swap_in([d for _, d in pairs], saved)

@@ -53,7 +53,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()
+        # Swap-outs first: a device block they read may be a swap-in's or a copy's target.
+        self.cache.swap_blocks_out(sched.blocks_to_swap_out)
+        self.cache.swap_blocks_in(sched.blocks_to_swap_in)
         self.cache.copy_blocks(sched.blocks_to_copy)
+        if not sched.scheduled:
+            return RunnerOutput()
         batch = build_inputs(sched.scheduled, self.block_size, self.device, self.sliding_window)
         t1 = time.perf_counter()
         hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,

@@ -2,7 +2,10 @@
 token to every request whose scheduled chunk reaches its last known token.
 
 Every step checks the token budget, max_num_seqs, queue/status consistency and the block
-manager's invariants.
+manager's (and swap pool's) invariants. The fake runner also keeps a fake KV cache: it
+executes the step's swap-outs, swap-ins and copies like the real runner, writes
+(group, position, token) into each scheduled token's slot, and checks that every computed
+position of a scheduled request reads back what was written for it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pytest
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.core.swap_manager import SwapManager
 from pagedllm.sampling_params import SamplingParams
 
 BS = 4
@@ -23,11 +27,15 @@ FAKE_TOKEN = 7
 class Harness:
     """Scheduler + block manager + a fake model; finishes requests at their max_tokens."""
 
-    def __init__(self, *, num_blocks: int = 64, budget: int = 16, max_num_seqs: int = 8
-                 ) -> None:
+    def __init__(self, *, num_blocks: int = 64, budget: int = 16, max_num_seqs: int = 8,
+                 swap_blocks: int | None = None) -> None:
         self.bm = BlockManager(num_blocks, BS)
+        self.swap = None if swap_blocks is None else SwapManager(swap_blocks, self.bm)
         self.sched = Scheduler(self.bm, max_num_seqs=max_num_seqs,
-                               max_num_batched_tokens=budget, max_model_len=1024)
+                               max_num_batched_tokens=budget, max_model_len=1024,
+                               swap_manager=self.swap)
+        self.kv: dict[int, tuple] = {}      # fake device KV: slot -> (group, pos, token)
+        self.cpu_kv: dict[int, tuple] = {}  # fake swap pool, same slot arithmetic
         self.all: list[Request] = []
         self.steps: list[SchedulerOutput] = []
         self.sampled: list[Request] = []   # requests that sampled in the last step
@@ -47,6 +55,9 @@ class Harness:
         self.bm.check_invariants(self.all)
         assert all(r.status == RequestStatus.RUNNING for r in s.running)
         assert all(r.status == RequestStatus.WAITING for r in s.waiting)
+        assert all(r.status == RequestStatus.SWAPPED for r in s.swapped)
+        if self.swap is not None:
+            self.swap.check_invariants(self.all)
         assert all(not r.block_ids and r.num_computed_tokens == 0 for r in s.waiting)
         assert len(s.running) <= self.max_running
         assert len({id(r) for r in s.requests}) == len(s.requests)
@@ -65,6 +76,7 @@ class Harness:
             assert len(req.block_ids) * BS >= req.num_computed_tokens + s.num_new_tokens
             assert req.num_computed_tokens + s.num_new_tokens <= req.num_tokens
         self.check()
+        self.fake_forward(out)
         self.sampled = [s.request for s in out.scheduled if s.samples]
         self.sched.update_computed(out)
         for req in self.sampled:                       # the fake model's outputs
@@ -75,6 +87,24 @@ class Harness:
         self.check()
         self.steps.append(out)
         return out
+
+    def fake_forward(self, out: SchedulerOutput) -> None:
+        def move(src: dict, dst: dict, pairs) -> None:
+            for a, b in pairs:
+                for off in range(BS):
+                    dst[b * BS + off] = src.get(a * BS + off)
+
+        move(self.kv, self.cpu_kv, out.blocks_to_swap_out)
+        move(self.cpu_kv, self.kv, out.blocks_to_swap_in)
+        move(self.kv, self.kv, out.blocks_to_copy)
+        for s in out.scheduled:
+            req = s.request
+            for pos in range(req.num_computed_tokens + s.num_new_tokens):
+                slot = req.block_ids[pos // BS] * BS + pos % BS
+                want = (req.group_id, pos, req.all_token_ids[pos])
+                if pos >= req.num_computed_tokens:
+                    self.kv[slot] = want
+                assert self.kv.get(slot) == want, f"{req}: position {pos} has wrong KV"
 
     def run(self, max_steps: int = 500) -> None:
         while self.sched.has_unfinished():
@@ -250,3 +280,96 @@ def test_finish_request_frees_blocks_from_either_queue() -> None:
     h.check()
     h.sched.finish_request(a, RequestStatus.FINISHED_ABORTED)
     assert h.bm.num_free_blocks == h.bm.num_blocks and not h.sched.has_unfinished()
+
+
+# ------------------------------------------------------------------- swap preemption
+def test_swap_preemption_moves_blocks_to_cpu_and_back() -> None:
+    h = Harness(num_blocks=6, budget=64, swap_blocks=8)
+    a, b, c = (h.add(rid, 8, max_tokens=6) for rid in "abc")
+    d = h.add("d", 2, max_tokens=2)
+    h.step()
+    c_blocks = list(c.block_ids)
+
+    out = h.step()                             # a needs a 3rd block: c is swapped out
+    assert out.preempted == out.swapped_out == [c]
+    assert h.plan(out) == [("a", 1), ("b", 1)]
+    assert c.status == RequestStatus.SWAPPED and c.block_ids == []
+    assert c.num_computed_tokens == 8 and c.num_preemptions == 1
+    assert out.blocks_to_swap_out == list(zip(c_blocks, c.swapped_block_ids, strict=True))
+    assert list(h.sched.swapped) == [c] and list(h.sched.waiting) == [d]
+    assert h.swap.num_free_blocks == 6 and h.sched.num_swap_outs == 1
+
+    h.run()
+    # Later b is swapped out too (a grows again) and, older than c, swapped in first; d is
+    # admitted only once no request is left swapped out.
+    ins = [(i, r.request_id) for i, o in enumerate(h.steps) for r in o.swapped_in]
+    assert [rid for _, rid in ins] == ["b", "c"]
+    c_in = h.steps[ins[1][0]]
+    assert h.plan(c_in) == [("c", 1), ("d", 2)]
+    assert [cpu for cpu, _ in c_in.blocks_to_swap_in] == [0, 1]
+    assert not any(("d", 2) in h.plan(o) for o in h.steps[:ins[1][0]])
+    assert all(s.num_new_tokens == 1 for o in h.steps[1:] for s in o.scheduled
+               if s.request is c)
+    assert all(r.status == RequestStatus.FINISHED_LENGTH for r in (a, b, c, d))
+    assert h.bm.num_free_blocks == h.bm.num_blocks and h.swap.num_free_blocks == 8
+
+
+def test_full_swap_pool_falls_back_to_recompute() -> None:
+    h = Harness(num_blocks=6, budget=64, swap_blocks=1)   # c needs 2 CPU blocks
+    _, _, c = (h.add(rid, 8, max_tokens=6) for rid in "abc")
+    h.step()
+    out = h.step()
+    assert out.preempted == [c] and out.swapped_out == [] and not out.blocks_to_swap_out
+    assert c.status == RequestStatus.WAITING and c.num_computed_tokens == 0
+    assert h.sched.num_preemptions == 1 and h.sched.num_swap_outs == 0
+    h.run()
+    assert c.num_output_tokens == 6 and h.swap.num_free_blocks == 1
+
+
+def test_aborting_a_swapped_request_frees_its_cpu_blocks() -> None:
+    h = Harness(num_blocks=6, budget=64, swap_blocks=8)
+    _, _, c = (h.add(rid, 8, max_tokens=6) for rid in "abc")
+    h.step()
+    h.step()
+    assert c.status == RequestStatus.SWAPPED
+    h.sched.finish_request(c, RequestStatus.FINISHED_ABORTED)
+    assert c.swapped_block_ids == [] and not h.sched.swapped
+    assert h.swap.num_free_blocks == 8
+    h.check()
+    h.run()
+
+
+@pytest.mark.parametrize("swap_blocks", [4, 64])
+def test_swap_under_pressure_with_forks_keeps_kv_and_invariants(swap_blocks: int) -> None:
+    """Random load on a small pool with n = 2 forks (shared prompt blocks): the fake KV
+    cache proves every swapped-in request reads back its own tokens; a small swap pool
+    mixes swap and recompute preemptions."""
+    rng = random.Random(swap_blocks)
+    h = Harness(num_blocks=12, budget=12, max_num_seqs=6, swap_blocks=swap_blocks)
+    h.max_running = 64
+    parents = []
+    for i in range(12):
+        n = 2 if i % 3 == 0 else 1
+        req = h.add(f"r{i}", rng.randint(1, 20), max_tokens=rng.randint(2, 16), n=n)
+        if n > 1:
+            parents.append(req)
+    while h.sched.has_unfinished():
+        h.step()
+        for p in [p for p in parents if p in h.sampled and not p.forked]:
+            p.forked = True                        # what the output processor does
+            child = p.fork(f"{p.request_id}-1", 1)
+            h.bm.fork(p, child)
+            h.sched.add_running(child)
+            h.all.append(child)
+            h.check()
+        assert len(h.steps) < 2000
+    assert h.sched.num_swap_outs > 0
+    if swap_blocks == 4:
+        assert h.sched.num_preemptions > h.sched.num_swap_outs
+    assert sum(len(o.blocks_to_swap_in) for o in h.steps) == sum(
+        len(o.blocks_to_swap_out) for o in h.steps)
+    for r in h.all:
+        assert r.status == RequestStatus.FINISHED_LENGTH
+        assert r.num_output_tokens == r.max_tokens
+    assert h.bm.num_free_blocks == h.bm.num_blocks
+    assert h.swap.num_free_blocks == swap_blocks

@@ -50,3 +50,14 @@ def test_render_names_and_request_latencies():
     assert f"pagedllm:inter_token_latency_seconds_count{{{label}}} 2\n" in text
     assert f"pagedllm:e2e_request_latency_seconds_count{{{label}}} 2\n" in text
     assert text.endswith("\n")
+
+
+def test_render_swap_gauge_and_counters():
+    text = ServingMetrics("m").render(EngineSnapshot(swapped=3, swapped_out_blocks_total=40,
+                                                     swapped_in_blocks_total=32))
+    label = 'model_name="m"'
+    assert "# TYPE pagedllm:num_requests_swapped gauge\n" in text
+    assert "# TYPE pagedllm:swapped_out_blocks_total counter\n" in text
+    assert f"pagedllm:num_requests_swapped{{{label}}} 3\n" in text
+    assert f"pagedllm:swapped_out_blocks_total{{{label}}} 40\n" in text
+    assert f"pagedllm:swapped_in_blocks_total{{{label}}} 32\n" in text

@@ -13,9 +13,9 @@ from pagedllm.worker.cache_engine import CacheEngine
 DTYPES = [torch.float32, torch.int8, torch.float8_e4m3fn, torch.float8_e5m2]
 
 
-def _engine(dtype: torch.dtype, num_blocks: int = 6) -> CacheEngine:
+def _engine(dtype: torch.dtype, num_blocks: int = 6, num_swap_blocks: int = 0) -> CacheEngine:
     spec = KVCacheSpec(num_layers=2, num_kv_heads=2, head_dim=8, dtype=dtype, block_size=4)
-    engine = CacheEngine(spec, num_blocks, torch.device("cpu"))
+    engine = CacheEngine(spec, num_blocks, torch.device("cpu"), num_swap_blocks)
     torch.manual_seed(0)
     for layer in engine.layer_caches:      # fill every slot through the write path's views
         for pool, scales in ((layer.k, layer.k_scale), (layer.v, layer.v_scale)):
@@ -78,3 +78,30 @@ def test_swap_out_and_in_restores_values_and_scales(dtype) -> None:
     assert all(torch.equal(x, y) for x, y in zip(_block(engine, 1), originals[1], strict=True))
     with pytest.raises(ValueError, match="saved pools"):
         engine.swap_in([2], saved[:1] if len(saved) > 1 else [*saved, *saved])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swap_pool_round_trip_keeps_values_and_scales(dtype) -> None:
+    """Blocks go to their own ids in a separate CPU pool of the same layout and come back
+    into other device blocks bit for bit (scales included)."""
+    engine = _engine(dtype, num_swap_blocks=3)
+    assert [p.shape[2] for p in engine.swap_pools] == [3] * len(engine.pools)
+    assert [p.dtype for p in engine.swap_pools] == [p.dtype for p in engine.pools]
+    assert all(p.device.type == "cpu" for p in engine.swap_pools)
+    assert all(s.data_ptr() != p.data_ptr()
+               for s, p in zip(engine.swap_pools, engine.pools, strict=True))
+    originals = {b: _block(engine, b) for b in (4, 1)}
+    engine.swap_blocks_out([(4, 2), (1, 0)])
+    for pool in engine.pools:
+        kv_quant.raw(pool).zero_()
+    engine.swap_blocks_in([(2, 5), (0, 3)])
+    for dev, orig in ((5, 4), (3, 1)):
+        assert all(torch.equal(x, y)
+                   for x, y in zip(_block(engine, dev), originals[orig], strict=True))
+    assert all(not kv_quant.raw(p)[:, :, 0].any() for p in engine.pools)  # untouched
+    engine.swap_blocks_out([])                                            # no-ops
+    engine.swap_blocks_in([])
+
+
+def test_no_swap_pool_without_swap_blocks() -> None:
+    assert _engine(torch.float32).swap_pools == []
