@@ -59,3 +59,11 @@ def test_cli_prints_plan(cfg_path, capsys):
 def test_missing_config_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no config.json"):
         load_config(str(tmp_path / "nope"))
+
+
+def test_engine_refuses_a_pool_without_room_for_one_sequence(tiny_llama_dir):
+    from pagedllm import LLM
+
+    # 2 layers x 2 kv heads x 16 head_dim x 4 bytes x 2 = 512 B/token; 64 KiB = 128 tokens.
+    with pytest.raises(ValueError, match=r"raise kv_cache_memory .* or lower max_model_len to 128"):
+        LLM(str(tiny_llama_dir), kv_cache_memory=64 * 1024, max_model_len=1024, num_threads=1)
