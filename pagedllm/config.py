@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -74,7 +74,6 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     seed: int = 0
     num_threads: int | None = None
-    enforce_eager: bool = True
     rope_scaling: dict | None = None  # replaces the model's rope scaling (HF keys, or JSON text)
     rope_theta: float | None = None   # replaces the model's RoPE base
     allow_long_max_model_len: bool = False  # max_model_len past the model's RoPE maximum
@@ -82,7 +81,6 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
-    _extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.device == "auto":

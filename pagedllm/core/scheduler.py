@@ -103,7 +103,7 @@ class Scheduler:
         self.waiting.append(request)
 
     def add_running(self, request: Request) -> None:
-        """Insert an already-running forked sibling right after nothing else changes."""
+        """Append a forked n > 1 sibling that already holds (shared) blocks to the running queue."""
         self.running.append(request)
 
     def has_unfinished(self) -> bool:

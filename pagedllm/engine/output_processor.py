@@ -27,7 +27,6 @@ class RequestGroup:
     request_id: str
     seqs: list[Request]
     emitted_tokens: dict[int, int] = field(default_factory=dict)  # index -> tokens reported
-    emitted_logprobs: dict[int, int] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -45,12 +44,15 @@ class OutputProcessor:
         self.groups: dict[str, RequestGroup] = {}
 
     def add(self, request: Request) -> None:
+        request.detokenizer = self._detokenizer(request)
+        self.groups[request.group_id] = RequestGroup(request.group_id, [request])
+
+    def _detokenizer(self, request: Request) -> IncrementalDetokenizer:
         p = request.sampling_params
-        request.detokenizer = IncrementalDetokenizer(
+        return IncrementalDetokenizer(
             self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens, stop=p.stop,
             include_stop_str_in_output=p.include_stop_str_in_output)
-        self.groups[request.group_id] = RequestGroup(request.group_id, [request])
 
     # ---------------------------------------------------------------- tokens
     def process(self, sampled: list[SampledTokens]) -> set[str]:
@@ -78,13 +80,7 @@ class OutputProcessor:
         children = [parent]
         for i in range(1, parent.sampling_params.n):
             child = parent.fork(f"{parent.group_id}-{i}", i)
-            child.detokenizer = IncrementalDetokenizer(
-                self.tokenizer, parent.prompt_token_ids,
-                skip_special_tokens=parent.sampling_params.skip_special_tokens,
-                spaces_between_special_tokens=(
-                    parent.sampling_params.spaces_between_special_tokens),
-                stop=parent.sampling_params.stop,
-                include_stop_str_in_output=parent.sampling_params.include_stop_str_in_output)
+            child.detokenizer = self._detokenizer(child)
             self.block_manager.fork(parent, child)
             self.scheduler.add_running(child)
             group.seqs.append(child)

@@ -26,6 +26,26 @@ def _dense_reference(q, ks, vs, scale, window=None):
     return (p[:, None, :] @ v).squeeze(1)
 
 
+def _last_slots(bt, lens, block_size):
+    """Slot of each sequence's last (new) token."""
+    return torch.tensor([bt[i, (L - 1) // block_size] * block_size + (L - 1) % block_size
+                         for i, L in enumerate(lens)])
+
+
+def _decode_meta(bt, lens, block_size, slots, window):
+    """Metadata of a decode-only batch: one new token per sequence at `slots`."""
+    key_pos = torch.arange(bt.shape[1] * block_size)
+    seq = torch.tensor(lens)
+    mask = key_pos[None] < seq[:, None]
+    if window is not None:
+        mask &= key_pos[None] > (seq[:, None] - 1 - window)
+    return AttentionMetadata(
+        slot_mapping=slots, num_decodes=len(lens), decode_block_tables=bt,
+        decode_key_mask=mask[:, None, None, :], decode_seq_lens=seq, sliding_window=window,
+        prefill_block_tables=None, prefill_token_index=None, prefill_query_valid=None,
+        prefill_mask=None)
+
+
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 @pytest.mark.parametrize("use_kernel", [True, False])
 @pytest.mark.parametrize("window", [None, 20])
@@ -39,37 +59,18 @@ def test_decode_matches_dense(block_size, use_kernel, window, monkeypatch):
     k_cache = torch.randn(nblocks, block_size, kvh, d)
     v_cache = torch.randn(nblocks, block_size, kvh, d)
     lens = [1, 7, 33, 70]
-    perm = torch.randperm(nblocks).tolist()
-    tables, used = [], 0
-    for L in lens:
-        nb = -(-L // block_size)
-        tables.append(perm[used:used + nb])
-        used += nb
-    width = max(map(len, tables))
-    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    bt = _tables(lens, block_size, nblocks)
     q = torch.randn(len(lens), h, d)
     # New tokens' K/V are written at their slots first: use what is already there.
-    slots = torch.tensor([bt[i, (L - 1) // block_size] * block_size + (L - 1) % block_size
-                          for i, L in enumerate(lens)])
+    slots = _last_slots(bt, lens, block_size)
     k_new = k_cache.view(-1, kvh, d)[slots].clone()
     v_new = v_cache.view(-1, kvh, d)[slots].clone()
-    key_pos = torch.arange(width * block_size)
-    seq = torch.tensor(lens)
-    mask = key_pos[None] < seq[:, None]
-    if window is not None:
-        mask &= key_pos[None] > (seq[:, None] - 1 - window)
-    meta = AttentionMetadata(
-        slot_mapping=slots, num_decodes=len(lens), decode_block_tables=bt,
-        decode_key_mask=mask[:, None, None, :], decode_seq_lens=seq, sliding_window=window,
-        prefill_block_tables=None, prefill_token_index=None, prefill_query_valid=None,
-        prefill_mask=None)
+    meta = _decode_meta(bt, lens, block_size, slots, window)
     scale = d ** -0.5
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, scale).view(len(lens), h, d)
     for i, L in enumerate(lens):
-        pos = torch.arange(L)
-        flat = bt[i, pos // block_size] * block_size + pos % block_size
-        ks = k_cache.view(-1, kvh, d)[flat]
-        vs = v_cache.view(-1, kvh, d)[flat]
+        ks = _context(k_cache, bt[i], L, block_size)
+        vs = _context(v_cache, bt[i], L, block_size)
         ref = _dense_reference(q[i], ks, vs, scale, window)
         torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=1e-4)
 
@@ -123,21 +124,11 @@ def test_quantized_decode_matches_dense(dtype, use_kernel, window, monkeypatch):
     lens = [1, 7, 33, 70, 150]
     bt = _tables(lens, block_size, nblocks)
     q = torch.randn(len(lens), h, d)
-    slots = torch.tensor([bt[i, (L - 1) // block_size] * block_size + (L - 1) % block_size
-                          for i, L in enumerate(lens)])
+    slots = _last_slots(bt, lens, block_size)
     # The new tokens are the original rows at their slots: writing re-quantizes them to
     # exactly the values already stored.
     k_new, v_new = k_x.view(-1, kvh, d)[slots], v_x.view(-1, kvh, d)[slots]
-    key_pos = torch.arange(bt.shape[1] * block_size)
-    seq = torch.tensor(lens)
-    mask = key_pos[None] < seq[:, None]
-    if window is not None:
-        mask &= key_pos[None] > (seq[:, None] - 1 - window)
-    meta = AttentionMetadata(
-        slot_mapping=slots, num_decodes=len(lens), decode_block_tables=bt,
-        decode_key_mask=mask[:, None, None, :], decode_seq_lens=seq, sliding_window=window,
-        prefill_block_tables=None, prefill_token_index=None, prefill_query_valid=None,
-        prefill_mask=None)
+    meta = _decode_meta(bt, lens, block_size, slots, window)
     scale = d ** -0.5
     k_cache, v_cache, k_scale, v_scale = k_q.clone(), v_q.clone(), k_s.clone(), v_s.clone()
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, scale, k_scale,
