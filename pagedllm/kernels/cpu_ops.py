@@ -4,7 +4,9 @@
 saving the gather copy that dominates decode attention on CPU (memory-bound: the gather
 reads and writes every context byte before attention reads it again);
 `paged_decode_attention_quant` does the same over an int8 / fp8 cache with its float16
-scales, and `quantize_into_cache` writes new K/V rows into such a cache. If the compiler or
+scales, and `quantize_into_cache` writes new K/V rows into such a cache;
+`packed_linear` is the fp32 linear layer over a weight packed by `pack_linear_weight`
+(gemm_cpu.cpp says why it beats torch.mm here, 1.7-4x). If the compiler or
 ninja is missing, `load()` returns None and callers use the pure-torch path.
 Set PAGEDLLM_NO_CPU_KERNELS=1 to force the torch path.
 """
@@ -20,7 +22,8 @@ from functools import cache
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
-_SRC = Path(__file__).with_name("paged_attention_cpu.cpp")
+_SOURCES = [Path(__file__).with_name(name) for name in
+            ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "bindings.cpp")]
 
 
 def _cpu_tag() -> str:
@@ -42,7 +45,7 @@ def load():
         from torch.utils.cpp_extension import load as load_ext
 
         t0 = time.perf_counter()
-        mod = load_ext(name=f"pagedllm_cpu_{_cpu_tag()}", sources=[str(_SRC)],
+        mod = load_ext(name=f"pagedllm_cpu_{_cpu_tag()}", sources=[str(p) for p in _SOURCES],
                        extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
                        extra_ldflags=["-fopenmp"], verbose=False)
         logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)

@@ -297,11 +297,3 @@ void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor sca
                          cache.scalar_type());
   }
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU, fp32)");
-  m.def("paged_decode_attention_quant", &paged_decode_attention_quant,
-        "paged decode attention over an int8 / fp8 cache with float16 scales (CPU)");
-  m.def("quantize_into_cache", &quantize_into_cache,
-        "quantize K or V rows and store values and float16 scales at their slots (CPU)");
-}

@@ -1,0 +1,73 @@
+"""The packed CPU linear kernel against torch, and its batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers.linear import Linear
+
+ops = cpu_ops.load()
+needs_kernels = pytest.mark.skipif(ops is None, reason="C++ CPU kernels unavailable")
+
+
+def _linear(w: torch.Tensor, b: torch.Tensor | None) -> Linear:
+    layer = Linear(w.shape[1], w.shape[0], bias=b is not None)
+    layer.weight.data.copy_(w)
+    if b is not None:
+        layer.bias.data.copy_(b)
+    layer.finalize()
+    return layer
+
+
+@needs_kernels
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 17, 64, 130])
+@pytest.mark.parametrize(("k", "n"), [(64, 96), (100, 37), (576, 960), (33, 1)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_torch(m, k, n, bias):
+    g = torch.Generator().manual_seed(m * 1000 + k + n)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    x = torch.randn(m, k, generator=g)
+    layer = _linear(w, b)
+    assert layer.packed is not None and layer.weight.numel() == 0
+    ref = F.linear(x.double(), w.double(), b.double() if bias else None)
+    out = layer(x)
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@needs_kernels
+def test_packed_linear_is_batch_invariant():
+    """A row's output is bit-identical alone, in any batch size and at any position."""
+    g = torch.Generator().manual_seed(0)
+    layer = _linear(torch.randn(200, 576, generator=g), torch.randn(200, generator=g))
+    x = torch.randn(70, 576, generator=g)
+    full = layer(x)
+    for lo, hi in [(0, 1), (3, 4), (5, 12), (8, 16), (20, 69), (69, 70)]:
+        assert torch.equal(layer(x[lo:hi]), full[lo:hi])
+
+
+@needs_kernels
+def test_packed_linear_keeps_leading_dims_and_accepts_views():
+    layer = _linear(torch.randn(48, 32), None)
+    x = torch.randn(3, 4, 64)[..., ::2]  # non-contiguous view
+    out = layer(x)
+    assert out.shape == (3, 4, 48)
+    torch.testing.assert_close(out, F.linear(x, _dense(layer)))
+
+
+def _dense(layer: Linear) -> torch.Tensor:
+    """Unpack [P, K, NB] panels back to the [N, K] weight."""
+    p, k, nb = layer.packed.shape
+    return layer.packed.transpose(1, 2).reshape(p * nb, k)[:layer.out_features]
+
+
+def test_torch_fallback_without_kernels(monkeypatch):
+    monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    w, b, x = torch.randn(10, 8), torch.randn(10), torch.randn(4, 8)
+    layer = _linear(w, b)
+    assert layer.packed is None and layer.weight_t is not None
+    torch.testing.assert_close(layer(x), F.linear(x, w, b))
