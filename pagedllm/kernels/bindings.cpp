@@ -14,6 +14,11 @@ int64_t gemm_panel_width();
 torch::Tensor pack_linear_weight(torch::Tensor w);
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
                             c10::optional<torch::Tensor> bias);
+void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
+                int64_t num_kv_heads, int64_t head_dim);
+torch::Tensor silu_mul(torch::Tensor gate_up);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU, fp32)");
@@ -25,4 +30,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear_weight", &pack_linear_weight,
         "pack an fp32 [N, K] weight into [N / NB, K, NB] panels for packed_linear");
   m.def("packed_linear", &packed_linear, "y = x @ W^T (+ bias) over a packed weight (CPU)");
+  m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = rmsnorm(residual) * w (in place)");
+  m.def("rms_norm", &rms_norm, "rmsnorm(x) * w");
+  m.def("rotary_qk_", &rotary_qk_, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up over fused [gate | up] rows");
 }

@@ -6,7 +6,8 @@ reads and writes every context byte before attention reads it again);
 `paged_decode_attention_quant` does the same over an int8 / fp8 cache with its float16
 scales, and `quantize_into_cache` writes new K/V rows into such a cache;
 `packed_linear` is the fp32 linear layer over a weight packed by `pack_linear_weight`
-(gemm_cpu.cpp says why it beats torch.mm here, 1.7-4x). If the compiler or
+(gemm_cpu.cpp says why it beats torch.mm here, 1.7-4x); fused_cpu.cpp has the fused
+RMSNorm, RoPE and SiLU-and-mul ops of the fp32 forward pass. If the compiler or
 ninja is missing, `load()` returns None and callers use the pure-torch path.
 Set PAGEDLLM_NO_CPU_KERNELS=1 to force the torch path.
 """
@@ -21,9 +22,11 @@ import time
 from functools import cache
 from pathlib import Path
 
+import torch
+
 logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).with_name(name) for name in
-            ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "bindings.cpp")]
+            ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "fused_cpu.cpp", "bindings.cpp")]
 
 
 def _cpu_tag() -> str:
@@ -53,3 +56,10 @@ def load():
     except Exception as exc:  # noqa: BLE001 - any build failure falls back to torch ops
         logger.warning("CPU kernels unavailable (%s); using the torch attention path", exc)
         return None
+
+
+def fp32_ops(x):
+    """The compiled module when `x` is an fp32 CPU tensor and kernels are available."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return None
+    return load()

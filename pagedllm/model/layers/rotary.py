@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.rope_scaling import (
     compute_inv_freq,
     rope_max_len,
@@ -82,9 +83,9 @@ class RotaryEmbedding(nn.Module):
             self._cos_sin = table
         return table
 
-    def cos_sin(self, positions: torch.Tensor, max_pos: int,
-                seq_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 cos and sin of shape [T, 1, rotary_dim] for the given absolute positions.
+    def halves(self, positions: torch.Tensor, max_pos: int,
+               seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 [T, rotary_dim]: cos of the rotary_dim / 2 frequencies, then their sin.
 
         `seq_lens` [T] (dynamic NTK only): the length each token's sequence reaches in this
         forward call (see `sequence_lengths`); None means `max_pos + 1` for every token.
@@ -92,11 +93,12 @@ class RotaryEmbedding(nn.Module):
         halves = self._table(max_pos + 1, positions.device)[positions]
         if self.is_dynamic:
             halves = self._dynamic(positions, max_pos, seq_lens, halves)
-        half = self.rotary_dim // 2
-        cos, sin = halves[:, :half], halves[:, half:]
-        cos = torch.cat([cos, cos], -1).unsqueeze(1)
-        sin = torch.cat([sin, sin], -1).unsqueeze(1)
-        return cos, sin
+        return halves
+
+    def cos_sin(self, positions: torch.Tensor, max_pos: int,
+                seq_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 cos and sin of shape [T, 1, rotary_dim] for the given absolute positions."""
+        return RopeBatch(self.halves(positions, max_pos, seq_lens)).cos_sin()
 
     def _dynamic(self, positions: torch.Tensor, max_pos: int, seq_lens: torch.Tensor | None,
                  halves: torch.Tensor) -> torch.Tensor:
@@ -129,6 +131,32 @@ class RotaryEmbedding(nn.Module):
         if rot < x.shape[-1]:
             out = torch.cat([out, xf[..., rot:]], -1)
         return out.to(x.dtype)
+
+
+class RopeBatch:
+    """The RoPE factors of one forward pass's tokens, shared by every layer."""
+
+    def __init__(self, halves: torch.Tensor) -> None:
+        self.halves = halves.contiguous()  # [T, rotary_dim] fp32: cos half || sin half
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, rotary_dim] in HF's layout (each half repeated)."""
+        if self._cos_sin is None:
+            half = self.halves.shape[1] // 2
+            cos, sin = self.halves[:, :half], self.halves[:, half:]
+            self._cos_sin = (torch.cat([cos, cos], -1).unsqueeze(1),
+                             torch.cat([sin, sin], -1).unsqueeze(1))
+        return self._cos_sin
+
+    def rotate_qk_(self, qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+                   head_dim: int) -> None:
+        """Rotate, in place, the q and k heads of fused qkv rows [T, (H + 2 KVH) * d]."""
+        if (ops := cpu_ops.fp32_ops(qkv)) is not None and qkv.is_contiguous():
+            ops.rotary_qk_(qkv, self.halves, num_heads, num_kv_heads, head_dim)
+            return
+        qk = qkv.view(qkv.shape[0], -1, head_dim)[:, :num_heads + num_kv_heads]
+        qk.copy_(RotaryEmbedding.apply(qk, *self.cos_sin()))
 
 
 def sequence_lengths(positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

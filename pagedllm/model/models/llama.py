@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import RMSNorm
-from pagedllm.model.layers.rotary import RotaryEmbedding, sequence_lengths
+from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding, sequence_lengths
 
 # HF name fragment -> (fused parameter fragment, shard id)
 _STACKED = {
@@ -49,14 +50,15 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: LayerKVCache, meta: AttentionMetadata
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = RotaryEmbedding.apply(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = RotaryEmbedding.apply(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, kv_cache.k, kv_cache.v, meta, self.scale,
                               kv_cache.k_scale, kv_cache.v_scale)
         return self.o_proj(out)
@@ -70,7 +72,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(self.inter, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, -1)
+        gate_up = self.gate_up_proj(x)
+        if (ops := cpu_ops.fp32_ops(gate_up)) is not None and gate_up.dim() == 2:
+            return self.down_proj(ops.silu_mul(gate_up.contiguous()))
+        gate, up = gate_up.split(self.inter, -1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -82,9 +87,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, residual, cos, sin, kv_cache, meta):
+    def forward(self, x, residual, rope, kv_cache, meta):
         h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, cos, sin, kv_cache, meta)
+        h = self.self_attn(h, rope, kv_cache, meta)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -103,10 +108,10 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, max_pos, kv_caches, meta):
         x = self.embed_tokens(input_ids)
         seq_lens = sequence_lengths(positions, meta) if self.rotary.is_dynamic else None
-        cos, sin = self.rotary.cos_sin(positions, max_pos, seq_lens)
+        rope = RopeBatch(self.rotary.halves(positions, max_pos, seq_lens))
         residual = None
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, cos, sin, kv, meta)
+            x, residual = layer(x, residual, rope, kv, meta)
         x, _ = self.norm(x, residual)
         return x
 

@@ -1,0 +1,80 @@
+"""Fused fp32 CPU ops (kernels/fused_cpu.cpp) against the torch formulas they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers.norm import RMSNorm
+from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
+
+ops = cpu_ops.load()
+pytestmark = pytest.mark.skipif(ops is None, reason="C++ CPU kernels unavailable")
+
+
+def _norm(hidden: int, seed: int) -> RMSNorm:
+    norm = RMSNorm(hidden, 1e-5)
+    norm.weight.data = torch.randn(hidden, generator=torch.Generator().manual_seed(seed))
+    return norm
+
+
+def _torch_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None):
+    """The torch path of RMSNorm.forward (what runs on other devices)."""
+    if residual is not None:
+        x = x + residual
+    var = x.pow(2).mean(-1, keepdim=True)
+    return norm.weight * (x * torch.rsqrt(var + norm.eps)), x
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64, 200])
+@pytest.mark.parametrize("hidden", [576, 100])
+def test_rms_norm_and_fused_residual_add(rows, hidden):
+    norm = _norm(hidden, rows)
+    x, res = torch.randn(rows, hidden), torch.randn(rows, hidden)
+    want_out, want_sum = _torch_norm(norm, x, res)
+    out, summed = norm(x.clone(), res.clone())
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(summed, want_sum, rtol=0, atol=0)
+    out, same = norm(x, None)
+    assert same is x
+    torch.testing.assert_close(out, _torch_norm(norm, x, None)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_silu_mul(rows):
+    gu = torch.randn(rows, 2 * 96) * 4
+    want = F.silu(gu[:, :96]) * gu[:, 96:]
+    torch.testing.assert_close(ops.silu_mul(gu), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "rot"),
+                         [(9, 3, 64, 64), (4, 4, 32, 32), (4, 2, 64, 32)])
+def test_rotary_matches_torch_rotation(heads, kv_heads, head_dim, rot):
+    """In-place q/k rotation of fused qkv rows (full and partial rotary); v untouched."""
+    rotary = RotaryEmbedding(head_dim, {"rope_type": "default", "rope_theta": 10000.0,
+                                        "partial_rotary_factor": rot / head_dim}, 4096)
+    assert rotary.rotary_dim == rot
+    positions = torch.tensor([0, 5, 17, 4095, 300])
+    rope = RopeBatch(rotary.halves(positions, 4095))
+    t, width = len(positions), (heads + 2 * kv_heads) * head_dim
+    qkv = torch.randn(t, width)
+    want = qkv.clone()
+    qk = want.view(t, -1, head_dim)[:, :heads + kv_heads]
+    qk.copy_(RotaryEmbedding.apply(qk, *rope.cos_sin()))
+    got = qkv.clone()
+    rope.rotate_qk_(got, heads, kv_heads, head_dim)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    v = (heads + kv_heads) * head_dim
+    assert torch.equal(got[:, v:], qkv[:, v:])
+
+
+def test_torch_paths_when_kernels_disabled(monkeypatch):
+    norm = _norm(64, 0)
+    x, res = torch.randn(5, 64), torch.randn(5, 64)
+    fused = norm(x.clone(), res.clone())
+    monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    plain = norm(x.clone(), res.clone())
+    for a, b in zip(fused, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
