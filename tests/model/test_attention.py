@@ -33,15 +33,12 @@ def _last_slots(bt, lens, block_size):
 
 
 def _decode_meta(bt, lens, block_size, slots, window):
-    """Metadata of a decode-only batch: one new token per sequence at `slots`."""
-    key_pos = torch.arange(bt.shape[1] * block_size)
+    """Metadata of a decode-only batch: one new token per sequence at `slots` (the torch
+    path derives the key mask from the lengths and the window)."""
     seq = torch.tensor(lens)
-    mask = key_pos[None] < seq[:, None]
-    if window is not None:
-        mask &= key_pos[None] > (seq[:, None] - 1 - window)
     return AttentionMetadata(
         slot_mapping=slots, num_decodes=len(lens), decode_block_tables=bt,
-        decode_key_mask=mask[:, None, None, :], decode_seq_lens=seq, sliding_window=window,
+        decode_seq_lens=seq, sliding_window=window,
         prefill_block_tables=None, prefill_token_index=None, prefill_query_valid=None,
         prefill_mask=None)
 
@@ -176,7 +173,6 @@ def test_quantized_prefill_and_decode_batch(dtype, kernels, monkeypatch):
     q_pos = torch.arange(11, 16)
     meta = AttentionMetadata(
         slot_mapping=slots, num_decodes=2, decode_block_tables=bt[:2],
-        decode_key_mask=(key_pos[None] < dec_seq[:, None])[:, None, None, :],
         decode_seq_lens=dec_seq, sliding_window=None, prefill_block_tables=bt[2:],
         prefill_token_index=torch.arange(2, t)[None],
         prefill_query_valid=torch.ones(1, 5, dtype=torch.bool),

@@ -51,13 +51,26 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor          # [T] int64 flat slot of each new token
     num_decodes: int                    # first D tokens are single-token decodes
     decode_block_tables: torch.Tensor | None   # [D, max_blocks_d] int64
-    decode_key_mask: torch.Tensor | None       # [D, 1, 1, Ld] bool, True = attend
     decode_seq_lens: torch.Tensor | None       # [D] int64 context length incl. the new token
     sliding_window: int | None
     prefill_block_tables: torch.Tensor | None  # [P, max_blocks_p]
     prefill_token_index: torch.Tensor | None   # [P, max_q] flat index into tokens (pad -> 0)
     prefill_query_valid: torch.Tensor | None   # [P, max_q] bool
     prefill_mask: torch.Tensor | None          # [P, 1, max_q, Lp] bool, True = attend
+    # [D, 1, 1, Ld] bool, True = attend: only the torch decode path needs it (the C++ kernel
+    # reads seq_lens), so the first layer on that path builds it and the others reuse it.
+    decode_key_mask: torch.Tensor | None = None
+
+    def decode_mask(self, width: int) -> torch.Tensor:
+        """The decodes' key mask over `width` gathered keys (block table width x block size)."""
+        if self.decode_key_mask is None:
+            lens = self.decode_seq_lens[:, None]
+            keys = torch.arange(width, device=lens.device)[None, :]
+            mask = keys < lens
+            if self.sliding_window:
+                mask &= keys >= lens - self.sliding_window
+            self.decode_key_mask = mask[:, None, None, :]
+        return self.decode_key_mask
 
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor, scales: torch.Tensor | None,
@@ -131,7 +144,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         qd = q[:nd].view(nd, kvh, g, d)
         kd = _gather(k_cache, meta.decode_block_tables, k_scale, q.dtype)
         vd = _gather(v_cache, meta.decode_block_tables, v_scale, q.dtype)
-        out[:nd] = _sdpa(qd, kd, vd, meta.decode_key_mask, scale).reshape(nd, h, d)
+        out[:nd] = _sdpa(qd, kd, vd, meta.decode_mask(kd.shape[2]), scale).reshape(nd, h, d)
     if meta.prefill_block_tables is not None:
         idx = meta.prefill_token_index
         p, mq = idx.shape

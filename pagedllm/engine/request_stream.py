@@ -1,0 +1,114 @@
+"""The asyncio side of one API call's engine requests: `RequestStream` and its coalescing.
+
+The engine thread's outputs reach a stream through `AsyncEngine._dispatch` on the event loop;
+`_put` merges each into the request's pending slot (deltas concatenated, cumulative fields
+replaced), so a reader that falls behind gets one coalesced output when it catches up: the
+engine never blocks on it and memory stays O(its tokens), not O(steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedllm.engine.async_engine import AsyncEngine
+
+
+class RequestAborted(RuntimeError):
+    """The engine aborted the request (shutdown) before it finished."""
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    cache_salt: str | None = None  # prefix-cache namespace (tenant isolation)
+
+
+def _merge(into: RequestOutput, new: RequestOutput) -> None:
+    """Fold `new` (a later output of the same request) into `into`, in place: deltas are
+    appended (token and logprob lists extended, not copied), cumulative fields replaced."""
+    by_index = {c.index: c for c in into.outputs}
+    for c in new.outputs:
+        old = by_index.get(c.index)
+        if old is None:  # n > 1 fan-out happened since
+            by_index[c.index] = c
+            continue
+        old.delta_text += c.delta_text
+        old.delta_token_ids.extend(c.delta_token_ids)
+        if old.delta_logprobs is not None and c.delta_logprobs is not None:
+            old.delta_logprobs.extend(c.delta_logprobs)
+        old.text, old.token_ids, old.logprobs = c.text, c.token_ids, c.logprobs
+        old.cumulative_logprob = c.cumulative_logprob
+        old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
+    into.outputs = [by_index[i] for i in sorted(by_index)]
+    into.finished, into.metrics = new.finished, new.metrics
+    into.num_cached_tokens = new.num_cached_tokens
+
+
+class RequestStream:
+    """Outputs of the engine requests behind one API call, in arrival order per request.
+
+    Iterate with `async for outputs in stream` (each item: the requests' outputs that arrived
+    since the last item, coalesced per request). Iteration ends when all requests finished;
+    raises `RequestAborted` if the engine aborted them, or the engine's error. `abort()` (also
+    safe after the end) cancels whatever is unfinished.
+    """
+
+    def __init__(self, engine: AsyncEngine, requests: Sequence[EngineRequest]) -> None:
+        self._engine = engine
+        self.request_ids = [r.request_id for r in requests]
+        self._arrival = {r.request_id: r.arrival_time for r in requests}
+        self._unfinished = set(self.request_ids)
+        self._pending: dict[str, RequestOutput] = {}
+        self._error: BaseException | None = None
+        self._event = asyncio.Event()
+
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished
+
+    # -- called on the event loop by the engine's dispatch
+    def _put(self, out: RequestOutput) -> None:
+        prev = self._pending.get(out.request_id)
+        if prev is None:
+            self._pending[out.request_id] = out
+        else:
+            _merge(prev, out)
+        if out.finished:
+            self._unfinished.discard(out.request_id)
+        self._event.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._unfinished.clear()
+        self._event.set()
+
+    # -- consumer side
+    async def __aiter__(self) -> AsyncIterator[list[RequestOutput]]:
+        while True:
+            if self._pending:
+                outs = [self._pending.pop(r) for r in self.request_ids if r in self._pending]
+                yield outs
+                continue
+            if self._error is not None:
+                raise self._error
+            if not self._unfinished:
+                return
+            self._event.clear()
+            await self._event.wait()
+
+    def abort(self) -> None:
+        if self._unfinished:
+            self._engine._abort(self, list(self._unfinished))
+            self._unfinished.clear()
+        self._engine._streams_closed(self)
