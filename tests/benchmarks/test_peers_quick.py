@@ -102,3 +102,49 @@ def test_quick_run_writes_results(tmp_path):
     assert {p.name for p in out.glob("*.png")} == {"peers_offline.png", "peers_serving.png",
                                                    "peers_kv_blocks.png"}
     assert "Offline throughput" in proc.stdout
+
+
+def _args(*argv: str):
+    from benchmarks import peers
+
+    return peers.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(("argv", "have_bins", "have_bindings", "want"), [
+    (["--peer-dir", "X"], False, False, {"binaries": True, "bindings": True}),
+    (["--peer-dir", "X"], True, False, {"binaries": False, "bindings": True}),
+    (["--peer-dir", "X"], True, True, None),
+    (["--peer-dir", "X", "--peers", "pagedllm,hf,llama.cpp"], False, False,
+     {"binaries": True, "bindings": False}),
+    (["--peer-dir", "X", "--no-prepare"], False, False, None),
+    (["--peer-dir", "X", "--quick"], False, False, None),
+])
+def test_full_run_builds_missing_peers_first(monkeypatch, argv, have_bins, have_bindings, want):
+    """A full run prepares exactly the selected llama.cpp peers that are missing."""
+    import importlib.util
+
+    from benchmarks import peers
+
+    calls = []
+    monkeypatch.setattr(peers.prep, "llama_binaries", lambda root: {"x": 1} if have_bins else None)
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        (object() if have_bindings else None) if name == "llama_cpp" else real_find(name, *a)))
+    monkeypatch.setattr(peers.prep, "prepare",
+                        lambda root, jobs, bindings, binaries: calls.append(
+                            {"binaries": binaries, "bindings": bindings}))
+    peers.auto_prepare(_args(*argv))
+    assert calls == ([want] if want else [])
+
+
+def test_failed_peer_build_does_not_stop_the_run(monkeypatch, caplog):
+    from benchmarks import peers
+
+    monkeypatch.setattr(peers.prep, "llama_binaries", lambda root: None)
+
+    def boom(*a, **k):
+        raise RuntimeError("cmake failed")
+
+    monkeypatch.setattr(peers.prep, "prepare", boom)
+    peers.auto_prepare(_args("--peer-dir", "X", "--peers", "pagedllm,llama.cpp"))
+    assert "cmake failed" in caplog.text
