@@ -20,18 +20,23 @@ void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
                 int64_t num_kv_heads, int64_t head_dim);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 
+// Every kernel runs without the GIL (like torch's own ops): the server's event loop thread keeps
+// answering HTTP and flushing streams while the engine thread is inside a long kernel call.
+// Arguments are converted before the GIL is released and the result after it is re-taken.
+#define kNoGil py::call_guard<py::gil_scoped_release>()
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU, fp32)");
-  m.def("paged_decode_attention_quant", &paged_decode_attention_quant,
+  m.def("paged_decode_attention", &paged_decode_attention, kNoGil, "paged decode attention (CPU, fp32)");
+  m.def("paged_decode_attention_quant", &paged_decode_attention_quant, kNoGil,
         "paged decode attention over an int8 / fp8 cache with float16 scales (CPU)");
-  m.def("quantize_into_cache", &quantize_into_cache,
+  m.def("quantize_into_cache", &quantize_into_cache, kNoGil,
         "quantize K or V rows and store values and float16 scales at their slots (CPU)");
-  m.def("gemm_panel_width", &gemm_panel_width, "output columns per packed weight panel");
-  m.def("pack_linear_weight", &pack_linear_weight,
+  m.def("gemm_panel_width", &gemm_panel_width, kNoGil, "output columns per packed weight panel");
+  m.def("pack_linear_weight", &pack_linear_weight, kNoGil,
         "pack an fp32 [N, K] weight into [N / NB, K, NB] panels for packed_linear");
-  m.def("packed_linear", &packed_linear, "y = x @ W^T (+ bias) over a packed weight (CPU)");
-  m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = rmsnorm(residual) * w (in place)");
-  m.def("rms_norm", &rms_norm, "rmsnorm(x) * w");
-  m.def("rotary_qk_", &rotary_qk_, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up over fused [gate | up] rows");
+  m.def("packed_linear", &packed_linear, kNoGil, "y = x @ W^T (+ bias) over a packed weight (CPU)");
+  m.def("add_rms_norm_", &add_rms_norm_, kNoGil, "residual += x; x = rmsnorm(residual) * w (in place)");
+  m.def("rms_norm", &rms_norm, kNoGil, "rmsnorm(x) * w");
+  m.def("rotary_qk_", &rotary_qk_, kNoGil, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");
+  m.def("silu_mul", &silu_mul, kNoGil, "silu(gate) * up over fused [gate | up] rows");
 }

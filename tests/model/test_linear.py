@@ -71,3 +71,34 @@ def test_torch_fallback_without_kernels(monkeypatch):
     layer = _linear(w, b)
     assert layer.packed is None and layer.weight_t is not None
     torch.testing.assert_close(layer(x), F.linear(x, w, b))
+
+
+@needs_kernels
+def test_kernels_release_the_gil():
+    """Another Python thread (the server's event loop) runs while a kernel computes: its
+    longest stall is far below one kernel call (holding the GIL, it would be at least one)."""
+    import threading
+    import time
+
+    layer = _linear(torch.randn(16384, 576), None)
+    x = torch.randn(512, 576)
+    t0 = time.perf_counter()
+    layer(x)
+    call_s = time.perf_counter() - t0
+    started, done = threading.Event(), threading.Event()
+
+    def work():
+        started.set()
+        for _ in range(3):
+            layer(x)
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    longest, last = 0.0, time.perf_counter()
+    while not done.is_set():
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    t.join()
+    assert longest < call_s / 2, f"stalled {longest * 1e3:.0f} ms; one call takes {call_s * 1e3:.0f} ms"
