@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.norm import RMSNorm
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 
@@ -43,10 +44,12 @@ def test_rms_norm_and_fused_residual_add(rows, hidden):
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64])
-def test_silu_mul(rows):
+def test_silu_and_mul(rows, monkeypatch):
     gu = torch.randn(rows, 2 * 96) * 4
     want = F.silu(gu[:, :96]) * gu[:, 96:]
-    torch.testing.assert_close(ops.silu_mul(gu), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(silu_and_mul(gu), want, rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    torch.testing.assert_close(silu_and_mul(gu), want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "rot"),

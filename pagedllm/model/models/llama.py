@@ -11,10 +11,9 @@ import math
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import RMSNorm
@@ -72,11 +71,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(self.inter, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if (ops := cpu_ops.fp32_ops(gate_up)) is not None and gate_up.dim() == 2:
-            return self.down_proj(ops.silu_mul(gate_up.contiguous()))
-        gate, up = gate_up.split(self.inter, -1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

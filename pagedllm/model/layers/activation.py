@@ -1,0 +1,20 @@
+"""SiLU-and-mul: the Llama MLP's `silu(gate) * up` over fused [gate | up] rows.
+
+On CPU in fp32 one C++ call (pagedllm/kernels/fused_cpu.cpp) replaces the split, the SiLU and
+the product; elsewhere the torch ops run.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pagedllm.kernels import cpu_ops
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2 * inter] -> [..., inter]."""
+    if (ops := cpu_ops.fp32_ops(gate_up)) is not None and gate_up.dim() == 2:
+        return ops.silu_mul(gate_up.contiguous())
+    gate, up = gate_up.chunk(2, -1)
+    return F.silu(gate) * up
