@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/peers.py` puts benchmarks/, 
 
 from benchmarks.peers_lib import prepare as prep  # noqa: E402
 from benchmarks.peers_lib import report  # noqa: E402
-from pagedllm.entrypoints.launcher import free_port  # noqa: E402
+from pagedllm.entrypoints.launcher import ServerProcess, free_port  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
 ENGINES = ("pagedllm", "hf", "llama.cpp", "llama-cpp-python")
@@ -190,13 +190,11 @@ class Run:
         self._check_engines()
 
     def _check_engines(self) -> None:
-        import importlib.util
-
         why_not = {
             "hf": None,
             "llama.cpp": None if self.bins else
             f"not prepared under {self.peer_dir}: run `python benchmarks/peers.py --prepare`",
-            "llama-cpp-python": None if importlib.util.find_spec("llama_cpp") else
+            "llama-cpp-python": None if prep.bindings_installed() else
             "not installed: run `python benchmarks/peers.py --prepare`",
         }
         if self.model_path.suffix != ".gguf":
@@ -331,7 +329,7 @@ class Run:
         ctx = a.input_len + a.output_len + 64
         with contextlib.ExitStack() as stack:
             port = free_port()
-            paged_srv = stack.enter_context(s.ServerProcess(
+            paged_srv = stack.enter_context(ServerProcess(
                 s.pagedllm_command(self.model_arg, port, a.threads, flags), port,
                 logs / "pagedllm_serve.log"))
             paged_srv.wait_ready(300)
@@ -345,7 +343,7 @@ class Run:
                                                   threads=a.threads, parallel=c,
                                                   ctx_per_seq=ctx, port=port)
                     self.cmd(" ".join(cmd).replace(f"--port {port}", "--port PORT"))
-                    with s.ServerProcess(cmd, port, logs / f"llama_server_c{c}.log") as srv:
+                    with ServerProcess(cmd, port, logs / f"llama_server_c{c}.log") as srv:
                         srv.wait_ready(300)
                         return s.load(srv.base_url, concurrency=c, num_prompts=n,
                                       input_len=a.input_len, output_len=a.output_len)
@@ -418,14 +416,11 @@ class Run:
 def auto_prepare(args: argparse.Namespace) -> None:
     """A full run builds the selected llama.cpp peers that are missing (cached afterwards);
     a failed build is logged and those peers are then reported as skipped."""
-    import importlib.util
-
     if args.quick or args.no_prepare:
         return
     root = prep.peer_dir(args.peer_dir)
     binaries = "llama.cpp" in args.peers and prep.llama_binaries(root) is None
-    bindings = ("llama-cpp-python" in args.peers
-                and importlib.util.find_spec("llama_cpp") is None)
+    bindings = "llama-cpp-python" in args.peers and not prep.bindings_installed()
     if not (binaries or bindings):
         return
     logger.info("preparing missing peers under %s (binaries: %s, bindings: %s); this takes "

@@ -52,6 +52,11 @@ def llama_binaries(root: Path) -> dict[str, Path] | None:
     return paths if all(p.is_file() and os.access(p, os.X_OK) for p in paths.values()) else None
 
 
+def bindings_installed() -> bool:
+    """Whether llama-cpp-python is importable."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
 def stream(cmd: list[str], *, cwd: Path | None = None, env: dict | None = None,
            label: str) -> None:
     """Run `cmd`, logging each output line (with the build's percentage when it shows one)."""
@@ -174,7 +179,7 @@ def prepare(root: Path, *, jobs: int = 2, bindings: bool = True, binaries: bool 
         logger.info("llama.cpp binaries already built under %s", root)
     if binaries:
         manifest["llama_cpp_version"] = _tool_version(Path(manifest["binaries"]["llama-bench"]))
-    if bindings and importlib.util.find_spec("llama_cpp") is None:
+    if bindings and not bindings_installed():
         t0 = time.perf_counter()
         _install_bindings(sdist, jobs)
         manifest["bindings_install_s"] = round(time.perf_counter() - t0, 1)

@@ -7,52 +7,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 from benchmarks import serving as client
-from pagedllm.entrypoints.launcher import wait_for_health
 
 logger = logging.getLogger("benchmarks.peers")
-
-
-class ServerProcess:
-    """A server command whose output goes to `log_path`; a context manager that stops it."""
-
-    def __init__(self, cmd: list[str], port: int, log_path: Path) -> None:
-        self.cmd, self.port, self.log_path = cmd, port, log_path
-        self.base_url = f"http://127.0.0.1:{port}"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        logger.info("$ %s", " ".join(cmd))
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float) -> ServerProcess:
-        wait_for_health(self.proc, self.base_url, timeout, self.log_tail, name=self.cmd[0])
-        return self
-
-    def log_tail(self, n: int = 3000) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-n:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-    def __enter__(self) -> ServerProcess:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def pagedllm_command(model: str | None, port: int, threads: int, extra: list[str]) -> list[str]:

@@ -121,15 +121,11 @@ def _args(*argv: str):
 ])
 def test_full_run_builds_missing_peers_first(monkeypatch, argv, have_bins, have_bindings, want):
     """A full run prepares exactly the selected llama.cpp peers that are missing."""
-    import importlib.util
-
     from benchmarks import peers
 
     calls = []
     monkeypatch.setattr(peers.prep, "llama_binaries", lambda root: {"x": 1} if have_bins else None)
-    real_find = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
-        (object() if have_bindings else None) if name == "llama_cpp" else real_find(name, *a)))
+    monkeypatch.setattr(peers.prep, "bindings_installed", lambda: have_bindings)
     monkeypatch.setattr(peers.prep, "prepare",
                         lambda root, jobs, bindings, binaries: calls.append(
                             {"binaries": binaries, "bindings": bindings}))

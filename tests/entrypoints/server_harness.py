@@ -3,71 +3,33 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from pagedllm.entrypoints.launcher import free_port, wait_for_health
+from pagedllm.entrypoints.launcher import ServerProcess, free_port
 
 # Tiny model, small KV pool (so kv usage is visible), one torch thread (2-core CI).
 TINY_SERVER_ARGS = ["--kv-cache-memory", "4MiB", "--max-model-len", "1024", "--num-threads", "1",
                     "--disable-access-log"]
 
 
-class ServerProcess:
-    """`python -m pagedllm.entrypoints.cli serve MODEL --port P ...`, logging to a file."""
-
-    def __init__(self, model: str | None, args: list[str], log_path: Path,
-                 env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve",
-               *([model] if model else []), "--port", str(self.port), *args]
-        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
-
-    def wait_ready(self, timeout: float = 120.0) -> ServerProcess:
-        try:
-            wait_for_health(self.proc, self.base_url, timeout, self.log)
-        except TimeoutError:
-            self.stop()
-            raise
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then wait; returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self._log.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.terminate(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+def pagedllm_server(model: str | None, args: list[str], log_path: Path,
+                    env: dict[str, str] | None = None) -> ServerProcess:
+    """`python -m pagedllm.entrypoints.cli serve MODEL --port P ...` on a free port."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve",
+           *([model] if model else []), "--port", str(port), *args]
+    return ServerProcess(cmd, port, log_path, env)
 
 
 def start_server(tmp_path_factory, model: str | None, args: list[str],
                  env: dict[str, str] | None = None, name: str = "server") -> ServerProcess:
     log = tmp_path_factory.mktemp(name) / "server.log"
-    return ServerProcess(model, args, log, env).wait_ready()
+    return pagedllm_server(model, args, log, env).wait_ready()
 
 
 # --------------------------------------------------------------- metrics
