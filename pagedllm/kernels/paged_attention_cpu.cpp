@@ -135,6 +135,17 @@ struct Row<c10::Float8_e4m3fn> {
   }
 };
 
+// Calls run(T{}) with the element type of an 8-bit cache (int8, fp8 e4m3fn, fp8 e5m2).
+template <typename F>
+static void dispatch_8bit(at::ScalarType dtype, const char* op, F&& run) {
+  switch (dtype) {
+    case at::kChar: run(int8_t{}); break;
+    case at::kFloat8_e4m3fn: run(c10::Float8_e4m3fn{}); break;
+    case at::kFloat8_e5m2: run(c10::Float8_e5m2{}); break;
+    default: TORCH_CHECK(false, op, ": int8 or fp8 cache expected, got ", dtype);
+  }
+}
+
 // T = float: rows are used in place; otherwise ks / vs are the float16 scale pools.
 template <typename T>
 static void decode(float* op, const float* qp, const T* kp, const T* vp, const uint16_t* ks,
@@ -237,13 +248,7 @@ void paged_decode_attention_quant(torch::Tensor out, torch::Tensor q, torch::Ten
               seq_lens.data_ptr<int64_t>(), q.size(0), q.size(1), q.size(2), k_cache.size(1),
               k_cache.size(2), block_tables.size(1), static_cast<float>(scale), window);
   };
-  switch (k_cache.scalar_type()) {
-    case at::kChar: run(int8_t{}); break;
-    case at::kFloat8_e4m3fn: run(c10::Float8_e4m3fn{}); break;
-    case at::kFloat8_e5m2: run(c10::Float8_e5m2{}); break;
-    default: TORCH_CHECK(false, "paged_decode_attention_quant: int8 or fp8 cache expected, got ",
-                         k_cache.scalar_type());
-  }
+  dispatch_8bit(k_cache.scalar_type(), "paged_decode_attention_quant", run);
 }
 
 template <typename T>
@@ -289,11 +294,5 @@ void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor sca
     quantize_rows<Q>(x.data_ptr<float>(), static_cast<Q*>(cache.data_ptr()),
                      static_cast<uint16_t*>(scales.data_ptr()), sp, T * kvh, kvh, d);
   };
-  switch (cache.scalar_type()) {
-    case at::kChar: run(int8_t{}); break;
-    case at::kFloat8_e4m3fn: run(c10::Float8_e4m3fn{}); break;
-    case at::kFloat8_e5m2: run(c10::Float8_e5m2{}); break;
-    default: TORCH_CHECK(false, "quantize_into_cache: int8 or fp8 cache expected, got ",
-                         cache.scalar_type());
-  }
+  dispatch_8bit(cache.scalar_type(), "quantize_into_cache", run);
 }

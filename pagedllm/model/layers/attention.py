@@ -91,7 +91,7 @@ def _write(cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor
     if scales is None:
         cache.view(-1, kvh, d).index_copy_(0, slots, x)
         return
-    if x.device.type == "cpu" and x.dtype == torch.float32 and (ops := cpu_ops.load()):
+    if (ops := cpu_ops.fp32_ops(x)) is not None:
         ops.quantize_into_cache(x.contiguous(), cache, scales, slots)
         return
     values, s = kv_quant.quantize(x, cache.dtype)
@@ -109,8 +109,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
 
 
 def _use_cpu_kernel(q: torch.Tensor, cache: torch.Tensor) -> bool:
-    return (q.device.type == "cpu" and q.dtype == torch.float32
-            and cache.dtype in _KERNEL_DTYPES and cpu_ops.load() is not None)
+    return cache.dtype in _KERNEL_DTYPES and cpu_ops.fp32_ops(q) is not None
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
