@@ -1,8 +1,9 @@
 """Peer comparison: pagedllm vs HF transformers vs llama.cpp, same model, same machine, one run.
 
     nice -n 19 python benchmarks/peers.py --prepare    # optional: build the peers ahead
-    python benchmarks/peers.py --write-docs            # full run (~30 min on 2 cores); builds
-                                                       # missing peers first (--no-prepare: skip)
+    python benchmarks/peers.py --write-docs            # full run (~10 min on 2 cores); builds
+                                                       # missing peers first (~25 min once;
+                                                       # --no-prepare: skip them)
     python benchmarks/peers.py --quick --out /tmp/p    # smoke test (tiny sizes, under a minute)
 
 Workloads (greedy, ignore_eos, `--threads` everywhere):

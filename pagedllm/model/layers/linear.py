@@ -35,8 +35,7 @@ class Linear(nn.Module):
         w = self.weight.detach()
         if w.device.type != "cpu":
             return
-        ops = cpu_ops.load() if w.dtype == torch.float32 else None
-        if ops is not None:
+        if (ops := cpu_ops.fp32_ops(w)) is not None:
             self.packed = ops.pack_linear_weight(w.contiguous())
         else:
             self.weight_t = w.t().contiguous()
