@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedllm.lora.config import LoRAConfig
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 
@@ -81,6 +82,10 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
+    enable_lora: bool = False  # serve PEFT LoRA adapters per request (pagedllm/lora/)
+    max_loras: int = 1  # adapters in one batch (device slots)
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -113,6 +118,8 @@ class EngineConfig:
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+        self.lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
+                            if self.enable_lora else None)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
 

@@ -3,7 +3,7 @@
     token ids    | t0 ......... t15 | t16 ........ t31 | t32 .. t37 |      (block_size 16)
     block hash     h0 = H(None, t0..t15, x)             (partial block: never cached)
                                       h1 = H(h0, t16..t31, x)
-    x = extra keys = (adapter id, cache_salt)
+    x = extra keys = (adapter weights hash, cache_salt)
 
 A block is registered once it is full and its KV computed. It stays findable after its last
 holder frees it (refcount 0, back in the block manager's free queue) until the free queue
@@ -39,9 +39,10 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int],
 
 
 def extra_keys(request: Request) -> tuple:
-    """What besides the tokens decides a block's KV: the adapter (no LoRA yet: None), and the
-    tenant's `cache_salt` so that requests with different salts never share blocks."""
-    return (None, request.cache_salt)
+    """What besides the tokens decides a block's KV: the LoRA adapter, by the hash of its
+    weights (so changed weights under an old name never hit stale blocks; None for the base
+    model), and the tenant's `cache_salt` so that requests with different salts never share."""
+    return (None if request.lora is None else request.lora.weights_hash, request.cache_salt)
 
 
 def update_block_hashes(request: Request, block_size: int) -> list[BlockHash]:

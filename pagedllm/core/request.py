@@ -11,10 +11,14 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from pagedllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedllm.lora.adapter import LoRAAdapter
 
 
 class RequestStatus(enum.Enum):
@@ -48,7 +52,8 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int],
                  sampling_params: SamplingParams, *, eos_token_id: int | None,
                  prompt: str | None = None, group_id: str | None = None, index: int = 0,
-                 arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+                 arrival_time: float | None = None, cache_salt: str | None = None,
+                 lora: LoRAAdapter | None = None) -> None:
         self.request_id = request_id
         self.group_id = group_id or request_id
         self.index = index  # which of the group's n samples this sequence is
@@ -67,6 +72,7 @@ class Request:
         # `block_ids[:num_cached_blocks]` are registered in the cache; `num_cached_tokens`
         # are the tokens found there when the request was first scheduled.
         self.cache_salt = cache_salt
+        self.lora = lora  # the adapter this request runs with (None: the base model)
         self.block_hashes: list[bytes] = []
         self.num_cached_blocks = 0
         self.num_cached_tokens: int | None = None
@@ -112,7 +118,7 @@ class Request:
         child = Request(request_id, self.prompt_token_ids, self.sampling_params,
                         eos_token_id=self.eos_token_id, prompt=self.prompt,
                         group_id=self.group_id, index=index, arrival_time=self.times.arrival,
-                        cache_salt=self.cache_salt)
+                        cache_salt=self.cache_salt, lora=self.lora)
         child.block_hashes = list(self.block_hashes)
         child.num_cached_tokens = self.num_cached_tokens
         child.output_token_ids = list(self.output_token_ids)

@@ -25,6 +25,9 @@ With prefix caching, a request admitted from the waiting queue first takes the c
 holding the longest prefix of its tokens: `num_computed_tokens` starts at hits x block_size
 and only the rest is prefilled (a resumed request usually finds its own blocks again). After
 each forward pass the newly full blocks are registered in the cache (`update_computed`).
+
+With LoRA (`max_loras`), a waiting request whose adapter would make the running batch hold more
+than `max_loras` distinct adapters is passed over (it keeps its place) until one drains.
 """
 
 from __future__ import annotations
@@ -85,12 +88,13 @@ class Scheduler:
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
-                 swap_manager: SwapManager | None = None) -> None:
+                 swap_manager: SwapManager | None = None, max_loras: int | None = None) -> None:
         self.block_manager = block_manager
         self.swap_manager = swap_manager  # None: preempt by recompute only
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.max_loras = max_loras
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -174,8 +178,15 @@ class Scheduler:
         if not out.preempted:
             budget = self._swap_in(out, budget)
         if not out.preempted and not self.swapped:
+            loras = {r.lora.weights_hash for r in self.running if r.lora is not None}
+            passed_over: list[Request] = []
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting[0]
+                if req.lora is not None and req.lora.weights_hash not in loras:
+                    if len(loras) >= (self.max_loras or 0):
+                        passed_over.append(self.waiting.popleft())
+                        continue
+                    loras.add(req.lora.weights_hash)
                 hits = bm.get_computed_blocks(req)
                 num_cached = len(hits) * bm.block_size
                 num_new = min(req.num_tokens - num_cached, budget)
@@ -194,6 +205,7 @@ class Scheduler:
                 self.running.append(req)
                 out.scheduled.append(ScheduledRequest(req, num_new))
                 budget -= num_new
+            self.waiting.extendleft(reversed(passed_over))
         out.blocks_to_copy = bm.take_pending_copies()
         if self.swap_manager is not None:
             out.blocks_to_swap_out, out.blocks_to_swap_in = self.swap_manager.take_pending()

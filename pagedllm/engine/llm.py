@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -22,7 +23,7 @@ class LLM:
 
     `LLM(model=None)` loads the default model (SmolLM2-135M-Instruct GGUF); engine arguments
     use vLLM's names (block_size, max_model_len, max_num_seqs, max_num_batched_tokens,
-    kv_cache_memory, dtype, device, ...).
+    kv_cache_memory, dtype, device, enable_lora, max_loras, max_lora_rank, max_cpu_loras, ...).
     """
 
     def __init__(self, model: str | None = None, **engine_args) -> None:
@@ -33,13 +34,16 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, use_tqdm: bool = True, cache_salt: str | None = None
+                 *, use_tqdm: bool = True, cache_salt: str | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
                  ) -> list[RequestOutput]:
         """Generate for one prompt or many (str, token-id list, or {"prompt_token_ids": [...]}).
 
         Results come back in input order. Invalid input raises ValueError before anything runs.
         `cache_salt` isolates these requests' prefix-cache blocks from other salts'; a dict
-        prompt's own "cache_salt" key takes precedence.
+        prompt's own "cache_salt" key takes precedence. `lora_request`: one adapter for every
+        prompt, or a list with one entry per prompt (None = the base model); needs
+        `enable_lora=True`. Prompts for different adapters run in the same batches.
         """
         prompts = self._normalize_prompts(prompts)
         params = sampling_params or SamplingParams()
@@ -47,12 +51,19 @@ class LLM:
             params = [params] * len(prompts)
         elif len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        return self._run(prompts, list(params), use_tqdm, cache_salt)
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(f"got {len(loras)} lora_requests for {len(prompts)} prompts")
+        return self._run(prompts, list(params), use_tqdm, cache_salt, loras)
 
     def chat(self, messages: Conversation | Sequence[Conversation],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              use_tqdm: bool = True, add_generation_prompt: bool = True,
-             chat_template: str | None = None, cache_salt: str | None = None
+             chat_template: str | None = None, cache_salt: str | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
              ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -65,7 +76,8 @@ class LLM:
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids),
                             "prompt": tok.decode(ids, skip_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, cache_salt=cache_salt)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, cache_salt=cache_salt,
+                             lora_request=lora_request)
 
     @staticmethod
     def _normalize_prompts(prompts) -> list[Prompt]:
@@ -77,17 +89,17 @@ class LLM:
         return prompts
 
     def _run(self, prompts: list[Prompt], params: list[SamplingParams], use_tqdm: bool,
-             cache_salt: str | None) -> list[RequestOutput]:
+             cache_salt: str | None, loras: list[LoRARequest | None]) -> list[RequestOutput]:
         engine = self.llm_engine
         ids: list[str] = []
         try:
-            for prompt, p in zip(prompts, params, strict=True):
+            for prompt, p, lora in zip(prompts, params, loras, strict=True):
                 text, salt = None, cache_salt
                 if isinstance(prompt, dict):
                     text = prompt.get("prompt")
                     salt = prompt.get("cache_salt", salt)
                     prompt = prompt.get("prompt_token_ids", text)
-                rid = engine.add_request(prompt, p, cache_salt=salt)
+                rid = engine.add_request(prompt, p, cache_salt=salt, lora_request=lora)
                 if text is not None:
                     engine.output_processor.groups[rid].seqs[0].prompt = text
                 ids.append(rid)

@@ -25,6 +25,9 @@ from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
 from pagedllm.kernels import cpu_ops
 from pagedllm.loader import load_checkpoint
+from pagedllm.lora.adapter import LoRAAdapter
+from pagedllm.lora.manager import LoRAManager
+from pagedllm.lora.request import LoRARequest
 from pagedllm.model.layers.rope_scaling import (
     apply_rope_overrides,
     rope_max_len,
@@ -52,6 +55,8 @@ class LLMEngine:
         apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
         config.finalize(*rope_max_len(ckpt.config))
         self.model = model_setup.build_model(ckpt, config)
+        self.lora = (LoRAManager(self.model, config.lora_config, config.torch_device,
+                                 config.torch_dtype) if config.lora_config else None)
         self.vocab_size = ckpt.config.vocab_size
         eos = getattr(ckpt.config, "eos_token_id", None)
         if isinstance(eos, list):
@@ -78,12 +83,14 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=config.max_model_len, swap_manager=self.swap_manager)
+            max_model_len=config.max_model_len, swap_manager=self.swap_manager,
+            max_loras=config.max_loras if self.lora else None)
         window = getattr(ckpt.config, "sliding_window", None)
         if window is not None and not getattr(ckpt.config, "use_sliding_window", True):
             window = None
         self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
-                                  device=config.torch_device, sliding_window=window)
+                                  device=config.torch_device, sliding_window=window,
+                                  lora=self.lora)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
                                                 self.block_manager, config.max_model_len)
         self.stats = EngineStats()
@@ -120,10 +127,12 @@ class LLMEngine:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None) -> str:
+                    cache_salt: str | None = None,
+                    lora_request: LoRARequest | None = None) -> str:
         """Queue a request; raises ValueError (and queues nothing) on invalid input.
 
-        Requests with different `cache_salt`s never share prefix-cache blocks (tenants).
+        Requests with different `cache_salt`s never share prefix-cache blocks (tenants), nor
+        do requests with different LoRA adapters. `lora_request` None runs the base model.
         """
         params = params or SamplingParams()
         request_id = request_id or str(next(self._ids))
@@ -133,8 +142,10 @@ class LLMEngine:
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids)
+        adapter = self.load_lora(lora_request) if lora_request is not None else None
         req = Request(request_id, token_ids, params, eos_token_id=self.eos_token_id,
-                      prompt=text, arrival_time=arrival_time, cache_salt=cache_salt)
+                      prompt=text, arrival_time=arrival_time, cache_salt=cache_salt,
+                      lora=adapter)
         req.max_tokens = params.max_tokens or (self.config.max_model_len - len(token_ids))
         if params.seed is not None:
             req.generators = [make_generator(params.seed + i, self.config.torch_device)
@@ -144,6 +155,15 @@ class LLMEngine:
         self._requests[request_id] = self.output_processor.groups[request_id].seqs
         self.stats.on_add(len(token_ids))
         return request_id
+
+    def load_lora(self, lora_request: LoRARequest) -> LoRAAdapter:
+        """The validated adapter of `lora_request` (loaded into the CPU cache if needed)."""
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {lora_request!r}")
+        if self.lora is None:
+            raise ValueError(f"lora_request {lora_request.lora_name!r} given but LoRA is not "
+                             "enabled (pass enable_lora=True / --enable-lora)")
+        return self.lora.load(lora_request)
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
         """Finish the requests as aborted and free their blocks (unknown ids are ignored)."""

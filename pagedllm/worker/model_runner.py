@@ -7,15 +7,18 @@ n > 1 samples that has just finished its prompt gets n sampling rows on the same
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, SamplingRow
 from pagedllm.outputs import Logprob
 from pagedllm.worker.cache_engine import CacheEngine
@@ -41,7 +44,8 @@ class RunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, cache: CacheEngine, *, vocab_size: int,
-                 device: torch.device, sliding_window: int | None = None) -> None:
+                 device: torch.device, sliding_window: int | None = None,
+                 lora: LoRAManager | None = None) -> None:
         self.model = model
         self.cache = cache
         self.vocab_size = vocab_size
@@ -49,6 +53,7 @@ class ModelRunner:
         self.block_size = cache.spec.block_size
         self.sliding_window = sliding_window
         self.sampler = Sampler()
+        self.lora = lora
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -61,8 +66,9 @@ class ModelRunner:
             return RunnerOutput()
         batch = build_inputs(sched.scheduled, self.block_size, self.device, self.sliding_window)
         t1 = time.perf_counter()
-        hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
-                            self.cache.layer_caches, batch.meta)
+        with self._lora_step(batch):
+            hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
+                                self.cache.layer_caches, batch.meta)
         rows: list[SamplingRow] = []
         row_index: list[int] = []
         owners: list[tuple[Request, int]] = []  # (request, number of rows)
@@ -91,6 +97,13 @@ class ModelRunner:
         out.timings_ms = {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
                           "sample": (t3 - t2) * 1e3}
         return out
+
+    def _lora_step(self, batch):
+        """The adapters' row -> slot mapping, scoped to this forward pass (LoRA on)."""
+        if self.lora is None:
+            return contextlib.nullcontext()
+        return self.lora.step([s.request.lora for s in batch.order],
+                              np.fromiter((s.num_new_tokens for s in batch.order), np.int64))
 
     def _collect(self, result, owners: list[tuple[Request, int]]) -> list[SampledTokens]:
         token_ids = result.sampled_token_ids.tolist()

@@ -29,6 +29,7 @@ class Linear(nn.Module):
                      if bias else None)
         self.weight_t: torch.Tensor | None = None
         self.packed: torch.Tensor | None = None
+        self.lora = None  # pagedllm.lora.layer.LinearLoRA when LoRA is on: adds adapter deltas
 
     def finalize(self) -> None:
         """Called once after weights are loaded: pick the fastest layout for the device."""
@@ -42,6 +43,10 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._base_forward(x)
+        return out if self.lora is None else self.lora.add_delta(x, out)
+
+    def _base_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             lead = x.shape[:-1]
             out = cpu_ops.load().packed_linear(x.reshape(-1, self.in_features).contiguous(),
