@@ -99,6 +99,18 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_merge_lora(args) -> int:
+    from pagedllm.lora.merge import merge_lora
+
+    try:
+        out = merge_lora(args.base, args.adapter, args.out_dir)
+    except ValueError as e:
+        sys.stderr.write(f"pagedllm merge-lora: error: {e}\n")
+        return 2
+    sys.stdout.write(f"merged checkpoint written to {out}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="KV cache budget in GiB (instead of --memory)")
     pl.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     pl.set_defaults(func=cmd_plan)
+    ml = sub.add_parser("merge-lora", help="merge a PEFT LoRA adapter into an HF checkpoint")
+    ml.add_argument("base", help="HF checkpoint directory (safetensors)")
+    ml.add_argument("adapter", help="PEFT adapter directory (adapter_config.json + weights)")
+    ml.add_argument("out_dir", help="where the merged checkpoint is written")
+    ml.set_defaults(func=cmd_merge_lora)
     return parser
 
 

@@ -39,3 +39,29 @@ def peft_model(base_dir: Path, adapter_dir: Path) -> torch.nn.Module:
 
     base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     return PeftModel.from_pretrained(base, adapter_dir).base_model.model.eval()
+
+
+def write_adapter(path: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """A hand-written PEFT adapter directory (config fields default to a plain LoRA)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "bias": "none",
+           "target_modules": ["q_proj", "v_proj"], **config}
+    (path / "adapter_config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in tensors.items()},
+              str(path / "adapter_model.safetensors"))
+    return path
+
+
+def lora_tensors(modules: dict[str, tuple[int, int]], r: int = 4, seed: int = 0
+                 ) -> dict[str, torch.Tensor]:
+    """PEFT-named lora_A [r, in] / lora_B [out, r] for HF module name -> (in, out)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (fan_in, fan_out) in modules.items():
+        out[f"base_model.model.{name}.lora_A.weight"] = torch.randn(r, fan_in, generator=gen)
+        out[f"base_model.model.{name}.lora_B.weight"] = torch.randn(fan_out, r, generator=gen)
+    return out
