@@ -43,6 +43,10 @@ class EngineSnapshot:
     num_steps: int = 0
     prefix_cache_queries_total: int = 0  # tokens looked up in the prefix cache
     prefix_cache_hits_total: int = 0     # of those, tokens found there
+    # LoRA (max_lora 0: off): requests per adapter name, running and waiting
+    max_lora: int = 0
+    lora_running: tuple[tuple[str, int], ...] = ()
+    lora_waiting: tuple[tuple[str, int], ...] = ()
 
 
 def _escape(value: str) -> str:
@@ -57,6 +61,25 @@ def _num(value: float) -> str:
     if value == float("inf"):
         return "+Inf"
     return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def lora_families(snap: EngineSnapshot, lab: dict[str, str]) -> list[str]:
+    """vLLM's `lora_requests_info` (adapter names in labels, value = the time of the
+    snapshot) and the number of running / waiting requests per adapter."""
+    import time
+
+    info = {**lab, "max_lora": str(snap.max_lora),
+            "running_lora_adapters": ",".join(n for n, _ in snap.lora_running),
+            "waiting_lora_adapters": ",".join(n for n, _ in snap.lora_waiting)}
+    lines = ["# HELP pagedllm:lora_requests_info Running and waiting LoRA adapters.",
+             "# TYPE pagedllm:lora_requests_info gauge",
+             f"pagedllm:lora_requests_info{_labels(info)} {_num(time.time())}"]
+    for name, pairs, doc in (("running", snap.lora_running, "in the running batch"),
+                             ("waiting", snap.lora_waiting, "waiting to be scheduled")):
+        metric = f"pagedllm:lora_num_requests_{name}"
+        lines += [f"# HELP {metric} Requests {doc} per LoRA adapter.", f"# TYPE {metric} gauge"]
+        lines += [f"{metric}{_labels({**lab, 'lora_name': n})} {c}" for n, c in pairs]
+    return lines
 
 
 class Histogram:
@@ -159,6 +182,8 @@ class ServingMetrics:
                "Prompt tokens looked up in the prefix cache.", snap.prefix_cache_queries_total)
         scalar("pagedllm:prefix_cache_hits_total", "counter",
                "Prompt tokens found in the prefix cache.", snap.prefix_cache_hits_total)
+        if snap.max_lora:
+            out.extend(lora_families(snap, lab))
         with self._lock:
             reasons = dict(self.finished)
             hists = [("pagedllm:time_to_first_token_seconds", "Time to first token.", self.ttft),

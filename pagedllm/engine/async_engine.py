@@ -22,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from pagedllm.engine.llm_engine import LLMEngine
@@ -217,7 +218,8 @@ class AsyncEngine:
         try:
             for r in requests:
                 self.engine.add_request(r.prompt, r.params, request_id=r.request_id,
-                                        arrival_time=r.arrival_time, cache_salt=r.cache_salt)
+                                        arrival_time=r.arrival_time, cache_salt=r.cache_salt,
+                                        lora_request=r.lora_request)
                 added.append(r.request_id)
         except Exception as exc:  # ValueError for bad input; anything else is ours
             error = exc
@@ -249,4 +251,12 @@ class AsyncEngine:
             swapped_out_blocks_total=st.swapped_out_blocks_total,
             swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
             prefix_cache_queries_total=st.prefix_cache_queries,
-            prefix_cache_hits_total=st.prefix_cache_hits)
+            prefix_cache_hits_total=st.prefix_cache_hits,
+            max_lora=eng.config.max_loras if eng.lora is not None else 0,
+            lora_running=_per_adapter(running), lora_waiting=_per_adapter(eng.scheduler.waiting))
+
+
+def _per_adapter(requests) -> tuple[tuple[str, int], ...]:
+    """(adapter name, number of requests) for the requests that have an adapter."""
+    groups = {(r.lora.name, r.group_id) for r in requests if r.lora is not None}
+    return tuple(sorted(Counter(name for name, _ in groups).items()))

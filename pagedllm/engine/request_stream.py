@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -32,6 +33,7 @@ class EngineRequest:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
     cache_salt: str | None = None  # prefix-cache namespace (tenant isolation)
+    lora_request: LoRARequest | None = None  # the adapter to run with (None: base model)
 
 
 def _merge(into: RequestOutput, new: RequestOutput) -> None:

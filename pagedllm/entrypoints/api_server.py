@@ -22,12 +22,12 @@ from starlette.responses import JSONResponse, Response
 
 import pagedllm
 from pagedllm.engine.async_engine import AsyncEngine
+from pagedllm.entrypoints.lora_routes import add_lora_routes
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
-    ModelCard,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
@@ -35,6 +35,8 @@ from pagedllm.entrypoints.protocol import (
 from pagedllm.entrypoints.serving import APIError, ServingBase
 from pagedllm.entrypoints.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.serving_models import ServingModels
+from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics import CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
@@ -97,12 +99,15 @@ async def with_disconnect(request: Request, work: Awaitable[Response]) -> Respon
 
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
-              api_key: str | None = None) -> FastAPI:
-    """The app; its lifespan starts and stops `engine`'s step thread."""
+              api_key: str | None = None,
+              lora_modules: list[LoRARequest] | None = None) -> FastAPI:
+    """The app; its lifespan starts and stops `engine`'s step thread. `lora_modules` are
+    served under their names (already validated by `engine`)."""
     names = served_model_names or [engine.model_name]
-    completions = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names)
-    base = ServingBase(engine, names)
+    served = ServingModels(engine, names, lora_modules)
+    completions = OpenAIServingCompletion(engine, names, served)
+    chat = OpenAIServingChat(engine, names, served)
+    base = ServingBase(engine, names, served)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -155,9 +160,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
 
     @app.get("/v1/models")
     async def models() -> dict:
-        cards = [ModelCard(id=n, root=engine.engine.model_name, max_model_len=base.max_model_len)
-                 for n in names]
-        return ModelList(data=cards).model_dump()
+        return ModelList(data=served.cards(base.max_model_len)).model_dump()
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
@@ -185,6 +188,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         base.check_token_ids(body.tokens, "tokens")
         return DetokenizeResponse(prompt=base.tokenizer.decode(body.tokens)).model_dump()
 
+    add_lora_routes(app, served)
     return app
 
 
@@ -204,9 +208,10 @@ class _Server(uvicorn.Server):
 
 
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
-               api_key: str | None, access_log: bool = True) -> int:
+               api_key: str | None, access_log: bool = True,
+               lora_modules: list[LoRARequest] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; returns 0 after a graceful shutdown."""
-    app = build_app(engine, served_model_names, api_key)
+    app = build_app(engine, served_model_names, api_key, lora_modules)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
                             timeout_graceful_shutdown=30)
     server = _Server(config, engine)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, EngineConfig
+from pagedllm.lora.request import LoRARequest
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 
 
@@ -48,6 +50,15 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--debug-steps", action="store_true",
                    help="log one line per engine step with timings")
+    lg = parser.add_argument_group("LoRA")
+    lg.add_argument("--enable-lora", action="store_true",
+                    help="serve PEFT LoRA adapters per request (several in one batch)")
+    lg.add_argument("--max-loras", type=int, default=1,
+                    help="adapters in one batch (device slots; default 1)")
+    lg.add_argument("--max-lora-rank", type=int, default=16,
+                    help="highest adapter rank accepted; slots are allocated at it (default 16)")
+    lg.add_argument("--max-cpu-loras", type=int, default=None,
+                    help="adapters kept loaded in CPU memory (default: --max-loras)")
 
 
 def _rope_scaling(text: str) -> dict | None:
@@ -68,6 +79,41 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="name(s) clients use for the model; the first appears in responses "
                    "(default: the model argument)")
     g.add_argument("--disable-access-log", action="store_true", help="no per-request log line")
+    g.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None,
+                   metavar="NAME=PATH", help="LoRA adapters served under their names (the "
+                   "request's `model` picks one; needs --enable-lora); also vLLM's JSON form "
+                   "'{\"name\": ..., \"path\": ...}'")
+
+
+def parse_lora_module(text: str) -> LoRARequest:
+    """`name=path`, or vLLM's JSON form '{"name": ..., "path": ..., "base_model_name": ...}'.
+    Ids are assigned later (`number_lora_modules`)."""
+    text = text.strip()
+    try:
+        if text.startswith("{"):
+            spec = json.loads(text)
+            name, path = spec["name"], spec["path"]
+            base = spec.get("base_model_name")
+        else:
+            name, sep, path = text.partition("=")
+            if not sep:
+                raise ValueError
+            base = None
+        return LoRARequest(name, 1, path, base)
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+        raise argparse.ArgumentTypeError(
+            f"--lora-modules entries are name=path or JSON with name and path, got {text!r}"
+        ) from None
+
+
+def number_lora_modules(modules: list[LoRARequest] | None) -> list[LoRARequest]:
+    """Give the --lora-modules adapters ids 1, 2, ...; refuses duplicate names."""
+    out: list[LoRARequest] = []
+    for i, m in enumerate(modules or [], start=1):
+        if any(o.lora_name == m.lora_name for o in out):
+            raise ValueError(f"--lora-modules names {m.lora_name!r} twice")
+        out.append(LoRARequest(m.lora_name, i, m.lora_path, m.base_model_name))
+    return out
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -79,4 +125,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed, num_threads=args.num_threads, rope_scaling=args.rope_scaling,
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
-        preemption_mode=args.preemption_mode, swap_space=args.swap_space)
+        preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+        enable_lora=args.enable_lora, max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras)

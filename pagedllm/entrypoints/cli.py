@@ -6,7 +6,12 @@ import argparse
 import logging
 import sys
 
-from pagedllm.entrypoints.args import add_engine_args, add_server_args, engine_config_from_args
+from pagedllm.entrypoints.args import (
+    add_engine_args,
+    add_server_args,
+    engine_config_from_args,
+    number_lora_modules,
+)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -66,14 +71,25 @@ def cmd_serve(args) -> int:
     from pagedllm.engine.llm_engine import LLMEngine
     from pagedllm.entrypoints.api_server import run_server
 
+    try:
+        lora_modules = number_lora_modules(args.lora_modules)
+    except ValueError as e:
+        raise SystemExit(f"pagedllm serve: error: {e}") from None
+    if lora_modules and not args.enable_lora:
+        raise SystemExit("pagedllm serve: error: --lora-modules needs --enable-lora")
     engine = LLMEngine(engine_config_from_args(args), debug_steps=args.debug_steps)
+    for m in lora_modules:  # validate now: a bad adapter fails the start, not a request
+        try:
+            engine.load_lora(m)
+        except ValueError as e:
+            raise SystemExit(f"pagedllm serve: error: --lora-modules {m.lora_name}: {e}") from None
     names = args.served_model_name or [engine.model_name]
     logging.getLogger(__name__).info("serving %s as %s on http://%s:%d%s", engine.model_name,
                                      ", ".join(names), args.host, args.port,
                                      " (API key required)" if args.api_key else "")
     return run_server(AsyncEngine(engine, names[0]), host=args.host, port=args.port,
                       served_model_names=names, api_key=args.api_key,
-                      access_log=not args.disable_access_log)
+                      access_log=not args.disable_access_log, lora_modules=lora_modules)
 
 
 _KV_DTYPE_BYTES = {"auto": None, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2,

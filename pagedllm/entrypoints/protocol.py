@@ -217,6 +217,7 @@ class ModelCard(OpenAIBaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "pagedllm"
     root: str | None = None
+    parent: str | None = None  # LoRA adapters: the base model they apply to
     max_model_len: int | None = None
 
 

@@ -29,6 +29,8 @@ from pagedllm.entrypoints.protocol import (
     SamplingFields,
     UsageInfo,
 )
+from pagedllm.entrypoints.serving_models import ModelNotFound, ServingModels
+from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -86,8 +88,10 @@ def random_id(prefix: str) -> str:
 class ServingBase:
     """State and helpers of one served model."""
 
-    def __init__(self, engine: AsyncEngine, served_model_names: list[str]) -> None:
+    def __init__(self, engine: AsyncEngine, served_model_names: list[str],
+                 models: ServingModels | None = None) -> None:
         self.engine = engine
+        self.models = models or ServingModels(engine, served_model_names)
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len: int = engine.engine.config.max_model_len
         self.vocab_size: int = engine.engine.vocab_size
@@ -98,11 +102,14 @@ class ServingBase:
     def model_name(self) -> str:
         return self.model_names[0]
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.model_names:
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter `model` names (None: the base model); 404 for unknown names."""
+        try:
+            return self.models.resolve(model)
+        except ModelNotFound:
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
-                           f"{', '.join(self.model_names)}.", param="model",
-                           code="model_not_found")
+                           f"{', '.join(self.models.all_names())}.", param="model",
+                           code="model_not_found") from None
 
     # ------------------------------------------------------------ prompts
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

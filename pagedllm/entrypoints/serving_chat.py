@@ -39,7 +39,7 @@ from pagedllm.sampling_params import MAX_LOGPROBS
 
 class OpenAIServingChat(ServingBase):
     async def create(self, req: ChatCompletionRequest) -> Response:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         if req.tools:
             raise APIError(400, "tools are not supported", param="tools")
         num_top = None
@@ -58,7 +58,8 @@ class OpenAIServingChat(ServingBase):
         self.check_length(len(ids), max_tokens, "messages")
         api_id = random_id("chatcmpl")
         stream = await self.submit([EngineRequest(api_id, ids, params, time.monotonic(),
-                                                  cache_salt=req.cache_salt)])
+                                                  cache_salt=req.cache_salt,
+                                                  lora_request=lora)])
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             gen = self._stream(req, api_id, stream, len(ids), num_top, include_usage)

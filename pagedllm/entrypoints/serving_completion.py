@@ -54,7 +54,7 @@ class OpenAIServingCompletion(ServingBase):
         return out
 
     async def create(self, req: CompletionRequest) -> Response:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         if req.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -69,7 +69,7 @@ class OpenAIServingCompletion(ServingBase):
         api_id = random_id("cmpl")
         now = time.monotonic()
         requests = [EngineRequest(f"{api_id}-{i}", ids, params.clone(), now,
-                                  cache_salt=req.cache_salt)
+                                  cache_salt=req.cache_salt, lora_request=lora)
                     for i, (_, ids) in enumerate(prompts)]
         stream = await self.submit(requests)
         echo = [(t if t is not None else self.tokenizer.decode(ids)) if req.echo else ""
