@@ -1,0 +1,119 @@
+"""Multi-LoRA throughput: 64 requests (128 in / 128 out) spread over 0, 1, 4 and 8 distinct
+rank-16 adapters on every linear, vs the base model without LoRA, same run.
+
+    python benchmarks/lora.py                 # SmolLM2-135M-Instruct (the default model)
+    python benchmarks/lora.py --quick         # tiny sizes, smoke test
+
+Request i runs adapter i mod k (k = number of adapters), so with k > 1 every step mixes k
+adapters. "0 adapters" is the LoRA-enabled engine serving only base requests (the cost of
+having LoRA on). Reach (issue 14): 4 adapters >= 0.75x base, 8 >= 0.65x. Prints a table and
+writes JSON to benchmarks/results/lora.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from pagedllm import LLM, LoRARequest, SamplingParams
+from pagedllm.lora.targets import LINEAR
+
+logger = logging.getLogger("benchmarks.lora")
+ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    from pydoc_data.topics import topics
+
+    ids = tokenizer.encode(" ".join(topics.values()))
+    stride = max(length, (len(ids) - length) // max(n, 1))
+    return [ids[i * stride:i * stride + length] for i in range(n)]
+
+
+def write_random_adapter(path: Path, specs, rank: int, seed: int) -> Path:
+    """A PEFT-format adapter with random A and B on every linear of the model."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for s in specs.values():
+        if s.kind == LINEAR:
+            tensors[f"base_model.model.{s.name}.lora_A.weight"] = (
+                torch.randn(rank, s.in_features, generator=gen) * 0.02)
+            tensors[f"base_model.model.{s.name}.lora_B.weight"] = (
+                torch.randn(s.out_features, rank, generator=gen) * 0.02)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "bias": "none",
+        "target_modules": ALL_LINEARS}))
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    return path
+
+
+def run(llm: LLM, prompts, output_len: int, loras) -> dict:
+    sp = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    warm = [loras[i] for i in range(min(len(loras), 8))] if loras else None
+    llm.generate(prompts[:len(warm or [0, 0])], SamplingParams(temperature=0, max_tokens=2),
+                 use_tqdm=False, lora_request=warm)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, sp, use_tqdm=False, lora_request=loras)
+    dt = time.perf_counter() - t0
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"seconds": dt, "output_tokens": n_out, "output_tok_s": n_out / dt}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--adapters", default="0,1,4,8")
+    ap.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    ap.add_argument("--out", default="benchmarks/results/lora.json")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.quick:
+        args.num_requests, args.input_len, args.output_len = 8, 16, 8
+    counts = [int(x) for x in args.adapters.split(",")]
+    common = {"max_num_seqs": args.num_requests, "kv_cache_memory": 2 * 2**30,
+              "num_threads": args.num_threads}
+    base = LLM(args.model, **common)
+    lora = LLM(args.model, enable_lora=True, max_loras=max(max(counts), 1),
+               max_lora_rank=args.rank, **common)
+    prompts = make_prompts(base.get_tokenizer(), args.num_requests, args.input_len)
+    tmp = Path(tempfile.mkdtemp(prefix="pagedllm-lora-bench-"))
+    specs = lora.llm_engine.lora.specs
+    adapters = [LoRARequest(f"bench{i}", i + 1,
+                            str(write_random_adapter(tmp / f"a{i}", specs, args.rank, i)))
+                for i in range(max(counts))]
+    res: dict = {"machine": {"platform": platform.platform(), "cpu": platform.processor(),
+                             "threads": torch.get_num_threads(), "torch": torch.__version__},
+                 "args": vars(args), "runs": {}}
+    res["runs"]["base"] = run(base, prompts, args.output_len, None)
+    for k in counts:
+        loras = [adapters[i % k] for i in range(len(prompts))] if k else None
+        res["runs"][f"{k}_adapters"] = run(lora, prompts, args.output_len, loras)
+    res["runs"]["base_again"] = run(base, prompts, args.output_len, None)
+    b = (res["runs"]["base"]["output_tok_s"] + res["runs"]["base_again"]["output_tok_s"]) / 2
+    res["base_output_tok_s"] = b
+    print(f"{'workload':32s} {'out tok/s':>10s} {'vs base':>8s}")
+    for name, r in res["runs"].items():
+        r["vs_base"] = r["output_tok_s"] / b
+        print(f"{name:32s} {r['output_tok_s']:10.1f} {r['vs_base']:7.2f}x")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    logger.info("wrote %s", args.out)
+
+
+if __name__ == "__main__":
+    main()
