@@ -72,6 +72,9 @@ class LinearLoRA:
         self.a = torch.zeros(max_loras, width, in_features, device=device, dtype=dtype)
         self.b = torch.zeros(max_loras, width, out_features, device=device, dtype=dtype)
         self.filled = [False] * max_loras  # slot holds a delta for this linear
+        # Per-slot views made once: the hot loop then runs only matmuls.
+        self.a_t = [self.a[s].t() for s in range(max_loras)]
+        self.b_s = [self.b[s] for s in range(max_loras)]
 
     def clear(self, slot: int) -> None:
         if self.filled[slot]:
@@ -98,7 +101,7 @@ class LinearLoRA:
         if m.single is not None:
             s = m.single
             if self.filled[s]:
-                o2.addmm_(x2 @ self.a[s].t(), self.b[s])
+                o2.addmm_(x2 @ self.a_t[s], self.b_s[s])
             return out
         segs = [seg for seg in m.segments if self.filled[seg[0]]]
         if not segs:
@@ -108,6 +111,6 @@ class LinearLoRA:
         d = (torch.empty if full else torch.zeros)(xs.shape[0], self.out_features,
                                                    dtype=out.dtype, device=out.device)
         for s, lo, hi in segs:
-            torch.mm(xs[lo:hi] @ self.a[s].t(), self.b[s], out=d[lo:hi])
+            torch.mm(xs[lo:hi] @ self.a_t[s], self.b_s[s], out=d[lo:hi])
         o2.index_add_(0, m.rows, d)
         return out
