@@ -99,3 +99,18 @@ def test_rank_and_path_errors(tmp_path, specs) -> None:
     (tmp_path / "noweights" / "adapter_config.json").write_text('{"r": 4, "target_modules": ["q_proj"]}')
     with pytest.raises(AdapterError, match="has no adapter_model.safetensors"):
         load(tmp_path / "noweights", specs)
+
+
+def test_bin_weights_and_fan_in_fan_out(tmp_path, specs) -> None:
+    """adapter_model.bin (torch.save) loads like safetensors; fan_in_fan_out=true is a no-op
+    on nn.Linear layers (PEFT resets it too) and is accepted."""
+    t = lora_tensors(QV)
+    ref = load(write_adapter(tmp_path / "st", {}, t), specs)
+    path = write_adapter(tmp_path / "bin", {"fan_in_fan_out": True}, t)
+    (path / "adapter_model.safetensors").unlink()
+    torch.save(t, path / "adapter_model.bin")
+    ad = load(path, specs)
+    for name, deltas in ref.deltas.items():
+        for a, b in zip(deltas, ad.deltas[name], strict=True):
+            torch.testing.assert_close(a.b, b.b)
+            torch.testing.assert_close(a.a, b.a)
