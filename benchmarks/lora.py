@@ -6,7 +6,8 @@ rank-16 adapters on every linear, vs the base model without LoRA, same run.
 
 Request i runs adapter i mod k (k = number of adapters), so with k > 1 every step mixes k
 adapters. "0 adapters" is the LoRA-enabled engine serving only base requests (the cost of
-having LoRA on). Reach (issue 14): 4 adapters >= 0.75x base, 8 >= 0.65x. Prints a table and
+having LoRA on). The base engine (LoRA off) runs before and after every LoRA run; each ratio
+is against the mean of those two. Reach (issue 14): 4 adapters >= 0.75x base, 8 >= 0.65x. Prints a table and
 writes JSON to benchmarks/results/lora.json.
 """
 
@@ -69,6 +70,38 @@ def run(llm: LLM, prompts, output_len: int, loras) -> dict:
     return {"seconds": dt, "output_tokens": n_out, "output_tok_s": n_out / dt}
 
 
+def interleaved_steps(engines: dict, prompts, rounds: int, steps: int) -> dict:
+    """Decode-step time of each engine, measured in alternation: every engine holds the same
+    64 requests (prompts prefilled first), then each round times `steps` decode steps of each
+    engine in turn. Drift of a shared machine's load hits all engines alike; the ratio per
+    round is the engine's step time over the base's, and the median over rounds is reported."""
+    sp = SamplingParams(temperature=0, max_tokens=3 * rounds + 8, ignore_eos=True)
+    for name, (llm, loras) in engines.items():
+        eng = llm.llm_engine
+        for i, p in enumerate(prompts):
+            eng.add_request(p, sp, lora_request=loras[i] if loras else None)
+        while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests):
+            eng.step()
+        logger.info("%s: prompts prefilled", name)
+    times: dict[str, list[float]] = {n: [] for n in engines}
+    for _ in range(rounds):
+        for name, (llm, _) in engines.items():
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                llm.llm_engine.step()
+            times[name].append((time.perf_counter() - t0) / steps)
+    for llm, _ in engines.values():
+        eng = llm.llm_engine
+        eng.abort_request(list(eng._requests))
+        eng.step()
+    out = {}
+    for name, ts in times.items():
+        ratios = sorted(b / t for b, t in zip(times["base"], ts, strict=True))
+        out[name] = {"step_s": ts, "decode_tok_s": len(prompts) / (sum(ts) / len(ts)),
+                     "vs_base": ratios[len(ratios) // 2]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,6 +114,10 @@ def main() -> None:
     ap.add_argument("--kv-cache-memory", type=int, default=None,
                     help="bytes per engine (default: room for every request, SmolLM2 fp32)")
     ap.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--steps", action="store_true",
+                    help="decode steps of every configuration in alternation (robust on a "
+                    "machine whose load drifts) instead of end-to-end runs")
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     ap.add_argument("--out", default="benchmarks/results/lora.json")
     args = ap.parse_args()
@@ -89,8 +126,10 @@ def main() -> None:
         args.num_requests, args.input_len, args.output_len = 8, 16, 8
     counts = [int(x) for x in args.adapters.split(",")]
     # KV for every request at once (two engines in one process: keep it small).
-    kv = args.num_requests * (args.input_len + args.output_len + 16) * 46080 + 2**26
+    max_len = args.input_len + max(args.output_len, 3 * args.rounds) + 16
+    kv = args.num_requests * max_len * 46080 + 2**26
     common = {"max_num_seqs": args.num_requests, "kv_cache_memory": args.kv_cache_memory or kv,
+              "max_model_len": max_len,
               "num_threads": args.num_threads}
     base = LLM(args.model, **common)
     lora = LLM(args.model, enable_lora=True, max_loras=max(max(counts), 1),
@@ -104,17 +143,38 @@ def main() -> None:
     res: dict = {"machine": {"platform": platform.platform(), "cpu": platform.processor(),
                              "threads": torch.get_num_threads(), "torch": torch.__version__},
                  "args": vars(args), "runs": {}}
-    res["runs"]["base"] = run(base, prompts, args.output_len, None)
+    if args.steps:
+        engines = {"base": (base, None)}
+        for k in counts:
+            llm = lora if k == 0 else LLM(args.model, enable_lora=True, max_loras=max(k, 1),
+                                          max_lora_rank=args.rank, **common)
+            engines[f"{k}_adapters"] = (
+                llm, [adapters[i % k] for i in range(len(prompts))] if k else None)
+        res["steps"] = interleaved_steps(engines, prompts, args.rounds, 3)
+        print(f"{'workload (decode steps of ' + str(len(prompts)) + ')':32s} "
+              f"{'decode tok/s':>12s} {'vs base (median)':>17s}")
+        for name, r in res["steps"].items():
+            print(f"{name:32s} {r['decode_tok_s']:12.1f} {r['vs_base']:16.2f}x")
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=2))
+        logger.info("wrote %s", args.out)
+        return
+    # base, k0, base, k1, base, ...: each LoRA run is compared with the mean of the base runs
+    # right before and after it, so a machine whose load drifts during the run (shared CI
+    # hosts) does not tilt the ratios.
+    bases = [run(base, prompts, args.output_len, None)]
     for k in counts:
         loras = [adapters[i % k] for i in range(len(prompts))] if k else None
-        res["runs"][f"{k}_adapters"] = run(lora, prompts, args.output_len, loras)
-    res["runs"]["base_again"] = run(base, prompts, args.output_len, None)
-    b = (res["runs"]["base"]["output_tok_s"] + res["runs"]["base_again"]["output_tok_s"]) / 2
-    res["base_output_tok_s"] = b
-    print(f"{'workload':32s} {'out tok/s':>10s} {'vs base':>8s}")
+        r = run(lora, prompts, args.output_len, loras)
+        bases.append(run(base, prompts, args.output_len, None))
+        r["base_output_tok_s"] = (bases[-2]["output_tok_s"] + bases[-1]["output_tok_s"]) / 2
+        r["vs_base"] = r["output_tok_s"] / r["base_output_tok_s"]
+        res["runs"][f"{k}_adapters"] = r
+    res["base_runs"] = bases
+    print(f"{'workload':16s} {'out tok/s':>10s} {'base tok/s (around)':>20s} {'vs base':>8s}")
     for name, r in res["runs"].items():
-        r["vs_base"] = r["output_tok_s"] / b
-        print(f"{name:32s} {r['output_tok_s']:10.1f} {r['vs_base']:7.2f}x")
+        print(f"{name:16s} {r['output_tok_s']:10.1f} {r['base_output_tok_s']:20.1f} "
+              f"{r['vs_base']:7.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2))
     logger.info("wrote %s", args.out)
