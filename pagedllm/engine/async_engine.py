@@ -236,17 +236,24 @@ class AsyncEngine:
         self._call(self._dispatch_error, ids, error)
 
     def _publish(self) -> None:
-        eng, st = self.engine, self.engine.stats
-        running = eng.scheduler.running
-        self.snapshot = EngineSnapshot(
-            running=len({r.group_id for r in running}),
-            waiting=len(eng.scheduler.waiting),
-            swapped=len({r.group_id for r in eng.scheduler.swapped}),
-            kv_usage=eng.block_manager.usage,
-            prompt_tokens_total=st.prompt_tokens_total,
-            generation_tokens_total=st.generation_tokens_total,
-            num_preemptions_total=st.num_preemptions_total,
-            swapped_out_blocks_total=st.swapped_out_blocks_total,
-            swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
-            prefix_cache_queries_total=st.prefix_cache_queries,
-            prefix_cache_hits_total=st.prefix_cache_hits)
+        self.snapshot = snapshot_of(self.engine)
+
+
+def snapshot_of(eng: LLMEngine) -> EngineSnapshot:
+    """The engine's gauges and counters; queue gauges count requests (an n > 1 request's
+    sequences count once per queue they are in), as the metric names say."""
+    st, sched = eng.stats, eng.scheduler
+
+    def num_requests(queue) -> int:
+        return len({r.group_id for r in queue})
+
+    return EngineSnapshot(
+        running=num_requests(sched.running), waiting=num_requests(sched.waiting),
+        swapped=num_requests(sched.swapped), kv_usage=eng.block_manager.usage,
+        prompt_tokens_total=st.prompt_tokens_total,
+        generation_tokens_total=st.generation_tokens_total,
+        num_preemptions_total=st.num_preemptions_total,
+        swapped_out_blocks_total=st.swapped_out_blocks_total,
+        swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
+        prefix_cache_queries_total=st.prefix_cache_queries,
+        prefix_cache_hits_total=st.prefix_cache_hits)

@@ -31,7 +31,7 @@ from pagedllm.model.layers.rope_scaling import (
     rope_parameters,
 )
 from pagedllm.model.layers.sampler import make_generator
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import RequestOutput, RequestOutputKind
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.model_runner import ModelRunner
@@ -83,7 +83,8 @@ class LLMEngine:
         if window is not None and not getattr(ckpt.config, "use_sliding_window", True):
             window = None
         self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
-                                  device=config.torch_device, sliding_window=window)
+                                  device=config.torch_device, sliding_window=window,
+                                  seed=config.seed)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
                                                 self.block_manager, config.max_model_len)
         self.stats = EngineStats()
@@ -164,7 +165,11 @@ class LLMEngine:
         return len(self._requests)
 
     # ------------------------------------------------------------------ step
-    def step(self, stream: bool = False) -> list[RequestOutput]:
+    def step(self, stream: bool = False, *, final_only: bool = False) -> list[RequestOutput]:
+        """One engine step. Outputs: cumulative (default), deltas (`stream`, see
+        RequestOutputKind.DELTA) or only the requests that finished (`final_only`)."""
+        kind = (RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+                if final_only else RequestOutputKind.CUMULATIVE)
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         t1 = time.perf_counter()
@@ -176,7 +181,9 @@ class LLMEngine:
         touched = self.output_processor.process(result.sampled)
         outputs = []
         for gid in touched:
-            out = self.output_processor.make_output(gid, stream=stream)
+            if final_only and not self.output_processor.groups[gid].finished:
+                continue
+            out = self.output_processor.make_output(gid, kind=kind)
             if out.finished:
                 self._requests.pop(gid, None)
                 self.stats.on_finish(out.outputs[0].finish_reason or "abort")

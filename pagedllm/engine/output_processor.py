@@ -16,7 +16,13 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
-from pagedllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pagedllm.outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+    RequestOutputKind,
+)
 from pagedllm.worker.model_runner import SampledTokens
 
 
@@ -42,6 +48,7 @@ class OutputProcessor:
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.groups: dict[str, RequestGroup] = {}
+        self._token_text: dict[int, str] = {}  # Logprob.decoded_token cache (bounded by vocab)
 
     def add(self, request: Request) -> None:
         request.detokenizer = self._detokenizer(request)
@@ -52,7 +59,7 @@ class OutputProcessor:
         return IncrementalDetokenizer(
             self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens, stop=p.stop,
-            include_stop_str_in_output=p.include_stop_str_in_output)
+            include_stop_str_in_output=p.include_stop_str_in_output, min_tokens=p.min_tokens)
 
     # ---------------------------------------------------------------- tokens
     def process(self, sampled: list[SampledTokens]) -> set[str]:
@@ -65,13 +72,27 @@ class OutputProcessor:
             for i, (seq, tok) in enumerate(zip(targets, st.token_ids, strict=True)):
                 seq.append_token(tok)
                 if st.logprobs is not None:
-                    seq.logprobs.append(st.logprobs[i])
+                    self._add_logprobs(seq, tok, st.logprobs[i])
                 if seq.times.first_token is None:
                     seq.times.first_token = now
                 seq.times.last_token = now
                 self._check_stop(seq, tok)
             touched.add(req.group_id)
         return touched
+
+    def _add_logprobs(self, seq: Request, tok: int, entry: dict[int, Logprob]) -> None:
+        for tid, lp in entry.items():
+            lp.decoded_token = self._decoded(tid)
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += entry[tok].logprob
+
+    def _decoded(self, token_id: int) -> str:
+        """The token's own text, as vLLM's Logprob.decoded_token (special tokens included)."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text[token_id] = text
+        return text
 
     def _fan_out(self, parent: Request) -> list[Request]:
         """Fork a just-prefilled n > 1 request into n sequences sharing its blocks."""
@@ -110,7 +131,10 @@ class OutputProcessor:
             self.scheduler.finish_request(seq, status)
 
     # --------------------------------------------------------------- outputs
-    def make_output(self, group_id: str, *, stream: bool = False) -> RequestOutput:
+    def make_output(self, group_id: str, *,
+                    kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> RequestOutput:
+        """The group's output now (see RequestOutputKind). Lists handed out are never the
+        engine's own: the engine keeps appending to those, possibly in another thread."""
         group = self.groups[group_id]
         first = group.seqs[0]
         finished = group.finished
@@ -118,16 +142,19 @@ class OutputProcessor:
         for seq in sorted(group.seqs, key=lambda s: s.index):
             done = seq.is_finished
             text = seq.detokenizer.output_text
-            delta = seq.detokenizer.get_delta(done) if stream else ""
+            delta = seq.detokenizer.get_delta(done) if kind is RequestOutputKind.DELTA else ""
             n_prev = group.emitted_tokens.get(seq.index, 0)
             group.emitted_tokens[seq.index] = seq.num_output_tokens
+            full = finished or kind is not RequestOutputKind.DELTA
+            lps = seq.logprobs
             out = CompletionOutput(
-                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
-                logprobs=seq.logprobs,
-                cumulative_logprob=None,
+                index=seq.index, text=text,
+                token_ids=list(seq.output_token_ids) if full else [],
+                logprobs=None if lps is None else list(lps) if full else [],
+                cumulative_logprob=seq.cumulative_logprob,
                 finish_reason=seq.status.value if done else None, stop_reason=seq.stop_reason,
                 delta_text=delta, delta_token_ids=seq.output_token_ids[n_prev:],
-                delta_logprobs=seq.logprobs[n_prev:] if seq.logprobs is not None else None)
+                delta_logprobs=lps[n_prev:] if lps is not None else None)
             outputs.append(out)
         t = first.times
         metrics = RequestMetrics(

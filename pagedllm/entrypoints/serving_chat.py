@@ -123,7 +123,8 @@ class OpenAIServingChat(ServingBase):
                     i = c.index
                     if done[i] or not (c.delta_token_ids or c.delta_text or c.finish_reason):
                         continue
-                    tokens[i], done[i] = len(c.token_ids), c.finish_reason is not None
+                    tokens[i] += len(c.delta_token_ids)
+                    done[i] = c.finish_reason is not None
                     events.append(chunk(ChatChunkChoice(
                         index=i, delta=DeltaMessage(content=c.delta_text),
                         logprobs=self._logprobs(c.delta_token_ids, c.delta_logprobs, num_top),

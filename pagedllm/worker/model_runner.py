@@ -16,7 +16,12 @@ from torch import nn
 
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import SchedulerOutput
-from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, SamplingRow
+from pagedllm.model.layers.sampler import (
+    Sampler,
+    SamplingMetadata,
+    SamplingRow,
+    make_generator,
+)
 from pagedllm.outputs import Logprob
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import build_inputs
@@ -41,14 +46,17 @@ class RunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, cache: CacheEngine, *, vocab_size: int,
-                 device: torch.device, sliding_window: int | None = None) -> None:
+                 device: torch.device, sliding_window: int | None = None,
+                 seed: int = 0) -> None:
         self.model = model
         self.cache = cache
         self.vocab_size = vocab_size
         self.device = device
         self.block_size = cache.spec.block_size
         self.sliding_window = sliding_window
-        self.sampler = Sampler()
+        # Unseeded random rows draw from this engine-seeded generator (vLLM seeds its RNG
+        # from --seed), so a run's samples are reproducible given the engine seed.
+        self.sampler = Sampler(make_generator(seed, device))
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:

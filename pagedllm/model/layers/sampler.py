@@ -10,7 +10,8 @@ Pipeline, all in float32 whatever the model dtype::
                                 -> softmax -> argmax(probs / q),  q ~ Exp(1)
 
 Seeded rows draw ``q`` from their own generator, so their samples do not depend on
-which other requests share the batch.
+which other requests share the batch; unseeded rows draw from the sampler's generator
+(seeded from the engine's ``seed``), so a run is reproducible given that seed.
 """
 
 from __future__ import annotations
@@ -150,7 +151,14 @@ def _pad(seqs: list[list[int]], pad: int, device: torch.device | str) -> torch.T
 
 
 class Sampler(torch.nn.Module):
-    """Turns last-position logits ``[B, V]`` into one token id per row (see module doc)."""
+    """Turns last-position logits ``[B, V]`` into one token id per row (see module doc).
+
+    `generator` serves the random rows without a seed of their own (None: torch's global one).
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.generator = generator
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         # One float32 copy: the caller's logits are never modified.
@@ -163,7 +171,7 @@ class Sampler(torch.nn.Module):
         if md.all_greedy:
             sampled = greedy_ids
         else:
-            random_ids = _sample_random(logits, md)
+            random_ids = _sample_random(logits, md, self.generator)
             if md.all_random:
                 sampled = random_ids
             else:
@@ -212,7 +220,8 @@ def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor
     return logits
 
 
-def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
     # Greedy rows are sampled here too (with temperature 1) and replaced by the caller.
     temperature = torch.where(md.temperature == 0.0, 1.0, md.temperature)
     logits = logits / temperature.unsqueeze(1)
@@ -224,7 +233,7 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         logits = _apply_top_k_top_p(logits, md.top_k, md.top_p)
     probs = torch.softmax(logits, dim=-1)
 
-    q = torch.empty_like(probs).exponential_()
+    q = torch.empty_like(probs).exponential_(generator=generator)
     for i, g in md.generators.items():
         q[i].exponential_(generator=g)
     return (probs / q).argmax(dim=-1)
