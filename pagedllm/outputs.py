@@ -76,3 +76,5 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    # Set when the engine failed this request (finished, blocks freed; other requests go on).
+    error: BaseException | None = None

@@ -5,10 +5,15 @@ Stop conditions, in order, for each new token (vLLM v1 semantics): once `min_tok
 generated, EOS (unless ignore_eos) and `stop_token_ids` (their text is not added to the
 output unless include_stop_str_in_output); then a stop string in the text; then
 `max_tokens` or `max_model_len` reached (finish reason "length").
+
+A fault while handling one request (a detokenizer or stop-check error, a non-finite logits
+row) finishes only that request: its sequences are aborted, their blocks freed, and its
+output carries `error`; the other requests of the step are unaffected.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +30,8 @@ from pagedllm.outputs import (
 )
 from pagedllm.worker.model_runner import SampledTokens
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class RequestGroup:
@@ -33,6 +40,7 @@ class RequestGroup:
     request_id: str
     seqs: list[Request]
     emitted_tokens: dict[int, int] = field(default_factory=dict)  # index -> tokens reported
+    error: BaseException | None = None  # the engine failed this request
 
     @property
     def finished(self) -> bool:
@@ -49,6 +57,7 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self.groups: dict[str, RequestGroup] = {}
         self._token_text: dict[int, str] = {}  # Logprob.decoded_token cache (bounded by vocab)
+        self.faults = None  # FaultInjector in tests (engine/fault_injection.py), else None
 
     def add(self, request: Request) -> None:
         request.detokenizer = self._detokenizer(request)
@@ -68,17 +77,37 @@ class OutputProcessor:
         touched: set[str] = set()
         for st in sampled:
             req = st.request
-            targets = [req] if len(st.token_ids) == 1 else self._fan_out(req)
-            for i, (seq, tok) in enumerate(zip(targets, st.token_ids, strict=True)):
-                seq.append_token(tok)
-                if st.logprobs is not None:
-                    self._add_logprobs(seq, tok, st.logprobs[i])
-                if seq.times.first_token is None:
-                    seq.times.first_token = now
-                seq.times.last_token = now
-                self._check_stop(seq, tok)
             touched.add(req.group_id)
+            try:
+                self._apply(st, now)
+            except Exception as exc:  # noqa: BLE001 - contain it to this request
+                self._fail(req.group_id, exc)
         return touched
+
+    def _apply(self, st: SampledTokens, now: float) -> None:
+        req = st.request
+        if st.error is not None:
+            raise ValueError(st.error)
+        if self.faults is not None:
+            self.faults.on_output(req.group_id)
+        targets = [req] if len(st.token_ids) == 1 else self._fan_out(req)
+        for i, (seq, tok) in enumerate(zip(targets, st.token_ids, strict=True)):
+            seq.append_token(tok)
+            if st.logprobs is not None:
+                self._add_logprobs(seq, tok, st.logprobs[i])
+            if seq.times.first_token is None:
+                seq.times.first_token = now
+            seq.times.last_token = now
+            self._check_stop(seq, tok)
+
+    def _fail(self, group_id: str, exc: BaseException) -> None:
+        """Finish every sequence of the group as aborted (freeing its blocks), keep the error."""
+        logger.error("request %s failed in the engine: %r", group_id, exc, exc_info=exc)
+        group = self.groups[group_id]
+        group.error = exc
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish_request(seq, RequestStatus.FINISHED_ABORTED)
 
     def _add_logprobs(self, seq: Request, tok: int, entry: dict[int, Logprob]) -> None:
         for tid, lp in entry.items():
@@ -134,8 +163,22 @@ class OutputProcessor:
     def make_output(self, group_id: str, *,
                     kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> RequestOutput:
         """The group's output now (see RequestOutputKind). Lists handed out are never the
-        engine's own: the engine keeps appending to those, possibly in another thread."""
+        engine's own: the engine keeps appending to those, possibly in another thread.
+        A failed group (also one failing here) yields a finished output with `error`."""
         group = self.groups[group_id]
+        if group.error is None:
+            try:
+                return self._make_output(group, kind)
+            except Exception as exc:  # noqa: BLE001 - contain it to this request
+                self._fail(group_id, exc)
+        del self.groups[group_id]
+        first = group.seqs[0]
+        return RequestOutput(request_id=group_id, prompt=first.prompt,
+                             prompt_token_ids=first.prompt_token_ids, outputs=[],
+                             finished=True, error=group.error)
+
+    def _make_output(self, group: RequestGroup, kind: RequestOutputKind) -> RequestOutput:
+        group_id = group.request_id
         first = group.seqs[0]
         finished = group.finished
         outputs = []

@@ -34,6 +34,9 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_steps: int = 0
+    # Block-accounting checks the server runs whenever the engine goes idle, and failures.
+    invariant_checks_total: int = 0
+    invariant_violations_total: int = 0
     finished: Counter = field(default_factory=Counter)
     last: StepRecord | None = None
 

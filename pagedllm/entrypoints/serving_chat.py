@@ -34,7 +34,6 @@ from pagedllm.entrypoints.serving import (
     sse_error,
 )
 from pagedllm.outputs import RequestOutput, SampleLogprobs
-from pagedllm.sampling_params import MAX_LOGPROBS
 
 
 class OpenAIServingChat(ServingBase):
@@ -46,8 +45,8 @@ class OpenAIServingChat(ServingBase):
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
-            if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
-                raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got "
+            if not 0 <= req.top_logprobs <= self.max_logprobs:
+                raise APIError(400, f"top_logprobs must be in [0, {self.max_logprobs}], got "
                                f"{req.top_logprobs}", param="top_logprobs")
         if req.logprobs:
             num_top = req.top_logprobs or 0

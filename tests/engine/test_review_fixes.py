@@ -100,3 +100,11 @@ def test_outputs_do_not_share_lists_the_engine_keeps_appending_to(llm, stream: b
         assert [len(c.token_ids) for c, *_ in seen] == list(range(1, 11))
     assert eng.output_processor.groups == {}
     assert all(s.status is not RequestStatus.RUNNING for s in eng.scheduler.running)
+
+
+def test_logprobs_past_max_logprobs_are_refused_by_the_engine(llm, tiny_llama_dir,
+                                                               make_llm) -> None:
+    with pytest.raises(ValueError, match=r"logprobs must be <= max_logprobs \(20"):
+        _gen(llm, "Hello", SamplingParams(logprobs=21))
+    wide = make_llm(tiny_llama_dir, max_model_len=64, max_logprobs=30)
+    assert len(_gen(wide, "Hello", SamplingParams(max_tokens=2, logprobs=30)).logprobs[0]) >= 30

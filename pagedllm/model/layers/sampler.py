@@ -74,16 +74,21 @@ class SamplingMetadata:
     presence_penalties: torch.Tensor | None  # [B] float32
     frequency_penalties: torch.Tensor | None  # [B] float32
     repetition_penalties: torch.Tensor | None  # [B] float32
-    prompt_token_ids: torch.Tensor | None  # [B, Lp] int64; built iff repetition penalty used
-    output_token_ids: torch.Tensor | None  # [B, Lo] int64; built iff any penalty used
+    # Built iff a row uses a penalty: occurrences of each token in the row's output, and
+    # whether it occurs in the prompt (read by the repetition penalty only).
+    output_counts: torch.Tensor | None  # [B, V] int32
+    prompt_mask: torch.Tensor | None  # [B, V] bool
     min_tokens_stop_ids: dict[int, set[int]]  # row -> ids banned until min_tokens reached
     generators: dict[int, torch.Generator]  # row -> generator of a seeded random row
     max_num_logprobs: int | None  # None: no row wants logprobs
 
     @classmethod
     def build(
-        cls, rows: list[SamplingRow], vocab_size: int, device: torch.device | str
+        cls, rows: list[SamplingRow], vocab_size: int, device: torch.device | str,
+        penalty_state: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SamplingMetadata:
+        """`penalty_state`: (output counts, prompt mask) kept incrementally by the caller
+        (worker/persistent_batch.py); without it they are built from the rows' token lists."""
         ps = [r.params for r in rows]
         greedy = [p.is_greedy for p in ps]
 
@@ -110,6 +115,12 @@ class SamplingMetadata:
                 if ids:
                     stop_ids[i] = ids
         wants = [p.logprobs for p in ps if p.logprobs is not None]
+        if any_penalty and penalty_state is None:
+            penalty_state = (
+                _token_counts(_pad([r.output_token_ids for r in rows], vocab_size, device),
+                              vocab_size),
+                _token_counts(_pad([r.prompt_token_ids for r in rows], vocab_size, device),
+                              vocab_size) > 0)
         return cls(
             temperature=torch.tensor(
                 [0.0 if g else p.temperature for p, g in zip(ps, greedy, strict=True)],
@@ -124,16 +135,8 @@ class SamplingMetadata:
             presence_penalties=presence,
             frequency_penalties=frequency,
             repetition_penalties=repetition,
-            prompt_token_ids=(
-                _pad([r.prompt_token_ids for r in rows], vocab_size, device)
-                if repetition is not None
-                else None
-            ),
-            output_token_ids=(
-                _pad([r.output_token_ids for r in rows], vocab_size, device)
-                if any_penalty
-                else None
-            ),
+            output_counts=penalty_state[0] if any_penalty else None,
+            prompt_mask=penalty_state[1] if any_penalty else None,
             min_tokens_stop_ids=stop_ids,
             generators={
                 i: r.generator
@@ -203,14 +206,13 @@ def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    if md.output_token_ids is None:
+    if md.output_counts is None:
         return logits
-    vocab_size = logits.shape[-1]
-    output_counts = _token_counts(md.output_token_ids, vocab_size)
+    output_counts = md.output_counts
     output_mask = output_counts > 0
     if md.repetition_penalties is not None:
-        assert md.prompt_token_ids is not None
-        seen = output_mask | (_token_counts(md.prompt_token_ids, vocab_size) > 0)
+        assert md.prompt_mask is not None
+        seen = output_mask | md.prompt_mask
         penalty = torch.where(seen, md.repetition_penalties.unsqueeze(1), 1.0)
         logits = torch.where(logits > 0, logits / penalty, logits * penalty)
     if md.frequency_penalties is not None:
