@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--num-seqs", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=2000)
     ap.add_argument("--windows", type=int, default=8)
-    ap.add_argument("--num-threads", type=int, default=2)
+    ap.add_argument("--num-threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/step_cost.json")
     args = ap.parse_args()
@@ -102,7 +102,8 @@ def main() -> None:
                  }.get(args.model, lambda: args.model)()
         engine = LLMEngine.from_engine_args(
             model=model, num_threads=args.num_threads, max_num_seqs=args.num_seqs,
-            max_model_len=16 + args.output_len, kv_cache_memory="2GiB")
+            max_model_len=16 + args.output_len,
+            kv_cache_memory=args.num_seqs * (16 + args.output_len) * 2048 + 2**24)
         setups = {
             "greedy": SamplingParams(temperature=0.0, max_tokens=args.output_len,
                                      ignore_eos=True),

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pagedllm.engine.admission import EngineOverloaded, QueueLimits
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.request_stream import EngineRequest, RequestAborted, RequestStream
+from pagedllm.engine.stats import snapshot_of
 from pagedllm.metrics import EngineSnapshot, ServingMetrics
 from pagedllm.outputs import RequestOutput
 
@@ -225,10 +226,7 @@ class AsyncEngine:
         st = self.engine.stats
         st.invariant_checks_total += 1
         try:
-            self.engine.check_invariants()
-            if self.engine.block_manager.usage != 0:
-                raise RuntimeError(f"idle engine holds KV blocks (usage "
-                                   f"{self.engine.block_manager.usage:.3f})")
+            self.engine.check_idle()
         except Exception:  # noqa: BLE001 - report, keep serving
             st.invariant_violations_total += 1
             logger.exception("engine invariant violated while idle")
@@ -299,24 +297,3 @@ class AsyncEngine:
     def _publish(self) -> None:
         self.snapshot = snapshot_of(self.engine)
 
-
-def snapshot_of(eng: LLMEngine) -> EngineSnapshot:
-    """The engine's gauges and counters; queue gauges count requests (an n > 1 request's
-    sequences count once per queue they are in), as the metric names say."""
-    st, sched = eng.stats, eng.scheduler
-
-    def num_requests(queue) -> int:
-        return len({r.group_id for r in queue})
-
-    return EngineSnapshot(
-        running=num_requests(sched.running), waiting=num_requests(sched.waiting),
-        swapped=num_requests(sched.swapped), kv_usage=eng.block_manager.usage,
-        prompt_tokens_total=st.prompt_tokens_total,
-        generation_tokens_total=st.generation_tokens_total,
-        num_preemptions_total=st.num_preemptions_total,
-        swapped_out_blocks_total=st.swapped_out_blocks_total,
-        swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
-        prefix_cache_queries_total=st.prefix_cache_queries,
-        prefix_cache_hits_total=st.prefix_cache_hits,
-        invariant_checks_total=st.invariant_checks_total,
-        invariant_violations_total=st.invariant_violations_total)

@@ -210,6 +210,14 @@ class LLMEngine:
             logger.info(self.stats.step_line())
         return outputs
 
+    def check_idle(self) -> None:
+        """With no request left: block accounting intact and no KV block in use (raises
+        BlockInvariantError / RuntimeError otherwise); the server runs it whenever it idles."""
+        self.check_invariants()
+        if self.block_manager.usage != 0:
+            raise RuntimeError(f"idle engine holds KV blocks (usage "
+                               f"{self.block_manager.usage:.3f})")
+
     def check_invariants(self) -> None:
         live = [s for seqs in self._requests.values() for s in seqs]
         self.block_manager.check_invariants(live)

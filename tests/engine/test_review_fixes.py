@@ -8,7 +8,7 @@ import pytest
 
 from pagedllm import SamplingParams
 from pagedllm.core.request import RequestStatus
-from pagedllm.engine.async_engine import snapshot_of
+from pagedllm.engine.stats import snapshot_of
 
 
 @pytest.fixture(scope="module")
