@@ -14,6 +14,10 @@ forward pass grows with context length by nature (attention reads every cached k
 other parts should not. Two sampling setups: greedy, and penalties + logprobs (the path that
 used to re-pad every sequence's output tokens each step). Writes JSON to
 benchmarks/results/step_cost.json.
+
+`--sampling-only` times just the sampling path (metadata + sampler, 64 penalised rows) at 10
+and at 2,000 output tokens per sequence, without a model: quick, and it runs on older trees
+too (PYTHONPATH=... to compare in one run).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import json
 import logging
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -83,6 +88,47 @@ def run(engine: LLMEngine, num_seqs: int, output_len: int, params: SamplingParam
     return {"wall_s": wall, "decode_steps": len(per_pos), "windows": rows}
 
 
+def sampling_only(num_seqs: int, output_len: int, vocab: int = 512, steps: int = 60) -> None:
+    from pagedllm.core.request import Request
+    from pagedllm.model.layers.sampler import (
+        Sampler,
+        SamplingMetadata,
+        SamplingRow,
+        make_generator,
+    )
+    try:
+        from pagedllm.worker.persistent_batch import PersistentBatch
+    except ImportError:  # a tree from before the persistent batch state
+        PersistentBatch = None
+    p = SamplingParams(temperature=0.8, repetition_penalty=1.1, frequency_penalty=0.2,
+                       presence_penalty=0.1, logprobs=2, seed=1, max_tokens=10 * output_len)
+    rng = random.Random(0)
+    for length in (10, output_len):
+        reqs = [Request(f"r{i}", list(range(16)), p, eos_token_id=None) for i in range(num_seqs)]
+        for r in reqs:
+            r.generators = [make_generator(1, "cpu")]
+            for _ in range(length):
+                r.append_token(rng.randrange(vocab))
+        state = PersistentBatch(vocab, torch.device("cpu")) if PersistentBatch else None
+        sampler, logits, times = Sampler(), torch.randn(num_seqs, vocab), []
+        for _ in range(steps):
+            for r in reqs:
+                r.append_token(rng.randrange(vocab))
+            t0 = time.perf_counter()
+            rows = [SamplingRow(r.sampling_params, r.prompt_token_ids, r.output_token_ids,
+                                r.generator) for r in reqs]
+            if state is not None:
+                state.begin_step()
+                md = SamplingMetadata.build(rows, vocab, "cpu", state.penalty_tensors(reqs))
+            else:
+                md = SamplingMetadata.build(rows, vocab, "cpu")
+            sampler(logits, md)
+            times.append(time.perf_counter() - t0)
+        print(f"sampling, {num_seqs} penalised rows at {length} output tokens: "
+              f"{1e3 * statistics.median(times):.2f} ms per step "
+              f"({'persistent' if state is not None else 'lists'})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny", help="tiny (random 2-layer Llama), smollm2 "
@@ -92,11 +138,16 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--num-threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sampling-only", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/step_cost.json")
     args = ap.parse_args()
     if args.quick:
         args.num_seqs, args.output_len, args.windows = 8, 64, 2
     logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.num_threads)
+    if args.sampling_only:
+        sampling_only(args.num_seqs, args.output_len)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         model = {"tiny": lambda: str(tiny_checkpoint(Path(tmp))), "smollm2": lambda: None
                  }.get(args.model, lambda: args.model)()

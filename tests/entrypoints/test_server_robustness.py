@@ -51,7 +51,7 @@ def assert_clean(url: str) -> dict[str, float]:
 
 
 @schema.parametrize()
-@settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate],
+@settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck), database=None, derandomize=True)
 def test_schema_fuzz_no_5xx_and_openai_errors(case):
     if isinstance(case.body, dict):
