@@ -15,6 +15,7 @@ import torch
 from pagedllm.lora.config import LoRAConfig
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+from pagedllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class EngineConfig:
     max_loras: int = 1  # adapters in one batch (device slots)
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
+    max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -117,6 +119,8 @@ class EngineConfig:
                              f"got {self.preemption_mode!r}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
+        if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
+            raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
         self.lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
                             if self.enable_lora else None)

@@ -7,8 +7,10 @@ import json
 import os
 
 from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, EngineConfig
+from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.lora.request import LoRARequest
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+from pagedllm.sampling_params import MAX_LOGPROBS
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -48,8 +50,13 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
+                   help=f"largest logprobs / top_logprobs a request may ask for (default "
+                   f"{MAX_LOGPROBS})")
     g.add_argument("--debug-steps", action="store_true",
                    help="log one line per engine step with timings")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="logging level; with debug a fatal error also prints its traceback")
     lg = parser.add_argument_group("LoRA")
     lg.add_argument("--enable-lora", action="store_true",
                     help="serve PEFT LoRA adapters per request (several in one batch)")
@@ -79,6 +86,15 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="name(s) clients use for the model; the first appears in responses "
                    "(default: the model argument)")
     g.add_argument("--disable-access-log", action="store_true", help="no per-request log line")
+    g.add_argument("--max-num-queued-reqs", type=int, default=None,
+                   help="refuse new requests (429 + Retry-After) while this many wait to be "
+                   "scheduled (default: unbounded)")
+    g.add_argument("--max-num-queued-tokens", type=int, default=None,
+                   help="refuse new requests (429) that would bring the waiting requests' "
+                   "prompt tokens past this (default: unbounded)")
+    g.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                   help="refuse larger request bodies (413) before parsing them (default "
+                   f"{DEFAULT_MAX_REQUEST_BODY_BYTES // 2**20} MiB)")
     g.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None,
                    metavar="NAME=PATH", help="LoRA adapters served under their names (the "
                    "request's `model` picks one; needs --enable-lora); also vLLM's JSON form "
@@ -126,5 +142,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        enable_lora=args.enable_lora, max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras)
+        max_logprobs=args.max_logprobs, enable_lora=args.enable_lora,
+        max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras)
