@@ -51,8 +51,9 @@ SUPPORTED_TYPES = tuple(SPECS)
 DENSE_TYPES = (T.F32, T.F16, T.BF16)
 
 # The kernel is tuned for decoding: up to this many rows dequantize in registers, more rows
-# dequantize each panel once into an L2 scratch (benchmarks/quant_kernels.py measures it).
-IN_REGISTER_ROWS = 4
+# dequantize each panel once into an L2 scratch (benchmarks/quant_kernels.py: in-register
+# wins at 1 row, ties at 2, the scratch wins from 3 rows on).
+IN_REGISTER_ROWS = 2
 
 
 class UnsupportedQuantTypeError(ValueError):
