@@ -71,8 +71,8 @@ def test_quick_run_writes_results(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--threads", "1",
          "--out", str(out), "--peer-dir", str(tmp_path / "no-peers"),
-         "--peers", "pagedllm,hf,llama.cpp"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+         "--peers", "pagedllm,pagedllm-fp32,hf,llama.cpp"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = json.loads((out / "peers.json").read_text())
     assert set(res) >= {"meta", "skipped", "errors", "offline", "prefill", "serving",
@@ -83,14 +83,15 @@ def test_quick_run_writes_results(tmp_path):
     assert res["skipped"]["llama.cpp"].startswith("not prepared")
     assert "llama.cpp" not in res["offline"] and "llama.cpp" not in res["serving"]
     assert res["skipped"]["llama-cpp-python"] == "not selected (--peers)"
-    for engine in ("pagedllm", "hf"):
+    for engine in ("pagedllm", "pagedllm-fp32", "hf"):
         for c in ("1", "2"):
             r = res["offline"][engine][c]
             assert r["output_tokens"] == 4 * 8 and r["output_tok_s"] > 0
         assert res["prefill"][engine]["prefill_tok_s"] > 0
     assert set(res["ratios"]["offline"]["hf"]) == {"1", "2"}
-    for c in ("1", "2"):
-        srv = res["serving"]["pagedllm"][c]
+    assert set(res["ratios"]["offline"]["pagedllm-fp32"]) == {"1", "2"}
+    for c, engine in [(c, e) for c in ("1", "2") for e in ("pagedllm", "pagedllm-fp32")]:
+        srv = res["serving"][engine][c]
         assert srv["completed"] == 4 and srv["failed"] == 0
         assert srv["ttft_ms"]["median"] > 0 and srv["tpot_ms"]["p99"] > 0
     sweep = res["block_size_sweep"]
@@ -102,6 +103,10 @@ def test_quick_run_writes_results(tmp_path):
     assert {p.name for p in out.glob("*.png")} == {"peers_offline.png", "peers_serving.png",
                                                    "peers_kv_blocks.png"}
     assert "Offline throughput" in proc.stdout
+    ppl = {r["format"]: r for r in res["perplexity"]}
+    # the GGUF's blocks kept quantized hold exactly the dequantized values: same perplexity
+    assert ppl["gguf"]["perplexity"] == pytest.approx(ppl["none"]["perplexity"], rel=1e-4)
+    assert ppl["gguf"]["weight_bytes"] < ppl["none"]["weight_bytes"] / 4
 
 
 def _args(*argv: str):

@@ -98,3 +98,11 @@ def test_awq_on_a_gguf_is_refused(tmp_path: Path) -> None:
     bad.write_bytes(b"GGUF")
     with pytest.raises(UnsupportedModelError, match="does not apply to a GGUF"):
         load_checkpoint(str(bad), cache_dir=tmp_path / "cache", quantization="awq")
+
+
+@pytest.mark.slow
+def test_plan_counts_the_quantized_bytes(smollm2_gguf: Path) -> None:
+    from pagedllm.memory_plan import load_config, plan
+
+    result = plan(load_config(str(smollm2_gguf)), memory_gib=4)
+    assert 60e6 < result.weight_bytes < 100e6  # not 134.5M parameters x 2 or 4 bytes
