@@ -30,7 +30,9 @@
 #include <vector>
 
 #pragma GCC push_options
-#pragma GCC optimize("no-associative-math")
+// fp-contract=off: a * b + c stays two roundings (gguf-py's dequantization); the FMA chain of
+// the dot products is written with explicit fmadd intrinsics, which this does not touch.
+#pragma GCC optimize("no-associative-math", "fp-contract=off")
 
 namespace {
 
@@ -119,14 +121,9 @@ struct Packed {
   const uint8_t* mi;
 };
 
-// fl(a * b) with the product rounded before it is used: an empty asm on the result keeps the
-// compiler from fusing it with the add that follows (gguf-py rounds twice).
 #if PAGEDLLM_GGUF_SIMD
-inline V mul_rounded(V a, V b) {
-  V p = vmul(a, b);
-  __asm__("" : "+v"(p));
-  return p;
-}
+// fl(a * b), rounded before the add that follows (no FMA contraction in this file).
+inline V mul_rounded(V a, V b) { return vmul(a, b); }
 
 // One panel of one weight: the per-group scale and offset vectors, and rows of weights.
 template <int F>
@@ -140,7 +137,7 @@ struct PanelDeq {
 
   PanelDeq(const Packed& w_, int64_t p_) : w(w_), p(p_), qp(w_.q + p_ * w_.K * RB) {}
 
-  void group(int64_t g) {  // g: index of the group along K
+  __attribute__((always_inline)) inline void group(int64_t g) {  // g: index of the group along K
     const int64_t G = w.K / T::group;
     for (int v = 0; v < 2; ++v) {
       if constexpr (T::kq) {
@@ -166,8 +163,17 @@ struct PanelDeq {
     return x;
   }
 
-  // The NB weights of row k of the panel as two vectors.
-  inline void row(int64_t k, V& w0, V& w1) const {
+  // Scale and offset vectors of every group of the panel: gp[4 g + {0, 1}] = S, {2, 3} = B.
+  void fill(V* gp) {
+    for (int64_t g = 0; g < w.K / T::group; ++g) {
+      group(g);
+      gp[4 * g] = s[0], gp[4 * g + 1] = s[1];
+      if constexpr (T::affine) gp[4 * g + 2] = b[0], gp[4 * g + 3] = b[1];
+    }
+  }
+
+  // The NB weights of row k of the panel as two vectors, gp: its group's fill() entries.
+  __attribute__((always_inline)) inline void row(int64_t k, const V* gp, V& w0, V& w1) const {
     const uint8_t* r = qp + k * RB;
     VI c0, c1;
     if constexpr (T::bits == 8) {
@@ -190,11 +196,11 @@ struct PanelDeq {
       c0 = isub(c0, iset(T::zero));
       c1 = isub(c1, iset(T::zero));
     }
-    w0 = mul_rounded(vcvt(c0), s[0]);
-    w1 = mul_rounded(vcvt(c1), s[1]);
+    w0 = mul_rounded(vcvt(c0), gp[0]);
+    w1 = mul_rounded(vcvt(c1), gp[1]);
     if constexpr (T::affine) {
-      w0 = vadd(w0, b[0]);
-      w1 = vadd(w1, b[1]);
+      w0 = vadd(w0, gp[2]);
+      w1 = vadd(w1, gp[3]);
     }
   }
 };
@@ -209,24 +215,23 @@ inline void store_tile(V (&acc)[MR][2], float* y, int64_t ldy, int64_t ncols) {
   }
 }
 
-// Dequantize-in-registers micro-kernel: MR rows of x against one panel.
+// Dequantize-in-registers micro-kernel: MR rows of x against one panel. The group scales
+// come precomputed (gp, from PanelDeq::fill) so the k loop has no branch: with the group
+// set-up inside it GCC kept the accumulators in memory and stored them at every k.
 template <int F, int MR>
-void micro_q(const PanelDeq<F>& proto, const float* x, int64_t ldx, float* y, int64_t ldy,
-             int64_t ncols) {
-  PanelDeq<F> pd = proto;
+void micro_q(const PanelDeq<F>& pd, const V* gp, const float* x, int64_t ldx, float* y,
+             int64_t ldy, int64_t ncols) {
   V acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();
   constexpr int G = Traits<F>::group;
-  for (int64_t g = 0; g < pd.w.K / G; ++g) {
-    pd.group(g);
-    for (int64_t k = g * G; k < (g + 1) * G; ++k) {
-      V w0, w1;
-      pd.row(k, w0, w1);
-      for (int i = 0; i < MR; ++i) {
-        const V xb = vset(x[i * ldx + k]);
-        acc[i][0] = vfma(xb, w0, acc[i][0]);
-        acc[i][1] = vfma(xb, w1, acc[i][1]);
-      }
+  for (int64_t k = 0; k < pd.w.K; ++k) {
+    V w0, w1;
+    pd.row(k, gp + 4 * (k / G), w0, w1);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const V xb = vset(x[i * ldx + k]);
+      acc[i][0] = vfma(xb, w0, acc[i][0]);
+      acc[i][1] = vfma(xb, w1, acc[i][1]);
     }
   }
   store_tile<MR>(acc, y, ldy, ncols);
@@ -240,6 +245,7 @@ void micro_f(const float* x, int64_t ldx, const float* wp, int64_t K, float* y, 
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();
   for (int64_t k = 0; k < K; ++k) {
     const V w0 = vload(wp + k * kNB), w1 = vload(wp + k * kNB + kVW);
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const V xb = vset(x[i * ldx + k]);
       acc[i][0] = vfma(xb, w0, acc[i][0]);
@@ -250,26 +256,24 @@ void micro_f(const float* x, int64_t ldx, const float* wp, int64_t K, float* y, 
 }
 
 template <int F>
-void deq_panel(const Packed& w, int64_t p, float* out) {  // out [K, NB]
+void deq_panel(const Packed& w, int64_t p, V* gp, float* out) {  // out [K, NB]
   PanelDeq<F> pd(w, p);
+  pd.fill(gp);
   constexpr int G = Traits<F>::group;
-  for (int64_t g = 0; g < w.K / G; ++g) {
-    pd.group(g);
-    for (int64_t k = g * G; k < (g + 1) * G; ++k) {
-      V w0, w1;
-      pd.row(k, w0, w1);
-      vstore(out + k * kNB, w0);
-      vstore(out + k * kNB + kVW, w1);
-    }
+  for (int64_t k = 0; k < w.K; ++k) {
+    V w0, w1;
+    pd.row(k, gp + 4 * (k / G), w0, w1);
+    vstore(out + k * kNB, w0);
+    vstore(out + k * kNB + kVW, w1);
   }
 }
 
 template <int F, int MR>
-void tail_q(int rows, const PanelDeq<F>& pd, const float* x, int64_t ldx, float* y, int64_t ldy,
-            int64_t ncols) {
+void tail_q(int rows, const PanelDeq<F>& pd, const V* gp, const float* x, int64_t ldx, float* y,
+            int64_t ldy, int64_t ncols) {
   if constexpr (MR > 0) {
-    if (rows == MR) return micro_q<F, MR>(pd, x, ldx, y, ldy, ncols);
-    tail_q<F, MR - 1>(rows, pd, x, ldx, y, ldy, ncols);
+    if (rows == MR) return micro_q<F, MR>(pd, gp, x, ldx, y, ldy, ncols);
+    tail_q<F, MR - 1>(rows, pd, gp, x, ldx, y, ldy, ncols);
   }
 }
 
@@ -287,16 +291,18 @@ void linear_impl(const Packed& w, const float* x, int64_t M, float* y, int64_t i
   const int64_t N = w.N, K = w.K;
   at::parallel_for(0, w.P, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch;
+    std::vector<V> gp(4 * (K / Traits<F>::group));
     if (M > in_register_rows) scratch.resize(K * kNB);
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
       if (M <= in_register_rows) {
-        const PanelDeq<F> pd(w, p);
+        PanelDeq<F> pd(w, p);
+        pd.fill(gp.data());
         int64_t m = 0;
-        for (; m + kMR <= M; m += kMR) micro_q<F, kMR>(pd, x + m * K, K, y + m * N + n, N, ncols);
-        if (m < M) tail_q<F, kMR - 1>(static_cast<int>(M - m), pd, x + m * K, K, y + m * N + n, N, ncols);
+        for (; m + kMR <= M; m += kMR) micro_q<F, kMR>(pd, gp.data(), x + m * K, K, y + m * N + n, N, ncols);
+        if (m < M) tail_q<F, kMR - 1>(static_cast<int>(M - m), pd, gp.data(), x + m * K, K, y + m * N + n, N, ncols);
       } else {
-        deq_panel<F>(w, p, scratch.data());
+        deq_panel<F>(w, p, gp.data(), scratch.data());
         int64_t m = 0;
         for (; m + kMR <= M; m += kMR) micro_f<kMR>(x + m * K, K, scratch.data(), K, y + m * N + n, N, ncols);
         if (m < M) tail_f<kMR - 1>(static_cast<int>(M - m), x + m * K, K, scratch.data(), K, y + m * N + n, N, ncols);
@@ -325,8 +331,9 @@ template <int F> struct DeqFn {
   static void run(const Packed& w, float* out) {  // out [N, K]
     at::parallel_for(0, w.P, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> panel(w.K * kNB);
+      std::vector<V> gp(4 * (w.K / Traits<F>::group));
       for (int64_t p = begin; p < end; ++p) {
-        deq_panel<F>(w, p, panel.data());
+        deq_panel<F>(w, p, gp.data(), panel.data());
         for (int64_t c = 0; c < kNB && p * kNB + c < w.N; ++c)
           for (int64_t k = 0; k < w.K; ++k) out[(p * kNB + c) * w.K + k] = panel[k * kNB + c];
       }
@@ -368,7 +375,7 @@ float deq_one(int64_t fmt, const Packed& w, int64_t n, int64_t k) {
     s = static_cast<float>(c10::Half(w.d[(p * G + g) * kNB + c], c10::Half::from_bits()));
     if (fmt == kQ4_1) b = static_cast<float>(c10::Half(w.m[(p * G + g) * kNB + c], c10::Half::from_bits()));
   }
-  volatile float prod = static_cast<float>(code - zero) * s;  // rounded before the add
+  const float prod = static_cast<float>(code - zero) * s;  // rounded before the add
   return prod + b;
 }
 

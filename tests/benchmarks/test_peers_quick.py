@@ -71,7 +71,8 @@ def test_quick_run_writes_results(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--threads", "1",
          "--out", str(out), "--peer-dir", str(tmp_path / "no-peers"),
-         "--peers", "pagedllm,pagedllm-fp32,hf,llama.cpp"],
+         "--peers", "pagedllm,pagedllm-fp32,hf,llama.cpp",
+         "--sections", "offline,prefill,serving,block-sweep,kv"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = json.loads((out / "peers.json").read_text())
@@ -103,10 +104,18 @@ def test_quick_run_writes_results(tmp_path):
     assert {p.name for p in out.glob("*.png")} == {"peers_offline.png", "peers_serving.png",
                                                    "peers_kv_blocks.png"}
     assert "Offline throughput" in proc.stdout
-    ppl = {r["format"]: r for r in res["perplexity"]}
+
+
+@pytest.mark.slow
+def test_perplexity_of_kept_blocks_equals_dense():
+    from benchmarks import perplexity
+
+    rows = {f: perplexity.measure(None, f, windows=1, window=48, threads=1)
+            for f in ("none", "gguf")}
     # the GGUF's blocks kept quantized hold exactly the dequantized values: same perplexity
-    assert ppl["gguf"]["perplexity"] == pytest.approx(ppl["none"]["perplexity"], rel=1e-4)
-    assert ppl["gguf"]["weight_bytes"] < ppl["none"]["weight_bytes"] / 4
+    assert rows["gguf"]["perplexity"] == pytest.approx(rows["none"]["perplexity"], rel=1e-5)
+    assert 1 < rows["none"]["perplexity"] < 100 and rows["none"]["tokens"] == 47
+    assert rows["gguf"]["weight_bytes"] < rows["none"]["weight_bytes"] / 4
 
 
 def _args(*argv: str):
