@@ -71,7 +71,7 @@ def model_module_specs(model: nn.Module) -> dict[str, ModuleSpec]:
             else:
                 specs[name] = ModuleSpec(name, LINEAR, tname, mod.in_features, mod.out_features,
                                          name)
-        elif isinstance(mod, nn.Embedding):
+        elif isinstance(mod, nn.Embedding) or "embedding" in tname.lower():
             specs[name] = ModuleSpec(name, EMBEDDING, tname)
         elif "norm" in tname.lower():
             specs[name] = ModuleSpec(name, NORM, tname)
