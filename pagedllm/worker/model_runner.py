@@ -17,6 +17,7 @@ from torch import nn
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import SchedulerOutput
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, SamplingRow
+from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.outputs import Logprob
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import build_inputs
@@ -41,7 +42,8 @@ class RunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, cache: CacheEngine, *, vocab_size: int,
-                 device: torch.device, sliding_window: int | None = None) -> None:
+                 device: torch.device, sliding_window: int | None = None,
+                 structured_output=None) -> None:
         self.model = model
         self.cache = cache
         self.vocab_size = vocab_size
@@ -49,6 +51,7 @@ class ModelRunner:
         self.block_size = cache.spec.block_size
         self.sliding_window = sliding_window
         self.sampler = Sampler()
+        self.structured_output = structured_output  # StructuredOutputManager or None
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -83,6 +86,7 @@ class ModelRunner:
                 hidden[torch.tensor(row_index, device=hidden.device)])
             t2 = time.perf_counter()
             md = SamplingMetadata.build(rows, self.vocab_size, self.device)
+            self._add_restrictions(md, rows, owners)
             result = self.sampler(logits, md)
             out.sampled = self._collect(result, owners)
         else:
@@ -91,6 +95,15 @@ class ModelRunner:
         out.timings_ms = {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
                           "sample": (t3 - t2) * 1e3}
         return out
+
+    def _add_restrictions(self, md: SamplingMetadata, rows: list[SamplingRow],
+                          owners: list[tuple[Request, int]]) -> None:
+        """Grammar bitmask for the constrained rows; logit_bias / allowed / bad words."""
+        md.constraints = TokenConstraints.build(rows)
+        if self.structured_output is None:
+            return
+        grammars = [req.grammar for req, n in owners for _ in range(n)]
+        md.grammar = self.structured_output.bitmask(grammars)
 
     def _collect(self, result, owners: list[tuple[Request, int]]) -> list[SampledTokens]:
         token_ids = result.sampled_token_ids.tolist()
