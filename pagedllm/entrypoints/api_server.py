@@ -97,11 +97,13 @@ async def with_disconnect(request: Request, work: Awaitable[Response]) -> Respon
 
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
-              api_key: str | None = None) -> FastAPI:
+              api_key: str | None = None, *, tool_parser: str | None = None,
+              enable_auto_tool_choice: bool = False) -> FastAPI:
     """The app; its lifespan starts and stops `engine`'s step thread."""
     names = served_model_names or [engine.model_name]
     completions = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names)
+    chat = OpenAIServingChat(engine, names, tool_parser=tool_parser,
+                             enable_auto_tool_choice=enable_auto_tool_choice)
     base = ServingBase(engine, names)
 
     @asynccontextmanager
@@ -204,9 +206,11 @@ class _Server(uvicorn.Server):
 
 
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
-               api_key: str | None, access_log: bool = True) -> int:
+               api_key: str | None, access_log: bool = True, tool_parser: str | None = None,
+               enable_auto_tool_choice: bool = False) -> int:
     """Serve until SIGTERM/SIGINT; returns 0 after a graceful shutdown."""
-    app = build_app(engine, served_model_names, api_key)
+    app = build_app(engine, served_model_names, api_key, tool_parser=tool_parser,
+                    enable_auto_tool_choice=enable_auto_tool_choice)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
                             timeout_graceful_shutdown=30)
     server = _Server(config, engine)

@@ -66,6 +66,8 @@ def cmd_serve(args) -> int:
     from pagedllm.engine.llm_engine import LLMEngine
     from pagedllm.entrypoints.api_server import run_server
 
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
     engine = LLMEngine(engine_config_from_args(args), debug_steps=args.debug_steps)
     names = args.served_model_name or [engine.model_name]
     logging.getLogger(__name__).info("serving %s as %s on http://%s:%d%s", engine.model_name,
@@ -73,7 +75,8 @@ def cmd_serve(args) -> int:
                                      " (API key required)" if args.api_key else "")
     return run_server(AsyncEngine(engine, names[0]), host=args.host, port=args.port,
                       served_model_names=names, api_key=args.api_key,
-                      access_log=not args.disable_access_log)
+                      access_log=not args.disable_access_log, tool_parser=args.tool_call_parser,
+                      enable_auto_tool_choice=args.enable_auto_tool_choice)
 
 
 _KV_DTYPE_BYTES = {"auto": None, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2,
