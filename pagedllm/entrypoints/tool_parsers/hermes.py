@@ -1,8 +1,9 @@
 """Hermes / Qwen style: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number.
 
 Content is the text before the first call; text between and after calls is dropped (as vLLM).
-An unclosed call at the end is parsed if its JSON is complete. A call whose JSON does not
-parse turns the whole rest into content, so nothing the model wrote is lost.
+A call ends at the first `</tool_call>` after which its JSON is complete; an unclosed call
+at the end is parsed if its JSON is complete, and returned as content otherwise (so nothing the
+model wrote is lost).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 
 from pagedllm.entrypoints.tool_parsers.base import (
+    ParsedToolCall,
     ParseResult,
     ToolParser,
     call_from_json,
@@ -26,56 +28,50 @@ class HermesToolParser(ToolParser):
         self._buf = ""
         self._in_call = False
         self._seen_call = False
-        self._failed = False  # a call did not parse: everything else is content
 
     def feed(self, delta: str) -> ParseResult:
         out = ParseResult()
-        if self._failed:
-            out.content = delta
-            return out
         self._buf += delta
         while True:
             if not self._in_call:
                 i = self._buf.find(START)
                 if i < 0:
-                    keep = partial_suffix(self._buf, START)
-                    text, self._buf = self._buf[:len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+                    cut = len(self._buf) - partial_suffix(self._buf, START)
+                    text, self._buf = self._buf[:cut], self._buf[cut:]
                     if not self._seen_call:
                         out.content += text
                     return out
                 if not self._seen_call:
                     out.content += self._buf[:i]
                 self._buf, self._in_call = self._buf[i + len(START):], True
+            # The first END after which the body is a complete call ends it (an END inside a
+            # JSON string does not); none yet: wait for more text.
             j = self._buf.find(END)
+            while j >= 0 and _call(self._buf[:j]) is None:
+                j = self._buf.find(END, j + 1)
             if j < 0:
                 return out
-            body, self._buf, self._in_call = self._buf[:j], self._buf[j + len(END):], False
-            if not self._take(body, out, closed=True):
-                return out
+            out.calls.append(_call(self._buf[:j]))
+            self._seen_call = True
+            self._buf, self._in_call = self._buf[j + len(END):], False
 
     def finish(self) -> ParseResult:
         out = ParseResult()
         rest, self._buf = self._buf, ""
-        if self._failed:
-            out.content = rest
-        elif self._in_call:
+        if self._in_call:  # unclosed at the end: a call if its JSON is complete
             self._in_call = False
-            if rest.strip():
-                self._take(rest, out, closed=False)
+            call = _call(rest)
+            if call is not None:
+                out.calls.append(call)
+            else:
+                out.content = START + rest
         elif not self._seen_call:
             out.content = rest
         return out
 
-    def _take(self, body: str, out: ParseResult, closed: bool) -> bool:
-        try:
-            call = call_from_json(json.loads(body))
-        except ValueError:
-            call = None
-        if call is None:
-            self._failed = True
-            out.content += START + body + (END if closed else "") + self._buf
-            self._buf = ""
-            return False
-        self._seen_call = True
-        out.calls.append(call)
-        return True
+
+def _call(body: str) -> ParsedToolCall | None:
+    try:
+        return call_from_json(json.loads(body))
+    except ValueError:
+        return None
