@@ -45,12 +45,17 @@ class RequestGrammar:
         self.matcher.unsafe_compute_mask_ptr(view.ctypes.data, view.nbytes)
 
     def accept(self, token_id: int) -> bool:
-        """Advance by one sampled token; False if the grammar rejects it (error state)."""
-        return self.matcher.consume_token(token_id)
+        """Advance by one sampled token; False if the grammar rejects it (error state: the
+        request then stops, see `is_terminated`). Only possible when another restriction
+        (allowed_token_ids, bad_words) left no token the grammar allows."""
+        ok = self.matcher.consume_token(token_id)
+        if not ok:
+            logger.warning("grammar rejected token %d: %s", token_id, self.matcher.get_error())
+        return ok
 
     @property
     def is_terminated(self) -> bool:
-        """Nothing but EOS can follow: the output is complete."""
+        """Nothing but EOS can follow: the output is complete (or the matcher failed)."""
         return self.matcher.is_stopped()
 
     @property
