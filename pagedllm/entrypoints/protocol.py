@@ -56,12 +56,12 @@ class SamplingFields(OpenAIBaseModel):
     UNSUPPORTED: ClassVar[dict[str, Any]] = {
         "prompt_logprobs": None, "use_beam_search": False, "length_penalty": 1.0,
         "truncate_prompt_tokens": None, "logits_processors": None,
-        "return_tokens_as_token_ids": False, "vllm_xargs": None, "kv_transfer_params": None,
-        "guided_decoding_backend": None}
-    # accepted and ignored: they do not change the output
+        "return_tokens_as_token_ids": False, "vllm_xargs": None, "kv_transfer_params": None}
+    # Declared below and ignored without a warning: they do not change the output (there is
+    # one grammar backend; `prediction` only speeds up a server that implements it).
     IGNORED: ClassVar[tuple[str, ...]] = (
         "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-        "priority", "request_id", "prediction")
+        "priority", "request_id", "prediction", "guided_decoding_backend")
 
     model: str | None = None
     n: int = 1
