@@ -14,6 +14,7 @@ import torch
 
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+from pagedllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
+    max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -112,6 +114,8 @@ class EngineConfig:
                              f"got {self.preemption_mode!r}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
+        if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
+            raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")

@@ -17,6 +17,8 @@ from starlette.responses import StreamingResponse
 
 from pagedllm.engine.async_engine import (
     AsyncEngine,
+    EngineDead,
+    EngineOverloaded,
     EngineRequest,
     EngineShuttingDown,
     RequestStream,
@@ -85,6 +87,7 @@ class ServingBase:
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len: int = engine.engine.config.max_model_len
         self.vocab_size: int = engine.engine.vocab_size
+        self.max_logprobs: int = engine.engine.config.max_logprobs
         self.model_names = served_model_names
         self._token_str: dict[int, str] = {}
 
@@ -174,10 +177,13 @@ class ServingBase:
     async def submit(self, requests: list[EngineRequest]) -> RequestStream:
         try:
             return await self.engine.add_requests(requests)
-        except EngineShuttingDown as exc:
+        except (EngineShuttingDown, EngineDead) as exc:
             raise APIError(503, str(exc), type="service_unavailable") from exc
         except GrammarCompileError as exc:  # the backend's message, e.g. "invalid regex: ..."
             raise APIError(400, str(exc)) from exc
+        except EngineOverloaded as exc:
+            raise APIError(429, str(exc), type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(exc.retry_after)}) from exc
         except ValueError as exc:
             raise APIError(400, str(exc), param=_field_of(str(exc))) from exc
 

@@ -44,7 +44,6 @@ from pagedllm.entrypoints.tool_calls import (
     tool_call_id,
 )
 from pagedllm.outputs import RequestOutput, SampleLogprobs
-from pagedllm.sampling_params import MAX_LOGPROBS
 
 
 class OpenAIServingChat(ServingBase):
@@ -60,8 +59,8 @@ class OpenAIServingChat(ServingBase):
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
-            if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
-                raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got "
+            if not 0 <= req.top_logprobs <= self.max_logprobs:
+                raise APIError(400, f"top_logprobs must be in [0, {self.max_logprobs}], got "
                                f"{req.top_logprobs}", param="top_logprobs")
         if req.logprobs:
             num_top = req.top_logprobs or 0
@@ -150,7 +149,8 @@ class OpenAIServingChat(ServingBase):
                     i = c.index
                     if done[i] or not (c.delta_token_ids or c.delta_text or c.finish_reason):
                         continue
-                    tokens[i], done[i] = len(c.token_ids), c.finish_reason is not None
+                    tokens[i] += len(c.delta_token_ids)
+                    done[i] = c.finish_reason is not None
                     delta = self._delta(plan, streamers[i], c.delta_text, done[i])
                     finish = c.finish_reason
                     if finish is not None and streamers[i].num_calls:
