@@ -4,7 +4,8 @@ from pagedllm.engine.llm import LLM
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "LLMEngine", "LoRARequest", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "LLMEngine", "LoRARequest", "SamplingParams", "StructuredOutputsParams",
+           "RequestOutput", "CompletionOutput", "Logprob"]

@@ -103,14 +103,16 @@ async def with_disconnect(request: Request, work: Awaitable[Response]) -> Respon
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
               api_key: str | None = None,
-              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES, *,
+              tool_parser: str | None = None, enable_auto_tool_choice: bool = False,
               lora_modules: list[LoRARequest] | None = None) -> FastAPI:
     """The app; its lifespan starts and stops `engine`'s step thread. `lora_modules` are
     served under their names (already validated by `engine`)."""
     names = served_model_names or [engine.model_name]
     served = ServingModels(engine, names, lora_modules)
     completions = OpenAIServingCompletion(engine, names, served)
-    chat = OpenAIServingChat(engine, names, served)
+    chat = OpenAIServingChat(engine, names, served, tool_parser=tool_parser,
+                             enable_auto_tool_choice=enable_auto_tool_choice)
     base = ServingBase(engine, names, served)
 
     @asynccontextmanager
@@ -242,11 +244,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
                api_key: str | None, access_log: bool = True,
                max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
-               sock: socket.socket | None = None,
+               sock: socket.socket | None = None, tool_parser: str | None = None,
+               enable_auto_tool_choice: bool = False,
                lora_modules: list[LoRARequest] | None = None) -> int:
     """Serve until SIGTERM/SIGINT (returns 0 after a graceful shutdown) or until the engine
     thread dies (returns 1, so a supervisor restarts the process)."""
     app = build_app(engine, served_model_names, api_key, max_request_body_bytes,
+                    tool_parser=tool_parser, enable_auto_tool_choice=enable_auto_tool_choice,
                     lora_modules=lora_modules)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
                             timeout_graceful_shutdown=30)

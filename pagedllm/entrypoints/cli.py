@@ -71,6 +71,8 @@ def cmd_serve(args) -> int:
     from pagedllm.engine.llm_engine import LLMEngine
     from pagedllm.entrypoints.api_server import bind_socket, run_server
 
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
     try:
         lora_modules = number_lora_modules(args.lora_modules)
     except ValueError as e:
@@ -98,6 +100,8 @@ def cmd_serve(args) -> int:
                       served_model_names=names, api_key=args.api_key,
                       access_log=not args.disable_access_log,
                       max_request_body_bytes=args.max_request_body_bytes, sock=sock,
+                      tool_parser=args.tool_call_parser,
+                      enable_auto_tool_choice=args.enable_auto_tool_choice,
                       lora_modules=lora_modules)
 
 
