@@ -80,7 +80,8 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len, swap_manager=self.swap_manager)
         window = getattr(ckpt.config, "sliding_window", None)
-        if window is not None and not getattr(ckpt.config, "use_sliding_window", True):
+        if window is not None and (not getattr(ckpt.config, "use_sliding_window", True)
+                                   or getattr(self.model, "per_layer_sliding_window", False)):
             window = None
         self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
                                   device=config.torch_device, sliding_window=window)
