@@ -12,7 +12,8 @@ from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
     if model_positional:
         parser.add_argument("model", nargs="?", default=None,
-                            help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+                            help="HF model directory, .gguf file or Hub name Org/Model "
+                            "(default: SmolLM2-135M-Instruct)")
     parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     g = parser.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, "
@@ -42,6 +43,16 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--swap-space", type=float, default=4.0,
                    help="GiB of CPU memory for swapped-out KV blocks with --preemption-mode "
                    "swap (default 4; 0 disables: every preemption recomputes)")
+    g.add_argument("--revision", default=None,
+                   help="Hub models: branch, tag or commit to load (default main)")
+    g.add_argument("--tokenizer", default=None,
+                   help="directory or Hub name of the tokenizer (default: the model's)")
+    g.add_argument("--download-dir", default=None,
+                   help="HF cache directory for Hub models (default: $HF_HUB_CACHE, "
+                   "$HF_HOME/hub or ~/.cache/huggingface/hub)")
+    g.add_argument("--chat-template", default=None,
+                   help="chat template (a Jinja file, or the template itself) replacing the "
+                   "model's; needed for chat with models that have none (base models)")
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
@@ -79,4 +90,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed, num_threads=args.num_threads, rope_scaling=args.rope_scaling,
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
-        preemption_mode=args.preemption_mode, swap_space=args.swap_space)
+        preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+        chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,
+        download_dir=args.download_dir)

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from pagedllm.entrypoints.args import add_engine_args, add_server_args, engine_config_from_args
+from pagedllm.loader.errors import ModelNotFoundError
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -134,7 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ModelNotFoundError as exc:  # a user error: one line, no traceback
+        sys.stderr.write(f"pagedllm: error: {exc}\n")
+        return 2
 
 
 if __name__ == "__main__":

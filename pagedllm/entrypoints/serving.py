@@ -21,6 +21,7 @@ from pagedllm.engine.async_engine import (
     EngineShuttingDown,
     RequestStream,
 )
+from pagedllm.engine.chat_template import MissingChatTemplateError, check_chat_template
 from pagedllm.entrypoints.protocol import (
     ChatMessage,
     ErrorInfo,
@@ -111,6 +112,10 @@ class ServingBase:
     def apply_chat_template(self, messages: list[ChatMessage],
                             add_generation_prompt: bool = True) -> list[int]:
         conv = [{"role": m.role, "content": message_text(m)} for m in messages]
+        try:
+            check_chat_template(self.tokenizer)
+        except MissingChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages") from None
         try:
             ids = self.tokenizer.apply_chat_template(
                 conv, add_generation_prompt=add_generation_prompt, tokenize=True)

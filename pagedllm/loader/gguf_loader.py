@@ -1,4 +1,6 @@
-"""Load a llama-architecture GGUF file as a HF-shaped :class:`Checkpoint`.
+"""Load a llama- or gemma3-architecture GGUF file as a HF-shaped :class:`Checkpoint`.
+
+(gemma3 names, config and value fix-ups live in :mod:`gguf_gemma3`.)
 
 Weights are dequantized to float32 with ``gguf.quants.dequantize`` (vectorized
 numpy), renamed to HF parameter names, and the rotary row permutation that
@@ -21,8 +23,9 @@ import numpy as np
 import torch
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
-from transformers import AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, LlamaConfig, PretrainedConfig, PreTrainedTokenizerBase
 
+from pagedllm.loader import gguf_gemma3
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
@@ -88,11 +91,17 @@ def _meta(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
     return field.contents()
 
 
+def _architecture(reader: GGUFReader) -> str:
+    return _meta(reader, "general.architecture")
+
+
 def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     """GGUF tensors that have an HF equivalent, with their HF names."""
     planned = []
+    to_name = (gguf_gemma3.hf_tensor_name if _architecture(reader) == gguf_gemma3.ARCH
+               else hf_tensor_name)
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = to_name(tensor.name)
         if name is None:
             logger.warning("skipping GGUF tensor %s: no HF Llama equivalent", tensor.name)
             continue
@@ -105,11 +114,15 @@ def _hf_shape(tensor: ReaderTensor) -> tuple[int, ...]:
     return tuple(int(dim) for dim in reversed(tensor.shape))
 
 
-def gguf_config(reader: GGUFReader) -> LlamaConfig:
-    """Build a HF ``LlamaConfig`` from the ``llama.*`` and ``tokenizer.ggml.*`` metadata."""
-    arch = _meta(reader, "general.architecture")
+def gguf_config(reader: GGUFReader) -> PretrainedConfig:
+    """Build a HF config from the ``<arch>.*`` and ``tokenizer.ggml.*`` metadata."""
+    arch = _architecture(reader)
+    if arch == gguf_gemma3.ARCH:
+        return gguf_gemma3.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
+                                  {t.name: _hf_shape(t) for t in reader.tensors})
     if arch != "llama":
-        raise UnsupportedModelError(f"GGUF architecture '{arch}' is not supported (only 'llama')")
+        raise UnsupportedModelError(
+            f"GGUF architecture '{arch}' is not supported (only 'llama' and 'gemma3')")
     names = {tensor.name: tensor for tensor in reader.tensors}
     if "token_embd.weight" not in names:
         raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
@@ -141,11 +154,15 @@ def gguf_config(reader: GGUFReader) -> LlamaConfig:
     )
 
 
-def iter_gguf_tensors(reader: GGUFReader, config: LlamaConfig) -> Iterator[tuple[str, np.ndarray]]:
+def iter_gguf_tensors(reader: GGUFReader, config: PretrainedConfig
+                      ) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, float32 array in HF shape)``, dequantizing one tensor at a time."""
+    gemma3 = _architecture(reader) == gguf_gemma3.ARCH
     for tensor, name in _tensors(reader):
         array = dequantize(tensor.data, tensor.tensor_type).reshape(_hf_shape(tensor))
-        if ".self_attn.q_proj." in name:
+        if gemma3:
+            array = gguf_gemma3.to_hf(name, array)
+        elif ".self_attn.q_proj." in name:
             array = reverse_permute(array, config.num_attention_heads)
         elif ".self_attn.k_proj." in name:
             array = reverse_permute(array, config.num_key_value_heads)
@@ -162,7 +179,7 @@ def gguf_tokenizer(path: Path, reader: GGUFReader) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _write_entry(entry: Path, reader: GGUFReader, config: LlamaConfig, tokenizer: Any) -> None:
+def _write_entry(entry: Path, reader: GGUFReader, config: PretrainedConfig, tokenizer: Any) -> None:
     start = time.perf_counter()
     config.save_pretrained(entry)
     tokenizer.save_pretrained(entry)
@@ -174,7 +191,7 @@ def _write_entry(entry: Path, reader: GGUFReader, config: LlamaConfig, tokenizer
 
 
 def _stream_from_gguf(
-    reader: GGUFReader, config: LlamaConfig
+    reader: GGUFReader, config: PretrainedConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for name, array in iter_gguf_tensors(reader, config):
         # F32 tensors come back as read-only views of the file's memory map.
