@@ -8,6 +8,8 @@ Weights load in HF layout [out, in]; `finalize()` re-lays them once after loadin
   * CPU otherwise: stored transposed and contiguous; `x @ W_t` runs up to 2x faster than
     `F.linear` at the small batch sizes of decoding (../shared/BASELINES.md).
   * other devices: `F.linear` on the HF layout.
+A quantized weight (`quant.QuantizedWeight`, adopted with `set_quantized`) replaces all of
+these: its own kernel runs and the dense weight is never materialised.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers.quant import QuantizedWeight
 
 
 class Linear(nn.Module):
@@ -29,11 +32,30 @@ class Linear(nn.Module):
                      if bias else None)
         self.weight_t: torch.Tensor | None = None
         self.packed: torch.Tensor | None = None
+        self.quant: QuantizedWeight | None = None
+
+    def set_quantized(self, qweight: QuantizedWeight) -> None:
+        """Adopt a quantized weight in place of the dense one (frees the dense storage)."""
+        if qweight.shape != (self.out_features, self.in_features):
+            raise ValueError(f"quantized weight {qweight!r} does not fit a linear layer of "
+                             f"shape ({self.out_features}, {self.in_features})")
+        self.quant = qweight
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype,
+                                               device=self.weight.device), requires_grad=False)
+
+    @property
+    def weight_nbytes(self) -> int:
+        """Bytes the weight (and bias) occupy in memory, in whatever layout it is held."""
+        held = self.quant.nbytes if self.quant is not None else 0
+        for t in (self.weight, self.weight_t, self.packed, self.bias):
+            if t is not None:
+                held += t.numel() * t.element_size()
+        return held
 
     def finalize(self) -> None:
         """Called once after weights are loaded: pick the fastest layout for the device."""
         w = self.weight.detach()
-        if w.device.type != "cpu":
+        if self.quant is not None or w.device.type != "cpu":
             return
         if (ops := cpu_ops.fp32_ops(w)) is not None:
             self.packed = ops.pack_linear_weight(w.contiguous())
@@ -42,6 +64,12 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            lead = x.shape[:-1]
+            out = self.quant.linear(x.reshape(-1, self.in_features).float().contiguous())
+            if self.bias is not None:
+                out = out + self.bias
+            return out.view(*lead, self.out_features).to(x.dtype)
         if self.packed is not None:
             lead = x.shape[:-1]
             out = cpu_ops.load().packed_linear(x.reshape(-1, self.in_features).contiguous(),

@@ -17,6 +17,7 @@ from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import RMSNorm
+from pagedllm.model.layers.quant import QuantizedWeight, concat_quantized
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding, sequence_lengths
 
 # HF name fragment -> (fused parameter fragment, shard id)
@@ -136,9 +137,15 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into (fused) parameters; raises on missing/unknown names."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
+        """Copy HF-named tensors into (fused) parameters; raises on missing/unknown names.
+
+        A linear layer's weight may come as a `QuantizedWeight`: it is adopted as is (fused
+        projections from their parts, in q, k, v / gate, up order) instead of being copied.
+        """
         params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
+        quant_parts: dict[str, dict[str | int, QuantizedWeight]] = {}
         _, kv_heads, head_dim = model_dims(self.config)
         q_size = self.config.num_attention_heads * head_dim
         kv_size = kv_heads * head_dim
@@ -153,6 +160,10 @@ class LlamaForCausalLM(nn.Module):
                 if f".{frag}." in name:
                     target = name.replace(frag, fused)
                     param = params[target]
+                    if isinstance(tensor, QuantizedWeight):
+                        quant_parts.setdefault(target, {})[shard] = tensor
+                        loaded.add(f"{target}:{shard}")
+                        break
                     if isinstance(shard, str):
                         start, size = offsets[shard]
                     else:
@@ -164,8 +175,18 @@ class LlamaForCausalLM(nn.Module):
             else:
                 if name not in params:
                     raise ValueError(f"checkpoint has unexpected weight {name!r}")
-                params[name].copy_(tensor)
+                if isinstance(tensor, QuantizedWeight):
+                    self._module_of(modules, name).set_quantized(tensor)
+                else:
+                    params[name].copy_(tensor)
                 loaded.add(name)
+        for target, parts in quant_parts.items():
+            order = ("q", "k", "v") if "qkv_proj" in target else (0, 1)
+            if set(parts) != set(order):
+                raise ValueError(f"checkpoint has only shards {sorted(map(str, parts))} of "
+                                 f"quantized {target!r}")
+            self._module_of(modules, target).set_quantized(
+                concat_quantized([parts[s] for s in order]))
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
             loaded.add("lm_head.weight")
@@ -185,3 +206,12 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.finalize()
+
+    @staticmethod
+    def _module_of(modules: dict[str, nn.Module], param_name: str) -> Linear:
+        """The Linear that owns parameter `param_name` (e.g. "...qkv_proj.weight")."""
+        module = modules.get(param_name.rpartition(".")[0])
+        if not isinstance(module, Linear):
+            raise ValueError(f"{param_name!r} is not a linear layer's weight; it cannot be "
+                             f"loaded quantized")
+        return module

@@ -1,0 +1,114 @@
+"""The contract every quantized weight format implements.
+
+A `QuantizedWeight` is the weight of one linear layer, logically a float matrix
+W[out_features, in_features] (HF layout, y = x @ W^T), held in whatever packed layout its
+kernel wants (repacked once at load time). Loaders hand these to the model in place of dense
+tensors; `Linear.set_quantized` adopts one; fused projections (q|k|v, gate|up) are built from
+per-projection parts with `concat_quantized`, which stacks them along the output dimension.
+
+    Linear.forward(x[..., K])  ->  qweight.linear(x[M, K] fp32, contiguous)  ->  y[M, N] fp32
+                                   (+ bias, added by Linear)
+
+`dequantize()` is the reference every kernel is tested against, and `nbytes` is what the
+weight really occupies in memory (start-up log, KV budget, `pagedllm plan`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+
+
+class QuantizedWeight(abc.ABC):
+    """One linear layer's weight in a quantized format (see the module docstring)."""
+
+    #: the name of the format, e.g. "gguf:Q4_1", "awq", "gptq", "int8"
+    format: ClassVar[str] = "quantized"
+
+    def __init__(self, out_features: int, in_features: int) -> None:
+        self.out_features = int(out_features)
+        self.in_features = int(in_features)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The logical (out_features, in_features) of the dense weight it stands for."""
+        return (self.out_features, self.in_features)
+
+    @abc.abstractmethod
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """y = x @ W^T for a contiguous float32 x of shape [M, in_features]; returns
+        [M, out_features] float32 (no bias)."""
+
+    @abc.abstractmethod
+    def dequantize(self) -> torch.Tensor:
+        """The dense float32 weight [out_features, in_features] (the kernels' reference)."""
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes this weight occupies in memory (packed data, scales, zeros, ...)."""
+
+    @classmethod
+    def concat(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
+        """Stack same-format parts along the output dimension (fused q|k|v, gate|up).
+
+        Formats whose layout cannot be concatenated raise NotImplementedError; callers then
+        fall back to `concat_quantized`'s error message.
+        """
+        raise NotImplementedError(f"{cls.__name__} cannot be concatenated")
+
+    def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Rows W[token_ids] as float32 [len(token_ids), in_features]: an embedding table kept
+        quantized dequantizes only the rows it looks up. Formats override this with a kernel;
+        the default dequantizes the whole matrix (correct, slow)."""
+        return self.dequantize()[token_ids]
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.format}, out={self.out_features}, "
+                f"in={self.in_features}, {self.nbytes / 2**20:.2f} MiB)")
+
+
+class StackedQuantizedWeight(QuantizedWeight):
+    """Parts that cannot be merged into one layout (different formats: a GGUF Q4_K_M file
+    stores some v projections as Q6_K next to Q4_K q and k): each part runs its own kernel
+    and the outputs are concatenated along the output dimension."""
+
+    format = "stacked"
+
+    def __init__(self, parts: Sequence[QuantizedWeight]) -> None:
+        super().__init__(sum(p.out_features for p in parts), parts[0].in_features)
+        self.parts = list(parts)
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.linear(x) for p in self.parts], dim=-1)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts], dim=0)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def __repr__(self) -> str:
+        return f"StackedQuantizedWeight({', '.join(map(repr, self.parts))})"
+
+
+def concat_quantized(parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
+    """One weight for a fused projection: the format's own `concat` when every part has the
+    same format and it supports that, else a `StackedQuantizedWeight` of the parts."""
+    if not parts:
+        raise ValueError("concat_quantized: no parts")
+    ins = {p.in_features for p in parts}
+    if len(ins) != 1:
+        raise ValueError(f"cannot fuse quantized weights with different in_features {sorted(ins)}")
+    if len(parts) == 1:
+        return parts[0]
+    if len({type(p) for p in parts}) == 1 and len({p.format for p in parts}) == 1:
+        try:
+            return type(parts[0]).concat(parts)
+        except NotImplementedError:
+            pass
+    return StackedQuantizedWeight(parts)
