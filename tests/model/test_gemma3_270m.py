@@ -92,7 +92,7 @@ def test_greedy_matches_hf_on_the_same_gguf(gemma3_llm, gemma3_gguf, hf_referenc
     for prompt, out in zip(prompts, outs, strict=True):
         expected, _ = hf_reference.greedy(hf_dir, prompt, MAX_TOKENS)
         assert out.outputs[0].token_ids == expected, f"prompt of {len(prompt)} tokens"
-    assert "Paris" in outs[0].outputs[0].text
+    assert "France" in outs[0].outputs[0].text   # coherent text, not just equal ids
 
 
 def test_base_model_chat_needs_a_template(gemma3_llm) -> None:
