@@ -14,6 +14,7 @@ import torch
 
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+from pagedllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class EngineConfig:
     revision: str | None = None       # Hub models: branch, tag or commit (default main)
     tokenizer: str | None = None      # directory or Hub name of another tokenizer
     download_dir: str | None = None   # HF cache for Hub models (default: $HF_HUB_CACHE ...)
+    max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -116,6 +118,8 @@ class EngineConfig:
                              f"got {self.preemption_mode!r}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
+        if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
+            raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
