@@ -47,8 +47,9 @@ class LLMEngine:
         self.debug_steps = debug_steps
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        ckpt = load_checkpoint(config.model, revision=config.revision,
-                               download_dir=config.download_dir, tokenizer=config.tokenizer)
+        ckpt = load_checkpoint(config.model, quantization=config.quantization,
+                               revision=config.revision, download_dir=config.download_dir,
+                               tokenizer=config.tokenizer)
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
         if config.chat_template is not None:

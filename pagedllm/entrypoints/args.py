@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, EngineConfig
+from pagedllm.config import (
+    KV_CACHE_DTYPES,
+    PREEMPTION_MODES,
+    QUANTIZATION_METHODS,
+    EngineConfig,
+)
 from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
@@ -55,6 +60,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--chat-template", default=None,
                    help="chat template (a Jinja file, or the template itself) replacing the "
                    "model's; needed for chat with models that have none (base models)")
+    g.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS,
+                   help="weight format: gguf, awq, gptq (kept quantized in memory), int8 "
+                   "(weight-only int8 made at load), none (dequantize to --dtype, the reference); "
+                   "default: what the checkpoint holds")
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
@@ -107,5 +116,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        max_logprobs=args.max_logprobs, chat_template=args.chat_template,
-        revision=args.revision, tokenizer=args.tokenizer, download_dir=args.download_dir)
+        quantization=args.quantization, max_logprobs=args.max_logprobs,
+        chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,
+        download_dir=args.download_dir)
