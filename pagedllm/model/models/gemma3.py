@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
+from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import GemmaRMSNorm, head_norms_
 from pagedllm.model.layers.rope_scaling import layer_type_rope_parameters, rope_max_len
@@ -133,8 +134,7 @@ class Gemma3Model(nn.Module):
             for t in sorted(set(self.layer_types))})
         if any(r.is_dynamic for r in self.rotary.values()):
             raise ValueError("dynamic NTK RoPE is not supported for Gemma 3")
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = math.sqrt(config.hidden_size)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(config, t) for t in self.layer_types)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
