@@ -88,6 +88,10 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
+    chat_template: str | None = None  # Jinja text or a file; replaces the model's template
+    revision: str | None = None       # Hub models: branch, tag or commit (default main)
+    tokenizer: str | None = None      # directory or Hub name of another tokenizer
+    download_dir: str | None = None   # HF cache for Hub models (default: $HF_HUB_CACHE ...)
     quantization: str | None = None  # QUANTIZATION_METHODS; None = detect from the checkpoint
     enable_lora: bool = False  # serve PEFT LoRA adapters per request (pagedllm/lora/)
     max_loras: int = 1  # adapters in one batch (device slots)

@@ -45,8 +45,12 @@ def tiny_tokenizer():
     return _train_tokenizer()
 
 
-def make_tiny_checkpoint(path: Path, arch: str, tokenizer, seed: int = 0, **overrides) -> Path:
-    """Save a random tiny model of architecture `arch` (llama | qwen2 | mistral) to `path`."""
+def make_tiny_checkpoint(path: Path, arch: str, tokenizer, seed: int = 0,
+                         norm_jitter: float = 0.0, weight_scale: float = 8.0,
+                         **overrides) -> Path:
+    """Save a random tiny model of architecture `arch` (llama | qwen2 | mistral | qwen3 |
+    gemma3) to `path`; matrices are scaled by `weight_scale`, `norm_jitter` adds noise of
+    that size to the norm weights."""
     import transformers
 
     common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -58,6 +62,8 @@ def make_tiny_checkpoint(path: Path, arch: str, tokenizer, seed: int = 0, **over
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**common)).eval()
@@ -65,7 +71,9 @@ def make_tiny_checkpoint(path: Path, arch: str, tokenizer, seed: int = 0, **over
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" not in name:
-                p.mul_(8.0 if p.dim() > 1 else 1.0)
+                p.mul_(weight_scale if p.dim() > 1 else 1.0)
+            elif norm_jitter:
+                p.add_(norm_jitter * torch.randn_like(p))
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
@@ -88,6 +96,32 @@ def tiny_mistral_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     """Mistral with a sliding window shorter than the longer test prompts."""
     return make_tiny_checkpoint(tmp_path_factory.mktemp("mistral"), "mistral", tiny_tokenizer,
                                 seed=2, sliding_window=24)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """Qwen3: per-head q/k RMSNorm (jittered weights), tied embeddings."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("qwen3"), "qwen3", tiny_tokenizer,
+                                seed=3, head_dim=16, tie_word_embeddings=True,
+                                norm_jitter=0.3)
+
+
+GEMMA3_LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention",
+                      "sliding_attention"]
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory, tiny_tokenizer) -> Path:
+    """Gemma 3: window 16 on 3 of 4 layers, two RoPE bases, (1 + w) norms (jittered),
+    query_pre_attn_scalar != head_dim, 1 KV head (weights x2 only: its sqrt(hidden)
+    embedding scale and post-norms make x8 models repeat one token)."""
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("gemma3"), "gemma3", tiny_tokenizer, seed=4, head_dim=16,
+        num_hidden_layers=4, num_key_value_heads=1, layer_types=GEMMA3_LAYER_TYPES,
+        sliding_window=16, query_pre_attn_scalar=24, tie_word_embeddings=True,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        norm_jitter=0.3, weight_scale=2.0, pad_token_id=0)
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from pagedllm.engine.chat_template import check_chat_template, resolve_chat_template
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
@@ -65,9 +66,12 @@ class LLM:
              chat_template: str | None = None, cache_salt: str | None = None,
              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
              ) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation, then generate."""
+        """Apply the model's chat template (or `chat_template`: Jinja text or a file) to each
+        conversation, then generate. A model without a template needs `chat_template`."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.get_tokenizer()
+        chat_template = resolve_chat_template(chat_template)
+        check_chat_template(tok, chat_template)
         prompts = []
         for conv in convs:
             ids = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,

@@ -21,6 +21,7 @@ from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.swap_manager import SwapManager
 from pagedllm.engine import model_setup
+from pagedllm.engine.chat_template import resolve_chat_template
 from pagedllm.engine.fault_injection import FaultInjector
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
@@ -51,9 +52,13 @@ class LLMEngine:
         self.debug_steps = debug_steps
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        ckpt = load_checkpoint(config.model, quantization=config.quantization)
+        ckpt = load_checkpoint(config.model, quantization=config.quantization,
+                               revision=config.revision, download_dir=config.download_dir,
+                               tokenizer=config.tokenizer)
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
+        if config.chat_template is not None:
+            self.tokenizer.chat_template = resolve_chat_template(config.chat_template)
         self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
         apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
         config.finalize(*rope_max_len(ckpt.config))
@@ -89,7 +94,8 @@ class LLMEngine:
             max_model_len=config.max_model_len, swap_manager=self.swap_manager,
             max_loras=config.max_loras if self.lora else None)
         window = getattr(ckpt.config, "sliding_window", None)
-        if window is not None and not getattr(ckpt.config, "use_sliding_window", True):
+        if window is not None and (not getattr(ckpt.config, "use_sliding_window", True)
+                                   or getattr(self.model, "per_layer_sliding_window", False)):
             window = None
         self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size,
                                                          self.eos_token_id)

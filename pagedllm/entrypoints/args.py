@@ -21,7 +21,8 @@ from pagedllm.sampling_params import MAX_LOGPROBS
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
     if model_positional:
         parser.add_argument("model", nargs="?", default=None,
-                            help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+                            help="HF model directory, .gguf file or Hub name Org/Model "
+                            "(default: SmolLM2-135M-Instruct)")
     parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     g = parser.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, "
@@ -51,6 +52,16 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--swap-space", type=float, default=4.0,
                    help="GiB of CPU memory for swapped-out KV blocks with --preemption-mode "
                    "swap (default 4; 0 disables: every preemption recomputes)")
+    g.add_argument("--revision", default=None,
+                   help="Hub models: branch, tag or commit to load (default main)")
+    g.add_argument("--tokenizer", default=None,
+                   help="directory or Hub name of the tokenizer (default: the model's)")
+    g.add_argument("--download-dir", default=None,
+                   help="HF cache directory for Hub models (default: $HF_HUB_CACHE, "
+                   "$HF_HOME/hub or ~/.cache/huggingface/hub)")
+    g.add_argument("--chat-template", default=None,
+                   help="chat template (a Jinja file, or the template itself) replacing the "
+                   "model's; needed for chat with models that have none (base models)")
     g.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS,
                    help="weight format: gguf, awq, gptq (kept quantized in memory), int8 "
                    "(weight-only int8 made at load), none (dequantize to --dtype, the reference); "
@@ -159,4 +170,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
         quantization=args.quantization, max_logprobs=args.max_logprobs,
         enable_lora=args.enable_lora, max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras)
+        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
+        chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,
+        download_dir=args.download_dir)

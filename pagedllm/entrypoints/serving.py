@@ -23,6 +23,7 @@ from pagedllm.engine.async_engine import (
     EngineShuttingDown,
     RequestStream,
 )
+from pagedllm.engine.chat_template import MissingChatTemplateError, check_chat_template
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.protocol import (
     ChatMessage,
@@ -121,6 +122,11 @@ class ServingBase:
         template = chat_template or self.tokenizer.chat_template or ""
         if tools and "tools" not in template:
             conv = with_tools_system_prompt(conv, tools)
+        if chat_template is None:
+            try:
+                check_chat_template(self.tokenizer)
+            except MissingChatTemplateError as exc:
+                raise APIError(400, str(exc), param="messages") from None
         try:
             ids = self.tokenizer.apply_chat_template(
                 conv, add_generation_prompt=add_generation_prompt, tokenize=True,

@@ -56,24 +56,37 @@ class Checkpoint:
 
 
 def load_checkpoint(model: str | None, cache_dir: Path | None = None,
-                    quantization: str | None = None) -> Checkpoint:
+                    quantization: str | None = None, *, revision: str | None = None,
+                    download_dir: str | Path | None = None,
+                    tokenizer: str | None = None) -> Checkpoint:
     """Resolve ``model`` (see :func:`resolve_model`) and load it.
 
     Args:
-        model: HF model directory, ``.gguf`` file, or ``None`` for the default model.
+        model: HF model directory, ``.gguf`` file, Hub name (``Org/Model``), or ``None``
+            for the default model.
         cache_dir: GGUF conversion cache; defaults to ``$PAGEDLLM_CACHE_DIR``
             or ``~/.cache/pagedllm``. Unused for HF directories.
         quantization: `EngineConfig.quantization`; None = what the checkpoint holds (a GGUF
             file stays quantized), "none" = dense float weights.
+        revision: branch, tag or commit of a Hub model (default main).
+        download_dir: HF cache directory for Hub models instead of the default one.
+        tokenizer: directory or Hub name whose tokenizer replaces the model's.
     """
-    path = resolve_model(model)
+    path = resolve_model(model, revision, download_dir)
     if path.is_dir():
         from pagedllm.loader.hf_loader import load_hf_checkpoint
 
-        return load_hf_checkpoint(path)
-    from pagedllm.loader.gguf_loader import load_gguf_checkpoint
+        ckpt = load_hf_checkpoint(path)
+    else:
+        from pagedllm.loader.gguf_loader import load_gguf_checkpoint
 
-    return load_gguf_checkpoint(path, cache_dir=cache_dir, quantization=quantization)
+        ckpt = load_gguf_checkpoint(path, cache_dir=cache_dir, quantization=quantization)
+    if tokenizer is not None:
+        tok_path = resolve_model(tokenizer, None, download_dir)
+        logger.info("tokenizer from %s", tok_path)
+        ckpt.tokenizer = transformers.AutoTokenizer.from_pretrained(
+            tok_path, local_files_only=True)
+    return ckpt
 
 
 def hf_reference_dir(model: str | None, cache_dir: Path | None = None) -> Path:

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from pagedllm.loader.errors import ModelNotFoundError
+from pagedllm.loader.hub import looks_like_repo_id, resolve_hub_model
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,11 @@ def default_model_path() -> Path:
     )
 
 
-def resolve_model(model: str | None) -> Path:
-    """Return the model's path: a HF directory with config.json or a ``.gguf`` file.
+def resolve_model(model: str | None, revision: str | None = None,
+                  download_dir: str | Path | None = None) -> Path:
+    """Return the model's path: a HF directory with config.json or a ``.gguf`` file; a name
+    that is no local path but looks like ``Org/Model`` is resolved on the HF Hub (cache
+    first, see :mod:`hub`) at ``revision``, in ``download_dir`` if given.
 
     Raises:
         ModelNotFoundError: the path does not exist or is neither of the two forms.
@@ -64,7 +68,9 @@ def resolve_model(model: str | None) -> Path:
             f"model file {path} is not a .gguf file; expected a .gguf file or a Hugging "
             "Face model directory containing config.json"
         )
+    if looks_like_repo_id(model):
+        return resolve_model(str(resolve_hub_model(model, revision, download_dir)))
     raise ModelNotFoundError(
         f"model {model!r} not found: looked for a directory containing config.json or a "
-        f".gguf file at {path.resolve()} (models are not downloaded from the Hub)"
+        f".gguf file at {path.resolve()} (and it is not a Hub name like Org/Model)"
     )

@@ -1,4 +1,6 @@
-"""Load a llama-architecture GGUF file as a HF-shaped :class:`Checkpoint`.
+"""Load a llama- or gemma3-architecture GGUF file as a HF-shaped :class:`Checkpoint`.
+
+(gemma3 names, config and value fix-ups live in :mod:`gguf_gemma3`.)
 
 Two weight paths, both with HF parameter names and llama.cpp's q/k rotary row
 permutation undone:
@@ -29,8 +31,15 @@ import numpy as np
 import torch
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
-from transformers import AutoConfig, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
 
+from pagedllm.loader import gguf_gemma3
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
@@ -98,11 +107,17 @@ def _meta(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
     return field.contents()
 
 
+def _architecture(reader: GGUFReader) -> str:
+    return _meta(reader, "general.architecture")
+
+
 def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     """GGUF tensors that have an HF equivalent, with their HF names."""
     planned = []
+    to_name = (gguf_gemma3.hf_tensor_name if _architecture(reader) == gguf_gemma3.ARCH
+               else hf_tensor_name)
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = to_name(tensor.name)
         if name is None:
             logger.warning("skipping GGUF tensor %s: no HF Llama equivalent", tensor.name)
             continue
@@ -115,11 +130,15 @@ def _hf_shape(tensor: ReaderTensor) -> tuple[int, ...]:
     return tuple(int(dim) for dim in reversed(tensor.shape))
 
 
-def gguf_config(reader: GGUFReader) -> LlamaConfig:
-    """Build a HF ``LlamaConfig`` from the ``llama.*`` and ``tokenizer.ggml.*`` metadata."""
-    arch = _meta(reader, "general.architecture")
+def gguf_config(reader: GGUFReader) -> PretrainedConfig:
+    """Build a HF config from the ``<arch>.*`` and ``tokenizer.ggml.*`` metadata."""
+    arch = _architecture(reader)
+    if arch == gguf_gemma3.ARCH:
+        return gguf_gemma3.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
+                                  {t.name: _hf_shape(t) for t in reader.tensors})
     if arch != "llama":
-        raise UnsupportedModelError(f"GGUF architecture '{arch}' is not supported (only 'llama')")
+        raise UnsupportedModelError(
+            f"GGUF architecture '{arch}' is not supported (only 'llama' and 'gemma3')")
     names = {tensor.name: tensor for tensor in reader.tensors}
     if "token_embd.weight" not in names:
         raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
@@ -151,8 +170,11 @@ def gguf_config(reader: GGUFReader) -> LlamaConfig:
     )
 
 
-def _row_order(name: str, rows: int, config: LlamaConfig) -> np.ndarray | None:
-    """The HF row order of a q/k projection (undoes llama.cpp's rotary permutation)."""
+def _row_order(name: str, rows: int, config: PretrainedConfig) -> np.ndarray | None:
+    """The HF row order of a q/k projection (undoes llama.cpp's rotary permutation; gemma3
+    files are not permuted)."""
+    if getattr(config, "model_type", None) == "gemma3_text":
+        return None
     if ".self_attn.q_proj." in name:
         return reverse_permute(np.arange(rows), config.num_attention_heads)
     if ".self_attn.k_proj." in name:
@@ -160,11 +182,15 @@ def _row_order(name: str, rows: int, config: LlamaConfig) -> np.ndarray | None:
     return None
 
 
-def iter_gguf_tensors(reader: GGUFReader, config: LlamaConfig) -> Iterator[tuple[str, np.ndarray]]:
+def iter_gguf_tensors(reader: GGUFReader, config: PretrainedConfig
+                      ) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, float32 array in HF shape)``, dequantizing one tensor at a time."""
+    gemma3 = _architecture(reader) == gguf_gemma3.ARCH
     for tensor, name in _tensors(reader):
         array = dequantize(tensor.data, tensor.tensor_type).reshape(_hf_shape(tensor))
-        if (order := _row_order(name, array.shape[0], config)) is not None:
+        if gemma3:
+            array = gguf_gemma3.to_hf(name, array)
+        elif (order := _row_order(name, array.shape[0], config)) is not None:
             array = array[order]
         yield name, np.ascontiguousarray(array, dtype=np.float32)
 
@@ -200,7 +226,7 @@ def gguf_tokenizer(path: Path, reader: GGUFReader) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _write_meta(entry: Path, config: LlamaConfig, tokenizer: Any) -> None:
+def _write_meta(entry: Path, config: PretrainedConfig, tokenizer: Any) -> None:
     config.save_pretrained(entry)
     tokenizer.save_pretrained(entry)
 
@@ -222,7 +248,7 @@ def _write_weights(entry: Path, reader: GGUFReader, config: LlamaConfig) -> None
 
 
 def _stream_from_gguf(
-    reader: GGUFReader, config: LlamaConfig
+    reader: GGUFReader, config: PretrainedConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for name, array in iter_gguf_tensors(reader, config):
         # F32 tensors come back as read-only views of the file's memory map.
@@ -283,14 +309,21 @@ def load_gguf_checkpoint(
             build_atomically(entry, lambda tmp: _write_meta(tmp, config, tokenizer))
         except OSError as exc:
             logger.warning("cannot write cache %s (%s); weights stream from the GGUF", entry, exc)
-            if quantized:
+            if quantized and _architecture(reader) != gguf_gemma3.ARCH:
                 return Checkpoint(config, tokenizer, lambda: iter_gguf_quantized(reader, config),
                                   path, quantization="gguf")
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
     if quantized:
         config, tokenizer = _entry_meta(entry)
         reader = reader or open_gguf(path)
-        gguf_config(reader)  # the file's architecture is still supported
+        if _architecture(reader) == gguf_gemma3.ARCH:
+            # Gemma 3's embedding scale and (1 + w) norms are not wired to quantized weights
+            # yet: its GGUF loads dequantized (the cached fp32 copy below).
+            logger.info("gemma3 GGUF: weights are dequantized (quantized Gemma 3 not wired)")
+            quantized = False
+        else:
+            gguf_config(reader)  # the file's architecture is still supported
+    if quantized:
         logger.info("loaded %s quantized (config and tokenizer from %s) in %.2fs", path.name,
                     entry, time.perf_counter() - start)
         return Checkpoint(config, tokenizer, lambda: iter_gguf_quantized(reader, config), path,

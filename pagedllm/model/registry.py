@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from torch import nn
 
+from pagedllm.model.models.gemma3 import Gemma3ForCausalLM
 from pagedllm.model.models.llama import LlamaForCausalLM
+from pagedllm.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 

@@ -22,7 +22,7 @@ gathers, then multiplies by the scales), so prefill and decode both attend to th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import torch
@@ -60,6 +60,30 @@ class AttentionMetadata:
     # [D, 1, 1, Ld] bool, True = attend: only the torch decode path needs it (the C++ kernel
     # reads seq_lens), so the first layer on that path builds it and the others reuse it.
     decode_key_mask: torch.Tensor | None = None
+    # Per-layer windows (Gemma 3): the metadata of each window, built once per step.
+    _windowed: dict[int, AttentionMetadata] = field(default_factory=dict, repr=False)
+
+    def for_window(self, window: int | None) -> AttentionMetadata:
+        """This step's metadata for a layer that sees only the last `window` keys of each
+        query (None: this metadata). Built by the first layer of that window, reused after.
+
+        A prefill row's visible keys are a contiguous run ending at the query; keeping the
+        last `window` of them is the sliding-window mask (key j > q_pos - window)::
+
+            full:      1 1 1 1 1 1 0 0        (query at position 5)
+            window 3:  0 0 0 1 1 1 0 0
+        """
+        if window is None or window == self.sliding_window:
+            return self
+        if window not in self._windowed:
+            mask = self.prefill_mask
+            if mask is not None:
+                visible_after = mask.flip(-1).cumsum(-1).flip(-1)
+                mask = mask & (visible_after <= window)
+            both = window if self.sliding_window is None else min(window, self.sliding_window)
+            self._windowed[window] = replace(self, sliding_window=both, prefill_mask=mask,
+                                             decode_key_mask=None)
+        return self._windowed[window]
 
     def decode_mask(self, width: int) -> torch.Tensor:
         """The decodes' key mask over `width` gathered keys (block table width x block size)."""
@@ -99,8 +123,19 @@ def _write(cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor
     scales.view(-1, kvh).index_copy_(0, slots, s)
 
 
+def _softcapped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                scale: float, softcap: float) -> torch.Tensor:
+    """Attention with Gemma's logit soft-capping: scores -> tanh(scores / cap) * cap."""
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return (probs @ v.float()).to(q.dtype)
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-          scale: float) -> torch.Tensor:
+          scale: float, softcap: float | None = None) -> torch.Tensor:
+    if softcap:
+        return _softcapped(q, k, v, mask, scale, softcap)
     if q.dtype != torch.float32 and q.device.type == "cpu":
         out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                              scale=scale)
@@ -116,10 +151,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float,
                     k_scale: torch.Tensor | None = None,
-                    v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                    v_scale: torch.Tensor | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """q [T, H, d], k/v [T, kvh, d] -> [T, H*d]. Writes k/v into the caches first.
 
     `k_scale` / `v_scale` are the scale pools of an int8 / fp8 cache (None otherwise).
+    `softcap` (Gemma's attn_logit_softcapping) caps the scores; it runs the torch path.
     """
     t, h, d = q.shape
     kvh = k.shape[1]
@@ -128,7 +165,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _write(v_cache, v_scale, meta.slot_mapping, v)
     out = q.new_empty(t, h, d)
     nd = meta.num_decodes
-    if nd and _use_cpu_kernel(q, k_cache):
+    if nd and not softcap and _use_cpu_kernel(q, k_cache):
         out_d = out[:nd]
         if k_scale is None:
             cpu_ops.load().paged_decode_attention(
@@ -143,7 +180,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         qd = q[:nd].view(nd, kvh, g, d)
         kd = _gather(k_cache, meta.decode_block_tables, k_scale, q.dtype)
         vd = _gather(v_cache, meta.decode_block_tables, v_scale, q.dtype)
-        out[:nd] = _sdpa(qd, kd, vd, meta.decode_mask(kd.shape[2]), scale).reshape(nd, h, d)
+        out[:nd] = _sdpa(qd, kd, vd, meta.decode_mask(kd.shape[2]), scale,
+                         softcap).reshape(nd, h, d)
     if meta.prefill_block_tables is not None:
         idx = meta.prefill_token_index
         p, mq = idx.shape
@@ -152,7 +190,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         kp = _gather(k_cache, meta.prefill_block_tables, k_scale, q.dtype)
         vp = _gather(v_cache, meta.prefill_block_tables, v_scale, q.dtype)
         mask = meta.prefill_mask.unsqueeze(2).expand(p, 1, g, mq, -1).reshape(p, 1, g * mq, -1)
-        op = _sdpa(qp, kp, vp, mask, scale)                  # [P, kvh, g*mq, d]
+        op = _sdpa(qp, kp, vp, mask, scale, softcap)               # [P, kvh, g*mq, d]
         op = op.view(p, kvh, g, mq, d).permute(0, 3, 1, 2, 4).reshape(p, mq, h, d)
         valid = meta.prefill_query_valid
         out[idx[valid]] = op[valid]

@@ -33,3 +33,34 @@ class RMSNorm(nn.Module):
         var = xf.pow(2).mean(-1, keepdim=True)
         normed = (xf * torch.rsqrt(var + self.eps)).to(x.dtype)
         return self.weight * normed, x
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: `normed(x) * (1 + weight)` in fp32 (HF stores the offset weight).
+
+    Same contract as :class:`RMSNorm`: returns (normed(x + residual), x + residual).
+    """
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype), x
+
+
+def head_norms_(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, num_heads: int,
+                num_kv_heads: int, head_dim: int) -> None:
+    """Normalize, in place, each q head and each k head of fused qkv rows
+    [T, (H + 2 KVH) * d] over head_dim (Qwen3 / Gemma 3 q/k norm, applied before RoPE)."""
+    heads = qkv.view(qkv.shape[0], -1, head_dim)
+    q = heads[:, :num_heads]
+    k = heads[:, num_heads:num_heads + num_kv_heads]
+    q.copy_(q_norm(q.reshape(-1, head_dim))[0].view_as(q))
+    k.copy_(k_norm(k.reshape(-1, head_dim))[0].view_as(k))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -28,6 +29,7 @@ _REQUIRED_KEYS = {
 }
 _WITH_ORIGINAL_LEN = ("yarn", "llama3")  # HF fills original_max_position_embeddings for these
 DEFAULT_THETA = 10000.0
+_FULL = "full_attention"
 
 
 def parse_rope_scaling(value: dict | str | None) -> dict | None:
@@ -72,6 +74,9 @@ def rope_parameters(config) -> dict:
     set, and original_max_position_embeddings for yarn/llama3 (defaulting as HF does).
     """
     params = dict(getattr(config, "rope_parameters", None) or {})
+    if isinstance(params.get(_FULL), dict):
+        # Per-layer-type RoPE (Gemma 3): the full-attention layers set the context length.
+        params = dict(params[_FULL])
     if not params:
         params = dict(getattr(config, "rope_scaling", None) or {})
     params["rope_type"] = params.pop("type", None) or params.get("rope_type") or "default"
@@ -89,6 +94,27 @@ def rope_parameters(config) -> dict:
     return params
 
 
+def layer_type_rope_parameters(config, layer_type: str) -> dict:
+    """RoPE settings of the layers of `layer_type` ("full_attention" / "sliding_attention").
+
+    transformers 5 nests them per layer type (Gemma 3: 1M base for full layers, 10k for
+    sliding ones); older configs give the sliding base as `rope_local_base_freq`.
+    """
+    nested = getattr(config, "rope_parameters", None) or {}
+    if isinstance(nested.get(layer_type), dict):
+        params = dict(nested[layer_type])
+    elif layer_type != _FULL and getattr(config, "rope_local_base_freq", None) is not None:
+        params = {"rope_type": "default", "rope_theta": float(config.rope_local_base_freq)}
+    else:
+        return rope_parameters(config)
+    shim = SimpleNamespace(rope_parameters=params, rope_scaling=None, rope_theta=None,
+                           partial_rotary_factor=getattr(config, "partial_rotary_factor", None),
+                           original_max_position_embeddings=getattr(
+                               config, "original_max_position_embeddings", None),
+                           max_position_embeddings=config.max_position_embeddings)
+    return rope_parameters(shim)
+
+
 def apply_rope_overrides(config, rope_scaling: dict | None, rope_theta: float | None) -> None:
     """Write user overrides into the HF config before the model is built.
 
@@ -98,6 +124,9 @@ def apply_rope_overrides(config, rope_scaling: dict | None, rope_theta: float | 
     """
     if rope_scaling is None and rope_theta is None:
         return
+    if isinstance((getattr(config, "rope_parameters", None) or {}).get(_FULL), dict):
+        raise ValueError("rope_scaling / rope_theta overrides are not supported for models "
+                         "with per-layer-type RoPE settings (Gemma 3)")
     current = rope_parameters(config)
     if rope_scaling is not None:
         params = {k: current[k] for k in ("rope_theta", "partial_rotary_factor") if k in current}

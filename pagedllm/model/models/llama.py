@@ -77,9 +77,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    attention_cls: type[LlamaAttention] = LlamaAttention  # variants (Qwen3) swap it
+
     def __init__(self, config, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary)
+        self.self_attn = self.attention_cls(config, rotary)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -92,13 +94,15 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+
     def __init__(self, config) -> None:
         super().__init__()
         _, _, head_dim = model_dims(config)
         self.rotary = RotaryEmbedding.from_config(config, head_dim)
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.rotary) for _ in range(config.num_hidden_layers))
+            self.layer_cls(config, self.rotary) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, positions, max_pos, kv_caches, meta):
@@ -115,10 +119,12 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Decoder + lm_head; `compute_logits` runs only on the rows that sample."""
 
+    model_cls: type[nn.Module] = LlamaModel  # variants (Qwen3, Gemma 3) swap the decoder
+
     def __init__(self, config) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.model = self.model_cls(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = Linear(config.hidden_size, config.vocab_size)
 

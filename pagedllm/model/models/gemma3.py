@@ -1,0 +1,164 @@
+"""Gemma 3 text decoder (`Gemma3ForCausalLM`, `Gemma3TextConfig`) over a flattened batch.
+
+What differs from Llama, each as HF transformers computes it:
+
+    embed(ids) * sqrt(hidden)                       (cast to the weight dtype, as HF)
+    per layer (config.layer_types[i]):
+      sliding_attention: keys of the last `sliding_window` positions, RoPE base 10k
+      full_attention:    every key,                                   RoPE base 1M
+      h = input_layernorm(x)
+      q, k = q_norm(q), k_norm(k) per head, then RoPE; scores * query_pre_attn_scalar^-0.5
+             (soft-capped by tanh if attn_logit_softcapping is set)
+      x = x + post_attention_layernorm(attn(h))
+      x = x + post_feedforward_layernorm(down(gelu_tanh(gate(h')) * up(h'))),
+              h' = pre_feedforward_layernorm(x)
+    every RMSNorm is normed(x) * (1 + weight)
+    logits soft-capped by final_logit_softcapping if set
+
+Weight names are Llama's (q/k/v and gate/up fused the same way) plus the q/k norms and the
+two feed-forward norms, so `LlamaForCausalLM.load_weights` loads them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
+from pagedllm.model.layers.embedding import VocabEmbedding
+from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.norm import GemmaRMSNorm, head_norms_
+from pagedllm.model.layers.rope_scaling import layer_type_rope_parameters, rope_max_len
+from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
+from pagedllm.model.models.llama import LlamaForCausalLM, model_dims
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+LAYER_TYPES = (SLIDING, FULL)
+
+
+def layer_types(config) -> list[str]:
+    """Attention type of every layer; older configs give a `sliding_window_pattern` instead
+    (every pattern-th layer is full)."""
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        pattern = getattr(config, "sliding_window_pattern", None) or 6
+        types = [FULL if (i + 1) % pattern == 0 else SLIDING
+                 for i in range(config.num_hidden_layers)]
+    unknown = set(types) - set(LAYER_TYPES)
+    if unknown or len(types) != config.num_hidden_layers:
+        raise ValueError(f"Gemma 3 layer_types must name {config.num_hidden_layers} layers "
+                         f"of {LAYER_TYPES}; got {types}")
+    return list(types)
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config, layer_type: str) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = model_dims(config)
+        bias = bool(getattr(config, "attention_bias", False))
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
+        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.scale = float(config.query_pre_attn_scalar) ** -0.5
+        self.softcap = getattr(config, "attn_logit_softcapping", None)
+        self.window = config.sliding_window if layer_type == SLIDING else None
+
+    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        head_norms_(qkv, self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads,
+                    self.head_dim)
+        rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
+        out = paged_attention(q.view(t, self.num_heads, self.head_dim),
+                              k.view(t, self.num_kv_heads, self.head_dim),
+                              v.view(t, self.num_kv_heads, self.head_dim),
+                              kv_cache.k, kv_cache.v, meta.for_window(self.window), self.scale,
+                              kv_cache.k_scale, kv_cache.v_scale, softcap=self.softcap)
+        return self.o_proj(out)
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        act = getattr(config, "hidden_activation", "gelu_pytorch_tanh")
+        if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"Gemma 3 hidden_activation {act!r} is not supported "
+                             "(only gelu_pytorch_tanh)")
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, -1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config, layer_type: str) -> None:
+        super().__init__()
+        self.layer_type = layer_type
+        self.self_attn = Gemma3Attention(config, layer_type)
+        self.mlp = Gemma3MLP(config)
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(h, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(h, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
+
+    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        h, _ = self.input_layernorm(x)
+        h, _ = self.post_attention_layernorm(self.self_attn(h, rope, kv_cache, meta))
+        h, x = self.pre_feedforward_layernorm(h, x)     # h = norm(x + attn), x = x + attn
+        h, _ = self.post_feedforward_layernorm(self.mlp(h))
+        return x + h
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        _, _, head_dim = model_dims(config)
+        self.layer_types = layer_types(config)
+        max_len = rope_max_len(config)[0]
+        self.rotary = nn.ModuleDict({
+            t: RotaryEmbedding(head_dim, layer_type_rope_parameters(config, t),
+                               int(config.max_position_embeddings), max_len)
+            for t in sorted(set(self.layer_types))})
+        if any(r.is_dynamic for r in self.rotary.values()):
+            raise ValueError("dynamic NTK RoPE is not supported for Gemma 3")
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = math.sqrt(config.hidden_size)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, t) for t in self.layer_types)
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, max_pos, kv_caches, meta):
+        w = self.embed_tokens.weight
+        # HF multiplies by the scale cast to the weight dtype (bf16 rounds sqrt(640)).
+        x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=w.dtype)
+        ropes = {t: RopeBatch(r.halves(positions, max_pos)) for t, r in self.rotary.items()}
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, ropes[layer.layer_type], kv, meta)
+        x, _ = self.norm(x)
+        return x
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """Gemma 3 text model; windows are per layer (`AttentionMetadata.for_window`)."""
+
+    model_cls = Gemma3Model
+    per_layer_sliding_window = True  # the engine must not apply config.sliding_window to all
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden).float()
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -1,0 +1,53 @@
+"""Qwen3: the Llama decoder with an RMSNorm over each q and k head before RoPE.
+
+No qkv bias unless `attention_bias`; tied or untied embeddings as the config says. Weight
+names are Llama's plus `self_attn.q_norm` / `self_attn.k_norm`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
+from pagedllm.model.layers.norm import RMSNorm, head_norms_
+from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
+from pagedllm.model.models.llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+)
+
+
+class Qwen3Attention(LlamaAttention):
+    def __init__(self, config, rotary: RotaryEmbedding) -> None:
+        super().__init__(config, rotary)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        head_norms_(qkv, self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads,
+                    self.head_dim)
+        rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
+        out = paged_attention(q.view(t, self.num_heads, self.head_dim),
+                              k.view(t, self.num_kv_heads, self.head_dim),
+                              v.view(t, self.num_kv_heads, self.head_dim),
+                              kv_cache.k, kv_cache.v, meta, self.scale,
+                              kv_cache.k_scale, kv_cache.v_scale)
+        return self.o_proj(out)
+
+
+class Qwen3DecoderLayer(LlamaDecoderLayer):
+    attention_cls = Qwen3Attention
+
+
+class Qwen3Model(LlamaModel):
+    layer_cls = Qwen3DecoderLayer
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    model_cls = Qwen3Model
