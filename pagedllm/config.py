@@ -81,6 +81,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
+    generation_config: str = "auto"  # sampling defaults: auto (model's file), vllm, or a folder
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -113,6 +114,9 @@ class EngineConfig:
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+        from pagedllm.engine.generation_config import validate_generation_config
+
+        validate_generation_config(self.generation_config)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
 

@@ -20,7 +20,8 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.swap_manager import SwapManager
-from pagedllm.engine import model_setup
+from pagedllm.engine import model_setup, startup
+from pagedllm.engine.generation_config import sampling_defaults
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
 from pagedllm.kernels import cpu_ops
@@ -45,13 +46,23 @@ class LLMEngine:
         self.debug_steps = debug_steps
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        ckpt = load_checkpoint(config.model)
+        t_start = time.perf_counter()
+        with startup.step("checkpoint (config, tokenizer)"):
+            ckpt = load_checkpoint(config.model)
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
+        # SamplingParams defaults from generation_config.json (vLLM's --generation-config).
+        self.sampling_defaults = sampling_defaults(
+            config.generation_config, ckpt.source if ckpt.source.is_dir() else None)
         apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
         config.finalize(*rope_max_len(ckpt.config))
-        self.model = model_setup.build_model(ckpt, config)
+        if config.torch_device.type == "cpu":
+            # Compile (first run only) or load now, not inside the weight packing or a step.
+            with startup.step("CPU kernels"):
+                cpu_ops.load()
+        with startup.step("weights"):
+            self.model = model_setup.build_model(ckpt, config)
         self.vocab_size = ckpt.config.vocab_size
         eos = getattr(ckpt.config, "eos_token_id", None)
         if isinstance(eos, list):
@@ -62,10 +73,9 @@ class LLMEngine:
         self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len,
                                                       model_dtype=config.torch_dtype)
         self.num_swap_blocks = model_setup.plan_swap_blocks(self.kv_spec, config)
-        self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device,
-                                 num_swap_blocks=self.num_swap_blocks)
-        if config.torch_device.type == "cpu":
-            cpu_ops.load()  # compile (first run only) now rather than inside the first step
+        with startup.step(f"KV pool {self.num_blocks * self.kv_spec.bytes_per_block / 2**30:.2f} GiB"):
+            self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device,
+                                     num_swap_blocks=self.num_swap_blocks)
         if config.enable_prefix_caching and rope_parameters(ckpt.config).get(
                 "rope_type") == "dynamic":
             logger.warning("prefix caching disabled: with dynamic NTK RoPE a key's rotation "
@@ -89,6 +99,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._requests: dict[str, list[Request]] = {}
+        logger.info("start-up: engine ready in %.2f s", time.perf_counter() - t_start)
 
     @classmethod
     def from_engine_args(cls, debug_steps: bool = False, **kwargs) -> LLMEngine:

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 import pagedllm
 from pagedllm.engine.async_engine import AsyncEngine
+from pagedllm.entrypoints.chat_page import add_chat_page
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -97,12 +98,14 @@ async def with_disconnect(request: Request, work: Awaitable[Response]) -> Respon
 
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
-              api_key: str | None = None) -> FastAPI:
+              api_key: str | None = None, log_requests: bool = True) -> FastAPI:
     """The app; its lifespan starts and stops `engine`'s step thread."""
     names = served_model_names or [engine.model_name]
     completions = OpenAIServingCompletion(engine, names)
     chat = OpenAIServingChat(engine, names)
     base = ServingBase(engine, names)
+    for serving in (completions, chat, base):
+        serving.log_requests = log_requests
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -112,6 +115,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
 
     app = FastAPI(title="pagedllm", version=pagedllm.__version__, lifespan=lifespan)
     app.add_middleware(GuardMiddleware, engine=engine, api_key=api_key)
+    add_chat_page(app)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -204,11 +208,12 @@ class _Server(uvicorn.Server):
 
 
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
-               api_key: str | None, access_log: bool = True) -> int:
+               api_key: str | None, access_log: bool = True, log_requests: bool = True,
+               uvicorn_log_level: str = "info") -> int:
     """Serve until SIGTERM/SIGINT; returns 0 after a graceful shutdown."""
-    app = build_app(engine, served_model_names, api_key)
+    app = build_app(engine, served_model_names, api_key, log_requests=log_requests)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
-                            timeout_graceful_shutdown=30)
+                            log_level=uvicorn_log_level, timeout_graceful_shutdown=30)
     server = _Server(config, engine)
     # uvicorn re-raises the captured signal after shutting down; with these no-op handlers in
     # place underneath it, that ends the process with status 0 instead of dying by signal.

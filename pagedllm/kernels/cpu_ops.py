@@ -10,7 +10,8 @@ scales, and `quantize_into_cache` writes new K/V rows into such a cache;
 RMSNorm, RoPE and SiLU-and-mul ops of the fp32 forward pass. If the compiler or
 ninja is missing, `load()` returns None and callers use the pure-torch path.
 Set PAGEDLLM_NO_CPU_KERNELS=1 to force the torch path; PAGEDLLM_CPU_MARCH=x86-64-v3 builds
-for another target than this CPU (the build is cached per target).
+for another target than this CPU (the build is cached per target). A first build logs what it
+does and how long it takes; `pagedllm build-kernels` runs it ahead of time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import hashlib
 import logging
 import os
 import platform
+import threading
 import time
 from functools import cache
 from pathlib import Path
@@ -48,6 +50,55 @@ def _cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def build_dir() -> Path:
+    """Where the compiled module is cached: $TORCH_EXTENSIONS_DIR (or torch's default
+    extensions root) / the module name, one entry per build target."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / module_name()
+
+
+def module_name() -> str:
+    return f"pagedllm_cpu_{_cpu_tag()}"
+
+
+def _build_jobs() -> int:
+    """Parallel compile jobs: $MAX_JOBS (torch's cpp_extension reads it), else every core."""
+    jobs = os.environ.get("MAX_JOBS", "")
+    return int(jobs) if jobs.isdigit() and int(jobs) > 0 else (os.cpu_count() or 1)
+
+
+class _BuildProgress:
+    """Says what a first start is doing: one line before a (minutes long) compile, one every
+    `every` seconds while it runs, and the elapsed time once the module is ready."""
+
+    def __init__(self, directory: Path, every: float = 20.0) -> None:
+        self.cached = (directory / f"{module_name()}.so").is_file()
+        self.directory, self.every = directory, every
+        self._done = threading.Event()
+        self._t0 = time.perf_counter()
+
+    def __enter__(self) -> _BuildProgress:
+        if not self.cached:
+            logger.info("building CPU kernels (one time, cached in %s; %d parallel jobs, "
+                        "-march=%s) ...", self.directory, _build_jobs(), _march())
+            threading.Thread(target=self._beat, name="pagedllm-kernel-build",
+                             daemon=True).start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.every):
+            logger.info("still building CPU kernels: %.0f s so far", self.elapsed)
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+
+
 @cache
 def load():
     """The compiled module, or None when kernels are disabled or cannot be built."""
@@ -56,11 +107,16 @@ def load():
     try:
         from torch.utils.cpp_extension import load as load_ext
 
-        t0 = time.perf_counter()
-        mod = load_ext(name=f"pagedllm_cpu_{_cpu_tag()}", sources=[str(p) for p in _SOURCES],
-                       extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
-                       extra_ldflags=["-fopenmp"], verbose=False)
-        logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
+        directory = build_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("MAX_JOBS", str(_build_jobs()))
+        with _BuildProgress(directory) as progress:
+            mod = load_ext(name=module_name(), sources=[str(p) for p in _SOURCES],
+                           extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
+                           extra_ldflags=["-fopenmp"], build_directory=str(directory),
+                           verbose=False)
+        logger.info("CPU kernels %s in %.1f s", "loaded from cache" if progress.cached
+                    else "built", progress.elapsed)
         return mod
     except Exception as exc:  # noqa: BLE001 - any build failure falls back to torch ops
         logger.warning("CPU kernels unavailable (%s); using the torch attention path", exc)

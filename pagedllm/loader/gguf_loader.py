@@ -197,6 +197,8 @@ def load_gguf_checkpoint(path: Path, cache_dir: Path | None = None) -> Checkpoin
         except OSError as exc:
             logger.warning("cannot write cache %s (%s); weights stream from the GGUF", entry, exc)
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
+    else:
+        logger.info("GGUF %s: converted before, reading the cache %s", path.name, entry)
     checkpoint = replace(load_hf_checkpoint(entry), source=path)
     logger.info("loaded %s (cache %s) in %.2fs", path.name, entry, time.perf_counter() - start)
     return checkpoint

@@ -95,7 +95,11 @@ class LlamaModel(nn.Module):
         super().__init__()
         _, _, head_dim = model_dims(config)
         self.rotary = RotaryEmbedding.from_config(config, head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # An explicit (empty) weight skips the random init, which on the meta device costs an
+        # import of torch._dynamo at start-up; load_weights fills it.
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, self.rotary) for _ in range(config.num_hidden_layers))
