@@ -63,13 +63,13 @@ def module_name() -> str:
     return f"pagedllm_cpu_{_cpu_tag()}"
 
 
-def _build_jobs() -> int:
+def build_jobs() -> int:
     """Parallel compile jobs: $MAX_JOBS (torch's cpp_extension reads it), else every core."""
     jobs = os.environ.get("MAX_JOBS", "")
     return int(jobs) if jobs.isdigit() and int(jobs) > 0 else (os.cpu_count() or 1)
 
 
-class _BuildProgress:
+class BuildProgress:
     """Says what a first start is doing: one line before a (minutes long) compile, one every
     `every` seconds while it runs, and the elapsed time once the module is ready."""
 
@@ -79,10 +79,10 @@ class _BuildProgress:
         self._done = threading.Event()
         self._t0 = time.perf_counter()
 
-    def __enter__(self) -> _BuildProgress:
+    def __enter__(self) -> BuildProgress:
         if not self.cached:
             logger.info("building CPU kernels (one time, cached in %s; %d parallel jobs, "
-                        "-march=%s) ...", self.directory, _build_jobs(), _march())
+                        "-march=%s) ...", self.directory, build_jobs(), _march())
             threading.Thread(target=self._beat, name="pagedllm-kernel-build",
                              daemon=True).start()
         return self
@@ -109,8 +109,8 @@ def load():
 
         directory = build_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("MAX_JOBS", str(_build_jobs()))
-        with _BuildProgress(directory) as progress:
+        os.environ.setdefault("MAX_JOBS", str(build_jobs()))
+        with BuildProgress(directory) as progress:
             mod = load_ext(name=module_name(), sources=[str(p) for p in _SOURCES],
                            extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
                            extra_ldflags=["-fopenmp"], build_directory=str(directory),

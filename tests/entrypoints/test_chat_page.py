@@ -2,7 +2,7 @@
 it asks for the API key, lists the model, streams an answer into the DOM, and its Stop button
 aborts the request in the engine (KV usage back to 0, an "abort" finish counted).
 
-A screenshot of the page mid-answer is saved to tests/artifacts/chat_page.png (or
+A screenshot of the page with the stopped answer is saved to tests/artifacts/chat_page.png (or
 $PAGEDLLM_TEST_ARTIFACTS/chat_page.png).
 """
 
@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.sync_api import Page, sync_playwright
-
 from server_harness import TINY_SERVER_ARGS, scrape, start_server, wait_idle
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
@@ -102,10 +101,10 @@ def test_chat_streams_and_stop_aborts(server, page: Page):
     assert page.is_enabled("#stop")
     page.wait_for_function("document.querySelector('#speed').textContent.includes('tokens/s')")
     assert _metric(base, "pagedllm:kv_cache_usage_perc") > 0
-    page.screenshot(path=str(_artifact("chat_page.png")))
 
     page.click("#stop")
     page.wait_for_selector(".msg.assistant[data-done='true']", timeout=15_000)
+    page.screenshot(path=str(_artifact("chat_page.png")))  # (slow under load: after Stop)
     assert page.get_attribute(".msg.assistant", "data-stopped") == "true"
     assert "(stopped)" in page.text_content("#speed")
     idle = wait_idle(base)
@@ -121,3 +120,16 @@ def test_chat_streams_and_stop_aborts(server, page: Page):
                                 {"role": "user", "content": "Hello there"}]
     assert body["max_tokens"] == 900 and body["temperature"] == 0
     assert page.is_enabled("#send") and page.is_disabled("#stop")
+
+
+def test_server_log_says_what_start_up_did(server):
+    """Each load step with its time, the kernels, the warm-up before /health, and (no
+    --disable-log-requests here) one line per accepted request."""
+    log = server.log()
+    for step in ("checkpoint (config, tokenizer)", "CPU kernels", "weights", "KV pool",
+                 "warm-up forward pass"):
+        assert f"start-up: {step} " in log, step
+    assert "start-up: engine ready in" in log
+    assert "CPU kernels loaded from cache" in log or "CPU kernels built in" in log
+    assert log.index("warm-up forward pass") < log.index("Application startup complete")
+    assert "request chatcmpl-" in log
