@@ -9,7 +9,7 @@ to the asyncio side without ever waiting on a consumer.
     RequestStream  ◀── loop.call_soon_threadsafe(_dispatch, outputs) ── once per step
 
 The engine is not thread-safe, so only the engine thread touches it; everything the HTTP side
-needs (add results, outputs, the metrics snapshot) crosses over as messages. `_dispatch` runs on
+needs (add results, outputs) crosses over as messages; /metrics reads the engine's stats. `_dispatch` runs on
 the event loop and merges outputs into each stream's pending slot (deltas concatenated,
 cumulative fields replaced), so a reader that falls behind gets one coalesced output when it
 catches up: the engine never blocks on it and memory stays O(its tokens), not O(steps).
@@ -26,7 +26,8 @@ from collections.abc import Sequence
 
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.request_stream import EngineRequest, RequestAborted, RequestStream
-from pagedllm.metrics import EngineSnapshot, ServingMetrics
+from pagedllm.engine.stats import EngineStats
+from pagedllm.metrics import ServingMetrics
 from pagedllm.outputs import RequestOutput
 
 __all__ = ["AsyncEngine", "EngineRequest", "EngineShuttingDown", "RequestAborted",
@@ -46,8 +47,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, served_model_name: str | None = None) -> None:
         self.engine = engine
         self.model_name = served_model_name or engine.model_name
-        self.metrics = ServingMetrics(self.model_name)
-        self.snapshot = EngineSnapshot()
+        self.metrics = ServingMetrics(self.model_name, lambda: self.engine.stats)
         self.shutting_down = False
         self.dead: BaseException | None = None  # set if the step loop itself died
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
@@ -55,6 +55,11 @@ class AsyncEngine:
         self._live: set[str] = set()  # engine thread side only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def snapshot(self) -> EngineStats:
+        """The engine's counters and gauges (kept current by the engine thread)."""
+        return self.engine.stats
 
     # ------------------------------------------------------------ lifecycle
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -171,7 +176,6 @@ class AsyncEngine:
             for out in outputs:
                 if out.finished:
                     self._live.discard(out.request_id)
-            self._publish()
             if outputs:
                 self._call(self._dispatch, outputs, now)
             elif eng.stats.num_steps == steps and not self._drain(block=True,
@@ -191,7 +195,6 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 break
-        self._publish()
         return True
 
     def _execute(self, cmd: tuple) -> bool:
@@ -235,18 +238,3 @@ class AsyncEngine:
             logger.exception("abort after failure failed")
         self._call(self._dispatch_error, ids, error)
 
-    def _publish(self) -> None:
-        eng, st = self.engine, self.engine.stats
-        running = eng.scheduler.running
-        self.snapshot = EngineSnapshot(
-            running=len({r.group_id for r in running}),
-            waiting=len(eng.scheduler.waiting),
-            swapped=len({r.group_id for r in eng.scheduler.swapped}),
-            kv_usage=eng.block_manager.usage,
-            prompt_tokens_total=st.prompt_tokens_total,
-            generation_tokens_total=st.generation_tokens_total,
-            num_preemptions_total=st.num_preemptions_total,
-            swapped_out_blocks_total=st.swapped_out_blocks_total,
-            swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
-            prefix_cache_queries_total=st.prefix_cache_queries,
-            prefix_cache_hits_total=st.prefix_cache_hits)

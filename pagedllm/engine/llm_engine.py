@@ -154,6 +154,7 @@ class LLMEngine:
         self.scheduler.add_request(req)
         self._requests[request_id] = self.output_processor.groups[request_id].seqs
         self.stats.on_add(len(token_ids))
+        self._update_gauges()
         return request_id
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
@@ -167,6 +168,7 @@ class LLMEngine:
                     self.scheduler.finish_request(seq, RequestStatus.FINISHED_ABORTED)
             self.output_processor.groups.pop(rid, None)
             self.stats.on_finish("abort")
+        self._update_gauges()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -198,9 +200,17 @@ class LLMEngine:
                            {"schedule": (t1 - t0) * 1e3, **result.timings_ms,
                             "output": (t3 - t2) * 1e3}, outputs,
                            swapped=len(self.scheduler.swapped))
+        self._update_gauges()
         if self.debug_steps:
             logger.info(self.stats.step_line())
         return outputs
+
+    def _update_gauges(self) -> None:
+        s = self.scheduler
+        self.stats.set_gauges(running=len({r.group_id for r in s.running}),
+                              waiting=len(s.waiting),
+                              swapped=len({r.group_id for r in s.swapped}),
+                              kv_usage=self.block_manager.usage)
 
     def check_invariants(self) -> None:
         live = [s for seqs in self._requests.values() for s in seqs]

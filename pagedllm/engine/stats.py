@@ -1,4 +1,8 @@
-"""Engine counters and per-step timings (read by the metrics endpoint and --debug-steps)."""
+"""Engine counters, gauges and per-step timings (read by /metrics and --debug-steps).
+
+The engine thread writes them; /metrics reads them from the event loop thread at scrape time
+(single attribute reads, so a scrape may mix values of two neighbouring steps, never torn ones).
+"""
 
 from __future__ import annotations
 
@@ -36,6 +40,15 @@ class EngineStats:
     num_steps: int = 0
     finished: Counter = field(default_factory=Counter)
     last: StepRecord | None = None
+    # Gauges as of the last step or request change (LLMEngine keeps them current).
+    running: int = 0   # requests (not sequences) in the running batch
+    waiting: int = 0
+    swapped: int = 0   # requests whose KV blocks are in the CPU swap pool
+    kv_usage: float = 0.0  # fraction of KV blocks in use, 0.0 - 1.0
+
+    def set_gauges(self, running: int, waiting: int, swapped: int, kv_usage: float) -> None:
+        self.running, self.waiting, self.swapped, self.kv_usage = (
+            running, waiting, swapped, kv_usage)
 
     def on_add(self, num_prompt_tokens: int) -> None:
         self.prompt_tokens_total += num_prompt_tokens

@@ -98,7 +98,8 @@ async def with_disconnect(request: Request, work: Awaitable[Response]) -> Respon
 
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
-              api_key: str | None = None, log_requests: bool = True) -> FastAPI:
+              api_key: str | None = None, log_requests: bool = True,
+              metrics_vllm_compat: bool = False) -> FastAPI:
     """The app; its lifespan starts and stops `engine`'s step thread."""
     names = served_model_names or [engine.model_name]
     completions = OpenAIServingCompletion(engine, names)
@@ -155,7 +156,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(engine.metrics.render(engine.snapshot), media_type=CONTENT_TYPE)
+        return Response(engine.metrics.render(vllm_compat=metrics_vllm_compat),
+                        media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -209,9 +211,10 @@ class _Server(uvicorn.Server):
 
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
                api_key: str | None, access_log: bool = True, log_requests: bool = True,
-               uvicorn_log_level: str = "info") -> int:
+               uvicorn_log_level: str = "info", metrics_vllm_compat: bool = False) -> int:
     """Serve until SIGTERM/SIGINT; returns 0 after a graceful shutdown."""
-    app = build_app(engine, served_model_names, api_key, log_requests=log_requests)
+    app = build_app(engine, served_model_names, api_key, log_requests=log_requests,
+                    metrics_vllm_compat=metrics_vllm_compat)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
                             log_level=uvicorn_log_level, timeout_graceful_shutdown=30)
     server = _Server(config, engine)

@@ -128,6 +128,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="no uvicorn access log line per HTTP request")
     g.add_argument("--disable-log-requests", action="store_true",
                    help="no log line per accepted generation request (vLLM's flag)")
+    g.add_argument("--metrics-vllm-compat", action="store_true",
+                   help="/metrics also exports each series under vLLM's name (vllm:...), for "
+                   "dashboards built for vLLM")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="log level of uvicorn's own messages")

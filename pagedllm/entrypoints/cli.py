@@ -97,7 +97,8 @@ def cmd_serve(args) -> int:
                       served_model_names=names, api_key=api_key,
                       access_log=not args.disable_access_log,
                       log_requests=not args.disable_log_requests,
-                      uvicorn_log_level=args.uvicorn_log_level)
+                      uvicorn_log_level=args.uvicorn_log_level,
+                      metrics_vllm_compat=args.metrics_vllm_compat)
 
 
 def cmd_plan(args) -> int:

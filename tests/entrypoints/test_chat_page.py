@@ -26,7 +26,8 @@ KEY = "chat-page-key"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_path):
     srv = start_server(tmp_path_factory, tiny_model_path,
-                       [*TINY_SERVER_ARGS, "--api-key", KEY, "--served-model-name", "tiny"],
+                       [*TINY_SERVER_ARGS, "--api-key", KEY, "--served-model-name", "tiny",
+                        "--metrics-vllm-compat"],
                        name="chat_page")
     yield srv
     srv.stop()
@@ -133,3 +134,24 @@ def test_server_log_says_what_start_up_did(server):
     assert "CPU kernels loaded from cache" in log or "CPU kernels built in" in log
     assert log.index("warm-up forward pass") < log.index("Application startup complete")
     assert "request chatcmpl-" in log
+
+
+def test_live_metrics_parse_with_every_documented_series(server):
+    """A real server's /metrics, parsed by prometheus_client: every series in the README's
+    table, and (--metrics-vllm-compat) the vLLM names too."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from test_metrics_exposition import documented
+
+    from pagedllm.metrics import SERIES, VLLM_ALIASES
+
+    text = httpx.get(f"{server.base_url}/metrics", timeout=5).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    names = {s.name for f in families.values() for s in f.samples}
+    for series, (kind, _) in documented().items():
+        family = series.removesuffix("_total") if kind == "counter" else series
+        assert families[family].type == kind, series
+        assert any(n == series or n.startswith(series + "_") for n in names), series
+    for aliases in VLLM_ALIASES.values():
+        for alias in aliases:
+            assert any(n == alias or n.startswith(alias + "_") for n in names), alias
+    assert set(SERIES) == set(documented())
