@@ -143,10 +143,11 @@ class ServingMetrics:
             self.registry.register(EngineCollector(model_name, stats))
         self._aliases = CollectorRegistry(auto_describe=False)
         self._aliases.register(_VllmAliases(self.registry))
-        self.finished = Counter("pagedllm:request_success", "Finished requests by reason.",
+        self._success = Counter("pagedllm:request_success", "Finished requests by reason.",
                                 ["model_name", "finished_reason"], registry=self.registry)
+        self._reasons = set(FINISH_REASONS)
         for reason in FINISH_REASONS:
-            self.finished.labels(model_name, reason)
+            self._success.labels(model_name, reason)
         hist = {name: Histogram(f"pagedllm:{name}", doc, ["model_name"], buckets=buckets,
                                 registry=self.registry).labels(model_name)
                 for name, doc, buckets in _HISTOGRAMS}
@@ -172,14 +173,22 @@ class ServingMetrics:
         if out.finished:
             self._last_token_time.pop(out.request_id, None)
             reason = next((c.finish_reason for c in out.outputs if c.finish_reason), "abort")
-            self.finished.labels(self.model_name, reason).inc()
+            self._reasons.add(reason)
+            self._success.labels(self.model_name, reason).inc()
             if m is not None:
                 self.e2e.observe((m.finished_time or now) - m.arrival_time)
 
     def observe_abort(self, request_id: str, arrival_time: float, now: float) -> None:
         self._last_token_time.pop(request_id, None)
-        self.finished.labels(self.model_name, "abort").inc()
+        self._success.labels(self.model_name, "abort").inc()
         self.e2e.observe(now - arrival_time)
+
+    @property
+    def finished(self) -> dict[str, int]:
+        """Finished requests by reason so far (what request_success_total exports)."""
+        return {r: int(self.registry.get_sample_value(
+            "pagedllm:request_success_total",
+            {"model_name": self.model_name, "finished_reason": r}) or 0) for r in self._reasons}
 
     def render(self, vllm_compat: bool = False) -> str:
         """The exposition text (Prometheus text format)."""
