@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, EngineConfig, parse_size
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
@@ -118,9 +119,9 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on")
     g.add_argument("--port", type=int, default=8000, help="port to listen on")
-    g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize; "
-                   "None = $PAGEDLLM_API_KEY if set (the chat page asks for it)")
+    g.add_argument("--api-key", default=os.environ.get("PAGEDLLM_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize "
+                   "(default: $PAGEDLLM_API_KEY; the chat page asks for it)")
     g.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model; the first appears in responses "
                    "(default: the model argument)")

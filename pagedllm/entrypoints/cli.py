@@ -14,7 +14,12 @@ logger = logging.getLogger(__name__)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help shows every flag's default."""
+    """--help shows every flag's default (but never the API key taken from the environment)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.dest == "api_key":
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -79,14 +84,12 @@ def cmd_chat(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    import os
-
     from pagedllm.engine.async_engine import AsyncEngine
     from pagedllm.engine.llm_engine import LLMEngine
     from pagedllm.engine.startup import warm_up
     from pagedllm.entrypoints.api_server import run_server
 
-    api_key = args.api_key or os.environ.get("PAGEDLLM_API_KEY") or None
+    api_key = args.api_key
     engine = LLMEngine(engine_config_from_args(args), debug_steps=args.debug_steps)
     warm_up(engine)  # before /health answers 200
     names = args.served_model_name or [engine.model_name]

@@ -178,3 +178,11 @@ def test_generation_config_auto_and_vllm(model_with_generation_config):
     plain = ServingBase(AsyncEngine(engine("vllm")), ["m"])
     q = plain.sampling_params(CompletionRequest(prompt="x"), 4, None)
     assert (q.temperature, q.top_p, q.top_k, q.repetition_penalty) == (1.0, 1.0, 0, 1.0)
+
+
+def test_help_never_shows_the_api_key_from_the_environment(monkeypatch, capsys):
+    monkeypatch.setenv("PAGEDLLM_API_KEY", "s3cret-key")
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--api-key" in out and "s3cret-key" not in out
