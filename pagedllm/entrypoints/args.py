@@ -18,7 +18,7 @@ from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
     if model_positional:
         parser.add_argument("model", nargs="?", default=None,
-                            help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+                            help="HF model directory or .gguf file; None = SmolLM2-135M-Instruct")
     parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     g = parser.add_argument_group("engine")
     g.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, "
