@@ -67,6 +67,11 @@ _ENGINE = [
      "prefix_cache_queries"),
     ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
      "prefix_cache_hits"),
+    ("invariant_checks_total", "counter",
+     "Block-accounting checks run when the engine went idle.", "invariant_checks_total"),
+    ("invariant_violations_total", "counter",
+     "Idle-time checks that found a violation (leaked or miscounted KV blocks).",
+     "invariant_violations_total"),
 ]
 _HISTOGRAMS = [
     ("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
@@ -75,18 +80,23 @@ _HISTOGRAMS = [
     ("request_queue_time_seconds", "Arrival to first scheduled.", REQUEST_BUCKETS),
 ]
 FINISH_REASONS = ("stop", "length", "abort")
+REJECT_REASONS = ("queued_reqs", "queued_tokens", "body_too_large")
 
 # Every exported series: full name -> Prometheus type.
 SERIES: dict[str, str] = {
     **{f"pagedllm:{name}": kind for name, kind, _, _ in _ENGINE},
     "pagedllm:request_success_total": "counter",
+    "pagedllm:request_rejected_total": "counter",
     **{f"pagedllm:{name}": "histogram" for name, _, _ in _HISTOGRAMS},
 }
+_PAGEDLLM_ONLY = {"pagedllm:swapped_out_blocks_total", "pagedllm:swapped_in_blocks_total",
+                  "pagedllm:invariant_checks_total", "pagedllm:invariant_violations_total",
+                  "pagedllm:request_rejected_total"}
 # --metrics-vllm-compat: vLLM name(s) for each pagedllm series that has a counterpart
 # (gpu_cache_usage_perc and time_per_output_token_seconds are vLLM's older names).
 VLLM_ALIASES: dict[str, tuple[str, ...]] = {
     **{name: (name.replace("pagedllm:", "vllm:"),) for name in SERIES
-       if "swapped_" not in name},
+       if name not in _PAGEDLLM_ONLY},
     "pagedllm:kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     "pagedllm:inter_token_latency_seconds": ("vllm:inter_token_latency_seconds",
                                              "vllm:time_per_output_token_seconds"),
@@ -148,6 +158,12 @@ class ServingMetrics:
         self._reasons = set(FINISH_REASONS)
         for reason in FINISH_REASONS:
             self._success.labels(model_name, reason)
+        self._rejected = Counter(
+            "pagedllm:request_rejected", "API calls refused before queueing, by reason (429: "
+            "queue full; 413: body too large).", ["model_name", "reason"],
+            registry=self.registry)
+        for reason in REJECT_REASONS:
+            self._rejected.labels(model_name, reason)
         hist = {name: Histogram(f"pagedllm:{name}", doc, ["model_name"], buckets=buckets,
                                 registry=self.registry).labels(model_name)
                 for name, doc, buckets in _HISTOGRAMS}
@@ -177,6 +193,10 @@ class ServingMetrics:
             self._success.labels(self.model_name, reason).inc()
             if m is not None:
                 self.e2e.observe((m.finished_time or now) - m.arrival_time)
+
+    def observe_rejected(self, reason: str) -> None:
+        """An API call refused before it reached the engine (queue full, body too large)."""
+        self._rejected.labels(self.model_name, reason).inc()
 
     def observe_abort(self, request_id: str, arrival_time: float, now: float) -> None:
         self._last_token_time.pop(request_id, None)

@@ -38,6 +38,9 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_steps: int = 0
+    # Block-accounting checks the server runs whenever the engine goes idle, and failures.
+    invariant_checks_total: int = 0
+    invariant_violations_total: int = 0
     finished: Counter = field(default_factory=Counter)
     last: StepRecord | None = None
     # Gauges as of the last step or request change (LLMEngine keeps them current).
@@ -45,6 +48,16 @@ class EngineStats:
     waiting: int = 0
     swapped: int = 0   # requests whose KV blocks are in the CPU swap pool
     kv_usage: float = 0.0  # fraction of KV blocks in use, 0.0 - 1.0
+
+    def observe_queues(self, scheduler, block_manager) -> None:
+        """Set the gauges from the scheduler's queues and the block pool. Queue gauges count
+        requests (an n > 1 request's sequences count once per queue they are in), as the
+        metric names say."""
+        def num_requests(queue) -> int:
+            return len({r.group_id for r in queue})
+
+        self.set_gauges(num_requests(scheduler.running), num_requests(scheduler.waiting),
+                        num_requests(scheduler.swapped), block_manager.usage)
 
     def set_gauges(self, running: int, waiting: int, swapped: int, kv_usage: float) -> None:
         self.running, self.waiting, self.swapped, self.kv_usage = (
@@ -92,3 +105,4 @@ class EngineStats:
                 f"swap_in_blocks={r.swap_in_blocks} {t} "
                 f"kv_usage={100 * r.kv_usage:.1f}% "
                 f"prefix_cache_hit_rate={100 * self.prefix_cache_hit_rate:.1f}%")
+

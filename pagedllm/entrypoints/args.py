@@ -12,7 +12,9 @@ import logging
 import os
 
 from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, EngineConfig, parse_size
+from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+from pagedllm.sampling_params import MAX_LOGPROBS
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -71,8 +73,12 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--enforce-eager", action="store_true",
                    help="accepted for vLLM compatibility; pagedllm always runs eagerly (no "
                    "CUDA graphs or torch.compile to turn off)")
+    g.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
+                   help="largest logprobs / top_logprobs a request may ask for")
     g.add_argument("--debug-steps", action="store_true",
                    help="log one line per engine step with timings")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="logging level; with debug a fatal error also prints its traceback")
 
 
 _HUMAN_INT = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -129,6 +135,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="no uvicorn access log line per HTTP request")
     g.add_argument("--disable-log-requests", action="store_true",
                    help="no log line per accepted generation request (vLLM's flag)")
+    g.add_argument("--max-num-queued-reqs", type=int, default=None,
+                   help="refuse new requests (429 + Retry-After) while this many wait to be "
+                   "scheduled (None: unbounded)")
+    g.add_argument("--max-num-queued-tokens", type=int, default=None,
+                   help="refuse new requests (429) that would bring the waiting requests' "
+                   "prompt tokens past this (None: unbounded)")
+    g.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                   help="refuse larger request bodies (413) before parsing them")
     g.add_argument("--metrics-vllm-compat", action="store_true",
                    help="/metrics also exports each series under vLLM's name (vllm:...), for "
                    "dashboards built for vLLM")
@@ -166,4 +180,4 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        generation_config=args.generation_config)
+        generation_config=args.generation_config, max_logprobs=args.max_logprobs)
