@@ -32,6 +32,11 @@ BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn,
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 PREEMPTION_MODES = ("recompute", "swap")
+# Weight formats (vLLM's names). None = auto: what the checkpoint holds (a GGUF file -> "gguf",
+# an HF config.json with quantization_config -> its method, else "none"). "none" dequantizes
+# every weight to `dtype` at load (the reference path); "int8" quantizes an fp32/bf16
+# checkpoint to weight-only per-channel int8 at load.
+QUANTIZATION_METHODS = ("none", "gguf", "awq", "gptq", "int8")
 
 
 def parse_size(value: int | float | str) -> int:
@@ -83,6 +88,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
     generation_config: str = "auto"  # sampling defaults: auto (model's file), vllm, or a folder
+    quantization: str | None = None  # QUANTIZATION_METHODS; None = detect from the checkpoint
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
 
     def __post_init__(self) -> None:
@@ -115,6 +121,10 @@ class EngineConfig:
                              f"got {self.preemption_mode!r}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} "
+                             f"(or None to detect it from the checkpoint); "
+                             f"got {self.quantization!r}")
         if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
             raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)

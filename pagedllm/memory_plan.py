@@ -1,6 +1,7 @@
 """Memory planning from a model config alone (no weights): what fits in a memory budget.
 
-    weights      = parameter count x dtype bytes (from the config's shapes)
+    weights      = parameter count x dtype bytes (from the config's shapes), or for a GGUF
+                   file the bytes of its (quantized) tensors, which the engine keeps as they are
     KV per token = 2 (K and V) x layers x kv_heads x head_dim x KV dtype bytes   (GQA aware)
     KV per seq   = KV per token x max_model_len (rounded up to whole blocks)
     KV budget    = memory x utilization - weights - activation peak (estimate)
@@ -36,7 +37,10 @@ def load_config(model_or_config: str) -> SimpleNamespace:
 
         from pagedllm.loader.gguf_loader import gguf_config
 
-        return SimpleNamespace(**gguf_config(GGUFReader(str(path))).to_dict())
+        reader = GGUFReader(str(path))
+        # The engine keeps GGUF blocks quantized: its weights are the file's tensor bytes.
+        return SimpleNamespace(**gguf_config(reader).to_dict(),
+                               weight_bytes=sum(int(t.n_bytes) for t in reader.tensors))
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
@@ -115,10 +119,11 @@ def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
                        head_dim=head_dim, dtype=_TORCH_DTYPE[kvbytes], block_size=block_size)
     max_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 4096))
     budget = None if kv_cache_memory_gib is None else int(kv_cache_memory_gib * GiB)
+    measured = getattr(cfg, "weight_bytes", None) if weight_dtype_bytes is None else None
     return _plan(cfg, spec, _TORCH_DTYPE[wbytes], max_len, budget=budget,
                  memory_bytes=None if memory_gib is None else int(memory_gib * GiB),
                  utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
-                 clamp=True)
+                 clamp=True, weights=measured)
 
 
 def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
@@ -144,16 +149,19 @@ def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
                              "the device memory: pass --memory (e.g. 24GiB) or "
                              "--kv-cache-memory")
         budget = DEFAULT_CPU_KV_BYTES
+    # A GGUF the engine keeps quantized weighs its tensor bytes, not shapes x dtype.
+    measured = (getattr(cfg, "weight_bytes", None) if config.quantization != "none" else None)
     return _plan(cfg, spec, config.torch_dtype, config.max_model_len, budget=budget,
                  memory_bytes=memory_bytes, utilization=config.gpu_memory_utilization,
-                 max_num_batched_tokens=config.max_num_batched_tokens, clamp=False)
+                 max_num_batched_tokens=config.max_num_batched_tokens, clamp=False,
+                 weights=measured)
 
 
 def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: int, *,
           budget: int | None, memory_bytes: int | None, utilization: float,
-          max_num_batched_tokens: int, clamp: bool) -> MemoryPlan:
+          max_num_batched_tokens: int, clamp: bool, weights: int | None = None) -> MemoryPlan:
     wbytes = torch.empty((), dtype=dtype).element_size()
-    weights = parameter_count(cfg) * wbytes
+    weights = int(weights) if weights else parameter_count(cfg) * wbytes
     if budget is None:
         if memory_bytes is None:
             raise ValueError("pass memory_gib (device memory) or kv_cache_memory_gib (KV budget)")

@@ -11,9 +11,9 @@ import math
 import re
 from pathlib import Path
 
-PEERS = ("hf", "llama.cpp", "llama-cpp-python")
-NAMES = {"pagedllm": "pagedllm", "hf": "HF transformers", "llama.cpp": "llama.cpp",
-         "llama-cpp-python": "llama-cpp-python"}
+PEERS = ("pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python")
+NAMES = {"pagedllm": "pagedllm", "pagedllm-fp32": "pagedllm fp32", "hf": "HF transformers",
+         "llama.cpp": "llama.cpp", "llama-cpp-python": "llama-cpp-python"}
 SERVING_METRICS = (("output_throughput", None, "output tok/s"),
                    ("ttft_ms", "median", "TTFT median (ms)"), ("ttft_ms", "p99", "TTFT p99 (ms)"),
                    ("tpot_ms", "median", "TPOT median (ms)"), ("tpot_ms", "p99", "TPOT p99 (ms)"))
@@ -160,6 +160,11 @@ def tables(res: dict) -> list[tuple[str, str]]:
         out.append(("pagedllm KV block size sweep (mixed-length workload)", sweep_table(res)))
     if res.get("kv_efficiency"):
         out.append(("pagedllm KV memory efficiency", kv_table(res)))
+    if res.get("perplexity"):
+        from benchmarks.perplexity import table as perplexity_table
+
+        out.append(("pagedllm perplexity by weight format (pydoc_data.topics)",
+                    perplexity_table(res["perplexity"])))
     return out
 
 

@@ -49,7 +49,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         t_start = time.perf_counter()
         with startup.step("checkpoint (config, tokenizer)"):
-            ckpt = load_checkpoint(config.model)
+            ckpt = load_checkpoint(config.model, quantization=config.quantization)
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"

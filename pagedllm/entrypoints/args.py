@@ -11,7 +11,13 @@ import argparse
 import logging
 import os
 
-from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, EngineConfig, parse_size
+from pagedllm.config import (
+    KV_CACHE_DTYPES,
+    PREEMPTION_MODES,
+    QUANTIZATION_METHODS,
+    EngineConfig,
+    parse_size,
+)
 from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
@@ -54,6 +60,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--swap-space", type=_gib, default=4.0,
                    help="CPU memory for swapped-out KV blocks with --preemption-mode swap: GiB, "
                    "or a size with a unit (512MiB); 0 disables (every preemption recomputes)")
+    g.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS,
+                   help="weight format: gguf, awq, gptq (kept quantized in memory), int8 "
+                   "(weight-only int8 made at load), none (dequantize to --dtype, the "
+                   "reference); None = what the checkpoint holds")
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="most sequences in one batch")
     g.add_argument("--max-num-batched-tokens", type=human_int, default=None,
@@ -180,4 +190,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        generation_config=args.generation_config, max_logprobs=args.max_logprobs)
+        generation_config=args.generation_config, quantization=args.quantization,
+        max_logprobs=args.max_logprobs)
