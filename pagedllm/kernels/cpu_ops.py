@@ -74,26 +74,33 @@ def build_jobs() -> int:
 
 
 class BuildProgress:
-    """Says what a first start is doing: one line before a (minutes long) compile, one every
-    `every` seconds while it runs, and the elapsed time once the module is ready."""
+    """Says what a start is doing while torch compiles (first start, or sources changed): a
+    line once the load has taken `announce_after` seconds (a cached load takes far less),
+    one every `every` seconds after that, and the elapsed time at the end."""
 
-    def __init__(self, directory: Path, every: float = 20.0, name: str | None = None) -> None:
-        self.cached = (directory / f"{name or module_name()}.so").is_file()
-        self.directory, self.every = directory, every
+    def __init__(self, directory: Path, every: float = 20.0, announce_after: float = 1.0) -> None:
+        self.directory, self.every, self.announce_after = directory, every, announce_after
+        self.announced = False
         self._done = threading.Event()
         self._t0 = time.perf_counter()
 
     def __enter__(self) -> BuildProgress:
-        if not self.cached:
-            logger.info("building CPU kernels (one time, cached in %s; %d parallel jobs, "
-                        "-march=%s) ...", self.directory, build_jobs(), _march())
-            threading.Thread(target=self._beat, name="pagedllm-kernel-build",
-                             daemon=True).start()
+        threading.Thread(target=self._beat, name="pagedllm-kernel-build", daemon=True).start()
         return self
 
     def _beat(self) -> None:
+        if self._done.wait(self.announce_after):
+            return
+        self.announced = True
+        logger.info("building CPU kernels (one time, cached in %s; %d parallel jobs, "
+                    "-march=%s) ...", self.directory, build_jobs(), _march())
         while not self._done.wait(self.every):
             logger.info("still building CPU kernels: %.0f s so far", self.elapsed)
+
+    @property
+    def cached(self) -> bool:
+        """The module came from the cache (it loaded before a build was announced)."""
+        return not self.announced
 
     @property
     def elapsed(self) -> float:
@@ -149,7 +156,7 @@ def build(sources: list[Path], name: str):
     directory = build_dir(name)
     directory.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MAX_JOBS", str(build_jobs()))
-    with BuildProgress(directory, name=name) as progress:
+    with BuildProgress(directory) as progress:
         mod = load_ext(name=name, sources=[str(p) for p in sources],
                        extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
                        extra_ldflags=["-fopenmp"], build_directory=str(directory),
