@@ -6,6 +6,10 @@ import copy
 import enum
 from dataclasses import dataclass, field
 
+from pagedllm.structured_output.params import StructuredOutputsParams
+
+__all__ = ["SamplingParams", "SamplingType", "StructuredOutputsParams"]
+
 SAMPLING_EPS = 1e-5
 """Temperatures below this mean greedy decoding."""
 
@@ -31,6 +35,12 @@ class SamplingParams:
     becomes ``0`` (disabled), and a greedy request (``temperature < 1e-5``) has
     ``top_p``, ``top_k`` and ``min_p`` reset to their neutral values.
     ``max_tokens=None`` means "up to max_model_len"; the engine resolves it.
+
+    Token restrictions (vLLM's): ``structured_outputs`` (the output must match a JSON
+    schema, regex, choice or grammar), ``logit_bias`` ({token id: bias in [-100, 100]} added
+    to the logits), ``allowed_token_ids`` (only these may be sampled) and ``bad_words``
+    (strings whose tokens may not be generated; the engine tokenizes them into
+    ``bad_words_token_ids``). Token ids are checked against the vocabulary by the engine.
     """
 
     n: int = 1
@@ -51,6 +61,11 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -108,6 +123,36 @@ class SamplingParams:
             _check_int("stop_token_ids entries", t)
             if t < 0:
                 raise ValueError(f"stop_token_ids entries must be >= 0, got {t}")
+        self._verify_token_restrictions()
+
+    def _verify_token_restrictions(self) -> None:
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(so).__name__}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id -> bias, got "
+                                 f"{type(self.logit_bias).__name__}")
+            for t, b in self.logit_bias.items():
+                _check_int("logit_bias keys", t)
+                if t < 0:
+                    raise ValueError(f"logit_bias keys must be token ids >= 0, got {t}")
+                if isinstance(b, bool) or not isinstance(b, int | float) or not -100 <= b <= 100:
+                    raise ValueError(f"logit_bias values must be in [-100, 100], got {b!r}")
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty")
+            for t in self.allowed_token_ids:
+                _check_int("allowed_token_ids entries", t)
+                if t < 0:
+                    raise ValueError(f"allowed_token_ids entries must be >= 0, got {t}")
+        if self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
+            for w in self.bad_words:
+                if not isinstance(w, str) or not w.strip():
+                    raise ValueError(f"bad_words entries must be non-empty strings, got {w!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -85,6 +85,7 @@ class Request:
         self.cumulative_logprob: float | None = (
             0.0 if sampling_params.logprobs is not None else None)
         self.detokenizer = None  # set by the output processor
+        self.grammar = None  # structured_output.RequestGrammar of a constrained request
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -110,6 +111,8 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if self.grammar is not None:
+            self.grammar.accept(token_id)  # the matcher advances with every accepted token
 
     def fork(self, request_id: str, index: int) -> Request:
         """A sibling sample sharing everything computed so far (blocks are shared by the caller)."""
@@ -126,6 +129,8 @@ class Request:
         child.forked = True
         child.max_tokens = self.max_tokens
         child.generators = [self.generators[index]]
+        if self.grammar is not None:
+            child.grammar = self.grammar.fork()
         child.times = RequestTimes(**vars(self.times))
         if self.logprobs is not None:
             child.logprobs = list(self.logprobs)

@@ -25,6 +25,7 @@ from pagedllm.engine.fault_injection import FaultInjector
 from pagedllm.engine.generation_config import sampling_defaults
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
+from pagedllm.engine.token_restrictions import resolve_token_restrictions
 from pagedllm.kernels import cpu_ops
 from pagedllm.loader import load_checkpoint
 from pagedllm.model.layers.rope_scaling import (
@@ -35,6 +36,7 @@ from pagedllm.model.layers.rope_scaling import (
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.outputs import RequestOutput, RequestOutputKind
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.model_runner import ModelRunner
 
@@ -93,9 +95,11 @@ class LLMEngine:
         window = getattr(ckpt.config, "sliding_window", None)
         if window is not None and not getattr(ckpt.config, "use_sliding_window", True):
             window = None
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size,
+                                                         self.eos_token_id)
         self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
                                   device=config.torch_device, sliding_window=window,
-                                  seed=config.seed)
+                                  seed=config.seed, structured_output=self.structured_output)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
                                                 self.block_manager, config.max_model_len)
         # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
@@ -152,8 +156,11 @@ class LLMEngine:
                              f"--max-logprobs), got {params.logprobs}")
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids)
+        resolve_token_restrictions(params, self.tokenizer, self.vocab_size)
         req = Request(request_id, token_ids, params, eos_token_id=self.eos_token_id,
                       prompt=text, arrival_time=arrival_time, cache_salt=cache_salt)
+        if params.structured_outputs is not None:  # GrammarCompileError is a ValueError
+            req.grammar = self.structured_output.grammar_for(params.structured_outputs)
         req.max_tokens = params.max_tokens or (self.config.max_model_len - len(token_ids))
         if params.seed is not None:
             req.generators = [make_generator(params.seed + i, self.config.torch_device)

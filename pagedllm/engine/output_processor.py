@@ -4,7 +4,8 @@ stop conditions, free finished requests, and build `RequestOutput`s per request 
 Stop conditions, in order, for each new token (vLLM v1 semantics): once `min_tokens` are
 generated, EOS (unless ignore_eos) and `stop_token_ids` (their text is not added to the
 output unless include_stop_str_in_output); then a stop string in the text; then
-`max_tokens` or `max_model_len` reached (finish reason "length").
+`max_tokens` or `max_model_len` reached (finish reason "length"). A constrained request whose
+grammar is complete (only EOS could follow) stops there, as if it had sampled EOS.
 
 A fault while handling one request (a detokenizer or stop-check error, a non-finite logits
 row) finishes only that request: its sequences are aborted, their blocks freed, and its
@@ -154,6 +155,8 @@ class OutputProcessor:
             status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, None if is_eos else tok
         elif stop_str is not None:
             status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
+        elif seq.grammar is not None and seq.grammar.is_terminated:
+            status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, None
         elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             status = RequestStatus.FINISHED_LENGTH
         if status is not None:

@@ -102,12 +102,14 @@ async def with_disconnect(request: Request, work: Awaitable[Response]) -> Respon
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
               api_key: str | None = None,
-              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES, *,
+              tool_parser: str | None = None, enable_auto_tool_choice: bool = False,
               log_requests: bool = True, metrics_vllm_compat: bool = False) -> FastAPI:
     """The app; its lifespan starts and stops `engine`'s step thread."""
     names = served_model_names or [engine.model_name]
     completions = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names)
+    chat = OpenAIServingChat(engine, names, tool_parser=tool_parser,
+                             enable_auto_tool_choice=enable_auto_tool_choice)
     base = ServingBase(engine, names)
     for serving in (completions, chat, base):
         serving.log_requests = log_requests
@@ -244,11 +246,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
                api_key: str | None, access_log: bool = True,
                max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
-               sock: socket.socket | None = None, log_requests: bool = True,
+               sock: socket.socket | None = None, tool_parser: str | None = None,
+               enable_auto_tool_choice: bool = False, log_requests: bool = True,
                uvicorn_log_level: str = "info", metrics_vllm_compat: bool = False) -> int:
     """Serve until SIGTERM/SIGINT (returns 0 after a graceful shutdown) or until the engine
     thread dies (returns 1, so a supervisor restarts the process)."""
     app = build_app(engine, served_model_names, api_key, max_request_body_bytes,
+                    tool_parser=tool_parser, enable_auto_tool_choice=enable_auto_tool_choice,
                     log_requests=log_requests, metrics_vllm_compat=metrics_vllm_compat)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
                             log_level=uvicorn_log_level, timeout_graceful_shutdown=30)

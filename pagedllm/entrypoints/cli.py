@@ -89,6 +89,8 @@ def cmd_serve(args) -> int:
     from pagedllm.engine.startup import warm_up
     from pagedllm.entrypoints.api_server import bind_socket, run_server
 
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
     # Everything that can be checked without the model is checked before loading it.
     limits = QueueLimits(args.max_num_queued_reqs, args.max_num_queued_tokens)
     if args.max_request_body_bytes < 1:
@@ -106,6 +108,8 @@ def cmd_serve(args) -> int:
                       served_model_names=names, api_key=args.api_key,
                       access_log=not args.disable_access_log,
                       max_request_body_bytes=args.max_request_body_bytes, sock=sock,
+                      tool_parser=args.tool_call_parser,
+                      enable_auto_tool_choice=args.enable_auto_tool_choice,
                       log_requests=not args.disable_log_requests,
                       uvicorn_log_level=args.uvicorn_log_level,
                       metrics_vllm_compat=args.metrics_vllm_compat)

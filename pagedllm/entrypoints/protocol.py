@@ -1,13 +1,16 @@
 """OpenAI-compatible request and response models (pydantic), plus vLLM's sampling extras.
 
-Requests ignore unknown fields (the `openai` client sends `extra_body` keys at the top level);
-fields that are accepted but not supported are rejected in the serving code with a 400.
+Requests keep unknown fields in `model_extra` (the `openai` client sends `extra_body` keys at
+the top level): the serving code ignores them with a logged warning. Fields of the OpenAI or
+vLLM API that would change the output but are not implemented are declared in `UNSUPPORTED`
+with their neutral value; any other value is answered 400 naming the field
+(entrypoints/request_fields.py).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
@@ -33,8 +36,32 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(OpenAIBaseModel):
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(OpenAIBaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="allow")
+    # field -> its neutral value; any other value is a 400 (not implemented)
+    UNSUPPORTED: ClassVar[dict[str, Any]] = {
+        "prompt_logprobs": None, "use_beam_search": False, "length_penalty": 1.0,
+        "truncate_prompt_tokens": None, "logits_processors": None,
+        "return_tokens_as_token_ids": False, "vllm_xargs": None, "kv_transfer_params": None}
+    # Declared below and ignored without a warning: they do not change the output (there is
+    # one grammar backend; `prediction` only speeds up a server that implements it).
+    IGNORED: ClassVar[tuple[str, ...]] = (
+        "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+        "priority", "request_id", "prediction", "guided_decoding_backend")
 
     model: str | None = None
     n: int = 1
@@ -59,6 +86,35 @@ class SamplingFields(OpenAIBaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     cache_salt: str | None = None  # requests with different salts never share cached KV
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # constrained decoding: OpenAI's response_format, vLLM's structured_outputs (and the
+    # older guided_* names)
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    # declared so that they are found (see UNSUPPORTED / IGNORED), not implemented
+    prompt_logprobs: Any = None
+    use_beam_search: Any = False
+    length_penalty: Any = 1.0
+    truncate_prompt_tokens: Any = None
+    logits_processors: Any = None
+    return_tokens_as_token_ids: Any = False
+    vllm_xargs: Any = None
+    kv_transfer_params: Any = None
+    guided_decoding_backend: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+    priority: Any = None
+    request_id: Any = None
+    prediction: Any = None
 
 
 class CompletionRequest(SamplingFields):
@@ -75,10 +131,44 @@ class TextPart(OpenAIBaseModel):
     text: str | None = None
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str  # a JSON string, as OpenAI sends it
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a "tool" turn answering that call
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -88,7 +178,27 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    UNSUPPORTED: ClassVar[dict[str, Any]] = {
+        **SamplingFields.UNSUPPORTED, "audio": None, "modalities": None, "functions": None,
+        "function_call": None, "web_search_options": None, "reasoning_effort": None,
+        "verbosity": None, "documents": None, "continue_final_message": False,
+        "echo": False, "mm_processor_kwargs": None}
+    audio: Any = None
+    modalities: Any = None
+    functions: Any = None
+    function_call: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    documents: Any = None
+    continue_final_message: Any = False
+    echo: Any = False
+    mm_processor_kwargs: Any = None
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -157,6 +267,7 @@ class ChatLogprobs(OpenAIBaseModel):
 class AssistantMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(OpenAIBaseModel):
@@ -176,9 +287,30 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(OpenAIBaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaToolCall(OpenAIBaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler):
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler):  # OpenAI sends {"content": "x"}, not {"role": null, ...}

@@ -25,35 +25,27 @@ from pagedllm.engine.async_engine import (
     EngineShuttingDown,
     RequestStream,
 )
+from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.protocol import (
     ChatMessage,
-    ErrorInfo,
-    ErrorResponse,
     PromptTokensDetails,
     SamplingFields,
     UsageInfo,
 )
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.entrypoints.request_fields import (
+    check_request_fields,
+    logit_bias_of,
+    structured_outputs_of,
+)
+from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
+from pagedllm.structured_output.backend import GrammarCompileError
+
+__all__ = ["APIError", "ServingBase", "SSEResponse", "make_usage", "random_id", "sse",
+           "sse_error"]
 
 logger = logging.getLogger(__name__)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DONE = "data: [DONE]\n\n"
-
-
-class APIError(Exception):
-    """An error answered as {"error": {"message", "type", "param", "code"}} with `status`."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status, message, type, param, code)
-        self.headers = headers
-
-    def body(self) -> dict:
-        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type,
-                                             param=self.param, code=self.code)).model_dump()
 
 
 def sse(payload: str) -> str:
@@ -118,12 +110,20 @@ class ServingBase:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def apply_chat_template(self, messages: list[ChatMessage],
-                            add_generation_prompt: bool = True) -> list[int]:
-        conv = [{"role": m.role, "content": message_text(m)} for m in messages]
+    def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                            *, tools: list[dict] | None = None, chat_template: str | None = None,
+                            chat_template_kwargs: dict | None = None) -> list[int]:
+        """Token ids of the conversation; `tools` (OpenAI definitions) go to the template as
+        `tools=`, or into a system message if the template has no place for them."""
+        conv = [chat_message_dict(m) for m in messages]
+        template = chat_template or self.tokenizer.chat_template or ""
+        if tools and "tools" not in template:
+            conv = with_tools_system_prompt(conv, tools)
         try:
             ids = self.tokenizer.apply_chat_template(
-                conv, add_generation_prompt=add_generation_prompt, tokenize=True)
+                conv, add_generation_prompt=add_generation_prompt, tokenize=True,
+                tools=tools or None, chat_template=chat_template,
+                **(chat_template_kwargs or {}))
         except Exception as exc:  # jinja errors: the template rejected the conversation
             raise APIError(400, f"chat template failed: {exc}", param="messages") from exc
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
@@ -152,9 +152,13 @@ class ServingBase:
 
     # ----------------------------------------------------------- sampling
     def sampling_params(self, req: SamplingFields, max_tokens: int | None,
-                        logprobs: int | None) -> SamplingParams:
-        if req.logit_bias:
-            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+                        logprobs: int | None,
+                        structured: StructuredOutputsParams | None = None) -> SamplingParams:
+        """400 for unimplemented fields; `structured` overrides the request's own constraint
+        (tool_choice required / named)."""
+        check_request_fields(req)
+        if structured is None:
+            structured = structured_outputs_of(req)
         # Unset fields: the model's generation_config.json defaults, else OpenAI's.
         d = self.engine.engine.sampling_defaults
         try:
@@ -168,7 +172,9 @@ class ServingBase:
                 ignore_eos=req.ignore_eos, stop=req.stop, stop_token_ids=req.stop_token_ids,
                 include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
                 skip_special_tokens=req.skip_special_tokens,
-                spaces_between_special_tokens=req.spaces_between_special_tokens)
+                spaces_between_special_tokens=req.spaces_between_special_tokens,
+                structured_outputs=structured, logit_bias=logit_bias_of(req),
+                allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words)
         except ValueError as exc:
             raise APIError(400, str(exc), param=_field_of(str(exc))) from exc
 
@@ -183,6 +189,8 @@ class ServingBase:
             return await self.engine.add_requests(requests)
         except (EngineShuttingDown, EngineDead) as exc:
             raise APIError(503, str(exc), type="service_unavailable") from exc
+        except GrammarCompileError as exc:  # the backend's message, e.g. "invalid regex: ..."
+            raise APIError(400, str(exc)) from exc
         except EngineOverloaded as exc:
             raise APIError(429, str(exc), type="rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(exc.retry_after)}) from exc
@@ -199,6 +207,38 @@ class ServingBase:
 
 def _pick(value, defaults: dict, name: str, fallback):
     return value if value is not None else defaults.get(name, fallback)
+
+
+def chat_message_dict(m: ChatMessage) -> dict:
+    """A message as chat templates expect it: tool-call arguments as objects, not JSON text."""
+    out: dict = {"role": m.role, "content": message_text(m)}
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        calls = []
+        for c in m.tool_calls:
+            try:
+                args = json.loads(c.function.arguments)
+            except ValueError:
+                args = c.function.arguments
+            calls.append({"id": c.id, "type": "function",
+                          "function": {"name": c.function.name, "arguments": args}})
+        out["tool_calls"] = calls
+    return out
+
+
+def with_tools_system_prompt(conv: list[dict], tools: list[dict]) -> list[dict]:
+    """For templates without tool support: describe the tools (Hermes style) in the system
+    message, so that `auto` can still work with a model trained on that format."""
+    text = ("You may call functions to answer. Available functions:\n<tools>\n"
+            + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+            + "\n</tools>\nTo call a function, answer with <tool_call>{\"name\": <name>, "
+            "\"arguments\": <arguments object>}</tool_call>.")
+    if conv and conv[0]["role"] == "system":
+        return [{**conv[0], "content": f"{conv[0]['content']}\n\n{text}"}, *conv[1:]]
+    return [{"role": "system", "content": text}, *conv]
 
 
 def message_text(m: ChatMessage) -> str:

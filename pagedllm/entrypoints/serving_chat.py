@@ -1,7 +1,8 @@
-"""/v1/chat/completions: messages through the model's chat template, n choices.
+"""/v1/chat/completions: messages through the model's chat template, n choices, tool calls.
 
 Streams start with a role delta per choice (sent at once, before the first token exists), then
-one content delta per engine step; each choice's finish_reason appears in its last chunk only.
+one delta per engine step (content, or tool-call deltas: see tool_calls.py); each choice's
+finish_reason appears in its last chunk only ("tool_calls" when it called tools).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pagedllm.entrypoints.protocol import (
     ChatCompletionResponse,
     ChatLogprobs,
     ChatTokenLogprob,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
     TopLogprob,
 )
 from pagedllm.entrypoints.serving import (
@@ -33,14 +36,25 @@ from pagedllm.entrypoints.serving import (
     sse,
     sse_error,
 )
+from pagedllm.entrypoints.tool_calls import (
+    ToolPlan,
+    delta_tool_calls,
+    plan_tools,
+    to_tool_calls,
+    tool_call_id,
+)
 from pagedllm.outputs import RequestOutput, SampleLogprobs
 
 
 class OpenAIServingChat(ServingBase):
+    def __init__(self, engine, served_model_names: list[str], *, tool_parser: str | None = None,
+                 enable_auto_tool_choice: bool = False) -> None:
+        super().__init__(engine, served_model_names)
+        self.tool_parser = tool_parser
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+
     async def create(self, req: ChatCompletionRequest) -> Response:
         self.check_model(req.model)
-        if req.tools:
-            raise APIError(400, "tools are not supported", param="tools")
         num_top = None
         if req.top_logprobs is not None:
             if not req.logprobs:
@@ -52,18 +66,21 @@ class OpenAIServingChat(ServingBase):
             num_top = req.top_logprobs or 0
         max_tokens = (req.max_tokens if req.max_completion_tokens is None
                       else req.max_completion_tokens)
-        params = self.sampling_params(req, max_tokens, num_top)
-        ids = self.apply_chat_template(req.messages, req.add_generation_prompt)
+        plan = plan_tools(req, self.tool_parser, self.enable_auto_tool_choice)
+        params = self.sampling_params(req, max_tokens, num_top, structured=plan.structured)
+        ids = self.apply_chat_template(req.messages, req.add_generation_prompt,
+                                       tools=plan.tools or None, chat_template=req.chat_template,
+                                       chat_template_kwargs=req.chat_template_kwargs)
         self.check_length(len(ids), max_tokens, "messages")
         api_id = random_id("chatcmpl")
         stream = await self.submit([EngineRequest(api_id, ids, params, time.monotonic(),
                                                   cache_salt=req.cache_salt)])
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            gen = self._stream(req, api_id, stream, len(ids), num_top, include_usage)
+            gen = self._stream(req, plan, api_id, stream, len(ids), num_top, include_usage)
             return SSEResponse(gen, on_close=stream.abort)
         try:
-            return JSONResponse(await self._full(api_id, stream, len(ids), num_top))
+            return JSONResponse(await self._full(plan, api_id, stream, len(ids), num_top))
         finally:
             stream.abort()
 
@@ -84,7 +101,7 @@ class OpenAIServingChat(ServingBase):
         tok = self.token_str(token_id)
         return {"token": tok, "logprob": logprob, "bytes": list(tok.encode("utf-8"))}
 
-    async def _full(self, api_id: str, stream: RequestStream, num_prompt: int,
+    async def _full(self, plan: ToolPlan, api_id: str, stream: RequestStream, num_prompt: int,
                     num_top: int | None) -> dict:
         final: RequestOutput | None = None
         try:
@@ -93,19 +110,29 @@ class OpenAIServingChat(ServingBase):
         except RequestAborted as exc:
             raise APIError(503, str(exc), type="service_unavailable") from exc
         assert final is not None
-        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
-                              logprobs=self._logprobs(c.token_ids, c.logprobs, num_top),
-                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                   for c in final.outputs]
+        choices = []
+        for c in final.outputs:
+            message, finish = AssistantMessage(content=c.text), c.finish_reason
+            if plan.parses:
+                parsed = plan.parse(c.text)
+                if parsed.calls:
+                    message = AssistantMessage(content=parsed.content.strip() or None,
+                                               tool_calls=to_tool_calls(parsed.calls))
+                    finish = _tool_finish(finish)
+            choices.append(ChatChoice(index=c.index, message=message,
+                                      logprobs=self._logprobs(c.token_ids, c.logprobs, num_top),
+                                      finish_reason=finish, stop_reason=c.stop_reason))
         completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(
             id=api_id, model=self.model_name, choices=choices,
             usage=make_usage(num_prompt, completion, final.num_cached_tokens)).model_dump()
 
-    async def _stream(self, req: ChatCompletionRequest, api_id: str, stream: RequestStream,
-                      num_prompt: int, num_top: int | None, include_usage: bool):
+    async def _stream(self, req: ChatCompletionRequest, plan: ToolPlan, api_id: str,
+                      stream: RequestStream, num_prompt: int, num_top: int | None,
+                      include_usage: bool):
         created, n = int(time.time()), req.n
         done, tokens = [False] * n, [0] * n
+        streamers = [plan.streamer() for _ in range(n)]
         cached = 0  # prompt tokens found in the prefix cache
 
         def chunk(choice: ChatChunkChoice) -> str:
@@ -124,10 +151,14 @@ class OpenAIServingChat(ServingBase):
                         continue
                     tokens[i] += len(c.delta_token_ids)
                     done[i] = c.finish_reason is not None
+                    delta = self._delta(plan, streamers[i], c.delta_text, done[i])
+                    finish = c.finish_reason
+                    if finish is not None and streamers[i].num_calls:
+                        finish = _tool_finish(finish)
                     events.append(chunk(ChatChunkChoice(
-                        index=i, delta=DeltaMessage(content=c.delta_text),
+                        index=i, delta=delta,
                         logprobs=self._logprobs(c.delta_token_ids, c.delta_logprobs, num_top),
-                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)))
+                        finish_reason=finish, stop_reason=c.stop_reason)))
                 if events:
                     yield "".join(events)
         except RequestAborted:
@@ -143,3 +174,30 @@ class OpenAIServingChat(ServingBase):
                 id=api_id, created=created, model=self.model_name, choices=[],
                 usage=make_usage(num_prompt, sum(tokens), cached)).model_dump_json())
         yield SSE_DONE
+
+    @staticmethod
+    def _delta(plan: ToolPlan, streamer, text: str, last: bool) -> DeltaMessage:
+        """One choice's delta: content as it comes; a named call's arguments as they come;
+        other tool calls whole, once each closes."""
+        if plan.mode == "named":
+            calls = []
+            if streamer.num_calls == 0:  # the first delta opens the call
+                streamer.num_calls = 1
+                calls.append(DeltaToolCall(index=0, id=tool_call_id(), type="function",
+                                           function=DeltaFunctionCall(name=plan.name,
+                                                                      arguments="")))
+            if text:
+                calls.append(DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text)))
+            return DeltaMessage(tool_calls=calls or None)
+        before = streamer.num_calls
+        out = streamer.feed(text)
+        if last:
+            out.extend(streamer.finish())
+        if not plan.parses:
+            return DeltaMessage(content=out.content)
+        calls = delta_tool_calls(out.calls, before)
+        return DeltaMessage(content=out.content or None, tool_calls=calls or None)
+
+
+def _tool_finish(finish: str | None) -> str | None:
+    return "tool_calls" if finish == "stop" else finish

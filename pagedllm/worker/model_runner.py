@@ -22,6 +22,7 @@ from pagedllm.model.layers.sampler import (
     SamplingRow,
     make_generator,
 )
+from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.outputs import Logprob
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import build_inputs
@@ -49,7 +50,7 @@ class RunnerOutput:
 class ModelRunner:
     def __init__(self, model: nn.Module, cache: CacheEngine, *, vocab_size: int,
                  device: torch.device, sliding_window: int | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, structured_output=None) -> None:
         self.model = model
         self.cache = cache
         self.vocab_size = vocab_size
@@ -61,6 +62,7 @@ class ModelRunner:
         self.sampler = Sampler(make_generator(seed, device))
         self.faults = None  # FaultInjector in tests (engine/fault_injection.py), else None
         self.batch = PersistentBatch(vocab_size, device)  # block tables, penalty counts
+        self.structured_output = structured_output  # StructuredOutputManager or None
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -102,6 +104,7 @@ class ModelRunner:
             row_requests = [r for r, n in owners for _ in range(n)]
             md = SamplingMetadata.build(rows, self.vocab_size, self.device,
                                         self.batch.penalty_tensors(row_requests))
+            self._add_restrictions(md, rows, owners)
             result = self.sampler(logits, md)
             # O(rows): a NaN/inf row makes its sampled token's own logit non-finite.
             finite = torch.isfinite(
@@ -113,6 +116,15 @@ class ModelRunner:
         out.timings_ms = {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
                           "sample": (t3 - t2) * 1e3}
         return out
+
+    def _add_restrictions(self, md: SamplingMetadata, rows: list[SamplingRow],
+                          owners: list[tuple[Request, int]]) -> None:
+        """Grammar bitmask for the constrained rows; logit_bias / allowed / bad words."""
+        md.constraints = TokenConstraints.build(rows)
+        if self.structured_output is None:
+            return
+        grammars = [req.grammar for req, n in owners for _ in range(n)]
+        md.grammar = self.structured_output.bitmask(grammars)
 
     def _collect(self, result, owners: list[tuple[Request, int]],
                  finite: list[bool]) -> list[SampledTokens]:

@@ -51,7 +51,7 @@ def _error_shape(resp: httpx.Response, status: int) -> dict:
     ({"prompt": [1, 2, 10**6]}, "prompt"),
     ({"max_tokens": "many"}, "max_tokens"),
     ({"prompt": {"not": "a prompt"}}, "prompt"),
-    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+    ({"logit_bias": {"100000": 1.0}}, "logit_bias"),
 ])
 def test_invalid_completion_params_are_400(server, body, param):
     req = {"prompt": "hi", "max_tokens": 4, **body}

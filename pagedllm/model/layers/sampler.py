@@ -4,6 +4,7 @@ Pipeline, all in float32 whatever the model dtype::
 
     raw logits --log_softmax--> logprobs (reported)
         |
+        +-> grammar bitmask, allowed_token_ids, bad_words, logit_bias (token_constraints.py)
         +-> min_tokens suppression -> repetition / frequency / presence penalties
               |-> greedy rows:  argmax
               '-> random rows:  / temperature -> min_p -> top_k -> top_p
@@ -20,7 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedllm.model.layers.token_constraints import TokenConstraints, apply_token_restrictions
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.structured_output.bitmask import GrammarBitmask
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -81,6 +84,9 @@ class SamplingMetadata:
     min_tokens_stop_ids: dict[int, set[int]]  # row -> ids banned until min_tokens reached
     generators: dict[int, torch.Generator]  # row -> generator of a seeded random row
     max_num_logprobs: int | None  # None: no row wants logprobs
+    # Set by the model runner: the constrained rows' grammar bitmask, other restrictions.
+    grammar: GrammarBitmask | None = None
+    constraints: TokenConstraints | None = None
 
     @classmethod
     def build(
@@ -167,6 +173,7 @@ class Sampler(torch.nn.Module):
         # One float32 copy: the caller's logits are never modified.
         logits = logits.to(dtype=torch.float32, copy=True)
         raw = None if md.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
+        logits = apply_token_restrictions(logits, md.grammar, md.constraints)
         logits = _apply_min_tokens(logits, md.min_tokens_stop_ids)
         logits = _apply_penalties(logits, md)
 

@@ -1,0 +1,180 @@
+"""Tool calling on /v1/chat/completions: what `tool_choice` asks of the engine, and how a
+choice's text becomes OpenAI `tool_calls` (whole, or as streamed deltas).
+
+    tool_choice   prompt          decoding                         text -> tool_calls
+    none          tools rendered  free                              none (plain content)
+    auto          tools rendered  free                              --tool-call-parser
+    required      tools rendered  JSON schema: [{"name", "parameters"}, ...] (minItems 1)
+    named         tools rendered  JSON schema: that tool's parameters  one call, text = arguments
+
+`required` and named calls are enforced by structured output from the tools' schemas (as vLLM
+does), so they are valid even from a model that knows nothing about tools.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from pagedllm.entrypoints.errors import APIError
+from pagedllm.entrypoints.protocol import (
+    ChatCompletionRequest,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
+from pagedllm.entrypoints.tool_parsers import TOOL_PARSERS, ParsedToolCall, ParseResult, ToolParser
+from pagedllm.structured_output.params import StructuredOutputsParams
+
+
+def tool_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ToolPlan:
+    mode: str  # "none" | "auto" | "required" | "named"
+    tools: list[dict]  # OpenAI tool definitions, for the chat template
+    structured: StructuredOutputsParams | None = None
+    parser: type[ToolParser] | None = None
+    name: str | None = None  # the named tool
+
+    @property
+    def parses(self) -> bool:
+        return self.mode in ("auto", "required", "named")
+
+    def streamer(self) -> ToolCallStreamer:
+        return ToolCallStreamer(self)
+
+    def parse(self, text: str) -> ParseResult:
+        s = self.streamer()
+        out = s.feed(text)
+        out.extend(s.finish())
+        return out
+
+
+def plan_tools(req: ChatCompletionRequest, tool_parser: str | None,
+               enable_auto_tool_choice: bool) -> ToolPlan:
+    """Validate tools / tool_choice (400s) and decide how this request is decoded and parsed."""
+    tools = req.tools or []
+    choice = req.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if not tools:
+        if choice != "none":
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        return ToolPlan("none", [])
+    defs = [t.model_dump(exclude_none=True) for t in tools]
+    names = [t.function.name for t in tools]
+    if len(set(names)) != len(names):
+        raise APIError(400, "tool function names must be unique", param="tools")
+    constrained = choice == "required" or not isinstance(choice, str)
+    if constrained and (req.structured_outputs is not None or req.guided_json is not None
+                        or (req.response_format is not None
+                            and req.response_format.type != "text")):
+        raise APIError(400, "tool_choice required or named cannot be combined with "
+                       "response_format / structured_outputs", param="tool_choice")
+    if choice == "none":
+        return ToolPlan("none", defs)
+    if choice == "auto":
+        if not (enable_auto_tool_choice and tool_parser):
+            raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                           "--tool-call-parser to be set", param="tool_choice")
+        return ToolPlan("auto", defs, parser=TOOL_PARSERS[tool_parser])
+    if choice == "required":
+        items = [{"type": "object", "properties": {
+            "name": {"type": "string", "enum": [t.function.name]},
+            "parameters": _parameters(t.function.parameters)},
+            "required": ["name", "parameters"], "additionalProperties": False}
+            for t in tools]
+        schema = {"type": "array", "minItems": 1,
+                  "items": items[0] if len(items) == 1 else {"anyOf": items}}
+        if not req.parallel_tool_calls:
+            schema["maxItems"] = 1
+        return ToolPlan("required", defs, StructuredOutputsParams(json=schema))
+    name = choice.function.name
+    tool = next((t for t in tools if t.function.name == name), None)
+    if tool is None:
+        raise APIError(400, f"tool_choice names function {name!r}, which is not in tools "
+                       f"({', '.join(names)})", param="tool_choice")
+    return ToolPlan("named", defs, StructuredOutputsParams(
+        json=_parameters(tool.function.parameters)), name=name)
+
+
+def _parameters(schema: dict | None) -> dict:
+    return schema if schema else {"type": "object", "properties": {}}
+
+
+def to_tool_calls(calls: list[ParsedToolCall]) -> list[ToolCall]:
+    return [ToolCall(id=tool_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+            for c in calls]
+
+
+class ToolCallStreamer:
+    """One choice's text -> (content, complete calls), delta by delta (see ToolParser)."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.parser = plan.parser() if plan.parser is not None else None
+        self._buf = ""
+        self._emitted = 0  # calls of a required-choice array emitted so far
+        self.num_calls = 0
+
+    def feed(self, delta: str) -> ParseResult:
+        mode = self.plan.mode
+        if mode == "auto":
+            out = self.parser.feed(delta)
+        elif mode in ("required", "named"):
+            self._buf += delta
+            out = self._array_calls(final=False) if mode == "required" else ParseResult()
+        else:
+            out = ParseResult(content=delta)
+        self.num_calls += len(out.calls)
+        return out
+
+    def finish(self) -> ParseResult:
+        mode = self.plan.mode
+        if mode == "auto":
+            out = self.parser.finish()
+        elif mode == "required":
+            out = self._array_calls(final=True)
+        elif mode == "named":
+            out = ParseResult(calls=[ParsedToolCall(self.plan.name, self._buf)])
+        else:
+            out = ParseResult()
+        self.num_calls += len(out.calls)
+        return out
+
+    def _array_calls(self, final: bool) -> ParseResult:
+        """Complete elements of the `[{"name", "parameters"}, ...]` text not yet emitted."""
+        out = ParseResult()
+        decoder, text = json.JSONDecoder(), self._buf
+        pos = text.find("[") + 1
+        if pos == 0:
+            return out
+        index = 0
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(text) or text[pos] == "]":
+                break
+            try:
+                obj, pos = decoder.raw_decode(text, pos)
+            except ValueError:
+                break
+            if index >= self._emitted:
+                call = ParsedToolCall(obj.get("name", ""), json.dumps(
+                    obj.get("parameters", {}), ensure_ascii=False))
+                out.calls.append(call)
+                self._emitted += 1
+            index += 1
+        return out
+
+
+def delta_tool_calls(calls: list[ParsedToolCall], first_index: int) -> list[DeltaToolCall]:
+    """Each complete call as one streamed delta (id, name and all its arguments)."""
+    return [DeltaToolCall(index=first_index + k, id=tool_call_id(), type="function",
+                          function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
+            for k, c in enumerate(calls)]
