@@ -27,7 +27,11 @@ KEY = "chat-page-key"
 def server(tmp_path_factory, tiny_model_path):
     srv = start_server(tmp_path_factory, tiny_model_path,
                        [*TINY_SERVER_ARGS, "--api-key", KEY, "--served-model-name", "tiny",
-                        "--metrics-vllm-compat"],
+                        "--metrics-vllm-compat",
+                        # Room for an answer that outlasts the test's checks on a fast
+                        # machine (the random tiny model's positions past 1024 are as good).
+                        "--kv-cache-memory", "64MiB", "--max-model-len", "32k",
+                        "--allow-long-max-model-len"],
                        name="chat_page")
     yield srv
     srv.stop()
@@ -85,7 +89,7 @@ def test_chat_streams_and_stop_aborts(server, page: Page):
 
     page.route("**/v1/chat/completions", keep_going)
     page.fill("#system", "You are terse.")
-    page.fill("#max_tokens", "900")
+    page.fill("#max_tokens", "30000")
     page.fill("#temperature", "0")
     aborts_before = _metric(base, 'pagedllm:request_success_total{finished_reason="abort"}')
     page.fill("#input", "Hello there")
@@ -119,7 +123,7 @@ def test_chat_streams_and_stop_aborts(server, page: Page):
     assert body["model"] == "tiny" and body["stream"] is True
     assert body["messages"] == [{"role": "system", "content": "You are terse."},
                                 {"role": "user", "content": "Hello there"}]
-    assert body["max_tokens"] == 900 and body["temperature"] == 0
+    assert body["max_tokens"] == 30000 and body["temperature"] == 0
     assert page.is_enabled("#send") and page.is_disabled("#stop")
 
 
