@@ -92,6 +92,7 @@ class EngineConfig:
     revision: str | None = None       # Hub models: branch, tag or commit (default main)
     tokenizer: str | None = None      # directory or Hub name of another tokenizer
     download_dir: str | None = None   # HF cache for Hub models (default: $HF_HUB_CACHE ...)
+    generation_config: str = "auto"  # sampling defaults: auto (model's file), vllm, or a folder
     quantization: str | None = None  # QUANTIZATION_METHODS; None = detect from the checkpoint
     enable_lora: bool = False  # serve PEFT LoRA adapters per request (pagedllm/lora/)
     max_loras: int = 1  # adapters in one batch (device slots)
@@ -138,6 +139,9 @@ class EngineConfig:
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
         self.lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
                             if self.enable_lora else None)
+        from pagedllm.engine.generation_config import validate_generation_config
+
+        validate_generation_config(self.generation_config)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
 

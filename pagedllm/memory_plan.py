@@ -7,8 +7,9 @@
     KV budget    = memory x utilization - weights - activation peak (estimate)
     blocks       = KV budget // (KV per token x block_size)
 
-`pagedllm plan` prints this; the engine logs the same KV numbers at start-up
-(engine/model_setup.py) from the same `KVCacheSpec`.
+`pagedllm plan` prints this through `plan_for_engine`, which resolves dtype, KV dtype, KV
+budget and max_model_len with the engine's own code (config.py, engine/model_setup.py), so
+plan and engine agree on every number; the engine logs the same KV numbers at start-up.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from types import SimpleNamespace
 
 import torch
 
-from pagedllm.config import KVCacheSpec
+from pagedllm.config import EngineConfig, KVCacheSpec
 
 GiB = 2**30
 _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2,
@@ -71,6 +72,7 @@ def parameter_count(cfg: SimpleNamespace) -> int:
 @dataclass
 class MemoryPlan:
     weight_bytes: int
+    dtype: torch.dtype  # of the weights (the engine's resolved --dtype)
     kv_spec: KVCacheSpec
     kv_bytes_per_token: int
     max_model_len: int
@@ -83,8 +85,11 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         s = self.kv_spec
         scale = f" + {s.scale_bytes} scale bytes per row" if s.scale_bytes else ""
+        dtype = str(self.dtype).removeprefix("torch.")
+        kv_dtype = str(s.dtype).removeprefix("torch.")
         out = [
-            f"weights:            {self.weight_bytes / GiB:8.2f} GiB",
+            f"weights:            {self.weight_bytes / GiB:8.2f} GiB ({dtype})",
+            f"KV cache dtype:     {kv_dtype}",
             f"KV bytes per token: {self.kv_bytes_per_token} B = {self.kv_bytes_per_token / 1024:g} "
             f"KiB (2 x {s.num_layers} layers x {s.num_kv_heads} kv_heads x {s.head_dim} head_dim "
             f"x {s.dtype_bytes} bytes{scale})",
@@ -103,7 +108,8 @@ def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
          kv_cache_memory_gib: float | None = None, max_model_len: int | None = None,
          block_size: int = 16, kv_dtype_bytes: int | None = None, weight_dtype_bytes: int | None
          = None, utilization: float = 0.9, max_num_batched_tokens: int = 2048) -> MemoryPlan:
-    """Plan for `memory_gib` of device memory (or an explicit KV budget)."""
+    """Plan for `memory_gib` of device memory (or an explicit KV budget), in the config's own
+    dtype (the checkpoint's torch_dtype) unless `weight_dtype_bytes` says otherwise."""
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -111,20 +117,65 @@ def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
     kvbytes = kv_dtype_bytes or wbytes
     spec = KVCacheSpec(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads,
                        head_dim=head_dim, dtype=_TORCH_DTYPE[kvbytes], block_size=block_size)
-    if weight_dtype_bytes is None and getattr(cfg, "weight_bytes", None):
-        weights = int(cfg.weight_bytes)  # measured (a quantized GGUF), not shapes x dtype
-    else:
-        weights = parameter_count(cfg) * wbytes
     max_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 4096))
-    if kv_cache_memory_gib is not None:
-        budget = int(kv_cache_memory_gib * GiB)
-    elif memory_gib is not None:
+    budget = None if kv_cache_memory_gib is None else int(kv_cache_memory_gib * GiB)
+    measured = getattr(cfg, "weight_bytes", None) if weight_dtype_bytes is None else None
+    return _plan(cfg, spec, _TORCH_DTYPE[wbytes], max_len, budget=budget,
+                 memory_bytes=None if memory_gib is None else int(memory_gib * GiB),
+                 utilization=utilization, max_num_batched_tokens=max_num_batched_tokens,
+                 clamp=True, weights=measured)
+
+
+def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
+                    memory_bytes: int | None = None) -> MemoryPlan:
+    """What `LLMEngine(config)` will do with this model: its dtype (`resolve_dtype`: fp32 on
+    CPU for "auto"), its KV spec (`kv_spec_for`), its max_model_len check (`finalize`, which
+    raises as the engine does past the trained length) and its KV budget (`kv_budget_bytes`:
+    --kv-cache-memory, else 2 GiB on CPU; on CUDA, `memory_bytes` x utilization minus weights
+    and an activation estimate, as the engine's profiling run would find).
+
+    Raises ValueError when the weights alone do not fit `memory_bytes`.
+    """
+    from pagedllm.engine.model_setup import DEFAULT_CPU_KV_BYTES, kv_spec_for
+    from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
+
+    apply_rope_overrides(cfg, config.rope_scaling, config.rope_theta)
+    config.finalize(*rope_max_len(cfg))
+    spec = kv_spec_for(cfg, config)
+    budget = config.kv_cache_memory
+    if budget is None and memory_bytes is None:
+        if config.torch_device.type == "cuda":
+            raise ValueError("on CUDA the KV budget is what --gpu-memory-utilization leaves of "
+                             "the device memory: pass --memory (e.g. 24GiB) or "
+                             "--kv-cache-memory")
+        budget = DEFAULT_CPU_KV_BYTES
+    # A GGUF the engine keeps quantized weighs its tensor bytes, not shapes x dtype.
+    measured = (getattr(cfg, "weight_bytes", None) if config.quantization != "none" else None)
+    return _plan(cfg, spec, config.torch_dtype, config.max_model_len, budget=budget,
+                 memory_bytes=memory_bytes, utilization=config.gpu_memory_utilization,
+                 max_num_batched_tokens=config.max_num_batched_tokens, clamp=False,
+                 weights=measured)
+
+
+def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: int, *,
+          budget: int | None, memory_bytes: int | None, utilization: float,
+          max_num_batched_tokens: int, clamp: bool, weights: int | None = None) -> MemoryPlan:
+    wbytes = torch.empty((), dtype=dtype).element_size()
+    weights = int(weights) if weights else parameter_count(cfg) * wbytes
+    if budget is None:
+        if memory_bytes is None:
+            raise ValueError("pass memory_gib (device memory) or kv_cache_memory_gib (KV budget)")
         # Activation peak of one step: hidden states, fused qkv / gate-up and the logits rows.
         act = max_num_batched_tokens * (4 * cfg.hidden_size + 2 * cfg.intermediate_size) * wbytes
         act += 256 * cfg.vocab_size * 4
-        budget = int(memory_gib * GiB * utilization) - weights - act
-    else:
-        raise ValueError("pass memory_gib (device memory) or kv_cache_memory_gib (KV budget)")
+        usable = int(memory_bytes * utilization)
+        budget = usable - weights - act
+        if budget <= 0 and not clamp:
+            raise ValueError(
+                f"the weights ({weights / GiB:.2f} GiB in {str(dtype).removeprefix('torch.')}) "
+                f"and activations (~{act / GiB:.2f} GiB) do not fit {usable / GiB:.2f} GiB "
+                f"({memory_bytes / GiB:.2f} GiB x utilization {utilization}); use more memory, "
+                f"a smaller --dtype or a quantized model")
     budget = max(budget, 0)
     blocks = spec.num_blocks_for(budget)
     per_seq_blocks = spec.blocks_per_seq(max_len)
@@ -135,7 +186,8 @@ def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
         length *= 2
     if not pairs or pairs[-1][0] != max_len:
         pairs.append((max_len, blocks // per_seq_blocks))
-    return MemoryPlan(weight_bytes=weights, kv_spec=spec, kv_bytes_per_token=spec.bytes_per_token,
-                      max_model_len=max_len, kv_bytes_per_seq=per_seq_blocks * spec.bytes_per_block,
+    return MemoryPlan(weight_bytes=weights, dtype=dtype, kv_spec=spec,
+                      kv_bytes_per_token=spec.bytes_per_token, max_model_len=max_len,
+                      kv_bytes_per_seq=per_seq_blocks * spec.bytes_per_block,
                       kv_budget=budget, num_blocks=blocks,
                       full_length_seqs=blocks // per_seq_blocks, pairs=pairs)

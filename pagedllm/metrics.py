@@ -1,23 +1,43 @@
-"""Prometheus metrics for the server, in the text exposition format (version 0.0.4).
+"""Prometheus metrics for the server, through `prometheus_client`.
 
-A few dozen lines of exposition instead of a dependency on `prometheus_client`. Names follow
-vLLM's with a `pagedllm:` prefix; every sample carries a `model_name` label.
+Names follow vLLM's with a `pagedllm:` prefix; every sample carries a `model_name` label.
+Two sources, one registry per server:
 
-Engine gauges and token counters are read from an `EngineSnapshot` that the engine thread
-publishes after every step; per-request histograms are fed by `ServingMetrics.observe`, which
-the async engine calls (on the event loop thread) for every output it hands to a request.
+    EngineCollector   engine gauges and token counters, read from the engine's `EngineStats`
+                      at scrape time (the engine thread keeps them current; nothing is copied)
+    ServingMetrics    per-request histograms and finish counters, fed by `observe` (the async
+                      engine calls it on the event loop for every output it hands a request)
+
+`render(vllm_compat=True)` (`pagedllm serve --metrics-vllm-compat`) adds every series that has a
+vLLM counterpart again under vLLM's name (`vllm:num_requests_running`, ...), so dashboards
+built for vLLM work unchanged. `SERIES` lists what is exported (README documents it).
 """
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from pagedllm.engine.stats import EngineStats
 from pagedllm.outputs import RequestOutput
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# No `*_created` series: vLLM has none and they double the page for nothing.
+disable_created_metrics()
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -26,195 +46,204 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
+# Engine series: (name without prefix, type, help, EngineStats attribute).
+_ENGINE = [
+    ("num_requests_running", "gauge", "Number of requests in the running batch.", "running"),
+    ("num_requests_waiting", "gauge", "Number of requests waiting to be scheduled.", "waiting"),
+    ("num_requests_swapped", "gauge", "Number of requests swapped out to CPU memory.",
+     "swapped"),
+    ("kv_cache_usage_perc", "gauge", "Fraction of KV cache blocks in use (1 = 100%).",
+     "kv_usage"),
+    ("prompt_tokens_total", "counter", "Prompt tokens of all accepted requests.",
+     "prompt_tokens_total"),
+    ("generation_tokens_total", "counter", "Tokens generated.", "generation_tokens_total"),
+    ("num_preemptions_total", "counter", "Preemptions by the scheduler.",
+     "num_preemptions_total"),
+    ("swapped_out_blocks_total", "counter",
+     "KV blocks copied to CPU swap space by swap preemption.", "swapped_out_blocks_total"),
+    ("swapped_in_blocks_total", "counter", "KV blocks copied back from CPU swap space.",
+     "swapped_in_blocks_total"),
+    ("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+     "prefix_cache_queries"),
+    ("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache.",
+     "prefix_cache_hits"),
+    ("invariant_checks_total", "counter",
+     "Block-accounting checks run when the engine went idle.", "invariant_checks_total"),
+    ("invariant_violations_total", "counter",
+     "Idle-time checks that found a violation (leaked or miscounted KV blocks).",
+     "invariant_violations_total"),
+]
+_HISTOGRAMS = [
+    ("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
+    ("inter_token_latency_seconds", "Time between tokens.", ITL_BUCKETS),
+    ("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS),
+    ("request_queue_time_seconds", "Arrival to first scheduled.", REQUEST_BUCKETS),
+]
+FINISH_REASONS = ("stop", "length", "abort")
+REJECT_REASONS = ("queued_reqs", "queued_tokens", "body_too_large")
 
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """Engine state as of the end of its last step or command (published by the engine thread)."""
-
-    running: int = 0  # requests (not sequences) in the running batch
-    waiting: int = 0
-    swapped: int = 0  # requests whose KV blocks are in the CPU swap pool
-    kv_usage: float = 0.0  # fraction of KV blocks in use, 0.0 - 1.0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    num_preemptions_total: int = 0
-    swapped_out_blocks_total: int = 0
-    swapped_in_blocks_total: int = 0
-    num_steps: int = 0
-    prefix_cache_queries_total: int = 0  # tokens looked up in the prefix cache
-    prefix_cache_hits_total: int = 0     # of those, tokens found there
-    invariant_checks_total: int = 0      # idle-time block accounting checks
-    invariant_violations_total: int = 0  # of those, failed (a bug: logged with details)
-    # LoRA (max_lora 0: off): requests per adapter name, running and waiting
-    max_lora: int = 0
-    lora_running: tuple[tuple[str, int], ...] = ()
-    lora_waiting: tuple[tuple[str, int], ...] = ()
+# Every exported series: full name -> Prometheus type.
+SERIES: dict[str, str] = {
+    **{f"pagedllm:{name}": kind for name, kind, _, _ in _ENGINE},
+    "pagedllm:request_success_total": "counter",
+    "pagedllm:request_rejected_total": "counter",
+    **{f"pagedllm:{name}": "histogram" for name, _, _ in _HISTOGRAMS},
+}
+_PAGEDLLM_ONLY = {"pagedllm:swapped_out_blocks_total", "pagedllm:swapped_in_blocks_total",
+                  "pagedllm:invariant_checks_total", "pagedllm:invariant_violations_total",
+                  "pagedllm:request_rejected_total"}
+# --metrics-vllm-compat: vLLM name(s) for each pagedllm series that has a counterpart
+# (gpu_cache_usage_perc and time_per_output_token_seconds are vLLM's older names).
+VLLM_ALIASES: dict[str, tuple[str, ...]] = {
+    **{name: (name.replace("pagedllm:", "vllm:"),) for name in SERIES
+       if name not in _PAGEDLLM_ONLY},
+    "pagedllm:kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "pagedllm:inter_token_latency_seconds": ("vllm:inter_token_latency_seconds",
+                                             "vllm:time_per_output_token_seconds"),
+}
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _family_name(series: str, kind: str) -> str:
+    """prometheus_client names a counter family without its `_total` suffix."""
+    return series.removesuffix("_total") if kind == "counter" else series
 
 
-def _labels(labels: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+class EngineCollector(Collector):
+    """Engine gauges and counters, read from `stats()` when /metrics is scraped."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats]) -> None:
+        self.model_name, self.stats = model_name, stats
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.stats()
+        for name, kind, doc, attr in _ENGINE:
+            cls = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
+            family = cls(f"pagedllm:{name}", doc, labels=["model_name"])
+            family.add_metric([self.model_name], float(getattr(st, attr)))
+            yield family
 
 
-def _num(value: float) -> str:
-    if value == float("inf"):
-        return "+Inf"
-    return repr(float(value)) if isinstance(value, float) else str(value)
+class LoRACollector(Collector):
+    """vLLM's `lora_requests_info` (adapter names in labels, value = scrape time) and the
+    running / waiting requests per adapter; nothing when LoRA is off (`max_lora` 0)."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats]) -> None:
+        self.model_name, self.stats = model_name, stats
+
+    def collect(self) -> Iterator[Metric]:
+        import time
+
+        st = self.stats()
+        if not st.max_lora:
+            return
+        info = GaugeMetricFamily(
+            "pagedllm:lora_requests_info", "Running and waiting LoRA adapters.",
+            labels=["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+        info.add_metric([self.model_name, str(st.max_lora),
+                         ",".join(n for n, _ in st.lora_running),
+                         ",".join(n for n, _ in st.lora_waiting)], time.time())
+        yield info
+        for name, pairs, doc in (("running", st.lora_running, "in the running batch"),
+                                 ("waiting", st.lora_waiting, "waiting to be scheduled")):
+            family = GaugeMetricFamily(f"pagedllm:lora_num_requests_{name}",
+                                       f"Requests {doc} per LoRA adapter.",
+                                       labels=["model_name", "lora_name"])
+            for adapter, count in pairs:
+                family.add_metric([self.model_name, adapter], float(count))
+            yield family
 
 
-def lora_families(snap: EngineSnapshot, lab: dict[str, str]) -> list[str]:
-    """vLLM's `lora_requests_info` (adapter names in labels, value = the time of the
-    snapshot) and the number of running / waiting requests per adapter."""
-    import time
+class _VllmAliases(Collector):
+    """The series of `source` that vLLM also has, again under vLLM's names."""
 
-    info = {**lab, "max_lora": str(snap.max_lora),
-            "running_lora_adapters": ",".join(n for n, _ in snap.lora_running),
-            "waiting_lora_adapters": ",".join(n for n, _ in snap.lora_waiting)}
-    lines = ["# HELP pagedllm:lora_requests_info Running and waiting LoRA adapters.",
-             "# TYPE pagedllm:lora_requests_info gauge",
-             f"pagedllm:lora_requests_info{_labels(info)} {_num(time.time())}"]
-    for name, pairs, doc in (("running", snap.lora_running, "in the running batch"),
-                             ("waiting", snap.lora_waiting, "waiting to be scheduled")):
-        metric = f"pagedllm:lora_num_requests_{name}"
-        lines += [f"# HELP {metric} Requests {doc} per LoRA adapter.", f"# TYPE {metric} gauge"]
-        lines += [f"{metric}{_labels({**lab, 'lora_name': n})} {c}" for n, c in pairs]
-    return lines
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+        self._families = {_family_name(s, k): s for s, k in SERIES.items()}
 
-
-class Histogram:
-    """Cumulative-bucket histogram (buckets are upper bounds; +Inf is implicit)."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = tuple(sorted(buckets))
-        self.counts = [0] * (len(self.buckets) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def render(self, name: str, labels: dict[str, str]) -> list[str]:
-        lines, acc = [], 0
-        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            acc += n
-            lines.append(f"{name}_bucket{_labels({**labels, 'le': _num(float(bound))})} {acc}")
-        lines.append(f"{name}_sum{_labels(labels)} {_num(self.sum)}")
-        lines.append(f"{name}_count{_labels(labels)} {acc}")
-        return lines
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            series = self._families.get(family.name)
+            for alias in VLLM_ALIASES.get(series, ()):
+                kind = SERIES[series]
+                renamed = Metric(_family_name(alias, kind), family.documentation, family.type)
+                old, new = _family_name(series, kind), _family_name(alias, kind)
+                renamed.samples = [s._replace(name=new + s.name[len(old):])
+                                   for s in family.samples]
+                yield renamed
 
 
 class ServingMetrics:
-    """Per-request latency histograms and finish counters; renders the whole /metrics page."""
+    """The /metrics page of one server: engine series plus per-request latency histograms
+    and finish counters."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats] | None = None) -> None:
         self.model_name = model_name
-        self._lock = threading.Lock()
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.e2e = Histogram(REQUEST_BUCKETS)
-        self.queue = Histogram(REQUEST_BUCKETS)
-        self.finished: Counter[str] = Counter()
-        self.rejected: Counter[str] = Counter()  # reason -> API calls refused (429 / 413)
+        self.registry = CollectorRegistry(auto_describe=True)
+        if stats is not None:
+            self.registry.register(EngineCollector(model_name, stats))
+            self.registry.register(LoRACollector(model_name, stats))
+        self._aliases = CollectorRegistry(auto_describe=False)
+        self._aliases.register(_VllmAliases(self.registry))
+        self._success = Counter("pagedllm:request_success", "Finished requests by reason.",
+                                ["model_name", "finished_reason"], registry=self.registry)
+        self._reasons = set(FINISH_REASONS)
+        for reason in FINISH_REASONS:
+            self._success.labels(model_name, reason)
+        self._rejected = Counter(
+            "pagedllm:request_rejected", "API calls refused before queueing, by reason (429: "
+            "queue full; 413: body too large).", ["model_name", "reason"],
+            registry=self.registry)
+        for reason in REJECT_REASONS:
+            self._rejected.labels(model_name, reason)
+        hist = {name: Histogram(f"pagedllm:{name}", doc, ["model_name"], buckets=buckets,
+                                registry=self.registry).labels(model_name)
+                for name, doc, buckets in _HISTOGRAMS}
+        self.ttft = hist["time_to_first_token_seconds"]
+        self.itl = hist["inter_token_latency_seconds"]
+        self.e2e = hist["e2e_request_latency_seconds"]
+        self.queue = hist["request_queue_time_seconds"]
+        # Event loop thread only (observe / observe_abort), so no lock.
         self._last_token_time: dict[str, float] = {}
 
     def observe(self, out: RequestOutput, now: float) -> None:
         """Record one (possibly coalesced) output of a request, produced by a step ending at `now`."""
-        new_tokens = any(c.delta_token_ids for c in out.outputs)
-        with self._lock:
-            if new_tokens:
-                prev = self._last_token_time.get(out.request_id)
-                m = out.metrics
-                if prev is not None:
-                    self.itl.observe(now - prev)
-                elif m is not None and m.first_token_time is not None:
-                    self.ttft.observe(m.first_token_time - m.arrival_time)
-                    if m.first_scheduled_time is not None:
-                        self.queue.observe(m.first_scheduled_time - m.arrival_time)
-                self._last_token_time[out.request_id] = now
-            if out.finished:
-                self._last_token_time.pop(out.request_id, None)
-                reason = next((c.finish_reason for c in out.outputs if c.finish_reason), "abort")
-                self.finished[reason] += 1
-                m = out.metrics
-                if m is not None:
-                    self.e2e.observe((m.finished_time or now) - m.arrival_time)
-
-    def observe_abort(self, request_id: str, arrival_time: float, now: float) -> None:
-        with self._lock:
-            self._last_token_time.pop(request_id, None)
-            self.finished["abort"] += 1
-            self.e2e.observe(now - arrival_time)
+        m = out.metrics
+        if any(c.delta_token_ids for c in out.outputs):
+            prev = self._last_token_time.get(out.request_id)
+            if prev is not None:
+                self.itl.observe(now - prev)
+            elif m is not None and m.first_token_time is not None:
+                self.ttft.observe(m.first_token_time - m.arrival_time)
+                if m.first_scheduled_time is not None:
+                    self.queue.observe(m.first_scheduled_time - m.arrival_time)
+            self._last_token_time[out.request_id] = now
+        if out.finished:
+            self._last_token_time.pop(out.request_id, None)
+            reason = next((c.finish_reason for c in out.outputs if c.finish_reason), "abort")
+            self._reasons.add(reason)
+            self._success.labels(self.model_name, reason).inc()
+            if m is not None:
+                self.e2e.observe((m.finished_time or now) - m.arrival_time)
 
     def observe_rejected(self, reason: str) -> None:
-        with self._lock:
-            self.rejected[reason] += 1
+        """An API call refused before it reached the engine (queue full, body too large)."""
+        self._rejected.labels(self.model_name, reason).inc()
 
-    def render(self, snap: EngineSnapshot) -> str:
-        lab = {"model_name": self.model_name}
-        out: list[str] = []
+    def observe_abort(self, request_id: str, arrival_time: float, now: float) -> None:
+        self._last_token_time.pop(request_id, None)
+        self._success.labels(self.model_name, "abort").inc()
+        self.e2e.observe(now - arrival_time)
 
-        def family(name: str, kind: str, doc: str, samples: list[str]) -> None:
-            out.extend([f"# HELP {name} {doc}", f"# TYPE {name} {kind}", *samples])
+    @property
+    def finished(self) -> dict[str, int]:
+        """Finished requests by reason so far (what request_success_total exports)."""
+        return {r: int(self.registry.get_sample_value(
+            "pagedllm:request_success_total",
+            {"model_name": self.model_name, "finished_reason": r}) or 0) for r in self._reasons}
 
-        def scalar(name: str, kind: str, doc: str, value: float) -> None:
-            family(name, kind, doc, [f"{name}{_labels(lab)} {_num(value)}"])
-
-        scalar("pagedllm:num_requests_running", "gauge",
-               "Number of requests in the running batch.", snap.running)
-        scalar("pagedllm:num_requests_waiting", "gauge",
-               "Number of requests waiting to be scheduled.", snap.waiting)
-        scalar("pagedllm:num_requests_swapped", "gauge",
-               "Number of requests swapped out to CPU memory.", snap.swapped)
-        scalar("pagedllm:kv_cache_usage_perc", "gauge",
-               "Fraction of KV cache blocks in use (1 = 100%).", float(snap.kv_usage))
-        scalar("pagedllm:prompt_tokens_total", "counter",
-               "Prompt tokens of all accepted requests.", snap.prompt_tokens_total)
-        scalar("pagedllm:generation_tokens_total", "counter",
-               "Tokens generated.", snap.generation_tokens_total)
-        scalar("pagedllm:num_preemptions_total", "counter",
-               "Preemptions by the scheduler.", snap.num_preemptions_total)
-        scalar("pagedllm:swapped_out_blocks_total", "counter",
-               "KV blocks copied to CPU swap space by swap preemption.",
-               snap.swapped_out_blocks_total)
-        scalar("pagedllm:swapped_in_blocks_total", "counter",
-               "KV blocks copied back from CPU swap space.", snap.swapped_in_blocks_total)
-        scalar("pagedllm:prefix_cache_queries_total", "counter",
-               "Prompt tokens looked up in the prefix cache.", snap.prefix_cache_queries_total)
-        scalar("pagedllm:prefix_cache_hits_total", "counter",
-               "Prompt tokens found in the prefix cache.", snap.prefix_cache_hits_total)
-        scalar("pagedllm:invariant_checks_total", "counter",
-               "Block-accounting checks run when the engine went idle.",
-               snap.invariant_checks_total)
-        scalar("pagedllm:invariant_violations_total", "counter",
-               "Idle-time checks that found a violation (leaked or miscounted KV blocks).",
-               snap.invariant_violations_total)
-        if snap.max_lora:
-            out.extend(lora_families(snap, lab))
-        with self._lock:
-            reasons = dict(self.finished)
-            rejected = dict(self.rejected)
-            hists = [("pagedllm:time_to_first_token_seconds", "Time to first token.", self.ttft),
-                     ("pagedllm:inter_token_latency_seconds", "Time between tokens.", self.itl),
-                     ("pagedllm:e2e_request_latency_seconds", "Arrival to finish.", self.e2e),
-                     ("pagedllm:request_queue_time_seconds", "Arrival to first scheduled.",
-                      self.queue)]
-            rendered = [(n, d, h.render(n, lab)) for n, d, h in hists]
-        family("pagedllm:request_success_total", "counter", "Finished requests by reason.",
-               [f"pagedllm:request_success_total{_labels({**lab, 'finished_reason': r})} {reasons.get(r, 0)}"
-                for r in sorted({"stop", "length", "abort", *reasons})])
-        family("pagedllm:request_rejected_total", "counter",
-               "API calls refused before queueing, by reason (429: queue full; 413: body "
-               "too large).",
-               [f"pagedllm:request_rejected_total{_labels({**lab, 'reason': r})} "
-                f"{rejected.get(r, 0)}"
-                for r in sorted({"queued_reqs", "queued_tokens", "body_too_large", *rejected})])
-        for name, doc, samples in rendered:
-            family(name, "histogram", doc, samples)
-        return "\n".join(out) + "\n"
+    def render(self, vllm_compat: bool = False) -> str:
+        """The exposition text (Prometheus text format)."""
+        text = generate_latest(self.registry).decode()
+        if vllm_compat:
+            text += generate_latest(self._aliases).decode()
+        return text

@@ -51,7 +51,7 @@ def test_pairs_and_int8(cfg_path):
 
 def test_cli_prints_plan(cfg_path, capsys):
     assert main(["plan", str(cfg_path()), "--memory", "24", "--max-model-len", "4096",
-                 "--max-num-seqs", "8"]) == 0
+                 "--max-num-seqs", "8", "--dtype", "float16"]) == 0
     out = capsys.readouterr().out
     assert "512 KiB" in out and "2.000 GiB" in out and "does NOT fit" in out
 

@@ -9,7 +9,7 @@ to the asyncio side without ever waiting on a consumer.
     RequestStream  ◀── loop.call_soon_threadsafe(_dispatch, outputs) ── once per step
 
 The engine is not thread-safe, so only the engine thread touches it; everything the HTTP side
-needs (add results, outputs, the metrics snapshot) crosses over as messages.
+needs (add results, outputs) crosses over as messages; /metrics reads the engine's stats.
 
 Faults: an error in one request's output processing fails only that request (its output
 carries `error`); an exception from a whole step aborts the requests in flight and the loop
@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from pagedllm.engine.admission import EngineOverloaded, QueueLimits
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.request_stream import EngineRequest, RequestAborted, RequestStream
-from pagedllm.engine.stats import snapshot_of
-from pagedllm.metrics import EngineSnapshot, ServingMetrics
+from pagedllm.engine.stats import EngineStats
+from pagedllm.metrics import ServingMetrics
 from pagedllm.outputs import RequestOutput
 
 __all__ = ["AsyncEngine", "EngineDead", "EngineOverloaded", "EngineRequest",
@@ -65,8 +65,7 @@ class AsyncEngine:
         self.limits = limits or QueueLimits()
         self.on_dead: Callable[[BaseException], None] | None = None  # e.g. stop the server
         self.model_name = served_model_name or engine.model_name
-        self.metrics = ServingMetrics(self.model_name)
-        self.snapshot = EngineSnapshot()
+        self.metrics = ServingMetrics(self.model_name, lambda: self.engine.stats)
         self.shutting_down = False
         self.dead: BaseException | None = None  # set (on the event loop) if the thread died
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
@@ -74,6 +73,11 @@ class AsyncEngine:
         self._live: set[str] = set()  # engine thread side only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def snapshot(self) -> EngineStats:
+        """The engine's counters and gauges (kept current by the engine thread)."""
+        return self.engine.stats
 
     # ------------------------------------------------------------ lifecycle
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -213,7 +217,6 @@ class AsyncEngine:
                     self._live.discard(out.request_id)
             if not eng.has_unfinished_requests():
                 self._check_idle()
-            self._publish()
             if outputs:
                 self._call(self._dispatch, outputs, now)
             elif eng.stats.num_steps == steps and not self._drain(block=True,
@@ -244,7 +247,6 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 break
-        self._publish()
         return True
 
     def _execute(self, cmd: tuple) -> bool:
@@ -294,7 +296,4 @@ class AsyncEngine:
         except Exception:
             logger.exception("abort after failure failed")
         self._call(self._dispatch_error, ids, error)
-
-    def _publish(self) -> None:
-        self.snapshot = snapshot_of(self.engine)
 

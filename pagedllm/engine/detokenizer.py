@@ -1,26 +1,123 @@
 """Incremental detokenization and stop strings for one sequence.
 
-Text is produced by decoding a short window of ids and diffing it against the decode of the window's
-head, whose text is already in the output (vLLM's prefix/read offset algorithm):
+Text comes from `tokenizers.decoders.DecodeStream` (the Rust tokenizer's own streaming decoder,
+what vLLM v1 uses) whenever the tokenizer is a fast one: it is primed with the last prompt
+tokens, so seams come out right (SentencePiece decoders drop the leading space of the *first*
+token only, so "▁world" decodes to " world" after context), and it returns nothing while the
+last tokens are an unfinished multi-byte character. Slow (pure Python) tokenizers use the same
+algorithm written out over `tokenizer.decode` (`_WindowText`, vLLM's prefix/read offsets):
 
     ids:  ... | p5 p6 p7 p8 p9 | o0 o1 o2 o3 |
               ^prefix_offset   ^read_offset  ^len(ids)
     prefix_text = decode(ids[prefix_offset:read_offset])    # cached, already emitted
     window_text = decode(ids[prefix_offset:])               # prefix_text + new text
 
-Decoding with a few tokens of left context gets the seams right: SentencePiece decoders drop the
-leading space of the *first* token only, so "▁world" decodes to " world" after context. When the new
-text is complete (does not end in U+FFFD, the mark of an unfinished multi-byte character), the window
-slides: prefix_offset = read_offset, read_offset = len(ids). Otherwise the window grows and only the
-characters in front of the trailing U+FFFD run are emitted. Each step decodes O(new tokens).
+When the new text is complete (does not end in U+FFFD, the mark of an unfinished multi-byte
+character), the window slides: prefix_offset = read_offset, read_offset = len(ids). Each step
+decodes O(new tokens). Stop strings and the streaming hold-back are applied on top, the same
+for both sources.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from tokenizers.decoders import DecodeStream
+
+logger = logging.getLogger(__name__)
 
 _PROMPT_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
+
+
+def _decode(tokenizer: Any, ids: list[int], kwargs: dict[str, Any]) -> str:
+    return tokenizer.decode(ids, **kwargs) if ids else ""
+
+
+def _clean_context(tokenizer: Any, prompt_ids: list[int], kwargs: dict[str, Any]) -> list[int]:
+    """The last prompt tokens, without a leading partial character (which would decode as
+    U+FFFD and shift every later diff)."""
+    ctx = list(prompt_ids[-_PROMPT_CONTEXT_TOKENS:])
+    while ctx and _decode(tokenizer, ctx, kwargs).startswith(_REPLACEMENT_CHAR):
+        ctx.pop(0)
+    return ctx
+
+
+class _StreamText:
+    """New text per token from `DecodeStream`; the ids it holds back (an unfinished
+    character) are kept so `pending()` can show them as U+FFFD, as `decode` would."""
+
+    def __init__(self, tokenizer: Any, context: list[int], kwargs: dict[str, Any]) -> None:
+        self._hf, self._kwargs = tokenizer, kwargs
+        self._rust = tokenizer.backend_tokenizer
+        self._skip = kwargs["skip_special_tokens"]
+        self._stream = DecodeStream(ids=context, skip_special_tokens=self._skip)
+        self._last: list[int] = list(context)  # ids up to the last emitted text
+        self._held: list[int] = []              # ids fed since then
+
+    def add(self, token_id: int) -> str:
+        try:
+            chunk = self._stream.step(self._rust, token_id)
+        except Exception as exc:  # noqa: BLE001 - DecodeStream's "invalid prefix" error
+            # Decoding the window no longer extends its prefix (rare decoder corner cases):
+            # restart the stream after the text emitted so far, as vLLM does.
+            logger.debug("DecodeStream restarted after %r", exc)
+            self._stream = DecodeStream(ids=self._last[-_PROMPT_CONTEXT_TOKENS:],
+                                        skip_special_tokens=self._skip)
+            chunk = self._stream.step(self._rust, token_id)
+        self._held.append(token_id)
+        if chunk is None:
+            return ""
+        self._last = (self._last + self._held)[-_PROMPT_CONTEXT_TOKENS:]
+        self._held = []
+        return chunk
+
+    def pending(self) -> str:
+        if not self._held:
+            return ""
+        ctx = self._last
+        full = _decode(self._hf, ctx + self._held, self._kwargs)
+        return full[len(_decode(self._hf, ctx, self._kwargs)):]
+
+
+class _WindowText:
+    """The same contract over `tokenizer.decode`, for tokenizers without a Rust backend."""
+
+    def __init__(self, tokenizer: Any, context: list[int], kwargs: dict[str, Any]) -> None:
+        self._tok, self._kwargs = tokenizer, kwargs
+        self._ids = list(context)
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self._prefix_text = _decode(tokenizer, self._ids, kwargs)
+        self._committed = 0  # characters of the window's new text already returned
+
+    def add(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        new_text = self._window_new_text()
+        complete = new_text.rstrip(_REPLACEMENT_CHAR)
+        out = ""
+        if len(complete) > self._committed:
+            out = complete[self._committed:]
+            self._committed = len(complete)
+        if new_text and len(complete) == len(new_text):  # no unfinished character: slide
+            self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+            self._prefix_text = _decode(self._tok, self._ids[self._prefix_offset:], self._kwargs)
+            self._committed = 0
+        return out
+
+    def pending(self) -> str:
+        if self._read_offset == len(self._ids):
+            return ""
+        return self._window_new_text()[self._committed:]
+
+    def _window_new_text(self) -> str:
+        """Text the ids after read_offset add to the window; '' if decoding shrank it (e.g. a
+        skipped special token)."""
+        window_text = _decode(self._tok, self._ids[self._prefix_offset:], self._kwargs)
+        if len(window_text) <= len(self._prefix_text):
+            return ""
+        return window_text[len(self._prefix_text):]
 
 
 class IncrementalDetokenizer:
@@ -64,13 +161,9 @@ class IncrementalDetokenizer:
         # A stop string may still be completing in the last (longest stop - 1) characters.
         self._holdback = max(map(len, self.stop), default=1) - 1
 
-        self._ids: list[int] = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
-        self._prefix_offset = 0
-        self._read_offset = len(self._ids)
-        self._prefix_text = self._decode(self._ids)
-        # Characters of the current window's new text already committed to _text: the complete
-        # characters in front of an unfinished one.
-        self._window_committed = 0
+        context = _clean_context(tokenizer, prompt_token_ids, self._decode_kwargs)
+        source = _StreamText if hasattr(tokenizer, "backend_tokenizer") else _WindowText
+        self._source = source(tokenizer, context, self._decode_kwargs)
         self._text = ""
         self._num_sent = 0  # characters of output returned by get_delta so far
         self._stop_str: str | None = None
@@ -84,9 +177,9 @@ class IncrementalDetokenizer:
     def output_text(self) -> str:
         """All text so far (final once finished). A trailing unfinished character shows as U+FFFD,
         as in ``tokenizer.decode``; it is replaced if a later token completes it."""
-        if self._stop_str is not None or self._read_offset == len(self._ids):
+        if self._stop_str is not None:
             return self._text
-        return self._text + self._window_new_text()[self._window_committed :]
+        return self._text + self._source.pending()
 
     def update(self, new_token_ids: list[int]) -> str | None:
         """Append tokens; return the stop string that matched (the sequence must then finish with
@@ -96,18 +189,9 @@ class IncrementalDetokenizer:
         if self._stop_str is not None:
             return None
         for token_id in new_token_ids:
-            self._ids.append(token_id)
-            self._num_output_tokens += 1
-            new_text = self._window_new_text()
-            complete = new_text.rstrip(_REPLACEMENT_CHAR)
             old_len = len(self._text)
-            if len(complete) > self._window_committed:
-                self._text += complete[self._window_committed :]
-                self._window_committed = len(complete)
-            if new_text and len(complete) == len(new_text):  # no unfinished character: slide
-                self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-                self._prefix_text = self._decode(self._ids[self._prefix_offset :])
-                self._window_committed = 0
+            self._num_output_tokens += 1
+            self._text += self._source.add(token_id)
             if (self.stop and self._num_output_tokens > self.min_tokens
                     and len(self._text) > old_len and self._find_stop(old_len)):
                 return self._stop_str
@@ -126,17 +210,6 @@ class IncrementalDetokenizer:
         delta = text[self._num_sent : end]
         self._num_sent = end
         return delta
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, **self._decode_kwargs) if ids else ""
-
-    def _window_new_text(self) -> str:
-        """Text the ids after read_offset add to the window; '' if decoding shrank it (e.g. a
-        skipped special token)."""
-        window_text = self._decode(self._ids[self._prefix_offset :])
-        if len(window_text) <= len(self._prefix_text):
-            return ""
-        return window_text[len(self._prefix_text) :]
 
     def _find_stop(self, old_len: int) -> bool:
         """Search text added after old_len (plus the characters a stop string could span before

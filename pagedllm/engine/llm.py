@@ -33,6 +33,10 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's generation_config.json defaults (as vLLM)."""
+        return SamplingParams(**self.llm_engine.sampling_defaults)
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, use_tqdm: bool = True, cache_salt: str | None = None,
@@ -47,7 +51,7 @@ class LLM:
         `enable_lora=True`. Prompts for different adapters run in the same batches.
         """
         prompts = self._normalize_prompts(prompts)
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         elif len(params) != len(prompts):

@@ -20,9 +20,10 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.swap_manager import SwapManager
-from pagedllm.engine import model_setup
+from pagedllm.engine import model_setup, startup
 from pagedllm.engine.chat_template import resolve_chat_template
 from pagedllm.engine.fault_injection import FaultInjector
+from pagedllm.engine.generation_config import sampling_defaults
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
 from pagedllm.engine.token_restrictions import resolve_token_restrictions
@@ -52,17 +53,27 @@ class LLMEngine:
         self.debug_steps = debug_steps
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        ckpt = load_checkpoint(config.model, quantization=config.quantization,
-                               revision=config.revision, download_dir=config.download_dir,
-                               tokenizer=config.tokenizer)
+        t_start = time.perf_counter()
+        with startup.step("checkpoint (config, tokenizer)"):
+            ckpt = load_checkpoint(config.model, quantization=config.quantization,
+                                   revision=config.revision, download_dir=config.download_dir,
+                                   tokenizer=config.tokenizer)
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
         if config.chat_template is not None:
             self.tokenizer.chat_template = resolve_chat_template(config.chat_template)
         self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
+        # SamplingParams defaults from generation_config.json (vLLM's --generation-config).
+        self.sampling_defaults = sampling_defaults(
+            config.generation_config, ckpt.source if ckpt.source.is_dir() else None)
         apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
         config.finalize(*rope_max_len(ckpt.config))
-        self.model = model_setup.build_model(ckpt, config)
+        if config.torch_device.type == "cpu":
+            # Compile (first run only) or load now, not inside the weight packing or a step.
+            with startup.step("CPU kernels"):
+                cpu_ops.load()
+        with startup.step("weights"):
+            self.model = model_setup.build_model(ckpt, config)
         self.lora = (LoRAManager(self.model, config.lora_config, config.torch_device,
                                  config.torch_dtype) if config.lora_config else None)
         self.vocab_size = ckpt.config.vocab_size
@@ -75,10 +86,9 @@ class LLMEngine:
         self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len,
                                                       model_dtype=config.torch_dtype)
         self.num_swap_blocks = model_setup.plan_swap_blocks(self.kv_spec, config)
-        self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device,
-                                 num_swap_blocks=self.num_swap_blocks)
-        if config.torch_device.type == "cpu":
-            cpu_ops.load()  # compile (first run only) now rather than inside the first step
+        with startup.step(f"KV pool {self.num_blocks * self.kv_spec.bytes_per_block / 2**30:.2f} GiB"):
+            self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device,
+                                     num_swap_blocks=self.num_swap_blocks)
         if config.enable_prefix_caching and rope_parameters(ckpt.config).get(
                 "rope_type") == "dynamic":
             logger.warning("prefix caching disabled: with dynamic NTK RoPE a key's rotation "
@@ -108,9 +118,10 @@ class LLMEngine:
         # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
         self.faults = FaultInjector.from_env(self.tokenizer)
         self.output_processor.faults = self.runner.faults = self.faults
-        self.stats = EngineStats()
+        self.stats = EngineStats(max_lora=config.max_loras if self.lora else 0)
         self._ids = itertools.count()
         self._requests: dict[str, list[Request]] = {}
+        logger.info("start-up: engine ready in %.2f s", time.perf_counter() - t_start)
 
     @classmethod
     def from_engine_args(cls, debug_steps: bool = False, **kwargs) -> LLMEngine:
@@ -175,6 +186,7 @@ class LLMEngine:
         self.scheduler.add_request(req)
         self._requests[request_id] = self.output_processor.groups[request_id].seqs
         self.stats.on_add(len(token_ids))
+        self._update_gauges()
         if self.faults is not None:
             self.faults.register(request_id, token_ids)
         return request_id
@@ -199,6 +211,7 @@ class LLMEngine:
                     self.scheduler.finish_request(seq, RequestStatus.FINISHED_ABORTED)
             self.output_processor.groups.pop(rid, None)
             self.stats.on_finish("abort")
+        self._update_gauges()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -239,9 +252,13 @@ class LLMEngine:
                            {"schedule": (t1 - t0) * 1e3, **result.timings_ms,
                             "output": (t3 - t2) * 1e3}, outputs,
                            swapped=len(self.scheduler.swapped))
+        self._update_gauges()
         if self.debug_steps:
             logger.info(self.stats.step_line())
         return outputs
+
+    def _update_gauges(self) -> None:
+        self.stats.observe_queues(self.scheduler, self.block_manager)
 
     def check_idle(self) -> None:
         """With no request left: block accounting intact and no KV block in use (raises

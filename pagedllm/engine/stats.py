@@ -1,15 +1,13 @@
-"""Engine counters and per-step timings (read by the metrics endpoint and --debug-steps)."""
+"""Engine counters, gauges and per-step timings (read by /metrics and --debug-steps).
+
+The engine thread writes them; /metrics reads them from the event loop thread at scrape time
+(single attribute reads, so a scrape may mix values of two neighbouring steps, never torn ones).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from pagedllm.metrics import EngineSnapshot
-
-if TYPE_CHECKING:
-    from pagedllm.engine.llm_engine import LLMEngine
 
 
 @dataclass
@@ -45,6 +43,32 @@ class EngineStats:
     invariant_violations_total: int = 0
     finished: Counter = field(default_factory=Counter)
     last: StepRecord | None = None
+    # Gauges as of the last step or request change (LLMEngine keeps them current).
+    running: int = 0   # requests (not sequences) in the running batch
+    waiting: int = 0
+    swapped: int = 0   # requests whose KV blocks are in the CPU swap pool
+    kv_usage: float = 0.0  # fraction of KV blocks in use, 0.0 - 1.0
+    # LoRA (max_lora 0: off): (adapter name, requests) in the running and waiting queues.
+    max_lora: int = 0
+    lora_running: tuple[tuple[str, int], ...] = ()
+    lora_waiting: tuple[tuple[str, int], ...] = ()
+
+    def observe_queues(self, scheduler, block_manager) -> None:
+        """Set the gauges from the scheduler's queues and the block pool. Queue gauges count
+        requests (an n > 1 request's sequences count once per queue they are in), as the
+        metric names say."""
+        def num_requests(queue) -> int:
+            return len({r.group_id for r in queue})
+
+        self.set_gauges(num_requests(scheduler.running), num_requests(scheduler.waiting),
+                        num_requests(scheduler.swapped), block_manager.usage)
+        if self.max_lora:
+            self.lora_running = requests_per_adapter(scheduler.running)
+            self.lora_waiting = requests_per_adapter(scheduler.waiting)
+
+    def set_gauges(self, running: int, waiting: int, swapped: int, kv_usage: float) -> None:
+        self.running, self.waiting, self.swapped, self.kv_usage = (
+            running, waiting, swapped, kv_usage)
 
     def on_add(self, num_prompt_tokens: int) -> None:
         self.prompt_tokens_total += num_prompt_tokens
@@ -88,31 +112,6 @@ class EngineStats:
                 f"swap_in_blocks={r.swap_in_blocks} {t} "
                 f"kv_usage={100 * r.kv_usage:.1f}% "
                 f"prefix_cache_hit_rate={100 * self.prefix_cache_hit_rate:.1f}%")
-
-
-def snapshot_of(eng: LLMEngine) -> EngineSnapshot:
-    """The engine's gauges and counters; queue gauges count requests (an n > 1 request's
-    sequences count once per queue they are in), as the metric names say."""
-    st, sched = eng.stats, eng.scheduler
-
-    def num_requests(queue) -> int:
-        return len({r.group_id for r in queue})
-
-    return EngineSnapshot(
-        running=num_requests(sched.running), waiting=num_requests(sched.waiting),
-        swapped=num_requests(sched.swapped), kv_usage=eng.block_manager.usage,
-        prompt_tokens_total=st.prompt_tokens_total,
-        generation_tokens_total=st.generation_tokens_total,
-        num_preemptions_total=st.num_preemptions_total,
-        swapped_out_blocks_total=st.swapped_out_blocks_total,
-        swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
-        prefix_cache_queries_total=st.prefix_cache_queries,
-        prefix_cache_hits_total=st.prefix_cache_hits,
-        invariant_checks_total=st.invariant_checks_total,
-        invariant_violations_total=st.invariant_violations_total,
-        max_lora=eng.config.max_loras if eng.lora is not None else 0,
-        lora_running=requests_per_adapter(sched.running),
-        lora_waiting=requests_per_adapter(sched.waiting))
 
 
 def requests_per_adapter(queue) -> tuple[tuple[str, int], ...]:

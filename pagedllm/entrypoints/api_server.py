@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 import pagedllm
 from pagedllm.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
 from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimitMiddleware
+from pagedllm.entrypoints.chat_page import add_chat_page
 from pagedllm.entrypoints.lora_routes import add_lora_routes
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -105,7 +106,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
               api_key: str | None = None,
               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES, *,
               tool_parser: str | None = None, enable_auto_tool_choice: bool = False,
-              lora_modules: list[LoRARequest] | None = None) -> FastAPI:
+              lora_modules: list[LoRARequest] | None = None, log_requests: bool = True,
+              metrics_vllm_compat: bool = False) -> FastAPI:
     """The app; its lifespan starts and stops `engine`'s step thread. `lora_modules` are
     served under their names (already validated by `engine`)."""
     names = served_model_names or [engine.model_name]
@@ -114,6 +116,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
     chat = OpenAIServingChat(engine, names, served, tool_parser=tool_parser,
                              enable_auto_tool_choice=enable_auto_tool_choice)
     base = ServingBase(engine, names, served)
+    for serving in (completions, chat, base):
+        serving.log_requests = log_requests
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -126,6 +130,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
     # Added last = outermost: an oversized body is refused before auth or parsing.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes,
                        on_reject=lambda: engine.metrics.observe_rejected("body_too_large"))
+    add_chat_page(app)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -176,7 +181,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(engine.metrics.render(engine.snapshot), media_type=CONTENT_TYPE)
+        return Response(engine.metrics.render(vllm_compat=metrics_vllm_compat),
+                        media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -246,14 +252,16 @@ def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names:
                max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
                sock: socket.socket | None = None, tool_parser: str | None = None,
                enable_auto_tool_choice: bool = False,
-               lora_modules: list[LoRARequest] | None = None) -> int:
+               lora_modules: list[LoRARequest] | None = None, log_requests: bool = True,
+               uvicorn_log_level: str = "info", metrics_vllm_compat: bool = False) -> int:
     """Serve until SIGTERM/SIGINT (returns 0 after a graceful shutdown) or until the engine
     thread dies (returns 1, so a supervisor restarts the process)."""
     app = build_app(engine, served_model_names, api_key, max_request_body_bytes,
                     tool_parser=tool_parser, enable_auto_tool_choice=enable_auto_tool_choice,
-                    lora_modules=lora_modules)
+                    lora_modules=lora_modules, log_requests=log_requests,
+                    metrics_vllm_compat=metrics_vllm_compat)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
-                            timeout_graceful_shutdown=30)
+                            log_level=uvicorn_log_level, timeout_graceful_shutdown=30)
     server = _Server(config, engine)
 
     def on_dead(exc: BaseException) -> None:

@@ -1,9 +1,15 @@
-"""Engine flags shared by every CLI command (vLLM names)."""
+"""Engine flags shared by every CLI command (vLLM names and meanings).
+
+Sizes: token counts (--max-model-len, --max-num-batched-tokens) take vLLM's human-readable
+forms, 4k = 4000 and 4K = 4096 (also m/M, g/G); --kv-cache-memory is bytes, or a size with a
+unit (4GiB, 512MiB, 1.5G); --swap-space is GiB, or a size with a unit.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 
 from pagedllm.config import (
@@ -11,6 +17,7 @@ from pagedllm.config import (
     PREEMPTION_MODES,
     QUANTIZATION_METHODS,
     EngineConfig,
+    parse_size,
 )
 from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.lora.request import LoRARequest
@@ -29,10 +36,14 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    "float16, bfloat16")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--kv-cache-memory", default=None,
-                   help="KV cache budget in bytes or with a suffix (4GiB); CPU default 2GiB")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--kv-cache-memory", default=None, type=_size,
+                   help="KV cache budget: bytes, or a size with a unit (4GiB, 512MiB); "
+                   "None = 2GiB on CPU, on CUDA what --gpu-memory-utilization leaves")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="share of CUDA device memory for weights, activations and KV cache")
+    g.add_argument("--max-model-len", type=human_int, default=None,
+                   help="context length (prompt + output), e.g. 2048, 4k (4000), 4K (4096); "
+                   "None = the model's trained length")
     g.add_argument("--rope-scaling", type=_rope_scaling, default=None,
                    help="JSON replacing the model's rope scaling, e.g. "
                    "'{\"rope_type\": \"yarn\", \"factor\": 4.0}' (linear, dynamic, yarn, llama3)")
@@ -41,7 +52,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="allow --max-model-len beyond the model's RoPE maximum (with a warning)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse the KV blocks of prompt prefixes computed before "
-                   "(default: on; --no-enable-prefix-caching turns it off)")
+                   "(--no-enable-prefix-caching turns it off)")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPES],
                    help="KV cache storage: auto (the model dtype), int8 or fp8 (= fp8_e4m3), "
                    "fp8_e5m2; 8-bit caches hold ~2x (vs fp16) or ~4x (vs fp32) the tokens, with "
@@ -49,9 +60,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES,
                    help="when KV blocks run out: recompute (free the victim's blocks, prefill "
                    "again later) or swap (copy them to --swap-space CPU memory and back)")
-    g.add_argument("--swap-space", type=float, default=4.0,
-                   help="GiB of CPU memory for swapped-out KV blocks with --preemption-mode "
-                   "swap (default 4; 0 disables: every preemption recomputes)")
+    g.add_argument("--swap-space", type=_gib, default=4.0,
+                   help="CPU memory for swapped-out KV blocks with --preemption-mode swap: GiB, "
+                   "or a size with a unit (512MiB); 0 disables (every preemption recomputes)")
     g.add_argument("--revision", default=None,
                    help="Hub models: branch, tag or commit to load (default main)")
     g.add_argument("--tokenizer", default=None,
@@ -64,15 +75,29 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    "model's; needed for chat with models that have none (base models)")
     g.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS,
                    help="weight format: gguf, awq, gptq (kept quantized in memory), int8 "
-                   "(weight-only int8 made at load), none (dequantize to --dtype, the reference); "
-                   "default: what the checkpoint holds")
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+                   "(weight-only int8 made at load), none (dequantize to --dtype, the "
+                   "reference); None = what the checkpoint holds")
+    g.add_argument("--max-num-seqs", type=int, default=256,
+                   help="most sequences in one batch")
+    g.add_argument("--max-num-batched-tokens", type=human_int, default=None,
+                   help="token budget of one step (None = 2048)")
+    g.add_argument("--seed", type=int, default=0, help="random seed")
+    g.add_argument("--num-threads", type=int, default=None,
+                   help="torch CPU threads (None = torch's default)")
+    g.add_argument("--generation-config", default="auto",
+                   help="sampling defaults: auto reads temperature/top_p/top_k/min_p/"
+                   "repetition_penalty from the model's generation_config.json (a request's "
+                   "own values win), vllm ignores the file, or a folder holding one")
+    g.add_argument("--tensor-parallel-size", "-tp", type=_tp_size, default=1,
+                   help="only 1: pagedllm runs on one device (no tensor parallelism yet)")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM compatibility; pagedllm never runs code from a "
+                   "model repository (its own model implementations only)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="accepted for vLLM compatibility; pagedllm always runs eagerly (no "
+                   "CUDA graphs or torch.compile to turn off)")
     g.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
-                   help=f"largest logprobs / top_logprobs a request may ask for (default "
-                   f"{MAX_LOGPROBS})")
+                   help="largest logprobs / top_logprobs a request may ask for")
     g.add_argument("--debug-steps", action="store_true",
                    help="log one line per engine step with timings")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -88,6 +113,39 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                     help="adapters kept loaded in CPU memory (default: --max-loras)")
 
 
+_HUMAN_INT = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def human_int(text: str) -> int:
+    """vLLM's human-readable integers: '4096', '4k' = 4000, '4K' = 4096, '1.5m', '25.6k'."""
+    text = text.strip()
+    mult = _HUMAN_INT.get(text[-1:], 1)
+    number = text[:-1] if mult != 1 else text
+    try:
+        value = float(number) * mult if mult != 1 else int(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a token count (e.g. 4096, 4k = 4000, 4K = 4096)") from None
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
+    return int(value)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _gib(text: str) -> float:
+    """GiB for a plain number (vLLM's --swap-space), else a size with a unit."""
+    try:
+        return float(text)
+    except ValueError:
+        return _size(text) / 2**30
+
+
 def _rope_scaling(text: str) -> dict | None:
     try:
         return parse_rope_scaling(text)
@@ -97,15 +155,18 @@ def _rope_scaling(text: str) -> dict | None:
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on")
     g.add_argument("--api-key", default=os.environ.get("PAGEDLLM_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize "
-                   "(default: $PAGEDLLM_API_KEY)")
+                   "(default: $PAGEDLLM_API_KEY; the chat page asks for it)")
     g.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model; the first appears in responses "
                    "(default: the model argument)")
-    g.add_argument("--disable-access-log", action="store_true", help="no per-request log line")
+    g.add_argument("--disable-access-log", action="store_true",
+                   help="no uvicorn access log line per HTTP request")
+    g.add_argument("--disable-log-requests", action="store_true",
+                   help="no log line per accepted generation request (vLLM's flag)")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='allow tool_choice "auto": the model decides, --tool-call-parser reads '
                    "its calls (required / named choices work without it)")
@@ -114,17 +175,41 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    "(<tool_call>{json}</tool_call>) or llama3_json")
     g.add_argument("--max-num-queued-reqs", type=int, default=None,
                    help="refuse new requests (429 + Retry-After) while this many wait to be "
-                   "scheduled (default: unbounded)")
+                   "scheduled (None: unbounded)")
     g.add_argument("--max-num-queued-tokens", type=int, default=None,
                    help="refuse new requests (429) that would bring the waiting requests' "
-                   "prompt tokens past this (default: unbounded)")
+                   "prompt tokens past this (None: unbounded)")
     g.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="refuse larger request bodies (413) before parsing them (default "
                    f"{DEFAULT_MAX_REQUEST_BODY_BYTES // 2**20} MiB)")
+    g.add_argument("--metrics-vllm-compat", action="store_true",
+                   help="/metrics also exports each series under vLLM's name (vllm:...), for "
+                   "dashboards built for vLLM")
+    g.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="log level of uvicorn's own messages")
     g.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None,
                    metavar="NAME=PATH", help="LoRA adapters served under their names (the "
                    "request's `model` picks one; needs --enable-lora); also vLLM's JSON form "
                    "'{\"name\": ..., \"path\": ...}'")
+
+
+def _tp_size(text: str) -> int:
+    if text.strip() != "1":
+        raise argparse.ArgumentTypeError(
+            f"{text}: pagedllm has no tensor parallelism yet; it runs a model on one device "
+            "(only 1 is accepted)")
+    return 1
+
+
+def check_vllm_only_args(args: argparse.Namespace) -> None:
+    """Say what the vLLM flags that change nothing here mean for pagedllm."""
+    log = logging.getLogger(__name__)
+    if getattr(args, "trust_remote_code", False):
+        log.info("--trust-remote-code: accepted; no code from a model repository is ever run "
+                 "(pagedllm uses its own model implementations)")
+    if getattr(args, "enforce_eager", False):
+        log.info("--enforce-eager: accepted; pagedllm always runs eagerly (nothing to capture)")
 
 
 def parse_lora_module(text: str) -> LoRARequest:
@@ -159,6 +244,7 @@ def number_lora_modules(modules: list[LoRARequest] | None) -> list[LoRARequest]:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    check_vllm_only_args(args)
     return EngineConfig(
         model=args.model_flag or args.model, dtype=args.dtype, device=args.device,
         block_size=args.block_size, kv_cache_memory=args.kv_cache_memory,
@@ -168,7 +254,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        quantization=args.quantization, max_logprobs=args.max_logprobs,
+        generation_config=args.generation_config, quantization=args.quantization, max_logprobs=args.max_logprobs,
         enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
         chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,

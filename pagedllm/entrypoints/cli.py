@@ -1,8 +1,10 @@
-"""`pagedllm` command line: serve (OpenAI-compatible HTTP server), generate, chat."""
+"""`pagedllm` command line: serve (OpenAI-compatible HTTP server), generate, chat, plan,
+bench, build-kernels. `python -m pagedllm` is the same command."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
@@ -13,20 +15,31 @@ from pagedllm.entrypoints.args import (
     number_lora_modules,
 )
 
+logger = logging.getLogger(__name__)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every flag's default (but never the API key taken from the environment)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.dest == "api_key":
+            return action.help
+        return super()._get_help_string(action)
+
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--sampling-seed", dest="sample_seed", type=int, default=None)
+    g = p.add_argument_group("sampling (the request's; --seed seeds it)")
+    g.add_argument("--max-tokens", type=int, default=128, help="tokens to generate")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
 
 
 def _params(args):
     from pagedllm import SamplingParams
 
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed)
+                          top_p=args.top_p, top_k=args.top_k, seed=args.seed)
 
 
 def _engine(args):
@@ -39,10 +52,19 @@ def _engine(args):
 
 
 def cmd_generate(args) -> int:
+    """The generated text, one completion after another (a blank line between prompts); with
+    --json one JSON object per prompt and line."""
     llm = _engine(args)
     outs = llm.generate(args.prompt, _params(args), use_tqdm=False)
-    for out in outs:
-        sys.stdout.write(f"{out.prompt!r} -> {out.outputs[0].text!r}\n")
+    for i, out in enumerate(outs):
+        c = out.outputs[0]
+        if args.json:
+            sys.stdout.write(json.dumps({
+                "prompt": out.prompt, "text": c.text, "token_ids": list(c.token_ids),
+                "finish_reason": c.finish_reason,
+                "prompt_tokens": len(out.prompt_token_ids)}) + "\n")
+        else:
+            sys.stdout.write(("\n" if i else "") + c.text + "\n")
     return 0
 
 
@@ -69,6 +91,7 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     from pagedllm.engine.async_engine import AsyncEngine, QueueLimits
     from pagedllm.engine.llm_engine import LLMEngine
+    from pagedllm.engine.startup import warm_up
     from pagedllm.entrypoints.api_server import bind_socket, run_server
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
@@ -92,38 +115,54 @@ def cmd_serve(args) -> int:
             engine.load_lora(m)
         except ValueError as e:
             raise SystemExit(f"pagedllm serve: error: --lora-modules {m.lora_name}: {e}") from None
+    warm_up(engine)  # before /health answers 200
     names = args.served_model_name or [engine.model_name]
-    logging.getLogger(__name__).info("serving %s as %s on http://%s:%d%s", engine.model_name,
-                                     ", ".join(names), args.host, args.port,
-                                     " (API key required)" if args.api_key else "")
+    logger.info("serving %s as %s on http://%s:%d%s (chat page at /)", engine.model_name,
+                ", ".join(names), args.host, args.port,
+                " (API key required)" if args.api_key else "")
     return run_server(AsyncEngine(engine, names[0], limits), host=args.host, port=args.port,
                       served_model_names=names, api_key=args.api_key,
                       access_log=not args.disable_access_log,
                       max_request_body_bytes=args.max_request_body_bytes, sock=sock,
                       tool_parser=args.tool_call_parser,
                       enable_auto_tool_choice=args.enable_auto_tool_choice,
-                      lora_modules=lora_modules)
-
-
-_KV_DTYPE_BYTES = {"auto": None, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2,
-                   "bfloat16": 2, "bf16": 2, "int8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+                      lora_modules=lora_modules,
+                      log_requests=not args.disable_log_requests,
+                      uvicorn_log_level=args.uvicorn_log_level,
+                      metrics_vllm_compat=args.metrics_vllm_compat)
 
 
 def cmd_plan(args) -> int:
-    from pagedllm.memory_plan import load_config, plan
+    """The engine's own numbers for this model and these flags, without loading weights."""
+    import torch
 
-    if args.memory is None and args.kv_cache_memory is None:
-        args.memory = 24.0
-    result = plan(load_config(args.model_or_config), memory_gib=args.memory,
-                  kv_cache_memory_gib=args.kv_cache_memory, max_model_len=args.max_model_len,
-                  block_size=args.block_size, kv_dtype_bytes=_KV_DTYPE_BYTES[args.kv_cache_dtype],
-                  utilization=args.gpu_memory_utilization)
+    from pagedllm.memory_plan import load_config, plan_for_engine
+
+    model = args.model_flag or args.model
+    if model is None:
+        from pagedllm.loader import default_model_path
+
+        model = str(default_model_path())
+    config = engine_config_from_args(args)
+    if config.torch_device.type == "cuda" and not torch.cuda.is_available() \
+            and args.dtype == "auto":
+        config.torch_dtype = torch.bfloat16  # what "auto" resolves to on bf16-capable GPUs
+        if args.kv_cache_dtype == "auto":
+            config.torch_kv_cache_dtype = torch.bfloat16
+    memory = None if args.memory is None else _memory_bytes(args.memory)
+    try:
+        result = plan_for_engine(load_config(model), config, memory_bytes=memory)
+    except ValueError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
     lines = result.lines()
-    if args.max_num_seqs is not None:
-        need = args.max_num_seqs * result.kv_bytes_per_seq
-        verdict = "fits" if need <= result.kv_budget else "does NOT fit"
-        lines.append(f"max_num_seqs {args.max_num_seqs} x max_model_len {result.max_model_len} "
-                     f"needs {need / 2**30:.2f} GiB of KV: {verdict}")
+    need = config.max_num_seqs * result.kv_bytes_per_seq
+    verdict = "fits" if need <= result.kv_budget else "does NOT fit"
+    lines.append(f"max_num_seqs {config.max_num_seqs} x max_model_len {result.max_model_len} "
+                 f"needs {need / 2**30:.2f} GiB of KV: {verdict}")
+    if result.full_length_seqs == 0:
+        lines.append("the engine refuses this: the KV budget holds less than one sequence of "
+                     "max_model_len; raise --kv-cache-memory or lower --max-model-len")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -140,40 +179,81 @@ def cmd_merge_lora(args) -> int:
     return 0
 
 
+def _memory_bytes(text: str) -> int:
+    """--memory: GiB for a plain number, else a size with a unit (80GiB, 24GB)."""
+    from pagedllm.config import parse_size
+
+    try:
+        return int(float(text) * 2**30)
+    except ValueError:
+        return parse_size(text)
+
+
+def cmd_build_kernels(args) -> int:
+    """Compile the CPU kernels now (the first start would otherwise do it)."""
+    from pagedllm.kernels import cpu_ops
+
+    if cpu_ops.load() is None:
+        sys.stderr.write("error: the CPU kernels could not be built (see the warning above); "
+                         "the engine would fall back to the slower torch path\n")
+        return 1
+    sys.stdout.write(f"CPU kernels ready in {cpu_ops.build_dir()}\n")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from pagedllm.entrypoints.bench import run_benchmark
+
+    return run_benchmark(args.benchmark, args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from pagedllm.entrypoints.bench import BENCHMARKS
+
     parser = argparse.ArgumentParser(prog="pagedllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help,
+                              formatter_class=_HelpFormatter)
+
+    serve = command("serve", "OpenAI-compatible HTTP server and a chat page at /")
     add_engine_args(serve)
     add_server_args(serve)
     serve.set_defaults(func=cmd_serve)
-    gen = sub.add_parser("generate", help="generate completions for prompts")
+    gen = command("generate", "generate completions for prompts, printed as plain text")
     add_engine_args(gen)
     gen.add_argument("--prompt", action="append", required=True, help="repeatable")
+    gen.add_argument("--json", action="store_true",
+                     help="one JSON object per prompt (prompt, text, token_ids, finish_reason)")
     _sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
-    chat = sub.add_parser("chat", help="interactive chat with the model's chat template")
+    chat = command("chat", "interactive chat with the model's chat template")
     add_engine_args(chat)
     chat.add_argument("--system", default=None, help="system prompt")
     _sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
-    pl = sub.add_parser("plan", help="memory plan from a config.json (no weights needed)")
-    pl.add_argument("model_or_config", help="config.json, model directory or .gguf file")
-    pl.add_argument("--max-model-len", type=int, default=None)
-    pl.add_argument("--max-num-seqs", type=int, default=None)
-    pl.add_argument("--kv-cache-dtype", default="auto", choices=sorted(_KV_DTYPE_BYTES))
-    pl.add_argument("--block-size", type=int, default=16)
-    pl.add_argument("--memory", type=float, default=None,
-                    help="device memory in GiB to plan for (default 24)")
-    pl.add_argument("--kv-cache-memory", type=float, default=None,
-                    help="KV cache budget in GiB (instead of --memory)")
-    pl.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    pl = command("plan", "the engine's memory plan for a model and these flags, from its "
+                 "config.json or .gguf metadata (no weights loaded)")
+    add_engine_args(pl)
+    pl.add_argument("--memory", default=None,
+                    help="device memory to plan for: GiB, or a size with a unit (80GiB); "
+                    "None = the engine's KV budget (--kv-cache-memory, else 2GiB on CPU)")
     pl.set_defaults(func=cmd_plan)
     ml = sub.add_parser("merge-lora", help="merge a PEFT LoRA adapter into an HF checkpoint")
     ml.add_argument("base", help="HF checkpoint directory (safetensors)")
     ml.add_argument("adapter", help="PEFT adapter directory (adapter_config.json + weights)")
     ml.add_argument("out_dir", help="where the merged checkpoint is written")
     ml.set_defaults(func=cmd_merge_lora)
+    bk = command("build-kernels", "compile the C++ CPU kernels now (cached; a first start "
+                 "otherwise does it)")
+    bk.set_defaults(func=cmd_build_kernels)
+    bench = command("bench", "benchmarks like `vllm bench`: " + ", ".join(
+        f"{k} ({v.summary})" for k, v in BENCHMARKS.items()))
+    bench.add_argument("benchmark", choices=list(BENCHMARKS))
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER,
+                       help="the benchmark's own flags (pagedllm bench NAME --help)")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

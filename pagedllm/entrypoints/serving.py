@@ -10,6 +10,8 @@ only through `AsyncEngine`.
 from __future__ import annotations
 
 import json
+import logging
+import reprlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -44,6 +46,7 @@ from pagedllm.structured_output.backend import GrammarCompileError
 __all__ = ["APIError", "ServingBase", "SSEResponse", "make_usage", "random_id", "sse",
            "sse_error"]
 
+logger = logging.getLogger(__name__)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -84,6 +87,8 @@ def random_id(prefix: str) -> str:
 
 class ServingBase:
     """State and helpers of one served model."""
+
+    log_requests = True  # one log line per accepted request (--disable-log-requests: off)
 
     def __init__(self, engine: AsyncEngine, served_model_names: list[str],
                  models: ServingModels | None = None) -> None:
@@ -167,15 +172,15 @@ class ServingBase:
         check_request_fields(req)
         if structured is None:
             structured = structured_outputs_of(req)
+        # Unset fields: the model's generation_config.json defaults, else OpenAI's.
+        d = self.engine.engine.sampling_defaults
         try:
             return SamplingParams(
-                n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p,
-                top_k=0 if req.top_k is None else req.top_k,
-                min_p=0.0 if req.min_p is None else req.min_p,
+                n=req.n, temperature=_pick(req.temperature, d, "temperature", 1.0),
+                top_p=_pick(req.top_p, d, "top_p", 1.0), top_k=_pick(req.top_k, d, "top_k", 0),
+                min_p=_pick(req.min_p, d, "min_p", 0.0),
                 presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
-                repetition_penalty=(1.0 if req.repetition_penalty is None
-                                    else req.repetition_penalty),
+                repetition_penalty=_pick(req.repetition_penalty, d, "repetition_penalty", 1.0),
                 seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
                 ignore_eos=req.ignore_eos, stop=req.stop, stop_token_ids=req.stop_token_ids,
                 include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
@@ -188,6 +193,11 @@ class ServingBase:
 
     # ---------------------------------------------------------- submitting
     async def submit(self, requests: list[EngineRequest]) -> RequestStream:
+        if self.log_requests:
+            for r in requests:
+                prompt = (f"{len(r.prompt)} token ids" if isinstance(r.prompt, list)
+                          else reprlib.repr(r.prompt))
+                logger.info("request %s: prompt %s, %s", r.request_id, prompt, r.params)
         try:
             return await self.engine.add_requests(requests)
         except (EngineShuttingDown, EngineDead) as exc:
@@ -206,6 +216,10 @@ class ServingBase:
             s = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_str[token_id] = s
         return s
+
+
+def _pick(value, defaults: dict, name: str, fallback):
+    return value if value is not None else defaults.get(name, fallback)
 
 
 def chat_message_dict(m: ChatMessage) -> dict:

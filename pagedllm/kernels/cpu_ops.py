@@ -14,7 +14,8 @@ returns None, and callers use the much slower pure-torch path; with
 PAGEDLLM_REQUIRE_CPU_KERNELS=1 (the test suite sets it on machines that can build them) it
 raises `KernelBuildError` instead, so a broken .cpp cannot pass CI by skipping the kernel
 tests. Set PAGEDLLM_NO_CPU_KERNELS=1 to choose the torch path; PAGEDLLM_CPU_MARCH=x86-64-v3
-builds for another target than this CPU (the build is cached per target).
+builds for another target than this CPU (the build is cached per target). A first build logs what it does and how long
+it takes; `pagedllm build-kernels` runs it ahead of time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hashlib
 import logging
 import os
 import platform
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +54,62 @@ def _cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def build_dir(name: str | None = None) -> Path:
+    """Where module `name` (default: the kernels of this target) is cached:
+    $TORCH_EXTENSIONS_DIR (or torch's default extensions root) / the module name."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / (name or module_name())
+
+
+def module_name() -> str:
+    return f"pagedllm_cpu_{_cpu_tag()}"
+
+
+def build_jobs() -> int:
+    """Parallel compile jobs: $MAX_JOBS (torch's cpp_extension reads it), else every core."""
+    jobs = os.environ.get("MAX_JOBS", "")
+    return int(jobs) if jobs.isdigit() and int(jobs) > 0 else (os.cpu_count() or 1)
+
+
+class BuildProgress:
+    """Says what a start is doing while torch compiles (first start, or sources changed): a
+    line once the load has taken `announce_after` seconds (a cached load takes far less),
+    one every `every` seconds after that, and the elapsed time at the end."""
+
+    def __init__(self, directory: Path, every: float = 20.0, announce_after: float = 1.0) -> None:
+        self.directory, self.every, self.announce_after = directory, every, announce_after
+        self.announced = False
+        self._done = threading.Event()
+        self._t0 = time.perf_counter()
+
+    def __enter__(self) -> BuildProgress:
+        threading.Thread(target=self._beat, name="pagedllm-kernel-build", daemon=True).start()
+        return self
+
+    def _beat(self) -> None:
+        if self._done.wait(self.announce_after):
+            return
+        self.announced = True
+        logger.info("building CPU kernels (one time, cached in %s; %d parallel jobs, "
+                    "-march=%s) ...", self.directory, build_jobs(), _march())
+        while not self._done.wait(self.every):
+            logger.info("still building CPU kernels: %.0f s so far", self.elapsed)
+
+    @property
+    def cached(self) -> bool:
+        """The module came from the cache (it loaded before a build was announced)."""
+        return not self.announced
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+
+
 class KernelBuildError(RuntimeError):
     """The C++ CPU kernels did not build and PAGEDLLM_REQUIRE_CPU_KERNELS is set."""
 
@@ -78,7 +136,7 @@ def _try_build() -> dict[str, object]:
         logger.warning("PAGEDLLM_NO_CPU_KERNELS is set: using the (slower) torch path")
         return {"module": None}
     try:
-        return {"module": build(_SOURCES, f"pagedllm_cpu_{_cpu_tag()}")}
+        return {"module": build(_SOURCES, module_name())}
     except Exception as exc:  # noqa: BLE001 - any build failure: torch fallback or error
         if required():
             return {"error": KernelBuildError(
@@ -91,14 +149,20 @@ def _try_build() -> dict[str, object]:
 
 
 def build(sources: list[Path], name: str):
-    """Compile `sources` into the extension module `name` (cached by torch)."""
+    """Compile `sources` into the extension module `name` (cached in `build_dir(name)`),
+    with every core (`build_jobs`) and progress lines while a first build runs."""
     from torch.utils.cpp_extension import load as load_ext
 
-    t0 = time.perf_counter()
-    mod = load_ext(name=name, sources=[str(p) for p in sources],
-                   extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
-                   extra_ldflags=["-fopenmp"], verbose=False)
-    logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
+    directory = build_dir(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MAX_JOBS", str(build_jobs()))
+    with BuildProgress(directory) as progress:
+        mod = load_ext(name=name, sources=[str(p) for p in sources],
+                       extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
+                       extra_ldflags=["-fopenmp"], build_directory=str(directory),
+                       verbose=False)
+    logger.info("CPU kernels %s in %.1f s", "loaded from cache" if progress.cached
+                else "built", progress.elapsed)
     return mod
 
 

@@ -336,6 +336,8 @@ def load_gguf_checkpoint(
             logger.warning("cannot write %s (%s); weights stream from the GGUF", entry, exc)
             config, tokenizer = _entry_meta(entry)
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
+    else:
+        logger.info("GGUF %s: converted before, reading the cache %s", path.name, entry)
     checkpoint = replace(load_hf_checkpoint(entry), source=path)
     logger.info("loaded %s (cache %s) in %.2fs", path.name, entry, time.perf_counter() - start)
     return checkpoint

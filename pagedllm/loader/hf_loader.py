@@ -54,12 +54,14 @@ def load_hf_checkpoint(model_dir: Path) -> Checkpoint:
     """Load config and tokenizer from ``model_dir`` (local files only); weights stay lazy."""
     start = time.perf_counter()
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    config_done = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     files = safetensors_files(model_dir)
     logger.info(
-        "loaded config and tokenizer of %s in %.2fs (%d weight file(s))",
+        "read %s: config %.2fs, tokenizer %.2fs (%d weight file(s))",
         model_dir,
-        time.perf_counter() - start,
+        config_done - start,
+        time.perf_counter() - config_done,
         len(files),
     )
     return Checkpoint(

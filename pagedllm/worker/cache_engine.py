@@ -18,7 +18,9 @@ step's blocks in one batched gather + scatter per pool (values and scales togeth
 from __future__ import annotations
 
 import logging
+import math
 
+import numpy as np
 import torch
 
 from pagedllm.config import KVCacheSpec
@@ -28,6 +30,17 @@ from pagedllm.model.layers.attention import LayerKVCache
 logger = logging.getLogger(__name__)
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On CPU it is taken from calloc'd memory (numpy.zeros), whose pages the
+    OS hands out already zeroed when first written, so a multi-GiB pool costs no start-up time
+    (torch.zeros writes every byte) and RAM is committed as blocks are used."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(math.prod(shape) * itemsize, dtype=np.uint8))
+    return raw.view(dtype).view(shape)
+
+
 class CacheEngine:
     def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device,
                  num_swap_blocks: int = 0) -> None:
@@ -35,9 +48,8 @@ class CacheEngine:
         self.num_blocks = num_blocks
         self.num_swap_blocks = num_swap_blocks
         shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads)
-        self.kv = torch.zeros(*shape, spec.head_dim, dtype=spec.dtype, device=device)
-        self.scales = (torch.zeros(shape, dtype=kv_quant.SCALE_DTYPE, device=device)
-                       if spec.quantized else None)
+        self.kv = _zeros((*shape, spec.head_dim), spec.dtype, device)
+        self.scales = _zeros(shape, kv_quant.SCALE_DTYPE, device) if spec.quantized else None
         # Same layout as `pools` with num_swap_blocks on dim 2. A block is never read before a
         # swap-out writes it, so `empty` (which, unpinned, commits no RAM up front) is enough.
         self.swap_pools = [

@@ -267,3 +267,45 @@ def test_metaspace_special_tokens(metaspace):
 def test_empty_stop_string_rejected(smollm):
     with pytest.raises(ValueError, match="non-empty"):
         IncrementalDetokenizer(smollm, [], stop=["ok", ""])
+
+
+class _SlowTokenizer:
+    """A tokenizer without a Rust backend (only `decode`), like transformers' slow ones."""
+
+    def __init__(self, fast) -> None:
+        self._fast = fast
+
+    def decode(self, ids, **kwargs):
+        kwargs.pop("spaces_between_special_tokens", None)
+        return self._fast.decode(ids, **kwargs)
+
+
+def test_fast_tokenizers_stream_through_decode_stream(smollm, monkeypatch):
+    from pagedllm.engine import detokenizer as mod
+
+    steps, real = [], mod.DecodeStream
+
+    class CountingStream:  # DecodeStream (a Rust class) cannot be subclassed
+        def __init__(self, **kwargs):
+            self._stream = real(**kwargs)
+
+        def step(self, tokenizer, token_id):
+            steps.append(token_id)
+            return self._stream.step(tokenizer, token_id)
+
+    monkeypatch.setattr(mod, "DecodeStream", CountingStream)
+    output_ids = encode(smollm, TEXTS[4])
+    _, deltas, _ = stream(smollm, encode(smollm, "x"), output_ids)
+    assert steps == output_ids
+    assert "".join(deltas) == smollm.decode(output_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_decode_fallback_matches_decode_stream(tok, text):
+    prompt_ids, output_ids = encode(tok, "Translate this: "), encode(tok, text)
+    fast, fast_deltas, _ = stream(tok, prompt_ids, output_ids)
+    slow, slow_deltas, _ = stream(_SlowTokenizer(tok), prompt_ids, output_ids)
+    # Where a delta boundary falls may differ; the text and its UTF-8 safety may not.
+    assert "".join(slow_deltas) == "".join(fast_deltas)
+    assert all(REPL not in d for d in slow_deltas + fast_deltas)
+    assert slow.output_text == fast.output_text == expected_text(tok, prompt_ids, output_ids)

@@ -8,7 +8,6 @@ import pytest
 
 from pagedllm import SamplingParams
 from pagedllm.core.request import RequestStatus
-from pagedllm.engine.stats import snapshot_of
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +54,12 @@ def test_waiting_gauge_counts_requests_not_sequences(llm) -> None:
     eng = llm.llm_engine
     eng.add_request("Hello", SamplingParams(n=4, temperature=1.0, max_tokens=8), "g")
     eng.step()  # prefill + first token: the request fans out into 4 running sequences
-    assert len(eng.scheduler.running) == 4 and snapshot_of(eng).running == 1
+    assert len(eng.scheduler.running) == 4 and eng.stats.running == 1
     for seq in list(eng.scheduler.running):
         eng.scheduler.preempt(seq)
     assert len(eng.scheduler.waiting) == 4
-    snap = snapshot_of(eng)
+    snap = eng.stats
+    snap.observe_queues(eng.scheduler, eng.block_manager)  # preempted by hand, not by a step
     assert (snap.running, snap.waiting) == (0, 1)
     eng.abort_request("g")
     assert not eng.has_unfinished_requests()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from pagedllm.entrypoints.launcher import ServerProcess, free_port
 
@@ -33,19 +33,15 @@ def start_server(tmp_path_factory, model: str | None, args: list[str],
 
 
 # --------------------------------------------------------------- metrics
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
-
-
 def scrape(base_url: str) -> dict[str, float]:
-    """GET /metrics -> {"name{label=...}" or "name": value} (model_name label dropped)."""
+    """GET /metrics -> {"name{label=...}" or "name": value} (model_name label dropped),
+    parsed with prometheus_client's parser."""
     text = httpx.get(f"{base_url}/metrics", timeout=5).text
     out = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        labels = re.sub(r'model_name="[^"]*",?', "", m.group(2) or "").replace("{}", "")
-        out[m.group(1) + labels] = float(m.group(3))
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items() if k != "model_name")
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
 
 

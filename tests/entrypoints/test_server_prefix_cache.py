@@ -8,7 +8,8 @@ import openai
 import pytest
 from server_harness import TINY_SERVER_ARGS, scrape, start_server, wait_idle
 
-from pagedllm.metrics import EngineSnapshot, ServingMetrics
+from pagedllm.engine.stats import EngineStats
+from pagedllm.metrics import ServingMetrics
 
 PROMPT = list(range(100, 140))   # 40 token ids: 2 full blocks of 16 can be served from cache
 GREEDY = dict(model="tiny", temperature=0, max_tokens=4)
@@ -75,8 +76,8 @@ def test_empty_cache_salt_is_a_400(server):
 
 
 def test_prefix_cache_counters_are_rendered():
-    text = ServingMetrics("m").render(EngineSnapshot(prefix_cache_queries_total=80,
-                                                     prefix_cache_hits_total=32))
+    stats = EngineStats(prefix_cache_queries=80, prefix_cache_hits=32)
+    text = ServingMetrics("m", lambda: stats).render()
     assert "# TYPE pagedllm:prefix_cache_queries_total counter\n" in text
-    assert 'pagedllm:prefix_cache_queries_total{model_name="m"} 80\n' in text
-    assert 'pagedllm:prefix_cache_hits_total{model_name="m"} 32\n' in text
+    assert 'pagedllm:prefix_cache_queries_total{model_name="m"} 80.0\n' in text
+    assert 'pagedllm:prefix_cache_hits_total{model_name="m"} 32.0\n' in text

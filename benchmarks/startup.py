@@ -1,0 +1,91 @@
+"""Start-up time: seconds from `pagedllm serve` to a 200 from /health, and the time of each
+start-up step from the server's log (checkpoint, weights, KV pool, kernels, warm-up).
+
+The first run after an install (or a cache wipe) includes the one-time costs (GGUF conversion,
+C++ kernel build); the runs after it are what a user waits for on every later start. Besides
+wall-clock seconds it reports the CPU seconds the server process used until healthy (user +
+system, all threads), which a busy shared machine inflates much less than wall time.
+
+    python benchmarks/startup.py                 # default model, 3 starts
+    pagedllm bench startup --runs 5 -- --kv-cache-memory 1GiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pagedllm.entrypoints.launcher import ServerProcess, free_port
+
+_STEP = re.compile(r"start-up: (.+?) (\d+\.\d+) s$", re.M)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_start(model: list[str], serve_args: list[str], log: Path) -> dict:
+    port = free_port()
+    cmd = [sys.executable, "-m", "pagedllm", "serve", *model, "--port", str(port), *serve_args]
+    t0 = time.perf_counter()
+    server = ServerProcess(cmd, port, log)
+    try:
+        server.wait_ready(timeout=900)
+        seconds = time.perf_counter() - t0
+        cpu = cpu_seconds(server.proc.pid)
+        steps = {name: float(sec) for name, sec in _STEP.findall(server.log())}
+    finally:
+        server.stop()
+    return {"seconds_to_healthy": seconds, "cpu_seconds_to_healthy": cpu, "steps_s": steps,
+            "load_average": os.getloadavg()[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/startup.json")
+    ap.add_argument("serve_args", nargs="*", help="extra `pagedllm serve` flags (after --)")
+    args = ap.parse_args()
+    model = [args.model] if args.model else []
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.runs):
+            runs.append(one_start(model, args.serve_args, Path(tmp) / f"serve{i}.log"))
+            r = runs[-1]
+            print(f"start {i + 1}: {r['seconds_to_healthy']:.2f} s to healthy "
+                  f"({r['cpu_seconds_to_healthy']:.2f} CPU s, load average "
+                  f"{r['load_average']:.1f})", flush=True)
+    names = list(runs[-1]["steps_s"])
+    print(f"{'start':>6s} {'healthy s':>10s} {'CPU s':>7s} "
+          + " ".join(f"{n[:22]:>22s}" for n in names))
+    for i, r in enumerate(runs, 1):
+        print(f"{i:6d} {r['seconds_to_healthy']:10.2f} {r['cpu_seconds_to_healthy']:7.2f} "
+              + " ".join(f"{r['steps_s'].get(n, float('nan')):22.2f}" for n in names))
+    later = runs[1:] or runs
+    res = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0],
+                       "cpus": os.cpu_count()},
+           "args": vars(args), "runs": runs,
+           "median_later_start_s": statistics.median(r["seconds_to_healthy"] for r in later),
+           "median_later_start_cpu_s": statistics.median(r["cpu_seconds_to_healthy"]
+                                                         for r in later)}
+    print(f"median of the starts after the first: {res['median_later_start_s']:.2f} s "
+          f"({res['median_later_start_cpu_s']:.2f} CPU s)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
