@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, EngineConfig
+from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, QUANTIZATIONS, EngineConfig
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 
 
@@ -42,6 +42,12 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--swap-space", type=float, default=4.0,
                    help="GiB of CPU memory for swapped-out KV blocks with --preemption-mode "
                    "swap (default 4; 0 disables: every preemption recomputes)")
+    g.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
+                   help="weight format: none, gguf, awq, gptq (default: what the checkpoint "
+                   "is) or int8 (per-channel int8 of an fp32/bf16 checkpoint, at load time)")
+    g.add_argument("--int8-activations", action="store_true",
+                   help="with --quantization int8: W8A8, int8 activations quantized per token "
+                   "and integer dot products (faster for big batches; close, not exact)")
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
@@ -79,4 +85,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed, num_threads=args.num_threads, rope_scaling=args.rope_scaling,
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
-        preemption_mode=args.preemption_mode, swap_space=args.swap_space)
+        preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+        quantization=args.quantization, int8_activations=args.int8_activations)
