@@ -14,6 +14,7 @@ import torch
 
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+from pagedllm.sampling_params import MAX_LOGPROBS
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class EngineConfig:
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
     quantization: str | None = None  # one of QUANTIZATIONS; None: detected from the checkpoint
     int8_activations: bool = False  # with quantization="int8": W8A8 (dynamic per-token int8 x)
+    max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -122,6 +124,8 @@ class EngineConfig:
         if self.int8_activations and self.quantization != "int8":
             raise ValueError("int8_activations (W8A8) needs quantization='int8', got "
                              f"{self.quantization!r}")
+        if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
+            raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")

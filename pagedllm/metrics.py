@@ -43,6 +43,8 @@ class EngineSnapshot:
     num_steps: int = 0
     prefix_cache_queries_total: int = 0  # tokens looked up in the prefix cache
     prefix_cache_hits_total: int = 0     # of those, tokens found there
+    invariant_checks_total: int = 0      # idle-time block accounting checks
+    invariant_violations_total: int = 0  # of those, failed (a bug: logged with details)
 
 
 def _escape(value: str) -> str:
@@ -96,6 +98,7 @@ class ServingMetrics:
         self.e2e = Histogram(REQUEST_BUCKETS)
         self.queue = Histogram(REQUEST_BUCKETS)
         self.finished: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()  # reason -> API calls refused (429 / 413)
         self._last_token_time: dict[str, float] = {}
 
     def observe(self, out: RequestOutput, now: float) -> None:
@@ -125,6 +128,10 @@ class ServingMetrics:
             self._last_token_time.pop(request_id, None)
             self.finished["abort"] += 1
             self.e2e.observe(now - arrival_time)
+
+    def observe_rejected(self, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] += 1
 
     def render(self, snap: EngineSnapshot) -> str:
         lab = {"model_name": self.model_name}
@@ -159,8 +166,15 @@ class ServingMetrics:
                "Prompt tokens looked up in the prefix cache.", snap.prefix_cache_queries_total)
         scalar("pagedllm:prefix_cache_hits_total", "counter",
                "Prompt tokens found in the prefix cache.", snap.prefix_cache_hits_total)
+        scalar("pagedllm:invariant_checks_total", "counter",
+               "Block-accounting checks run when the engine went idle.",
+               snap.invariant_checks_total)
+        scalar("pagedllm:invariant_violations_total", "counter",
+               "Idle-time checks that found a violation (leaked or miscounted KV blocks).",
+               snap.invariant_violations_total)
         with self._lock:
             reasons = dict(self.finished)
+            rejected = dict(self.rejected)
             hists = [("pagedllm:time_to_first_token_seconds", "Time to first token.", self.ttft),
                      ("pagedllm:inter_token_latency_seconds", "Time between tokens.", self.itl),
                      ("pagedllm:e2e_request_latency_seconds", "Arrival to finish.", self.e2e),
@@ -170,6 +184,12 @@ class ServingMetrics:
         family("pagedllm:request_success_total", "counter", "Finished requests by reason.",
                [f"pagedllm:request_success_total{_labels({**lab, 'finished_reason': r})} {reasons.get(r, 0)}"
                 for r in sorted({"stop", "length", "abort", *reasons})])
+        family("pagedllm:request_rejected_total", "counter",
+               "API calls refused before queueing, by reason (429: queue full; 413: body "
+               "too large).",
+               [f"pagedllm:request_rejected_total{_labels({**lab, 'reason': r})} "
+                f"{rejected.get(r, 0)}"
+                for r in sorted({"queued_reqs", "queued_tokens", "body_too_large", *rejected})])
         for name, doc, samples in rendered:
             family(name, "histogram", doc, samples)
         return "\n".join(out) + "\n"

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.Enum):
+    """What `LLMEngine.step` reports for a request that is still running (vLLM's names).
+
+    CUMULATIVE: every output carries copies of all tokens, logprobs and text so far.
+    DELTA: outputs carry what is new (`delta_*`) plus the cumulative text; the cumulative
+    `token_ids` / `logprobs` lists are filled in on the final output only, so a step costs
+    O(new tokens), not O(tokens so far) (the server streams this way).
+    FINAL_ONLY: nothing until the request finishes (offline `LLM.generate`).
+    """
+
+    CUMULATIVE = "cumulative"
+    DELTA = "delta"
+    FINAL_ONLY = "final_only"
 
 
 @dataclass
@@ -60,3 +76,5 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    # Set when the engine failed this request (finished, blocks freed; other requests go on).
+    error: BaseException | None = None

@@ -10,7 +10,10 @@ SAMPLING_EPS = 1e-5
 """Temperatures below this mean greedy decoding."""
 
 MAX_LOGPROBS = 20
-"""Largest number of top logprobs a request may ask for."""
+"""Default of the engine's `max_logprobs`: the most top logprobs a request may ask for."""
+
+MAX_N = 128
+"""Largest `n` (samples per prompt) a request may ask for."""
 
 
 class SamplingType(enum.Enum):
@@ -66,8 +69,8 @@ class SamplingParams:
     def _verify(self) -> None:
         for name in ("n", "top_k", "min_tokens"):
             _check_int(name, getattr(self, name))
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
         if self.temperature < 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -96,8 +99,8 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs)
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+            if self.logprobs < 0:  # the upper bound is the engine's max_logprobs
+                raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")

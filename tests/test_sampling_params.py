@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedllm.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingType
+from pagedllm.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams, SamplingType
 
 
 def test_defaults_match_vllm() -> None:
@@ -19,7 +19,8 @@ def test_defaults_match_vllm() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "fragments"),
     [
-        ({"n": 0}, ["n must be >= 1", "got 0"]),
+        ({"n": 0}, ["n must be in [1, 128]", "got 0"]),
+        ({"n": MAX_N + 1}, ["n must be in [1, 128]", "got 129"]),
         ({"n": 1.5}, ["n must be an int", "1.5"]),
         ({"temperature": -1.0}, ["temperature must be >= 0", "got -1.0"]),
         ({"top_p": 1.5}, ["top_p must be in (0, 1]", "got 1.5"]),
@@ -35,8 +36,7 @@ def test_defaults_match_vllm() -> None:
         ({"max_tokens": 0}, ["max_tokens must be >= 1", "got 0"]),
         ({"min_tokens": -1}, ["min_tokens must be >= 0", "got -1"]),
         ({"min_tokens": 5, "max_tokens": 4}, ["min_tokens must be <= max_tokens (4)", "got 5"]),
-        ({"logprobs": -1}, [f"logprobs must be in [0, {MAX_LOGPROBS}]", "got -1"]),
-        ({"logprobs": MAX_LOGPROBS + 1}, ["logprobs must be in [0, 20]", "got 21"]),
+        ({"logprobs": -1}, ["logprobs must be >= 0", "got -1"]),
         ({"stop": ""}, ["stop strings must be non-empty", "''"]),
         ({"stop": ["ok", ""]}, ["stop strings must be non-empty"]),
         ({"stop_token_ids": [-3]}, ["stop_token_ids entries must be >= 0", "got -3"]),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedllm.outputs import Logprob
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -78,8 +79,11 @@ class Request:
         # One generator per sample of the group (seed + index), kept across steps so that a
         # seeded request's draws never depend on its batch mates or on preemption.
         self.generators: list[torch.Generator | None] = [None] * sampling_params.n
-        self.logprobs: list[dict[int, float]] | None = (
+        self.logprobs: list[dict[int, Logprob]] | None = (
             [] if sampling_params.logprobs is not None else None)
+        # Sum of the sampled tokens' logprobs (vLLM: only tracked when logprobs are requested).
+        self.cumulative_logprob: float | None = (
+            0.0 if sampling_params.logprobs is not None else None)
         self.detokenizer = None  # set by the output processor
 
     # ------------------------------------------------------------------ sizes
@@ -125,6 +129,7 @@ class Request:
         child.times = RequestTimes(**vars(self.times))
         if self.logprobs is not None:
             child.logprobs = list(self.logprobs)
+        child.cumulative_logprob = self.cumulative_logprob
         return child
 
     def __repr__(self) -> str:

@@ -9,7 +9,12 @@ to the asyncio side without ever waiting on a consumer.
     RequestStream  ◀── loop.call_soon_threadsafe(_dispatch, outputs) ── once per step
 
 The engine is not thread-safe, so only the engine thread touches it; everything the HTTP side
-needs (add results, outputs, the metrics snapshot) crosses over as messages. `_dispatch` runs on
+needs (add results, outputs, the metrics snapshot) crosses over as messages.
+
+Faults: an error in one request's output processing fails only that request (its output
+carries `error`); an exception from a whole step aborts the requests in flight and the loop
+goes on; if the thread itself dies, `_on_death` (on the event loop) fails every stream and
+every queued add at once, new adds raise `EngineDead`, and `on_dead` tells the server to exit. `_dispatch` runs on
 the event loop and merges outputs into each stream's pending slot (deltas concatenated,
 cumulative fields replaced), so a reader that falls behind gets one coalesced output when it
 catches up: the engine never blocks on it and memory stays O(its tokens), not O(steps).
@@ -22,14 +27,17 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from pagedllm.engine.admission import EngineOverloaded, QueueLimits
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.request_stream import EngineRequest, RequestAborted, RequestStream
+from pagedllm.engine.stats import snapshot_of
 from pagedllm.metrics import EngineSnapshot, ServingMetrics
 from pagedllm.outputs import RequestOutput
 
-__all__ = ["AsyncEngine", "EngineRequest", "EngineShuttingDown", "RequestAborted",
+__all__ = ["AsyncEngine", "EngineDead", "EngineOverloaded", "EngineRequest",
+           "EngineShuttingDown", "QueueLimits", "RequestAborted", "RequestFailed",
            "RequestStream"]
 logger = logging.getLogger(__name__)
 
@@ -40,16 +48,27 @@ class EngineShuttingDown(RuntimeError):
     """The engine no longer accepts requests (shutdown started)."""
 
 
+class EngineDead(RuntimeError):
+    """The engine thread died: nothing in flight will finish and nothing new is accepted."""
+
+
+class RequestFailed(RuntimeError):
+    """The engine hit an error while handling this request (others are unaffected)."""
+
+
 class AsyncEngine:
     """Owns an `LLMEngine` and the thread that steps it; see the module docstring."""
 
-    def __init__(self, engine: LLMEngine, served_model_name: str | None = None) -> None:
+    def __init__(self, engine: LLMEngine, served_model_name: str | None = None,
+                 limits: QueueLimits | None = None) -> None:
         self.engine = engine
+        self.limits = limits or QueueLimits()
+        self.on_dead: Callable[[BaseException], None] | None = None  # e.g. stop the server
         self.model_name = served_model_name or engine.model_name
         self.metrics = ServingMetrics(self.model_name)
         self.snapshot = EngineSnapshot()
         self.shutting_down = False
-        self.dead: BaseException | None = None  # set if the step loop itself died
+        self.dead: BaseException | None = None  # set (on the event loop) if the thread died
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # event loop side only
         self._live: set[str] = set()  # engine thread side only
@@ -80,7 +99,7 @@ class AsyncEngine:
         if self.shutting_down:
             raise EngineShuttingDown("server is shutting down")
         if self.dead is not None:
-            raise RuntimeError(f"engine is dead: {self.dead!r}")
+            raise EngineDead(f"engine is dead: {self.dead!r}")
         stream = RequestStream(self, requests)
         for rid in stream.request_ids:
             self._streams[rid] = stream
@@ -93,9 +112,11 @@ class AsyncEngine:
             # follows the add and frees whatever it queued.
             stream.abort()
             raise
-        except BaseException:
+        except BaseException as exc:
             stream._unfinished.clear()  # rejected: nothing was queued
             self._streams_closed(stream)
+            if isinstance(exc, EngineOverloaded):
+                self.metrics.observe_rejected(exc.reason)
             raise
         return stream
 
@@ -116,6 +137,10 @@ class AsyncEngine:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # its consumer already left (abort queued)
+            if out.error is not None:
+                self._dispatch_error([out.request_id], RequestFailed(
+                    f"request {out.request_id} failed in the engine: {out.error}"))
+                continue
             self.metrics.observe(out, now)
             stream._put(out)
             if out.finished:
@@ -127,7 +152,7 @@ class AsyncEngine:
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 self.metrics.observe_abort(rid, stream._arrival[rid], now)
-                stream._fail(error)
+                stream._fail(error, rid)
 
     @staticmethod
     def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:
@@ -142,10 +167,25 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             self._loop_forever()
-        except BaseException as exc:  # pragma: no cover - last resort, keep the server honest
-            logger.exception("engine loop died")
-            self.dead = exc
-            self._call(self._dispatch_error, list(self._live), exc)
+        except BaseException as exc:  # last resort: fail everything, let the server exit
+            logger.critical("engine thread died: %r", exc, exc_info=exc)
+            self._call(self._on_death, exc)
+
+    def _on_death(self, exc: BaseException) -> None:
+        """On the event loop (where adds are checked and streams live, so no add can slip
+        between the check and this): fail every stream and every add still queued."""
+        self.dead = exc
+        error = EngineDead(f"engine is dead: {exc!r}")
+        self._dispatch_error(list(self._streams), error)
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if cmd[0] == "add":
+                self._resolve(cmd[2], error)
+        if self.on_dead is not None:
+            self.on_dead(exc)
 
     def _call(self, fn, *args) -> None:
         assert self._loop is not None
@@ -171,12 +211,25 @@ class AsyncEngine:
             for out in outputs:
                 if out.finished:
                     self._live.discard(out.request_id)
+            if not eng.has_unfinished_requests():
+                self._check_idle()
             self._publish()
             if outputs:
                 self._call(self._dispatch, outputs, now)
             elif eng.stats.num_steps == steps and not self._drain(block=True,
                                                                    timeout=_IDLE_POLL_S):
                 return
+
+    def _check_idle(self) -> None:
+        """Whenever the engine runs dry: block accounting intact, nothing left in use (a leak
+        shows as a violation in /metrics long before the pool runs out)."""
+        st = self.engine.stats
+        st.invariant_checks_total += 1
+        try:
+            self.engine.check_idle()
+        except Exception:  # noqa: BLE001 - report, keep serving
+            st.invariant_violations_total += 1
+            logger.exception("engine invariant violated while idle")
 
     def _drain(self, block: bool, timeout: float | None = None) -> bool:
         """Run queued commands (waiting for the first one if `block`); False on "stop"."""
@@ -215,6 +268,7 @@ class AsyncEngine:
         added: list[str] = []
         error: BaseException | None = None
         try:
+            self.limits.check(self.engine.scheduler, [self._prompt_len(r) for r in requests])
             for r in requests:
                 self.engine.add_request(r.prompt, r.params, request_id=r.request_id,
                                         arrival_time=r.arrival_time, cache_salt=r.cache_salt)
@@ -226,6 +280,11 @@ class AsyncEngine:
         self._live.update(added)
         self._call(self._resolve, fut, error)
 
+    def _prompt_len(self, r: EngineRequest) -> int:
+        if self.limits.max_num_queued_tokens is None or not isinstance(r.prompt, str):
+            return len(r.prompt)
+        return len(self.engine.tokenizer.encode(r.prompt))
+
     def _abort_live(self, error: BaseException) -> None:
         ids = list(self._live)
         self._live.clear()
@@ -236,17 +295,5 @@ class AsyncEngine:
         self._call(self._dispatch_error, ids, error)
 
     def _publish(self) -> None:
-        eng, st = self.engine, self.engine.stats
-        running = eng.scheduler.running
-        self.snapshot = EngineSnapshot(
-            running=len({r.group_id for r in running}),
-            waiting=len(eng.scheduler.waiting),
-            swapped=len({r.group_id for r in eng.scheduler.swapped}),
-            kv_usage=eng.block_manager.usage,
-            prompt_tokens_total=st.prompt_tokens_total,
-            generation_tokens_total=st.generation_tokens_total,
-            num_preemptions_total=st.num_preemptions_total,
-            swapped_out_blocks_total=st.swapped_out_blocks_total,
-            swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
-            prefix_cache_queries_total=st.prefix_cache_queries,
-            prefix_cache_hits_total=st.prefix_cache_hits)
+        self.snapshot = snapshot_of(self.engine)
+

@@ -43,11 +43,16 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool = True,
         stop: list[str] | None = None,
         include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
     ) -> None:
         self.stop = list(stop or [])
         if any(not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty, got {self.stop!r}")
         self.include_stop_str_in_output = include_stop_str_in_output
+        # vLLM checks stop strings only once more than min_tokens tokens were generated; text
+        # of the first min_tokens tokens is never searched (a match may still span the seam).
+        self.min_tokens = min_tokens
+        self._num_output_tokens = 0
         self._tokenizer = tokenizer
         self._decode_kwargs: dict[str, Any] = {
             "skip_special_tokens": skip_special_tokens,
@@ -92,6 +97,7 @@ class IncrementalDetokenizer:
             return None
         for token_id in new_token_ids:
             self._ids.append(token_id)
+            self._num_output_tokens += 1
             new_text = self._window_new_text()
             complete = new_text.rstrip(_REPLACEMENT_CHAR)
             old_len = len(self._text)
@@ -102,7 +108,8 @@ class IncrementalDetokenizer:
                 self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
                 self._prefix_text = self._decode(self._ids[self._prefix_offset :])
                 self._window_committed = 0
-            if self.stop and len(self._text) > old_len and self._find_stop(old_len):
+            if (self.stop and self._num_output_tokens > self.min_tokens
+                    and len(self._text) > old_len and self._find_stop(old_len)):
                 return self._stop_str
         return None
 

@@ -98,7 +98,10 @@ class LLM:
         bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm)
         try:
             while engine.has_unfinished_requests():
-                for out in engine.step():
+                for out in engine.step(final_only=True):
+                    if out.error is not None:
+                        raise RuntimeError(
+                            f"request {out.request_id} failed in the engine") from out.error
                     if out.finished:
                         results[out.request_id] = out
                         bar.update(1)

@@ -21,6 +21,7 @@ from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.swap_manager import SwapManager
 from pagedllm.engine import model_setup
+from pagedllm.engine.fault_injection import FaultInjector
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
 from pagedllm.kernels import cpu_ops
@@ -31,7 +32,7 @@ from pagedllm.model.layers.rope_scaling import (
     rope_parameters,
 )
 from pagedllm.model.layers.sampler import make_generator
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import RequestOutput, RequestOutputKind
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.model_runner import ModelRunner
@@ -83,9 +84,13 @@ class LLMEngine:
         if window is not None and not getattr(ckpt.config, "use_sliding_window", True):
             window = None
         self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
-                                  device=config.torch_device, sliding_window=window)
+                                  device=config.torch_device, sliding_window=window,
+                                  seed=config.seed)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
                                                 self.block_manager, config.max_model_len)
+        # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
+        self.faults = FaultInjector.from_env(self.tokenizer)
+        self.output_processor.faults = self.runner.faults = self.faults
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._requests: dict[str, list[Request]] = {}
@@ -131,6 +136,9 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+            raise ValueError(f"logprobs must be <= max_logprobs ({self.config.max_logprobs}, "
+                             f"--max-logprobs), got {params.logprobs}")
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids)
         req = Request(request_id, token_ids, params, eos_token_id=self.eos_token_id,
@@ -143,6 +151,8 @@ class LLMEngine:
         self.scheduler.add_request(req)
         self._requests[request_id] = self.output_processor.groups[request_id].seqs
         self.stats.on_add(len(token_ids))
+        if self.faults is not None:
+            self.faults.register(request_id, token_ids)
         return request_id
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
@@ -164,22 +174,31 @@ class LLMEngine:
         return len(self._requests)
 
     # ------------------------------------------------------------------ step
-    def step(self, stream: bool = False) -> list[RequestOutput]:
+    def step(self, stream: bool = False, *, final_only: bool = False) -> list[RequestOutput]:
+        """One engine step. Outputs: cumulative (default), deltas (`stream`, see
+        RequestOutputKind.DELTA) or only the requests that finished (`final_only`)."""
+        kind = (RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+                if final_only else RequestOutputKind.CUMULATIVE)
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         t1 = time.perf_counter()
         if sched.is_empty:
             return []
+        if self.faults is not None:
+            self.faults.on_schedule([s.request.group_id for s in sched.scheduled])
         result = self.runner.execute(sched)
         self.scheduler.update_computed(sched)
         t2 = time.perf_counter()
         touched = self.output_processor.process(result.sampled)
         outputs = []
         for gid in touched:
-            out = self.output_processor.make_output(gid, stream=stream)
+            if final_only and not self.output_processor.groups[gid].finished:
+                continue
+            out = self.output_processor.make_output(gid, kind=kind)
             if out.finished:
                 self._requests.pop(gid, None)
-                self.stats.on_finish(out.outputs[0].finish_reason or "abort")
+                self.stats.on_finish("error" if out.error is not None
+                                     else out.outputs[0].finish_reason or "abort")
             outputs.append(out)
         t3 = time.perf_counter()
         self.stats.on_step(sched, result, self.block_manager.usage, len(self.scheduler.running),
@@ -190,6 +209,14 @@ class LLMEngine:
         if self.debug_steps:
             logger.info(self.stats.step_line())
         return outputs
+
+    def check_idle(self) -> None:
+        """With no request left: block accounting intact and no KV block in use (raises
+        BlockInvariantError / RuntimeError otherwise); the server runs it whenever it idles."""
+        self.check_invariants()
+        if self.block_manager.usage != 0:
+            raise RuntimeError(f"idle engine holds KV blocks (usage "
+                               f"{self.block_manager.usage:.3f})")
 
     def check_invariants(self) -> None:
         live = [s for seqs in self._requests.values() for s in seqs]

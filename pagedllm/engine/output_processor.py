@@ -5,10 +5,15 @@ Stop conditions, in order, for each new token (vLLM v1 semantics): once `min_tok
 generated, EOS (unless ignore_eos) and `stop_token_ids` (their text is not added to the
 output unless include_stop_str_in_output); then a stop string in the text; then
 `max_tokens` or `max_model_len` reached (finish reason "length").
+
+A fault while handling one request (a detokenizer or stop-check error, a non-finite logits
+row) finishes only that request: its sequences are aborted, their blocks freed, and its
+output carries `error`; the other requests of the step are unaffected.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -16,8 +21,16 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
-from pagedllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from pagedllm.outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+    RequestOutputKind,
+)
 from pagedllm.worker.model_runner import SampledTokens
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -27,6 +40,7 @@ class RequestGroup:
     request_id: str
     seqs: list[Request]
     emitted_tokens: dict[int, int] = field(default_factory=dict)  # index -> tokens reported
+    error: BaseException | None = None  # the engine failed this request
 
     @property
     def finished(self) -> bool:
@@ -42,6 +56,8 @@ class OutputProcessor:
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.groups: dict[str, RequestGroup] = {}
+        self._token_text: dict[int, str] = {}  # Logprob.decoded_token cache (bounded by vocab)
+        self.faults = None  # FaultInjector in tests (engine/fault_injection.py), else None
 
     def add(self, request: Request) -> None:
         request.detokenizer = self._detokenizer(request)
@@ -52,7 +68,7 @@ class OutputProcessor:
         return IncrementalDetokenizer(
             self.tokenizer, request.prompt_token_ids, skip_special_tokens=p.skip_special_tokens,
             spaces_between_special_tokens=p.spaces_between_special_tokens, stop=p.stop,
-            include_stop_str_in_output=p.include_stop_str_in_output)
+            include_stop_str_in_output=p.include_stop_str_in_output, min_tokens=p.min_tokens)
 
     # ---------------------------------------------------------------- tokens
     def process(self, sampled: list[SampledTokens]) -> set[str]:
@@ -61,17 +77,51 @@ class OutputProcessor:
         touched: set[str] = set()
         for st in sampled:
             req = st.request
-            targets = [req] if len(st.token_ids) == 1 else self._fan_out(req)
-            for i, (seq, tok) in enumerate(zip(targets, st.token_ids, strict=True)):
-                seq.append_token(tok)
-                if st.logprobs is not None:
-                    seq.logprobs.append(st.logprobs[i])
-                if seq.times.first_token is None:
-                    seq.times.first_token = now
-                seq.times.last_token = now
-                self._check_stop(seq, tok)
             touched.add(req.group_id)
+            try:
+                self._apply(st, now)
+            except Exception as exc:  # noqa: BLE001 - contain it to this request
+                self._fail(req.group_id, exc)
         return touched
+
+    def _apply(self, st: SampledTokens, now: float) -> None:
+        req = st.request
+        if st.error is not None:
+            raise ValueError(st.error)
+        if self.faults is not None:
+            self.faults.on_output(req.group_id)
+        targets = [req] if len(st.token_ids) == 1 else self._fan_out(req)
+        for i, (seq, tok) in enumerate(zip(targets, st.token_ids, strict=True)):
+            seq.append_token(tok)
+            if st.logprobs is not None:
+                self._add_logprobs(seq, tok, st.logprobs[i])
+            if seq.times.first_token is None:
+                seq.times.first_token = now
+            seq.times.last_token = now
+            self._check_stop(seq, tok)
+
+    def _fail(self, group_id: str, exc: BaseException) -> None:
+        """Finish every sequence of the group as aborted (freeing its blocks), keep the error."""
+        logger.error("request %s failed in the engine: %r", group_id, exc, exc_info=exc)
+        group = self.groups[group_id]
+        group.error = exc
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish_request(seq, RequestStatus.FINISHED_ABORTED)
+
+    def _add_logprobs(self, seq: Request, tok: int, entry: dict[int, Logprob]) -> None:
+        for tid, lp in entry.items():
+            lp.decoded_token = self._decoded(tid)
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += entry[tok].logprob
+
+    def _decoded(self, token_id: int) -> str:
+        """The token's own text, as vLLM's Logprob.decoded_token (special tokens included)."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_text[token_id] = text
+        return text
 
     def _fan_out(self, parent: Request) -> list[Request]:
         """Fork a just-prefilled n > 1 request into n sequences sharing its blocks."""
@@ -110,24 +160,44 @@ class OutputProcessor:
             self.scheduler.finish_request(seq, status)
 
     # --------------------------------------------------------------- outputs
-    def make_output(self, group_id: str, *, stream: bool = False) -> RequestOutput:
+    def make_output(self, group_id: str, *,
+                    kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> RequestOutput:
+        """The group's output now (see RequestOutputKind). Lists handed out are never the
+        engine's own: the engine keeps appending to those, possibly in another thread.
+        A failed group (also one failing here) yields a finished output with `error`."""
         group = self.groups[group_id]
+        if group.error is None:
+            try:
+                return self._make_output(group, kind)
+            except Exception as exc:  # noqa: BLE001 - contain it to this request
+                self._fail(group_id, exc)
+        del self.groups[group_id]
+        first = group.seqs[0]
+        return RequestOutput(request_id=group_id, prompt=first.prompt,
+                             prompt_token_ids=first.prompt_token_ids, outputs=[],
+                             finished=True, error=group.error)
+
+    def _make_output(self, group: RequestGroup, kind: RequestOutputKind) -> RequestOutput:
+        group_id = group.request_id
         first = group.seqs[0]
         finished = group.finished
         outputs = []
         for seq in sorted(group.seqs, key=lambda s: s.index):
             done = seq.is_finished
             text = seq.detokenizer.output_text
-            delta = seq.detokenizer.get_delta(done) if stream else ""
+            delta = seq.detokenizer.get_delta(done) if kind is RequestOutputKind.DELTA else ""
             n_prev = group.emitted_tokens.get(seq.index, 0)
             group.emitted_tokens[seq.index] = seq.num_output_tokens
+            full = finished or kind is not RequestOutputKind.DELTA
+            lps = seq.logprobs
             out = CompletionOutput(
-                index=seq.index, text=text, token_ids=list(seq.output_token_ids),
-                logprobs=seq.logprobs,
-                cumulative_logprob=None,
+                index=seq.index, text=text,
+                token_ids=list(seq.output_token_ids) if full else [],
+                logprobs=None if lps is None else list(lps) if full else [],
+                cumulative_logprob=seq.cumulative_logprob,
                 finish_reason=seq.status.value if done else None, stop_reason=seq.stop_reason,
                 delta_text=delta, delta_token_ids=seq.output_token_ids[n_prev:],
-                delta_logprobs=seq.logprobs[n_prev:] if seq.logprobs is not None else None)
+                delta_logprobs=lps[n_prev:] if lps is not None else None)
             outputs.append(out)
         t = first.times
         metrics = RequestMetrics(

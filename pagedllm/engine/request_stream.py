@@ -88,9 +88,11 @@ class RequestStream:
             self._unfinished.discard(out.request_id)
         self._event.set()
 
-    def _fail(self, error: BaseException) -> None:
+    def _fail(self, error: BaseException, request_id: str) -> None:
+        """`request_id` ended with `error`: iteration raises it; the call's other requests
+        stay unfinished so that `abort()` (the consumer's cleanup) cancels them."""
         self._error = error
-        self._unfinished.clear()
+        self._unfinished.discard(request_id)
         self._event.set()
 
     # -- consumer side

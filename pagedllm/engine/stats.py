@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pagedllm.metrics import EngineSnapshot
+
+if TYPE_CHECKING:
+    from pagedllm.engine.llm_engine import LLMEngine
 
 
 @dataclass
@@ -34,6 +40,9 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_steps: int = 0
+    # Block-accounting checks the server runs whenever the engine goes idle, and failures.
+    invariant_checks_total: int = 0
+    invariant_violations_total: int = 0
     finished: Counter = field(default_factory=Counter)
     last: StepRecord | None = None
 
@@ -79,3 +88,25 @@ class EngineStats:
                 f"swap_in_blocks={r.swap_in_blocks} {t} "
                 f"kv_usage={100 * r.kv_usage:.1f}% "
                 f"prefix_cache_hit_rate={100 * self.prefix_cache_hit_rate:.1f}%")
+
+
+def snapshot_of(eng: LLMEngine) -> EngineSnapshot:
+    """The engine's gauges and counters; queue gauges count requests (an n > 1 request's
+    sequences count once per queue they are in), as the metric names say."""
+    st, sched = eng.stats, eng.scheduler
+
+    def num_requests(queue) -> int:
+        return len({r.group_id for r in queue})
+
+    return EngineSnapshot(
+        running=num_requests(sched.running), waiting=num_requests(sched.waiting),
+        swapped=num_requests(sched.swapped), kv_usage=eng.block_manager.usage,
+        prompt_tokens_total=st.prompt_tokens_total,
+        generation_tokens_total=st.generation_tokens_total,
+        num_preemptions_total=st.num_preemptions_total,
+        swapped_out_blocks_total=st.swapped_out_blocks_total,
+        swapped_in_blocks_total=st.swapped_in_blocks_total, num_steps=st.num_steps,
+        prefix_cache_queries_total=st.prefix_cache_queries,
+        prefix_cache_hits_total=st.prefix_cache_hits,
+        invariant_checks_total=st.invariant_checks_total,
+        invariant_violations_total=st.invariant_violations_total)

@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import logging
 import signal
+import socket
 from collections.abc import Awaitable
 from contextlib import asynccontextmanager, suppress
 
@@ -21,7 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 import pagedllm
-from pagedllm.engine.async_engine import AsyncEngine
+from pagedllm.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
+from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimitMiddleware
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -41,10 +43,11 @@ logger = logging.getLogger(__name__)
 
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 _OPEN_WHILE_SHUTTING_DOWN = ("/metrics", "/version")
+_DEAD_EXIT_DELAY_S = 1.0
 
 
 def _error(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 class GuardMiddleware:
@@ -97,7 +100,8 @@ async def with_disconnect(request: Request, work: Awaitable[Response]) -> Respon
 
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
-              api_key: str | None = None) -> FastAPI:
+              api_key: str | None = None,
+              max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
     """The app; its lifespan starts and stops `engine`'s step thread."""
     names = served_model_names or [engine.model_name]
     completions = OpenAIServingCompletion(engine, names)
@@ -112,6 +116,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
 
     app = FastAPI(title="pagedllm", version=pagedllm.__version__, lifespan=lifespan)
     app.add_middleware(GuardMiddleware, engine=engine, api_key=api_key)
+    # Added last = outermost: an oversized body is refused before auth or parsing.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes,
+                       on_reject=lambda: engine.metrics.observe_rejected("body_too_large"))
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -134,6 +141,16 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return _error(APIError(exc.status_code, str(exc.detail), type=kind))
 
+    # Engine failures of one request are answered here, not by the catch-all below
+    # (Starlette re-raises what reaches that one, which can drop the keep-alive connection).
+    @app.exception_handler(RequestFailed)
+    async def _request_failed(_: Request, exc: RequestFailed) -> JSONResponse:
+        return _error(APIError(500, str(exc), type="server_error"))
+
+    @app.exception_handler(EngineDead)
+    async def _engine_dead(_: Request, exc: EngineDead) -> JSONResponse:
+        return _error(APIError(503, str(exc), type="service_unavailable"))
+
     @app.exception_handler(Exception)
     async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
@@ -142,7 +159,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
     @app.get("/health")
     async def health() -> Response:
         if engine.dead is not None:
-            return _error(APIError(500, f"engine is dead: {engine.dead!r}", type="server_error"))
+            return _error(APIError(503, f"engine is dead: {engine.dead!r}",
+                                   type="service_unavailable"))
         return Response(status_code=200)
 
     @app.get("/version")
@@ -203,20 +221,45 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket (before the model loads, so a busy port fails fast);
+    OSError says which address is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
-               api_key: str | None, access_log: bool = True) -> int:
-    """Serve until SIGTERM/SIGINT; returns 0 after a graceful shutdown."""
-    app = build_app(engine, served_model_names, api_key)
+               api_key: str | None, access_log: bool = True,
+               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+               sock: socket.socket | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (returns 0 after a graceful shutdown) or until the engine
+    thread dies (returns 1, so a supervisor restarts the process)."""
+    app = build_app(engine, served_model_names, api_key, max_request_body_bytes)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
                             timeout_graceful_shutdown=30)
     server = _Server(config, engine)
+
+    def on_dead(exc: BaseException) -> None:
+        logger.critical("engine died (%r): shutting the server down", exc)
+        # A moment for the failed responses to go out and /health to answer 503.
+        asyncio.get_running_loop().call_later(_DEAD_EXIT_DELAY_S, setattr, server,
+                                              "should_exit", True)
+
+    engine.on_dead = on_dead
     # uvicorn re-raises the captured signal after shutting down; with these no-op handlers in
     # place underneath it, that ends the process with status 0 instead of dying by signal.
     handled = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in handled}
     try:
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 0 if server.started else 1
+    return 0 if server.started and engine.dead is None else 1

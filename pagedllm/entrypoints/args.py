@@ -6,7 +6,9 @@ import argparse
 import os
 
 from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, QUANTIZATIONS, EngineConfig
+from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+from pagedllm.sampling_params import MAX_LOGPROBS
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -52,8 +54,13 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--max-num-batched-tokens", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
+                   help=f"largest logprobs / top_logprobs a request may ask for (default "
+                   f"{MAX_LOGPROBS})")
     g.add_argument("--debug-steps", action="store_true",
                    help="log one line per engine step with timings")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="logging level; with debug a fatal error also prints its traceback")
 
 
 def _rope_scaling(text: str) -> dict | None:
@@ -74,6 +81,15 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="name(s) clients use for the model; the first appears in responses "
                    "(default: the model argument)")
     g.add_argument("--disable-access-log", action="store_true", help="no per-request log line")
+    g.add_argument("--max-num-queued-reqs", type=int, default=None,
+                   help="refuse new requests (429 + Retry-After) while this many wait to be "
+                   "scheduled (default: unbounded)")
+    g.add_argument("--max-num-queued-tokens", type=int, default=None,
+                   help="refuse new requests (429) that would bring the waiting requests' "
+                   "prompt tokens past this (default: unbounded)")
+    g.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                   help="refuse larger request bodies (413) before parsing them (default "
+                   f"{DEFAULT_MAX_REQUEST_BODY_BYTES // 2**20} MiB)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -86,4 +102,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        quantization=args.quantization, int8_activations=args.int8_activations)
+        quantization=args.quantization, int8_activations=args.int8_activations,
+        max_logprobs=args.max_logprobs)

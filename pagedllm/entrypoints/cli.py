@@ -62,18 +62,26 @@ def cmd_chat(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from pagedllm.engine.async_engine import AsyncEngine
+    from pagedllm.engine.async_engine import AsyncEngine, QueueLimits
     from pagedllm.engine.llm_engine import LLMEngine
-    from pagedllm.entrypoints.api_server import run_server
+    from pagedllm.entrypoints.api_server import bind_socket, run_server
 
-    engine = LLMEngine(engine_config_from_args(args), debug_steps=args.debug_steps)
+    # Everything that can be checked without the model is checked before loading it.
+    limits = QueueLimits(args.max_num_queued_reqs, args.max_num_queued_tokens)
+    if args.max_request_body_bytes < 1:
+        raise ValueError(f"--max-request-body-bytes must be >= 1, got "
+                         f"{args.max_request_body_bytes}")
+    config = engine_config_from_args(args)
+    sock = bind_socket(args.host, args.port)
+    engine = LLMEngine(config, debug_steps=args.debug_steps)
     names = args.served_model_name or [engine.model_name]
     logging.getLogger(__name__).info("serving %s as %s on http://%s:%d%s", engine.model_name,
                                      ", ".join(names), args.host, args.port,
                                      " (API key required)" if args.api_key else "")
-    return run_server(AsyncEngine(engine, names[0]), host=args.host, port=args.port,
+    return run_server(AsyncEngine(engine, names[0], limits), host=args.host, port=args.port,
                       served_model_names=names, api_key=args.api_key,
-                      access_log=not args.disable_access_log)
+                      access_log=not args.disable_access_log,
+                      max_request_body_bytes=args.max_request_body_bytes, sock=sock)
 
 
 _KV_DTYPE_BYTES = {"auto": None, "float32": 4, "fp32": 4, "float16": 2, "fp16": 2,
@@ -132,9 +140,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. A fatal error (model not found, KV budget too small, max_model_len too
+    long, port in use, ...) is one line on stderr and exit status 1; its traceback is logged
+    only with --log-level debug."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return args.func(args)
+    level = getattr(args, "log_level", "info")
+    logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's last word on any fatal error
+        if level == "debug":
+            logging.getLogger(__name__).exception("fatal error")
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        sys.stderr.write(f"pagedllm: error: {message}\n")
+        return 1
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from starlette.responses import StreamingResponse
 
 from pagedllm.engine.async_engine import (
     AsyncEngine,
+    EngineDead,
+    EngineOverloaded,
     EngineRequest,
     EngineShuttingDown,
     RequestStream,
@@ -39,10 +41,12 @@ class APIError(Exception):
     """An error answered as {"error": {"message", "type", "param", "code"}} with `status`."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = (
             status, message, type, param, code)
+        self.headers = headers
 
     def body(self) -> dict:
         return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type,
@@ -91,6 +95,7 @@ class ServingBase:
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len: int = engine.engine.config.max_model_len
         self.vocab_size: int = engine.engine.vocab_size
+        self.max_logprobs: int = engine.engine.config.max_logprobs
         self.model_names = served_model_names
         self._token_str: dict[int, str] = {}
 
@@ -166,8 +171,11 @@ class ServingBase:
     async def submit(self, requests: list[EngineRequest]) -> RequestStream:
         try:
             return await self.engine.add_requests(requests)
-        except EngineShuttingDown as exc:
+        except (EngineShuttingDown, EngineDead) as exc:
             raise APIError(503, str(exc), type="service_unavailable") from exc
+        except EngineOverloaded as exc:
+            raise APIError(429, str(exc), type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(exc.retry_after)}) from exc
         except ValueError as exc:
             raise APIError(400, str(exc), param=_field_of(str(exc))) from exc
 

@@ -34,7 +34,6 @@ from pagedllm.entrypoints.serving import (
     sse_error,
 )
 from pagedllm.outputs import RequestOutput, SampleLogprobs
-from pagedllm.sampling_params import MAX_LOGPROBS
 
 
 class OpenAIServingChat(ServingBase):
@@ -46,8 +45,8 @@ class OpenAIServingChat(ServingBase):
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
-            if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
-                raise APIError(400, f"top_logprobs must be in [0, {MAX_LOGPROBS}], got "
+            if not 0 <= req.top_logprobs <= self.max_logprobs:
+                raise APIError(400, f"top_logprobs must be in [0, {self.max_logprobs}], got "
                                f"{req.top_logprobs}", param="top_logprobs")
         if req.logprobs:
             num_top = req.top_logprobs or 0
@@ -123,7 +122,8 @@ class OpenAIServingChat(ServingBase):
                     i = c.index
                     if done[i] or not (c.delta_token_ids or c.delta_text or c.finish_reason):
                         continue
-                    tokens[i], done[i] = len(c.token_ids), c.finish_reason is not None
+                    tokens[i] += len(c.delta_token_ids)
+                    done[i] = c.finish_reason is not None
                     events.append(chunk(ChatChunkChoice(
                         index=i, delta=DeltaMessage(content=c.delta_text),
                         logprobs=self._logprobs(c.delta_token_ids, c.delta_logprobs, num_top),

@@ -151,7 +151,7 @@ class OpenAIServingCompletion(ServingBase):
                         i = p * n + c.index
                         if done[i] or not (c.delta_token_ids or c.delta_text or c.finish_reason):
                             continue
-                        tokens[i] = len(c.token_ids)
+                        tokens[i] += len(c.delta_token_ids)
                         done[i] = c.finish_reason is not None
                         lp, offset[i] = self._logprobs(c.delta_token_ids, c.delta_logprobs,
                                                        offset[i])

@@ -16,6 +16,7 @@ import torch
 
 from pagedllm.core.scheduler import ScheduledRequest
 from pagedllm.model.layers.attention import AttentionMetadata
+from pagedllm.worker.persistent_batch import PersistentBatch
 
 
 @dataclass
@@ -40,7 +41,10 @@ def _key_mask(seq_lens: np.ndarray, q_pos: np.ndarray, width: int,
 
 
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device,
-                 sliding_window: int | None = None) -> BatchInputs:
+                 sliding_window: int | None = None,
+                 tables: PersistentBatch | None = None) -> BatchInputs:
+    """`tables` keeps block tables across steps (only changes are copied); without it they
+    are built from the requests' block lists."""
     order = sorted(scheduled, key=lambda s: s.num_new_tokens > 1)
     n = len(order)
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
@@ -54,10 +58,13 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
     req_idx = np.repeat(np.arange(n), q_lens)
     positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
     max_blocks = int(-(-seq_lens.max() // block_size))
-    bt = np.zeros((n, max_blocks), np.int64)
-    for i, s in enumerate(order):
-        blocks = s.request.block_ids[:max_blocks]
-        bt[i, :len(blocks)] = blocks
+    if tables is not None:
+        bt = tables.block_tables([s.request for s in order], max_blocks)
+    else:
+        bt = np.zeros((n, max_blocks), np.int64)
+        for i, s in enumerate(order):
+            blocks = s.request.block_ids[:max_blocks]
+            bt[i, :len(blocks)] = blocks
     slots = bt[req_idx, positions // block_size] * block_size + positions % block_size
 
     nd = int((q_lens == 1).sum())

@@ -16,10 +16,16 @@ from torch import nn
 
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import SchedulerOutput
-from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, SamplingRow
+from pagedllm.model.layers.sampler import (
+    Sampler,
+    SamplingMetadata,
+    SamplingRow,
+    make_generator,
+)
 from pagedllm.outputs import Logprob
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import build_inputs
+from pagedllm.worker.persistent_batch import PersistentBatch
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +37,7 @@ class SampledTokens:
     request: Request
     token_ids: list[int]
     logprobs: list[dict[int, Logprob]] | None = None
+    error: str | None = None  # e.g. a non-finite logits row: only this request fails
 
 
 @dataclass
@@ -41,14 +48,19 @@ class RunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, cache: CacheEngine, *, vocab_size: int,
-                 device: torch.device, sliding_window: int | None = None) -> None:
+                 device: torch.device, sliding_window: int | None = None,
+                 seed: int = 0) -> None:
         self.model = model
         self.cache = cache
         self.vocab_size = vocab_size
         self.device = device
         self.block_size = cache.spec.block_size
         self.sliding_window = sliding_window
-        self.sampler = Sampler()
+        # Unseeded random rows draw from this engine-seeded generator (vLLM seeds its RNG
+        # from --seed), so a run's samples are reproducible given the engine seed.
+        self.sampler = Sampler(make_generator(seed, device))
+        self.faults = None  # FaultInjector in tests (engine/fault_injection.py), else None
+        self.batch = PersistentBatch(vocab_size, device)  # block tables, penalty counts
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -59,7 +71,9 @@ class ModelRunner:
         self.cache.copy_blocks(sched.blocks_to_copy)
         if not sched.scheduled:
             return RunnerOutput()
-        batch = build_inputs(sched.scheduled, self.block_size, self.device, self.sliding_window)
+        self.batch.begin_step()
+        batch = build_inputs(sched.scheduled, self.block_size, self.device, self.sliding_window,
+                             self.batch)
         t1 = time.perf_counter()
         hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
                             self.cache.layer_caches, batch.meta)
@@ -81,10 +95,18 @@ class ModelRunner:
         if rows:
             logits = self.model.compute_logits(
                 hidden[torch.tensor(row_index, device=hidden.device)])
+            if self.faults is not None:
+                self.faults.corrupt_logits(logits, [r.group_id for r, n in owners
+                                                    for _ in range(n)])
             t2 = time.perf_counter()
-            md = SamplingMetadata.build(rows, self.vocab_size, self.device)
+            row_requests = [r for r, n in owners for _ in range(n)]
+            md = SamplingMetadata.build(rows, self.vocab_size, self.device,
+                                        self.batch.penalty_tensors(row_requests))
             result = self.sampler(logits, md)
-            out.sampled = self._collect(result, owners)
+            # O(rows): a NaN/inf row makes its sampled token's own logit non-finite.
+            finite = torch.isfinite(
+                logits.gather(1, result.sampled_token_ids.unsqueeze(1)).squeeze(1)).tolist()
+            out.sampled = self._collect(result, owners, finite)
         else:
             t2 = time.perf_counter()
         t3 = time.perf_counter()
@@ -92,7 +114,8 @@ class ModelRunner:
                           "sample": (t3 - t2) * 1e3}
         return out
 
-    def _collect(self, result, owners: list[tuple[Request, int]]) -> list[SampledTokens]:
+    def _collect(self, result, owners: list[tuple[Request, int]],
+                 finite: list[bool]) -> list[SampledTokens]:
         token_ids = result.sampled_token_ids.tolist()
         lp = result.logprobs
         if lp is not None:
@@ -114,6 +137,8 @@ class ModelRunner:
                             zip(top_ids[r][:k], top_lp[r][:k], strict=True)):
                         entry.setdefault(tid, Logprob(tl, rank + 1))
                     logprobs.append(entry)
-            sampled.append(SampledTokens(req, toks, logprobs))
+            error = (None if all(finite[row:row + n]) else
+                     f"the model's logits for request {req.group_id} are not finite (NaN/inf)")
+            sampled.append(SampledTokens(req, toks, logprobs, error))
             row += n
         return sampled

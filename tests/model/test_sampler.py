@@ -142,7 +142,7 @@ def test_neutral_params_build_no_optional_tensors() -> None:
     md = SamplingMetadata.build([row(SamplingParams(), [1, 2])], 10, DEVICE)
     assert md.top_k is md.top_p is md.min_p is None
     assert md.presence_penalties is md.frequency_penalties is md.repetition_penalties is None
-    assert md.prompt_token_ids is md.output_token_ids is None
+    assert md.output_counts is md.prompt_mask is None
     assert md.max_num_logprobs is None and md.all_random and not md.all_greedy
 
 
@@ -152,8 +152,9 @@ def test_build_pads_and_fills_disabled_top_k() -> None:
     rows.append(row(SamplingParams()))
     md = SamplingMetadata.build(rows, 10, DEVICE)
     assert md.top_k.tolist() == [3, 10, 10]
-    assert md.prompt_token_ids.tolist() == [[7, 10, 10], [8, 9, 6], [0, 10, 10]]
-    assert md.output_token_ids.tolist() == [[1, 2], [10, 10], [10, 10]]
+    assert md.prompt_mask.nonzero().tolist() == [[0, 7], [1, 6], [1, 8], [1, 9], [2, 0]]
+    assert md.output_counts.nonzero().tolist() == [[0, 1], [0, 2]]
+    assert md.output_counts.sum().item() == 2
 
 
 def test_min_tokens_suppresses_eos_and_stop_ids() -> None:

@@ -10,7 +10,8 @@ Pipeline, all in float32 whatever the model dtype::
                                 -> softmax -> argmax(probs / q),  q ~ Exp(1)
 
 Seeded rows draw ``q`` from their own generator, so their samples do not depend on
-which other requests share the batch.
+which other requests share the batch; unseeded rows draw from the sampler's generator
+(seeded from the engine's ``seed``), so a run is reproducible given that seed.
 """
 
 from __future__ import annotations
@@ -73,16 +74,21 @@ class SamplingMetadata:
     presence_penalties: torch.Tensor | None  # [B] float32
     frequency_penalties: torch.Tensor | None  # [B] float32
     repetition_penalties: torch.Tensor | None  # [B] float32
-    prompt_token_ids: torch.Tensor | None  # [B, Lp] int64; built iff repetition penalty used
-    output_token_ids: torch.Tensor | None  # [B, Lo] int64; built iff any penalty used
+    # Built iff a row uses a penalty: occurrences of each token in the row's output, and
+    # whether it occurs in the prompt (read by the repetition penalty only).
+    output_counts: torch.Tensor | None  # [B, V] int32
+    prompt_mask: torch.Tensor | None  # [B, V] bool
     min_tokens_stop_ids: dict[int, set[int]]  # row -> ids banned until min_tokens reached
     generators: dict[int, torch.Generator]  # row -> generator of a seeded random row
     max_num_logprobs: int | None  # None: no row wants logprobs
 
     @classmethod
     def build(
-        cls, rows: list[SamplingRow], vocab_size: int, device: torch.device | str
+        cls, rows: list[SamplingRow], vocab_size: int, device: torch.device | str,
+        penalty_state: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SamplingMetadata:
+        """`penalty_state`: (output counts, prompt mask) kept incrementally by the caller
+        (worker/persistent_batch.py); without it they are built from the rows' token lists."""
         ps = [r.params for r in rows]
         greedy = [p.is_greedy for p in ps]
 
@@ -109,6 +115,12 @@ class SamplingMetadata:
                 if ids:
                     stop_ids[i] = ids
         wants = [p.logprobs for p in ps if p.logprobs is not None]
+        if any_penalty and penalty_state is None:
+            penalty_state = (
+                _token_counts(_pad([r.output_token_ids for r in rows], vocab_size, device),
+                              vocab_size),
+                _token_counts(_pad([r.prompt_token_ids for r in rows], vocab_size, device),
+                              vocab_size) > 0)
         return cls(
             temperature=torch.tensor(
                 [0.0 if g else p.temperature for p, g in zip(ps, greedy, strict=True)],
@@ -123,16 +135,8 @@ class SamplingMetadata:
             presence_penalties=presence,
             frequency_penalties=frequency,
             repetition_penalties=repetition,
-            prompt_token_ids=(
-                _pad([r.prompt_token_ids for r in rows], vocab_size, device)
-                if repetition is not None
-                else None
-            ),
-            output_token_ids=(
-                _pad([r.output_token_ids for r in rows], vocab_size, device)
-                if any_penalty
-                else None
-            ),
+            output_counts=penalty_state[0] if any_penalty else None,
+            prompt_mask=penalty_state[1] if any_penalty else None,
             min_tokens_stop_ids=stop_ids,
             generators={
                 i: r.generator
@@ -150,7 +154,14 @@ def _pad(seqs: list[list[int]], pad: int, device: torch.device | str) -> torch.T
 
 
 class Sampler(torch.nn.Module):
-    """Turns last-position logits ``[B, V]`` into one token id per row (see module doc)."""
+    """Turns last-position logits ``[B, V]`` into one token id per row (see module doc).
+
+    `generator` serves the random rows without a seed of their own (None: torch's global one).
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.generator = generator
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         # One float32 copy: the caller's logits are never modified.
@@ -163,7 +174,7 @@ class Sampler(torch.nn.Module):
         if md.all_greedy:
             sampled = greedy_ids
         else:
-            random_ids = _sample_random(logits, md)
+            random_ids = _sample_random(logits, md, self.generator)
             if md.all_random:
                 sampled = random_ids
             else:
@@ -195,14 +206,13 @@ def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    if md.output_token_ids is None:
+    if md.output_counts is None:
         return logits
-    vocab_size = logits.shape[-1]
-    output_counts = _token_counts(md.output_token_ids, vocab_size)
+    output_counts = md.output_counts
     output_mask = output_counts > 0
     if md.repetition_penalties is not None:
-        assert md.prompt_token_ids is not None
-        seen = output_mask | (_token_counts(md.prompt_token_ids, vocab_size) > 0)
+        assert md.prompt_mask is not None
+        seen = output_mask | md.prompt_mask
         penalty = torch.where(seen, md.repetition_penalties.unsqueeze(1), 1.0)
         logits = torch.where(logits > 0, logits / penalty, logits * penalty)
     if md.frequency_penalties is not None:
@@ -212,7 +222,8 @@ def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor
     return logits
 
 
-def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
     # Greedy rows are sampled here too (with temperature 1) and replaced by the caller.
     temperature = torch.where(md.temperature == 0.0, 1.0, md.temperature)
     logits = logits / temperature.unsqueeze(1)
@@ -224,7 +235,7 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         logits = _apply_top_k_top_p(logits, md.top_k, md.top_p)
     probs = torch.softmax(logits, dim=-1)
 
-    q = torch.empty_like(probs).exponential_()
+    q = torch.empty_like(probs).exponential_(generator=generator)
     for i, g in md.generators.items():
         q[i].exponential_(generator=g)
     return (probs / q).argmax(dim=-1)

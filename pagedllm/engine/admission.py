@@ -1,0 +1,63 @@
+"""Admission control for the server: bounded waiting queue (vLLM's --max-num-queued-reqs and
+--max-num-queued-tokens). Past a limit a new API call is refused with `EngineOverloaded`
+(HTTP 429 with Retry-After); nothing already admitted is disturbed.
+
+The check runs on the engine thread when the "add" command is executed, against the
+scheduler's waiting queue at that moment, so it is exact (no stale snapshot) and all-or-nothing
+for the requests of one API call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedllm.core.scheduler import Scheduler
+
+
+class EngineOverloaded(RuntimeError):
+    """The waiting queue is full; retry after `retry_after` seconds. `reason` labels the
+    rejection metric ("queued_reqs" or "queued_tokens")."""
+
+    def __init__(self, message: str, reason: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.reason, self.retry_after = reason, retry_after
+
+
+@dataclass
+class QueueLimits:
+    """None means unbounded (the default, as in vLLM)."""
+
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+
+    @property
+    def unbounded(self) -> bool:
+        return self.max_num_queued_reqs is None and self.max_num_queued_tokens is None
+
+    def check(self, scheduler: Scheduler, prompt_lens: list[int]) -> None:
+        """Raise EngineOverloaded if queueing requests with these prompt lengths would pass a
+        limit. Waiting sequences of one n > 1 request count once, as in the waiting gauge."""
+        if self.unbounded:
+            return
+        waiting = scheduler.waiting
+        if self.max_num_queued_reqs is not None:
+            queued = len({r.group_id for r in waiting})
+            if queued + len(prompt_lens) > self.max_num_queued_reqs:
+                raise EngineOverloaded(
+                    f"server overloaded: {queued} requests are waiting, the limit is "
+                    f"{self.max_num_queued_reqs} (--max-num-queued-reqs); retry later",
+                    "queued_reqs")
+        if self.max_num_queued_tokens is not None:
+            tokens = sum(r.num_tokens - r.num_computed_tokens for r in waiting)
+            if tokens + sum(prompt_lens) > self.max_num_queued_tokens:
+                raise EngineOverloaded(
+                    f"server overloaded: {tokens} prompt tokens are waiting and this request "
+                    f"brings {sum(prompt_lens)}, the limit is {self.max_num_queued_tokens} "
+                    "(--max-num-queued-tokens); retry later", "queued_tokens")
