@@ -97,16 +97,27 @@ inline vec load_f16(const _Float16* p) {
 #endif
 }
 
-// Epilogue shared by every kernel: y = acc (* colscale) (+ bias) for the panel's real columns.
-inline void store_row(const vec a0, const vec a1, float* yr, int64_t ncols, const float* cscale,
+// Epilogue shared by the weight-only kernels: y = acc (* colscale) (+ bias) for the panel's real
+// columns; `cscale` is padded to whole panels, `bias` is not (vector path for full panels only).
+inline void store_row(vec a0, vec a1, float* yr, int64_t ncols, const float* cscale,
                       const float* bias) {
+  if (cscale) {
+    a0 *= load<vec>(cscale);
+    a1 *= load<vec>(cscale + kVW);
+  }
+  if (ncols == kNB) {
+    if (bias) {
+      a0 += load<vec>(bias);
+      a1 += load<vec>(bias + kVW);
+    }
+    std::memcpy(yr, &a0, sizeof(vec));
+    std::memcpy(yr + kVW, &a1, sizeof(vec));
+    return;
+  }
   float out[kNB];
   std::memcpy(out, &a0, sizeof(vec));
   std::memcpy(out + kVW, &a1, sizeof(vec));
-  for (int64_t j = 0; j < ncols; ++j) {
-    float v = cscale ? out[j] * cscale[j] : out[j];
-    yr[j] = bias ? v + bias[j] : v;
-  }
+  for (int64_t j = 0; j < ncols; ++j) yr[j] = bias ? out[j] + bias[j] : out[j];
 }
 
 // fp32 micro-kernel over a dequantized scratch chunk [kc, NB]; accumulates onto `y` when
@@ -297,16 +308,20 @@ struct W8A8Op {
         dot4(acc[i][1], xquad, wk + kVW * 4);
       }
     }
+    // y = float(dot) * sx[row] * sw[col] (+ bias), in vectors; colsum / sw are panel-padded
+    const ivec c0 = load<ivec>(colsum) * 128, c1 = load<ivec>(colsum + kVW) * 128;
+    const vec w0 = load<vec>(sw), w1 = load<vec>(sw + kVW);
     for (int i = 0; i < MR; ++i) {
-      int32_t a[kNB];
-      std::memcpy(a, &acc[i][0], sizeof(acc8));
-      std::memcpy(a + kVW, &acc[i][1], sizeof(acc8));
-      float* yr = y + i * ldy;
-      for (int64_t j = 0; j < ncols; ++j) {
-        const int32_t dot = kXOffset ? a[j] - 128 * colsum[j] : a[j];
-        const float v = static_cast<float>(dot) * sx[i] * sw[j];
-        yr[j] = bias ? v + bias[j] : v;
+      ivec a0, a1;
+      std::memcpy(&a0, &acc[i][0], sizeof(ivec));
+      std::memcpy(&a1, &acc[i][1], sizeof(ivec));
+      if (kXOffset) {
+        a0 -= c0;
+        a1 -= c1;
       }
+      const vec sxv = vec{} + sx[i];
+      store_row(__builtin_convertvector(a0, vec) * sxv * w0,
+                __builtin_convertvector(a1, vec) * sxv * w1, y + i * ldy, ncols, nullptr, bias);
     }
   }
 };
