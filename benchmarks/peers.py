@@ -1,5 +1,5 @@
-"""Peer comparison: pagedllm vs HF transformers vs llama.cpp vs vLLM (CPU), same model, same
-machine, one run.
+"""Peer comparison: pagedllm (quantized GGUF, fp32, int8) vs HF transformers vs llama.cpp vs
+vLLM (CPU), same model, same machine, one run.
 
     nice -n 19 python benchmarks/peers.py --prepare    # optional: build the peers ahead
     python benchmarks/peers.py --write-docs            # full run (~10 min on 2 cores); builds
@@ -7,6 +7,8 @@ machine, one run.
                                                        # --no-prepare: skip them)
     python benchmarks/peers.py --quick --out /tmp/p    # smoke test (tiny sizes, under a minute)
 
+pagedllm runs twice in every section: its default path (GGUF blocks kept quantized, C++
+kernels) and `--quantization none` (dequantized fp32, "pagedllm-fp32"), interleaved.
 Workloads (greedy, ignore_eos, `--threads` everywhere):
   offline     output tok/s at concurrency 1, 8, 32, 64 (128-token prompts, 128 new tokens):
               pagedllm LLM.generate (max_num_seqs=c; also with --quantization int8, weight-only
@@ -21,7 +23,9 @@ Workloads (greedy, ignore_eos, `--threads` everywhere):
   block-sweep pagedllm KV block size 8/16/32/64 on a mixed-length workload: throughput and
               allocated-but-unused KV slots sampled after every step;
   kv          pagedllm KV waste vs contiguous reservation, and concurrent sequences at a fixed
-              KV budget.
+              KV budget;
+  perplexity  pagedllm's weight formats (--quantization none / gguf / int8) on held-out text
+              (pydoc_data.topics, benchmarks/perplexity.py).
 Every number comes with pagedllm's ratio to each peer. Writes `peers.json` and PNG plots to
 --out; --write-docs also copies the plots to docs/img/ and rewrites the "Peers" section of
 docs/benchmarks.md. Peers that are not prepared (or not installed) are reported as skipped.
@@ -50,12 +54,15 @@ from benchmarks.peers_lib import report, vllm  # noqa: E402
 from pagedllm.entrypoints.launcher import ServerProcess, free_port  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
-ENGINES = ("pagedllm", "hf", "llama.cpp", "llama-cpp-python", "vllm", "pagedllm-int8",
-           "pagedllm-w8a8")
-# pagedllm's int8 paths: engine args added to the fp32 run's (--quantization int8 [W8A8])
+# "pagedllm" runs the default path (a GGUF's weights stay quantized); "pagedllm-fp32" the same
+# engine with --quantization none (weights dequantized to fp32, the path before issue 12).
+ENGINES = ("pagedllm", "pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm",
+           "pagedllm-int8", "pagedllm-w8a8")
+FP32 = {"quantization": "none"}
+# pagedllm's int8 paths: engine args added to the default run's (--quantization int8 [W8A8])
 PAGED_VARIANTS = {"pagedllm-int8": {"quantization": "int8"},
                   "pagedllm-w8a8": {"quantization": "int8", "int8_activations": True}}
-SECTIONS = ("offline", "prefill", "serving", "block-sweep", "kv")
+SECTIONS = ("offline", "prefill", "serving", "block-sweep", "kv", "perplexity")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -216,6 +223,8 @@ class Run:
         for e in ENGINES:
             if e == "pagedllm" or (e in PAGED_VARIANTS and e in self.args.peers):
                 continue
+            if e == "pagedllm-fp32" and self.model_path.suffix != ".gguf":
+                why_not[e] = "the model is not quantized"
             if e not in self.args.peers:
                 why_not[e] = "not selected (--peers)"
             if why_not.get(e):
@@ -266,6 +275,13 @@ class Run:
         if "prefill" in a.sections:
             put = self.res["prefill"]
             put["pagedllm"] = w.pagedllm_prefill(llm, long_prompts)
+            if "pagedllm-fp32" in self.engines:
+                del llm
+                fp32 = w.new_llm(self.model_arg, a.threads, **self.engine_args, **FP32)
+                self._store(put, "pagedllm-fp32", self.peer(
+                    "pagedllm-fp32", "prefill", lambda: w.pagedllm_prefill(fp32, long_prompts)))
+                del fp32
+                llm = None
             for e, extra in PAGED_VARIANTS.items():
                 if e in self.engines:
                     self._store(put, e, self.peer(e, "prefill", lambda extra=extra: (
@@ -290,6 +306,10 @@ class Run:
             off.setdefault("pagedllm", {})[str(c)] = self.peer("pagedllm", f"offline c={c}", (
                 lambda reqs=reqs, c=c: w.pagedllm_offline(self.model_arg, a.threads, reqs,
                                                           a.output_len, c, self.engine_args)))
+            self._store(off, "pagedllm-fp32", self.peer("pagedllm-fp32", f"offline c={c}", (
+                lambda reqs=reqs, c=c: w.pagedllm_offline(self.model_arg, a.threads, reqs,
+                                                          a.output_len, c,
+                                                          {**self.engine_args, **FP32}))), c)
             if hf is not None:
                 self._store(off, "hf", self.peer("hf", f"offline c={c}", (
                     lambda reqs=reqs, c=c: w.hf_offline(hf, reqs, a.output_len, c))), c)
@@ -387,6 +407,14 @@ class Run:
                 s.pagedllm_command(self.model_arg, port, a.threads, flags), port,
                 logs / "pagedllm_serve.log"))
             paged_srv.wait_ready(300)
+            fp32_srv = None
+            if "pagedllm-fp32" in self.engines:
+                port = free_port()
+                fp32_srv = stack.enter_context(ServerProcess(
+                    s.pagedllm_command(self.model_arg, port, a.threads,
+                                       [*flags, "--quantization=none"]), port,
+                    logs / "pagedllm_fp32_serve.log"))
+                fp32_srv.wait_ready(300)
             for c in ints(a.serving_concurrency):
                 n = max(2 * c, 4)
                 logger.info("=== serving, %d clients (%d requests)", c, n)
@@ -406,6 +434,11 @@ class Run:
                     "pagedllm", f"serve c={c}", lambda c=c, n=n: s.load(
                         paged_srv.base_url, concurrency=c, num_prompts=n,
                         input_len=a.input_len, output_len=a.output_len)), c)
+                if fp32_srv is not None:
+                    self._store(self.res["serving"], "pagedllm-fp32", self.peer(
+                        "pagedllm-fp32", f"serve c={c}", lambda c=c, n=n: s.load(
+                            fp32_srv.base_url, concurrency=c, num_prompts=n,
+                            input_len=a.input_len, output_len=a.output_len)), c)
                 if self.bins:
                     self._store(self.res["serving"], "llama.cpp",
                                 self.peer("llama.cpp", f"serve c={c}", llama), c)
@@ -460,6 +493,14 @@ class Run:
                                    max_model_len=a.kv_max_model_len, block_size=16,
                                    kv_bytes_per_token=bpt, engine_args=self.engine_args)
             self.res["kv_efficiency"] = {"paged": paged, "fixed_budget": fixed}
+
+    def perplexity(self) -> None:
+        from benchmarks import perplexity as ppl
+
+        a = self.args
+        windows, window = (1, 64) if a.quick else (8, 512)
+        self.res["perplexity"] = [ppl.measure(self.model_arg, fmt, windows, window, a.threads)
+                                  for fmt in ("none", "gguf", "int8")]
 
     # -------------------------------------------------------------- results
     def finish(self, argv: list[str]) -> dict:
@@ -531,7 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     timings = {}
     for name, wanted, fn in (("offline+prefill", {"offline", "prefill"}, run.offline_and_prefill),
                              ("serving", {"serving"}, run.serving),
-                             ("kv", {"block-sweep", "kv"}, run.kv)):
+                             ("kv", {"block-sweep", "kv"}, run.kv),
+                             ("perplexity", {"perplexity"}, run.perplexity)):
         if wanted & set(args.sections):
             t0 = time.perf_counter()
             run.loads.append(os.getloadavg()[0])

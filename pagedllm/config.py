@@ -32,8 +32,11 @@ BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn,
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 PREEMPTION_MODES = ("recompute", "swap")
-# vLLM's names; None = what the checkpoint says (GGUF / AWQ / GPTQ quantization_config) else none
-QUANTIZATIONS = ("none", "gguf", "awq", "gptq", "int8")
+# Weight formats (vLLM's names). None = auto: what the checkpoint holds (a GGUF file -> "gguf",
+# an HF config.json with quantization_config -> its method, else "none"). "none" dequantizes
+# every weight to `dtype` at load (the reference path); "int8" quantizes an fp32/bf16
+# checkpoint to weight-only per-channel int8 at load.
+QUANTIZATION_METHODS = ("none", "gguf", "awq", "gptq", "int8")
 
 
 def parse_size(value: int | float | str) -> int:
@@ -84,7 +87,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
-    quantization: str | None = None  # one of QUANTIZATIONS; None: detected from the checkpoint
+    quantization: str | None = None  # QUANTIZATION_METHODS; None = detect from the checkpoint
     int8_activations: bool = False  # with quantization="int8": W8A8 (dynamic per-token int8 x)
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
 
@@ -118,8 +121,9 @@ class EngineConfig:
                              f"got {self.preemption_mode!r}")
         if not self.swap_space >= 0:
             raise ValueError(f"swap_space must be >= 0 (GiB), got {self.swap_space}")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}; "
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} "
+                             f"(or None to detect it from the checkpoint); "
                              f"got {self.quantization!r}")
         if self.int8_activations and self.quantization != "int8":
             raise ValueError("int8_activations (W8A8) needs quantization='int8', got "

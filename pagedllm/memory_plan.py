@@ -1,6 +1,7 @@
 """Memory planning from a model config alone (no weights): what fits in a memory budget.
 
-    weights      = parameter count x dtype bytes (from the config's shapes)
+    weights      = parameter count x dtype bytes (from the config's shapes), or for a GGUF
+                   file the bytes of its (quantized) tensors, which the engine keeps as they are
     KV per token = 2 (K and V) x layers x kv_heads x head_dim x KV dtype bytes   (GQA aware)
     KV per seq   = KV per token x max_model_len (rounded up to whole blocks)
     KV budget    = memory x utilization - weights - activation peak (estimate)
@@ -35,7 +36,10 @@ def load_config(model_or_config: str) -> SimpleNamespace:
 
         from pagedllm.loader.gguf_loader import gguf_config
 
-        return SimpleNamespace(**gguf_config(GGUFReader(str(path))).to_dict())
+        reader = GGUFReader(str(path))
+        # The engine keeps GGUF blocks quantized: its weights are the file's tensor bytes.
+        return SimpleNamespace(**gguf_config(reader).to_dict(),
+                               weight_bytes=sum(int(t.n_bytes) for t in reader.tensors))
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
@@ -107,7 +111,10 @@ def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
     kvbytes = kv_dtype_bytes or wbytes
     spec = KVCacheSpec(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads,
                        head_dim=head_dim, dtype=_TORCH_DTYPE[kvbytes], block_size=block_size)
-    weights = parameter_count(cfg) * wbytes
+    if weight_dtype_bytes is None and getattr(cfg, "weight_bytes", None):
+        weights = int(cfg.weight_bytes)  # measured (a quantized GGUF), not shapes x dtype
+    else:
+        weights = parameter_count(cfg) * wbytes
     max_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 4096))
     if kv_cache_memory_gib is not None:
         budget = int(kv_cache_memory_gib * GiB)

@@ -14,8 +14,7 @@ import torch
 import transformers
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.loader import ModelNotFoundError, default_model_path
-from pagedllm.loader.cache import gguf_entry_dir
+from pagedllm.loader import ModelNotFoundError, default_model_path, hf_reference_dir
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +40,10 @@ def llm() -> LLM:
 
 @pytest.fixture(scope="module")
 def hf_dir(llm, hf_reference) -> Path:
-    """The HF directory the engine was loaded from (the GGUF conversion cache entry)."""
+    """An HF directory of the GGUF's dequantized weights (the dense conversion cache entry;
+    the engine itself runs the weights quantized)."""
     gguf = default_model_path()
-    entry = gguf_entry_dir(gguf)
+    entry = hf_reference_dir(str(gguf))
     if (entry / "model.safetensors").is_file():
         return entry
     # The cache could not be written: let transformers convert the GGUF itself (~40 s).

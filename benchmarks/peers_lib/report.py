@@ -11,9 +11,10 @@ import math
 import re
 from pathlib import Path
 
-PEERS = ("hf", "llama.cpp", "llama-cpp-python", "vllm", "pagedllm-int8", "pagedllm-w8a8")
-NAMES = {"pagedllm": "pagedllm", "hf": "HF transformers", "llama.cpp": "llama.cpp",
-         "llama-cpp-python": "llama-cpp-python", "vllm": "vLLM (CPU)",
+PEERS = ("pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm", "pagedllm-int8",
+         "pagedllm-w8a8")
+NAMES = {"pagedllm": "pagedllm", "pagedllm-fp32": "pagedllm fp32", "hf": "HF transformers",
+         "llama.cpp": "llama.cpp", "llama-cpp-python": "llama-cpp-python", "vllm": "vLLM (CPU)",
          "pagedllm-int8": "pagedllm int8", "pagedllm-w8a8": "pagedllm W8A8"}
 SERVING_METRICS = (("output_throughput", None, "output tok/s"),
                    ("ttft_ms", "median", "TTFT median (ms)"), ("ttft_ms", "p99", "TTFT p99 (ms)"),
@@ -155,7 +156,8 @@ def int8_table(res: dict) -> str:
     levels = sorted({int(c) for e in ("pagedllm-int8", "pagedllm-w8a8") for c in off.get(e, {})})
     rows = []
     for c in levels:
-        fp32 = off.get("pagedllm", {}).get(str(c), {}).get("output_tok_s")
+        fp32 = (off.get("pagedllm-fp32") or off.get("pagedllm", {})).get(str(c), {}).get(
+            "output_tok_s")
         vllm = off.get("vllm", {}).get(str(c), {}).get("output_tok_s")
         for e in ("pagedllm-int8", "pagedllm-w8a8"):
             v = off.get(e, {}).get(str(c), {}).get("output_tok_s")
@@ -181,6 +183,11 @@ def tables(res: dict) -> list[tuple[str, str]]:
         out.append(("pagedllm KV block size sweep (mixed-length workload)", sweep_table(res)))
     if res.get("kv_efficiency"):
         out.append(("pagedllm KV memory efficiency", kv_table(res)))
+    if res.get("perplexity"):
+        from benchmarks.perplexity import table as perplexity_table
+
+        out.append(("pagedllm perplexity by weight format (pydoc_data.topics)",
+                    perplexity_table(res["perplexity"])))
     return out
 
 

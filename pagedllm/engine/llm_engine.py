@@ -46,7 +46,7 @@ class LLMEngine:
         self.debug_steps = debug_steps
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        ckpt = load_checkpoint(config.model)
+        ckpt = load_checkpoint(config.model, quantization=config.quantization)
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
         self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"

@@ -33,10 +33,30 @@ def build_model(ckpt: Checkpoint, config: EngineConfig) -> nn.Module:
         n_params -= model.lm_head.weight.numel()
     model.load_weights(hf_checkpoint.prepare_weights(ckpt, config))  # --quantization
     model.eval()
-    logger.info("loaded %s (%s, %.1fM parameters, %s on %s) in %.1f s",
-                ckpt.source.name, cls.__name__, n_params / 1e6, config.torch_dtype,
-                config.torch_device, time.perf_counter() - t0)
+    logger.info("loaded %s (%s, %.1fM parameters, %s on %s, weights %s) in %.1f s: "
+                "%.1f MiB of weights resident", ckpt.source.name, cls.__name__, n_params / 1e6,
+                config.torch_dtype, config.torch_device, ckpt.quantization,
+                time.perf_counter() - t0, weight_bytes(model) / 2**20)
     return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's weights really occupy: parameters and packed layouts, quantized
+    weights at their packed size; storage shared by two layers (a tied lm_head) counted once."""
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        quant = getattr(module, "quant", None)
+        if quant is not None and id(quant) not in seen:
+            seen.add(id(quant))
+            total += quant.nbytes
+        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False),
+                   getattr(module, "packed", None), getattr(module, "weight_t", None)]
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.numel() and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total
 
 
 def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:

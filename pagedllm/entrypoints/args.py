@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from pagedllm.config import KV_CACHE_DTYPES, PREEMPTION_MODES, QUANTIZATIONS, EngineConfig
+from pagedllm.config import (
+    KV_CACHE_DTYPES,
+    PREEMPTION_MODES,
+    QUANTIZATION_METHODS,
+    EngineConfig,
+)
 from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
@@ -44,9 +49,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--swap-space", type=float, default=4.0,
                    help="GiB of CPU memory for swapped-out KV blocks with --preemption-mode "
                    "swap (default 4; 0 disables: every preemption recomputes)")
-    g.add_argument("--quantization", "-q", default=None, choices=QUANTIZATIONS,
-                   help="weight format: none, gguf, awq, gptq (default: what the checkpoint "
-                   "is) or int8 (per-channel int8 of an fp32/bf16 checkpoint, at load time)")
+    g.add_argument("--quantization", default=None, choices=QUANTIZATION_METHODS,
+                   help="weight format: gguf, awq, gptq (kept quantized in memory), int8 "
+                   "(weight-only int8 made at load), none (dequantize to --dtype, the reference); "
+                   "default: what the checkpoint holds")
     g.add_argument("--int8-activations", action="store_true",
                    help="with --quantization int8: W8A8, int8 activations quantized per token "
                    "and integer dot products (faster for big batches; close, not exact)")

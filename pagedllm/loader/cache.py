@@ -8,7 +8,9 @@ HF model directory::
     $PAGEDLLM_CACHE_DIR (default ~/.cache/pagedllm)/
       gguf/<stem>-<sha256(version|path|size|mtime)[:16]>/
         config.json  tokenizer.json  tokenizer_config.json  chat_template.jinja
-        model.safetensors            (float32, HF parameter names)
+        model.safetensors            (float32, HF parameter names; written only by a dense
+                                      `--quantization none` load: the quantized path reads
+                                      the GGUF itself and writes nothing dequantized)
 
 An entry is built in a hidden temporary directory and renamed into place, so a
 killed process never leaves a half-written entry under the final name.

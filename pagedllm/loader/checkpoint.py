@@ -35,12 +35,16 @@ class Checkpoint:
             ``("model.layers.0.self_attn.q_proj.weight", tensor)``; tensors are
             float32 on CPU. Tied models may omit ``lm_head.weight``.
         source: the file or directory the checkpoint was read from.
+        quantization: the weight format ``weights`` yields: "none" (float tensors only) or a
+            quantized format (e.g. "gguf": linear and embedding weights are
+            `QuantizedWeight`s, the rest float tensors).
     """
 
     config: transformers.PretrainedConfig
     tokenizer: transformers.PreTrainedTokenizerBase
     weights: WeightsFn
     source: Path
+    quantization: str = "none"
 
     @property
     def architecture(self) -> str:
@@ -51,13 +55,16 @@ class Checkpoint:
         return architectures[0]
 
 
-def load_checkpoint(model: str | None, cache_dir: Path | None = None) -> Checkpoint:
+def load_checkpoint(model: str | None, cache_dir: Path | None = None,
+                    quantization: str | None = None) -> Checkpoint:
     """Resolve ``model`` (see :func:`resolve_model`) and load it.
 
     Args:
         model: HF model directory, ``.gguf`` file, or ``None`` for the default model.
         cache_dir: GGUF conversion cache; defaults to ``$PAGEDLLM_CACHE_DIR``
             or ``~/.cache/pagedllm``. Unused for HF directories.
+        quantization: `EngineConfig.quantization`; None = what the checkpoint holds (a GGUF
+            file stays quantized), "none" = dense float weights.
     """
     path = resolve_model(model)
     if path.is_dir():
@@ -66,7 +73,7 @@ def load_checkpoint(model: str | None, cache_dir: Path | None = None) -> Checkpo
         return load_hf_checkpoint(path)
     from pagedllm.loader.gguf_loader import load_gguf_checkpoint
 
-    return load_gguf_checkpoint(path, cache_dir=cache_dir)
+    return load_gguf_checkpoint(path, cache_dir=cache_dir, quantization=quantization)
 
 
 def hf_reference_dir(model: str | None, cache_dir: Path | None = None) -> Path:
@@ -80,5 +87,5 @@ def hf_reference_dir(model: str | None, cache_dir: Path | None = None) -> Path:
         return path
     from pagedllm.loader.cache import gguf_entry_dir
 
-    load_checkpoint(model, cache_dir=cache_dir)  # builds the cache entry if needed
+    load_checkpoint(model, cache_dir=cache_dir, quantization="none")  # builds the fp32 entry
     return gguf_entry_dir(path, cache_dir)

@@ -1,16 +1,24 @@
 """Load a llama-architecture GGUF file as a HF-shaped :class:`Checkpoint`.
 
-Weights are dequantized to float32 with ``gguf.quants.dequantize`` (vectorized
-numpy), renamed to HF parameter names, and the rotary row permutation that
-llama.cpp applies to q/k projections is undone. The result (config, tokenizer,
-weights) is stored as an HF directory in the cache (see :mod:`cache`); later
-loads read that directory with the HF loader.
+Two weight paths, both with HF parameter names and llama.cpp's q/k rotary row
+permutation undone:
+  * quantized (default, ``quantization`` None or "gguf"): block-quantized matrices stay
+    quantized (`model.layers.quant.gguf.gguf_weight`, repacked for the CPU kernel and read
+    from the memory-mapped file at every start); F32/F16/BF16 tensors load dense. Nothing
+    dequantized is written to disk.
+  * dense ("none", the reference): weights are dequantized to float32 with
+    ``gguf.quants.dequantize`` and cached as an fp32 safetensors file.
+The config and tokenizer conversion is cached as an HF directory either way (see :mod:`cache`);
+the dense path adds ``model.safetensors`` to that entry and later loads read it with the HF
+loader.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import struct
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -21,12 +29,13 @@ import numpy as np
 import torch
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
-from transformers import AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
 from pagedllm.loader.hf_loader import load_hf_checkpoint
+from pagedllm.model.layers.quant import gguf as gguf_quant
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +57,7 @@ _LAYER_NAMES = {
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _REQUIRED = object()
+WEIGHTS_FILE = "model.safetensors"
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -141,15 +151,43 @@ def gguf_config(reader: GGUFReader) -> LlamaConfig:
     )
 
 
+def _row_order(name: str, rows: int, config: LlamaConfig) -> np.ndarray | None:
+    """The HF row order of a q/k projection (undoes llama.cpp's rotary permutation)."""
+    if ".self_attn.q_proj." in name:
+        return reverse_permute(np.arange(rows), config.num_attention_heads)
+    if ".self_attn.k_proj." in name:
+        return reverse_permute(np.arange(rows), config.num_key_value_heads)
+    return None
+
+
 def iter_gguf_tensors(reader: GGUFReader, config: LlamaConfig) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, float32 array in HF shape)``, dequantizing one tensor at a time."""
     for tensor, name in _tensors(reader):
         array = dequantize(tensor.data, tensor.tensor_type).reshape(_hf_shape(tensor))
-        if ".self_attn.q_proj." in name:
-            array = reverse_permute(array, config.num_attention_heads)
-        elif ".self_attn.k_proj." in name:
-            array = reverse_permute(array, config.num_key_value_heads)
+        if (order := _row_order(name, array.shape[0], config)) is not None:
+            array = array[order]
         yield name, np.ascontiguousarray(array, dtype=np.float32)
+
+
+def iter_gguf_quantized(
+    reader: GGUFReader, config: LlamaConfig
+) -> Iterator[tuple[str, torch.Tensor | gguf_quant.GGUFWeight]]:
+    """Yield ``(hf_name, weight)``: block-quantized matrices as `GGUFWeight` (kept quantized),
+    F32/F16/BF16 tensors as float32 tensors."""
+    for tensor, name in _tensors(reader):
+        qtype = tensor.tensor_type
+        if qtype in gguf_quant.DENSE_TYPES:
+            array = dequantize(tensor.data, qtype).reshape(_hf_shape(tensor))
+            if (order := _row_order(name, array.shape[0], config)) is not None:
+                array = array[order]
+            yield name, torch.from_numpy(np.array(array, dtype=np.float32))
+            continue
+        if len(tensor.shape) != 2:
+            raise UnsupportedModelError(
+                f"GGUF tensor {tensor.name} ({qtype.name}) has {len(tensor.shape)} dimensions; "
+                f"only quantized matrices are supported")
+        rows = _hf_shape(tensor)[0]
+        yield name, gguf_quant.gguf_weight(tensor, row_order=_row_order(name, rows, config))
 
 
 def gguf_tokenizer(path: Path, reader: GGUFReader) -> PreTrainedTokenizerBase:
@@ -162,12 +200,22 @@ def gguf_tokenizer(path: Path, reader: GGUFReader) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _write_entry(entry: Path, reader: GGUFReader, config: LlamaConfig, tokenizer: Any) -> None:
-    start = time.perf_counter()
+def _write_meta(entry: Path, config: LlamaConfig, tokenizer: Any) -> None:
     config.save_pretrained(entry)
     tokenizer.save_pretrained(entry)
+
+
+def _write_weights(entry: Path, reader: GGUFReader, config: LlamaConfig) -> None:
+    """Add the dequantized fp32 ``model.safetensors`` to a cache entry (written to a temporary
+    name and renamed, so a killed process leaves no half-written file)."""
+    start = time.perf_counter()
     specs = [(name, _hf_shape(tensor)) for tensor, name in _tensors(reader)]
-    write_safetensors(entry / "model.safetensors", specs, iter_gguf_tensors(reader, config))
+    tmp = entry / f".model.safetensors.tmp-{os.getpid()}"
+    try:
+        write_safetensors(tmp, specs, iter_gguf_tensors(reader, config))
+        os.replace(tmp, entry / WEIGHTS_FILE)
+    finally:
+        tmp.unlink(missing_ok=True)
     logger.info(
         "dequantized and cached %d tensors in %.2fs", len(specs), time.perf_counter() - start
     )
@@ -181,21 +229,79 @@ def _stream_from_gguf(
         yield name, torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
-def load_gguf_checkpoint(path: Path, cache_dir: Path | None = None) -> Checkpoint:
-    """Load ``path`` from its cache entry, converting and caching it first if needed."""
+def _entry_meta(entry: Path) -> tuple[Any, PreTrainedTokenizerBase]:
+    """Config and tokenizer of a cache entry."""
+    return (AutoConfig.from_pretrained(entry, local_files_only=True),
+            AutoTokenizer.from_pretrained(entry, local_files_only=True))
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    """`GGUFReader` of ``path``; a file that is not GGUF, or is truncated, is a clear error."""
+    try:
+        return GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OSError, struct.error) as exc:
+        size = path.stat().st_size if path.exists() else 0
+        raise UnsupportedModelError(
+            f"{path} is not a readable GGUF file ({size} bytes; truncated or corrupt?): "
+            f"{exc}") from exc
+
+
+def use_quantized(quantization: str | None) -> bool:
+    """Whether a GGUF file loads quantized: by default and with "gguf" (an error when the
+    kernels are missing), dense with "none" or "int8" (int8 quantizes the dense weights)."""
+    if quantization in ("none", "int8"):
+        return False
+    if quantization not in (None, "gguf"):
+        raise UnsupportedModelError(
+            f"quantization {quantization!r} does not apply to a GGUF file (use gguf or none)")
+    if gguf_quant.available():
+        return True
+    if quantization == "gguf":
+        raise UnsupportedModelError("quantization 'gguf' needs the C++ CPU kernels (AVX2, FMA, "
+                                    "F16C), which are not available here")
+    logger.warning("GGUF kernels unavailable; dequantizing the weights (quantization none)")
+    return False
+
+
+def load_gguf_checkpoint(
+    path: Path, cache_dir: Path | None = None, quantization: str | None = None
+) -> Checkpoint:
+    """Load ``path`` quantized (see the module docstring) or dense from its cache entry,
+    converting and caching what is missing first."""
     start = time.perf_counter()
+    quantized = use_quantized(quantization)
     entry = gguf_entry_dir(path, cache_dir)
+    reader: GGUFReader | None = None
     if not entry.is_dir():
-        reader = GGUFReader(path)
+        reader = open_gguf(path)
         logger.info("read GGUF %s in %.2fs", path.name, time.perf_counter() - start)
         config = gguf_config(reader)
         phase = time.perf_counter()
         tokenizer = gguf_tokenizer(path, reader)
         logger.info("converted GGUF tokenizer in %.2fs", time.perf_counter() - phase)
         try:
-            build_atomically(entry, lambda tmp: _write_entry(tmp, reader, config, tokenizer))
+            build_atomically(entry, lambda tmp: _write_meta(tmp, config, tokenizer))
         except OSError as exc:
             logger.warning("cannot write cache %s (%s); weights stream from the GGUF", entry, exc)
+            if quantized:
+                return Checkpoint(config, tokenizer, lambda: iter_gguf_quantized(reader, config),
+                                  path, quantization="gguf")
+            return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
+    if quantized:
+        config, tokenizer = _entry_meta(entry)
+        reader = reader or open_gguf(path)
+        gguf_config(reader)  # the file's architecture is still supported
+        logger.info("loaded %s quantized (config and tokenizer from %s) in %.2fs", path.name,
+                    entry, time.perf_counter() - start)
+        return Checkpoint(config, tokenizer, lambda: iter_gguf_quantized(reader, config), path,
+                          quantization="gguf")
+    if not (entry / WEIGHTS_FILE).is_file():
+        reader = reader or open_gguf(path)
+        try:
+            _write_weights(entry, reader, gguf_config(reader))
+        except OSError as exc:
+            logger.warning("cannot write %s (%s); weights stream from the GGUF", entry, exc)
+            config, tokenizer = _entry_meta(entry)
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
     checkpoint = replace(load_hf_checkpoint(entry), source=path)
     logger.info("loaded %s (cache %s) in %.2fs", path.name, entry, time.perf_counter() - start)

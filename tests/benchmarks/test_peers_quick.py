@@ -71,8 +71,9 @@ def test_quick_run_writes_results(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--threads", "1",
          "--out", str(out), "--peer-dir", str(tmp_path / "no-peers"),
-         "--peers", "pagedllm,hf,llama.cpp"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+         "--peers", "pagedllm,pagedllm-fp32,hf,llama.cpp",
+         "--sections", "offline,prefill,serving,block-sweep,kv"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = json.loads((out / "peers.json").read_text())
     assert set(res) >= {"meta", "skipped", "errors", "offline", "prefill", "serving",
@@ -83,14 +84,15 @@ def test_quick_run_writes_results(tmp_path):
     assert res["skipped"]["llama.cpp"].startswith("not prepared")
     assert "llama.cpp" not in res["offline"] and "llama.cpp" not in res["serving"]
     assert res["skipped"]["llama-cpp-python"] == "not selected (--peers)"
-    for engine in ("pagedllm", "hf"):
+    for engine in ("pagedllm", "pagedllm-fp32", "hf"):
         for c in ("1", "2"):
             r = res["offline"][engine][c]
             assert r["output_tokens"] == 4 * 8 and r["output_tok_s"] > 0
         assert res["prefill"][engine]["prefill_tok_s"] > 0
     assert set(res["ratios"]["offline"]["hf"]) == {"1", "2"}
-    for c in ("1", "2"):
-        srv = res["serving"]["pagedllm"][c]
+    assert set(res["ratios"]["offline"]["pagedllm-fp32"]) == {"1", "2"}
+    for c, engine in [(c, e) for c in ("1", "2") for e in ("pagedllm", "pagedllm-fp32")]:
+        srv = res["serving"][engine][c]
         assert srv["completed"] == 4 and srv["failed"] == 0
         assert srv["ttft_ms"]["median"] > 0 and srv["tpot_ms"]["p99"] > 0
     sweep = res["block_size_sweep"]
@@ -102,6 +104,18 @@ def test_quick_run_writes_results(tmp_path):
     assert {p.name for p in out.glob("*.png")} == {"peers_offline.png", "peers_serving.png",
                                                    "peers_kv_blocks.png"}
     assert "Offline throughput" in proc.stdout
+
+
+@pytest.mark.slow
+def test_perplexity_of_kept_blocks_equals_dense():
+    from benchmarks import perplexity
+
+    rows = {f: perplexity.measure(None, f, windows=1, window=48, threads=1)
+            for f in ("none", "gguf")}
+    # the GGUF's blocks kept quantized hold exactly the dequantized values: same perplexity
+    assert rows["gguf"]["perplexity"] == pytest.approx(rows["none"]["perplexity"], rel=1e-5)
+    assert 1 < rows["none"]["perplexity"] < 100 and rows["none"]["tokens"] == 47
+    assert rows["gguf"]["weight_bytes"] < rows["none"]["weight_bytes"] / 4
 
 
 def _args(*argv: str):

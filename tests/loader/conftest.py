@@ -21,8 +21,9 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def gguf_checkpoint(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
-    """Our loader's checkpoint of SmolLM2, converted into a private cache directory."""
-    return load_checkpoint(str(smollm2_gguf), cache_dir=tmp_path_factory.mktemp("pagedllm-cache"))
+    """Our loader's dense (reference) checkpoint of SmolLM2, converted into a private cache."""
+    return load_checkpoint(str(smollm2_gguf), cache_dir=tmp_path_factory.mktemp("pagedllm-cache"),
+                           quantization="none")
 
 
 @pytest.fixture(scope="session")

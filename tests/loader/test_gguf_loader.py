@@ -98,11 +98,11 @@ def test_second_load_uses_cache(
     smollm2_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
-    load_checkpoint(str(smollm2_gguf))
+    load_checkpoint(str(smollm2_gguf), quantization="none")
     assert len(list((tmp_path / "gguf").iterdir())) == 1
 
     start = time.perf_counter()
-    checkpoint = load_checkpoint(str(smollm2_gguf))
+    checkpoint = load_checkpoint(str(smollm2_gguf), quantization="none")
     count = sum(1 for _ in checkpoint.weights())
     elapsed = time.perf_counter() - start
     assert count == 272

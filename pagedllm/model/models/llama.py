@@ -15,6 +15,7 @@ from torch import nn
 
 from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
+from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import RMSNorm
 from pagedllm.model.layers.quant import QuantizedWeight, concat_quantized
@@ -95,8 +96,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         _, _, head_dim = model_dims(config)
         self.rotary = RotaryEmbedding.from_config(config, head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, self.rotary) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -182,7 +182,10 @@ class LlamaForCausalLM(nn.Module):
             self._module_of(modules, target).set_quantized(
                 concat_quantized([parts[s] for s in order]))
         if self.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            if self.model.embed_tokens.quant is not None:  # one quantized table for both
+                self.lm_head.set_quantized(self.model.embed_tokens.quant)
+            else:
+                self.lm_head.weight = self.model.embed_tokens.weight
             loaded.add("lm_head.weight")
         expected = set()
         for pname in params:
@@ -202,10 +205,10 @@ class LlamaForCausalLM(nn.Module):
                 module.finalize()
 
     @staticmethod
-    def _module_of(modules: dict[str, nn.Module], param_name: str) -> Linear:
-        """The Linear that owns parameter `param_name` (e.g. "...qkv_proj.weight")."""
+    def _module_of(modules: dict[str, nn.Module], param_name: str) -> Linear | VocabEmbedding:
+        """The Linear or embedding that owns parameter `param_name` (e.g. "...qkv_proj.weight")."""
         module = modules.get(param_name.rpartition(".")[0])
-        if not isinstance(module, Linear):
-            raise ValueError(f"{param_name!r} is not a linear layer's weight; it cannot be "
-                             f"loaded quantized")
+        if not isinstance(module, Linear | VocabEmbedding):
+            raise ValueError(f"{param_name!r} is not a linear layer's or embedding's weight; it "
+                             f"cannot be loaded quantized")
         return module

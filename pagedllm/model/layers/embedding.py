@@ -1,0 +1,38 @@
+"""Token embedding whose table may stay quantized (`quant.QuantizedWeight.embedding`).
+
+Dense: `F.embedding` over `weight` as before. Quantized (adopted with `set_quantized`, e.g. a
+GGUF Q8_0 `token_embd`): only the looked-up rows are dequantized, and a tied lm_head adopts
+the same quantized object, so the table is held once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm.model.layers.quant import QuantizedWeight
+
+
+class VocabEmbedding(nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+        self.quant: QuantizedWeight | None = None
+
+    def set_quantized(self, qweight: QuantizedWeight) -> None:
+        """Adopt a quantized table [num_embeddings, embedding_dim] (frees the dense one)."""
+        if qweight.shape != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"quantized weight {qweight!r} does not fit an embedding of shape "
+                             f"({self.num_embeddings}, {self.embedding_dim})")
+        self.quant = qweight
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype,
+                                               device=self.weight.device), requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quant is None:
+            return F.embedding(ids, self.weight)
+        rows = self.quant.embedding(ids.reshape(-1))
+        return rows.view(*ids.shape, self.embedding_dim).to(self.weight.dtype)

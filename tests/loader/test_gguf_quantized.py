@@ -1,0 +1,108 @@
+"""A GGUF loads quantized by default: the real SmolLM2 (Q4_1 + Q8_0 embedding) keeps its
+blocks, greedy tokens equal the dense `--quantization none` reference, nothing dequantized is
+written to disk, and bad files fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gguf import GGUFReader
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.config import EngineConfig
+from pagedllm.engine.model_setup import weight_bytes
+from pagedllm.loader import CACHE_DIR_ENV, UnsupportedModelError, load_checkpoint
+from pagedllm.loader.cache import gguf_entry_dir
+from pagedllm.model.layers.quant import gguf as gguf_quant
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+]
+
+
+@pytest.fixture(scope="module")
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pagedllm-cache")
+
+
+@pytest.fixture(scope="module")
+def quantized_llm(smollm2_gguf: Path, private_cache: Path) -> LLM:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_DIR_ENV, str(private_cache))
+        return LLM(str(smollm2_gguf), kv_cache_memory=64 * 2**20, max_model_len=512,
+                   num_threads=1)
+
+
+@pytest.mark.slow
+def test_default_is_quantized_and_small(quantized_llm: LLM, smollm2_gguf: Path,
+                                        private_cache: Path) -> None:
+    model = quantized_llm.llm_engine.model
+    layer = model.model.layers[0]
+    assert isinstance(layer.mlp.down_proj.quant, gguf_quant.GGUFWeight)
+    assert layer.mlp.down_proj.quant.format == "gguf:Q4_1"
+    assert model.model.embed_tokens.quant.format == "gguf:Q8_0"
+    assert model.lm_head.quant is model.model.embed_tokens.quant  # tied: one table
+    file_bytes = sum(int(t.n_bytes) for t in GGUFReader(smollm2_gguf).tensors)
+    resident = weight_bytes(model)
+    assert resident < 150e6
+    assert resident <= 1.15 * file_bytes, (resident, file_bytes)
+    entry = gguf_entry_dir(smollm2_gguf, private_cache)
+    assert (entry / "tokenizer.json").is_file()
+    assert not (entry / "model.safetensors").exists(), "quantized path wrote a dense cache"
+
+
+@pytest.mark.slow
+def test_greedy_equals_dense_reference(quantized_llm: LLM, smollm2_gguf: Path,
+                                       private_cache: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    got = quantized_llm.generate(PROMPTS, params, use_tqdm=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_DIR_ENV, str(private_cache))
+        dense = LLM(str(smollm2_gguf), kv_cache_memory=64 * 2**20, max_model_len=512,
+                    num_threads=1, quantization="none")
+    assert dense.llm_engine.model.lm_head.quant is None
+    want = dense.generate(PROMPTS, params, use_tqdm=False)
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids, g.prompt
+    assert (gguf_entry_dir(smollm2_gguf, private_cache) / "model.safetensors").is_file()
+
+
+def test_quantization_name_is_validated() -> None:
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        EngineConfig(quantization="q4")
+
+
+def test_not_a_gguf_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUX" + b"\0" * 200)
+    with pytest.raises(UnsupportedModelError, match="not a readable GGUF file"):
+        load_checkpoint(str(bad), cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [0.001, 0.5])
+def test_truncated_gguf(smollm2_gguf: Path, tmp_path: Path, fraction: float) -> None:
+    data = smollm2_gguf.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(UnsupportedModelError, match="truncated or corrupt"):
+        load_checkpoint(str(cut), cache_dir=tmp_path / "cache")
+
+
+def test_awq_on_a_gguf_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "m.gguf"
+    bad.write_bytes(b"GGUF")
+    with pytest.raises(UnsupportedModelError, match="does not apply to a GGUF"):
+        load_checkpoint(str(bad), cache_dir=tmp_path / "cache", quantization="awq")
+
+
+@pytest.mark.slow
+def test_plan_counts_the_quantized_bytes(smollm2_gguf: Path) -> None:
+    from pagedllm.memory_plan import load_config, plan
+
+    result = plan(load_config(str(smollm2_gguf)), memory_gib=4)
+    assert 60e6 < result.weight_bytes < 100e6  # not 134.5M parameters x 2 or 4 bytes
