@@ -70,4 +70,5 @@ def load_hf_checkpoint(model_dir: Path) -> Checkpoint:
         weights=(hf_checkpoint.quantized_weights_fn(config, files)
                  or (lambda: iter_safetensors(files))),
         source=model_dir,
+        quantization=getattr(hf_checkpoint.checkpoint_quantization(config), "method", "none"),
     )
