@@ -539,11 +539,9 @@ def auto_prepare(args: argparse.Namespace) -> None:
     root = prep.peer_dir(args.peer_dir)
     binaries = "llama.cpp" in args.peers and prep.llama_binaries(root) is None
     bindings = "llama-cpp-python" in args.peers and not prep.bindings_installed()
-    if "vllm" in args.peers and not vllm.installed(root):
-        try:
-            vllm.prepare_venv(root)
-        except Exception:  # noqa: BLE001 - the run goes on without vLLM
-            logger.error("creating vLLM's venv failed:\n%s", traceback.format_exc())
+    if "vllm" in args.peers and not vllm.installed(root):  # a pip install of GBs: ask for it
+        logger.warning("vLLM's venv is missing under %s: `python benchmarks/peers.py --prepare "
+                       "--peers vllm` creates it; vLLM is skipped in this run", root)
     if not (binaries or bindings):
         return
     logger.info("preparing missing peers under %s (binaries: %s, bindings: %s); this takes "
