@@ -1,5 +1,5 @@
-"""Peer comparison: pagedllm (quantized GGUF and fp32) vs HF transformers vs llama.cpp, same
-model, same machine, one run.
+"""Peer comparison: pagedllm (quantized GGUF, fp32, int8) vs HF transformers vs llama.cpp vs
+vLLM (CPU), same model, same machine, one run.
 
     nice -n 19 python benchmarks/peers.py --prepare    # optional: build the peers ahead
     python benchmarks/peers.py --write-docs            # full run (~10 min on 2 cores); builds
@@ -11,11 +11,15 @@ pagedllm runs twice in every section: its default path (GGUF blocks kept quantiz
 kernels) and `--quantization none` (dequantized fp32, "pagedllm-fp32"), interleaved.
 Workloads (greedy, ignore_eos, `--threads` everywhere):
   offline     output tok/s at concurrency 1, 8, 32, 64 (128-token prompts, 128 new tokens):
-              pagedllm LLM.generate (max_num_seqs=c), HF generate in batches of c,
-              llama-batched-bench -npl c, llama-cpp-python (c=1);
-  prefill     one 512-token prompt: pagedllm, HF forward, llama-bench -p 512, llama-cpp-python;
+              pagedllm LLM.generate (max_num_seqs=c; also with --quantization int8, weight-only
+              and W8A8, as engines pagedllm-int8 / pagedllm-w8a8), HF generate in batches of c,
+              llama-batched-bench -npl c, llama-cpp-python (c=1), vLLM LLM.generate (batches
+              of c, fp32, in its own venv: benchmarks/peers_lib/vllm.py);
+  prefill     one 512-token prompt: pagedllm (and its int8 paths), HF forward, llama-bench
+              -p 512, llama-cpp-python, vLLM;
   serving     1, 8, 32 streaming clients (benchmarks/serving.py's client) against
-              `pagedllm serve` and `llama-server --parallel N`: output tok/s, TTFT, TPOT;
+              `pagedllm serve`, `llama-server --parallel N` and `vllm serve`: output tok/s,
+              TTFT, TPOT;
   block-sweep pagedllm KV block size 8/16/32/64 on a mixed-length workload: throughput and
               allocated-but-unused KV slots sampled after every step;
   kv          pagedllm KV waste vs contiguous reservation, and concurrent sequences at a fixed
@@ -46,14 +50,18 @@ if str(ROOT) not in sys.path:  # `python benchmarks/peers.py` puts benchmarks/, 
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.peers_lib import prepare as prep  # noqa: E402
-from benchmarks.peers_lib import report  # noqa: E402
+from benchmarks.peers_lib import report, vllm  # noqa: E402
 from pagedllm.entrypoints.launcher import ServerProcess, free_port  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
 # "pagedllm" runs the default path (a GGUF's weights stay quantized); "pagedllm-fp32" the same
 # engine with --quantization none (weights dequantized to fp32, the path before issue 12).
-ENGINES = ("pagedllm", "pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python")
+ENGINES = ("pagedllm", "pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm",
+           "pagedllm-int8", "pagedllm-w8a8")
 FP32 = {"quantization": "none"}
+# pagedllm's int8 paths: engine args added to the default run's (--quantization int8 [W8A8])
+PAGED_VARIANTS = {"pagedllm-int8": {"quantization": "int8"},
+                  "pagedllm-w8a8": {"quantization": "int8", "int8_activations": True}}
 SECTIONS = ("offline", "prefill", "serving", "block-sweep", "kv", "perplexity")
 
 
@@ -61,7 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prepare", action="store_true",
-                    help="pip-install llama-cpp-python and build the llama.cpp tools, then exit")
+                    help="pip-install llama-cpp-python, build the llama.cpp tools and create "
+                    "vLLM's venv (the peers selected with --peers), then exit")
     ap.add_argument("--peer-dir", default=prep.DEFAULT_PEER_DIR,
                     help="where --prepare caches the sdist, sources and builds (default %(default)s)")
     ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for --prepare")
@@ -205,12 +214,14 @@ class Run:
             f"not prepared under {self.peer_dir}: run `python benchmarks/peers.py --prepare`",
             "llama-cpp-python": None if prep.bindings_installed() else
             "not installed: run `python benchmarks/peers.py --prepare`",
+            "vllm": None if vllm.installed(self.peer_dir) else
+            f"no venv under {self.peer_dir}: run `python benchmarks/peers.py --prepare`",
         }
         if self.model_path.suffix != ".gguf":
             for e in ("llama.cpp", "llama-cpp-python"):
                 why_not[e] = f"needs a GGUF model, got {self.model_path}"
         for e in ENGINES:
-            if e == "pagedllm":
+            if e == "pagedllm" or (e in PAGED_VARIANTS and e in self.args.peers):
                 continue
             if e == "pagedllm-fp32" and self.model_path.suffix != ".gguf":
                 why_not[e] = "the model is not quantized"
@@ -271,6 +282,11 @@ class Run:
                     "pagedllm-fp32", "prefill", lambda: w.pagedllm_prefill(fp32, long_prompts)))
                 del fp32
                 llm = None
+            for e, extra in PAGED_VARIANTS.items():
+                if e in self.engines:
+                    self._store(put, e, self.peer(e, "prefill", lambda extra=extra: (
+                        w.pagedllm_prefill(w.new_llm(self.model_arg, a.threads, **extra,
+                                                     **self.engine_args), long_prompts))))
             if hf is not None:
                 self._store(put, "hf", self.peer("hf", "prefill",
                                                  lambda: w.hf_prefill(hf, long_prompts)))
@@ -304,6 +320,42 @@ class Run:
                 self._store(off, "llama-cpp-python", self.peer(
                     "llama-cpp-python", "offline c=1",
                     lambda reqs=reqs: bindings.offline(reqs, a.output_len)), c)
+            for e, extra in PAGED_VARIANTS.items():
+                if e in self.engines:
+                    self._store(off, e, self.peer(e, f"offline c={c}", (
+                        lambda reqs=reqs, c=c, extra=extra: w.pagedllm_offline(
+                            self.model_arg, a.threads, reqs, a.output_len, c,
+                            {**self.engine_args, **extra}))), c)
+        if "vllm" in self.engines:
+            self._vllm_offline_and_prefill(prompts, long_prompts, levels)
+
+    def _vllm_offline_and_prefill(self, prompts, long_prompts, levels) -> None:
+        """All of vLLM's offline levels and its prefill in one process (it loads slowly)."""
+        a = self.args
+        want_prefill = "prefill" in a.sections
+        out = self.peer("vllm", "offline+prefill", lambda: vllm.run_offline(
+            self.peer_dir, self.hf_dir(), threads=a.threads, prompts=prompts,
+            levels=levels if "offline" in a.sections else [1],
+            output_len=a.output_len, long_prompts=long_prompts if want_prefill else [],
+            max_model_len=max(a.prefill_len, a.input_len + a.output_len) + 16))
+        if out is None:
+            return
+        self.res["meta"]["vllm_load_s"] = out["load_s"]
+        if "offline" in a.sections:
+            for c, row in out["offline"].items():
+                self._store(self.res["offline"], "vllm", row, int(c))
+        if want_prefill:
+            self._store(self.res["prefill"], "vllm", out["prefill"])
+        self.cmd(f"vLLM {vllm.VERSION} (CPU): LLM(model=HF_DIR, dtype='float32', "
+                 f"max_num_seqs={max(levels)}, enable_prefix_caching=False).generate in batches "
+                 f"of c; VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-{a.threads - 1}")
+
+    def hf_dir(self) -> Path:
+        """The HF directory of the model (vLLM's input): for a GGUF, pagedllm's conversion
+        cache entry, whose fp32 safetensors are exactly the weights pagedllm runs."""
+        from pagedllm.loader import hf_reference_dir
+
+        return hf_reference_dir(self.model_arg)
 
     @staticmethod
     def _store(section: dict, engine: str, value, level: int | None = None) -> None:
@@ -390,6 +442,29 @@ class Run:
                 if self.bins:
                     self._store(self.res["serving"], "llama.cpp",
                                 self.peer("llama.cpp", f"serve c={c}", llama), c)
+        if "vllm" in self.engines:  # after pagedllm's server has stopped
+            self.peer("vllm", "serve", lambda: self._vllm_serving(logs, ctx))
+
+    def _vllm_serving(self, logs: Path, ctx: int) -> None:
+        """One `vllm serve` (max-num-seqs = the largest level) for every level: it loads in
+        minutes, and its scheduler, unlike llama-server's slots, needs no restart per level."""
+        from benchmarks.peers_lib import serve as s
+
+        a = self.args
+        levels = ints(a.serving_concurrency)
+        port = free_port()
+        cmd = vllm.server_command(self.peer_dir, self.hf_dir(), port=port,
+                                  max_num_seqs=max(levels), max_model_len=ctx)
+        self.cmd(" ".join(cmd).replace(f"--port {port}", "--port PORT"))
+        with ServerProcess(cmd, port, logs / "vllm_serve.log",
+                           env=vllm.vllm_env(a.threads)) as srv:
+            srv.wait_ready(900)
+            for c in levels:
+                n = max(2 * c, 4)
+                logger.info("=== serving (vLLM), %d clients (%d requests)", c, n)
+                self._store(self.res["serving"], "vllm", s.load(
+                    srv.base_url, concurrency=c, num_prompts=n, input_len=a.input_len,
+                    output_len=a.output_len), c)
 
     def kv(self) -> None:
         from benchmarks.peers_lib import workloads as w
@@ -464,6 +539,9 @@ def auto_prepare(args: argparse.Namespace) -> None:
     root = prep.peer_dir(args.peer_dir)
     binaries = "llama.cpp" in args.peers and prep.llama_binaries(root) is None
     bindings = "llama-cpp-python" in args.peers and not prep.bindings_installed()
+    if "vllm" in args.peers and not vllm.installed(root):  # a pip install of GBs: ask for it
+        logger.warning("vLLM's venv is missing under %s: `python benchmarks/peers.py --prepare "
+                       "--peers vllm` creates it; vLLM is skipped in this run", root)
     if not (binaries or bindings):
         return
     logger.info("preparing missing peers under %s (binaries: %s, bindings: %s); this takes "
@@ -480,7 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     if args.prepare:
-        prep.prepare(prep.peer_dir(args.peer_dir), jobs=args.jobs, bindings=not args.no_bindings)
+        root = prep.peer_dir(args.peer_dir)
+        if {"llama.cpp", "llama-cpp-python"} & set(args.peers):
+            prep.prepare(root, jobs=args.jobs, binaries="llama.cpp" in args.peers,
+                         bindings="llama-cpp-python" in args.peers and not args.no_bindings)
+        if "vllm" in args.peers:
+            logger.info("vLLM venv ready in %.0f s", vllm.prepare_venv(root))
         return 0
     auto_prepare(args)
     run = Run(args)

@@ -98,6 +98,7 @@ class EngineConfig:
     max_loras: int = 1  # adapters in one batch (device slots)
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
+    int8_activations: bool = False  # with quantization="int8": W8A8 (dynamic per-token int8 x)
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
 
     def __post_init__(self) -> None:
@@ -134,6 +135,9 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} "
                              f"(or None to detect it from the checkpoint); "
                              f"got {self.quantization!r}")
+        if self.int8_activations and self.quantization != "int8":
+            raise ValueError("int8_activations (W8A8) needs quantization='int8', got "
+                             f"{self.quantization!r}")
         if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
             raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)

@@ -11,9 +11,11 @@ import math
 import re
 from pathlib import Path
 
-PEERS = ("pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python")
+PEERS = ("pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm", "pagedllm-int8",
+         "pagedllm-w8a8")
 NAMES = {"pagedllm": "pagedllm", "pagedllm-fp32": "pagedllm fp32", "hf": "HF transformers",
-         "llama.cpp": "llama.cpp", "llama-cpp-python": "llama-cpp-python"}
+         "llama.cpp": "llama.cpp", "llama-cpp-python": "llama-cpp-python", "vllm": "vLLM (CPU)",
+         "pagedllm-int8": "pagedllm int8", "pagedllm-w8a8": "pagedllm W8A8"}
 SERVING_METRICS = (("output_throughput", None, "output tok/s"),
                    ("ttft_ms", "median", "TTFT median (ms)"), ("ttft_ms", "p99", "TTFT p99 (ms)"),
                    ("tpot_ms", "median", "TPOT median (ms)"), ("tpot_ms", "p99", "TPOT p99 (ms)"))
@@ -148,10 +150,31 @@ def kv_table(res: dict) -> str:
     return waste + "\n\n" + budget
 
 
+def int8_table(res: dict) -> str:
+    """pagedllm's int8 paths per level: tok/s and their ratios to the fp32 path and vLLM."""
+    off = res["offline"]
+    levels = sorted({int(c) for e in ("pagedllm-int8", "pagedllm-w8a8") for c in off.get(e, {})})
+    rows = []
+    for c in levels:
+        fp32 = (off.get("pagedllm-fp32") or off.get("pagedllm", {})).get(str(c), {}).get(
+            "output_tok_s")
+        vllm = off.get("vllm", {}).get(str(c), {}).get("output_tok_s")
+        for e in ("pagedllm-int8", "pagedllm-w8a8"):
+            v = off.get(e, {}).get(str(c), {}).get("output_tok_s")
+            if v is not None:
+                rows.append([str(c), NAMES[e], _fmt(v), _fmt(fp32), _fmt(_ratio(v, fp32), 2),
+                             _fmt(vllm), _fmt(_ratio(v, vllm), 2)])
+    return _table(["concurrency", "engine", "tok/s", "pagedllm fp32 tok/s", "vs fp32",
+                   "vLLM (CPU) tok/s", "vs vLLM"], rows, left=2)
+
+
 def tables(res: dict) -> list[tuple[str, str]]:
     out = []
     if res["offline"]:
         out.append(("Offline throughput: output tokens/s (prefill included)", offline_table(res)))
+    if res["offline"].get("pagedllm-int8") or res["offline"].get("pagedllm-w8a8"):
+        out.append(("pagedllm int8 weights (--quantization int8, W8A8: --int8-activations)",
+                    int8_table(res)))
     if res["prefill"]:
         out.append(("Prefill", prefill_table(res)))
     if res["serving"]:

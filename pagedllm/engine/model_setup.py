@@ -11,6 +11,7 @@ from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.loader import Checkpoint
+from pagedllm.model.layers.quant import hf_checkpoint
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
 
@@ -30,7 +31,7 @@ def build_model(ckpt: Checkpoint, config: EngineConfig) -> nn.Module:
     n_params = sum(p.numel() for p in model.parameters())
     if getattr(ckpt.config, "tie_word_embeddings", False):
         n_params -= model.lm_head.weight.numel()
-    model.load_weights(ckpt.weights())
+    model.load_weights(hf_checkpoint.prepare_weights(ckpt, config))  # --quantization
     model.eval()
     logger.info("loaded %s (%s, %.1fM parameters, %s on %s, weights %s) in %.1f s: "
                 "%.1f MiB of weights resident", ckpt.source.name, cls.__name__, n_params / 1e6,

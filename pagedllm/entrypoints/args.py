@@ -77,6 +77,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="weight format: gguf, awq, gptq (kept quantized in memory), int8 "
                    "(weight-only int8 made at load), none (dequantize to --dtype, the "
                    "reference); None = what the checkpoint holds")
+    g.add_argument("--int8-activations", action="store_true",
+                   help="with --quantization int8: W8A8, int8 activations quantized per token "
+                   "and integer dot products (faster for big batches; close, not exact)")
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="most sequences in one batch")
     g.add_argument("--max-num-batched-tokens", type=human_int, default=None,
@@ -254,7 +257,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
-        generation_config=args.generation_config, quantization=args.quantization, max_logprobs=args.max_logprobs,
+        generation_config=args.generation_config, quantization=args.quantization,
+        int8_activations=args.int8_activations, max_logprobs=args.max_logprobs,
         enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
         chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,

@@ -19,6 +19,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
                 int64_t num_kv_heads, int64_t head_dim);
 torch::Tensor silu_mul(torch::Tensor gate_up);
+void register_quant_int(pybind11::module& m);  // quant_int_cpu.cpp
 void register_gguf_kernels(pybind11::module_& m);  // quant_gguf_cpu.cpp
 
 // Every kernel runs without the GIL (like torch's own ops): the server's event loop thread keeps
@@ -40,5 +41,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, kNoGil, "rmsnorm(x) * w");
   m.def("rotary_qk_", &rotary_qk_, kNoGil, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");
   m.def("silu_mul", &silu_mul, kNoGil, "silu(gate) * up over fused [gate | up] rows");
+  register_quant_int(m);
   register_gguf_kernels(m);
 }

@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import ModelNotFoundError
+from pagedllm.model.layers.quant import hf_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,9 @@ def load_hf_checkpoint(model_dir: Path) -> Checkpoint:
     return Checkpoint(
         config=config,
         tokenizer=tokenizer,
-        weights=lambda: iter_safetensors(files),
+        # AWQ / GPTQ: one QuantizedWeight per quantized module instead of its int32 parts
+        weights=(hf_checkpoint.quantized_weights_fn(config, files)
+                 or (lambda: iter_safetensors(files))),
         source=model_dir,
+        quantization=getattr(hf_checkpoint.checkpoint_quantization(config), "method", "none"),
     )

@@ -1,0 +1,545 @@
+// Integer-quantized linear layers for CPU (AWQ / GPTQ int4 with group scales and zeros, int8
+// per output channel, and W8A8): y[M, N] = x[M, K] @ W[N, K]^T (+ bias), W held quantized in
+// panels of NB output columns, packed once at load time (pagedllm/model/layers/quant/*.py):
+//
+//   int4   qp uint8 [P, K, NB/2]  byte j of row k = col j (low nibble) | col j + NB/2 (high)
+//          zp uint8 [P, G, NB], sp fp16 [P, G, NB]  w = (q - z) * s  for the group g = k / gs
+//   int8   qp int8  [P, K, NB], scale fp32 [P * NB]  w = q * scale[n]
+//   w8a8   qp int8  [P, K4, NB, 4] (4 consecutive k of one column together, for vpdpbusd /
+//          maddubs), scale fp32 [P * NB], colsum int32 [P * NB] (sum_k q, for the u8 offset)
+//
+// Weight-only formats (int4, int8) run one of two paths, chosen by M, with the same arithmetic:
+//   * small M (decode): the micro-kernel dequantizes each k row of the panel in registers and
+//     feeds it to MR rows of x; the quantized bytes are read once, straight from memory;
+//   * large M (prefill, big batches): a chunk of the panel is dequantized into a per-thread
+//     scratch (about 256 KiB, stays in L2) and the fp32 micro-kernel runs all M rows over it.
+// Both compute the dequantized weight the same way ((q - z) * s, one rounding, equal to the
+// Python `dequantize()`) and the same k-ordered FMA chain per output (as gemm_cpu.cpp), so a
+// row's result does not depend on M or on its batch (batch-invariant).
+//
+// W8A8 quantizes each row of x to int8 with its own scale (dynamic, per token, symmetric) and
+// accumulates exact int32 dot products: AVX-512 VNNI vpdpbusd (u8 x s8, x offset by +128 and
+// corrected with 128 * colsum), else AVX2 maddubs + madd (|x| x sign(w, x), llama.cpp's trick
+// against maddubs' saturation). Integer sums are exact, so it is batch-invariant too.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#pragma GCC push_options
+#pragma GCC optimize("no-associative-math")
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kVW = 16, kMR = 8;
+#elif defined(__AVX__)
+constexpr int kVW = 8, kMR = 6;
+#else
+constexpr int kVW = 4, kMR = 4;
+#endif
+constexpr int kNB = 2 * kVW;
+constexpr int64_t kScratchBytes = 256 * 1024;
+constexpr int64_t kKC = kScratchBytes / (kNB * 4);  // k rows of a panel per scratch chunk
+constexpr int64_t kScratchMinM = 16;                // M from which the scratch path runs
+
+typedef float vec __attribute__((vector_size(kVW * 4)));
+typedef int32_t ivec __attribute__((vector_size(kVW * 4)));
+
+template <typename T>
+inline T load(const void* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// Widening loads of kVW bytes / halves. GCC 12 lowers __builtin_convertvector from byte and
+// _Float16 vectors to scalar code, so these use the vpmovsx/zx and vcvtph2ps intrinsics.
+inline ivec load_i8(const int8_t* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<ivec>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return reinterpret_cast<ivec>(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  ivec v;
+  for (int j = 0; j < kVW; ++j) v[j] = p[j];
+  return v;
+#endif
+}
+
+inline ivec load_u8(const uint8_t* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<ivec>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return reinterpret_cast<ivec>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  ivec v;
+  for (int j = 0; j < kVW; ++j) v[j] = p[j];
+  return v;
+#endif
+}
+
+inline vec load_f16(const _Float16* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vec>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(__F16C__)
+  return reinterpret_cast<vec>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  vec v;
+  for (int j = 0; j < kVW; ++j) v[j] = static_cast<float>(p[j]);
+  return v;
+#endif
+}
+
+// Epilogue shared by the weight-only kernels: y = acc (* colscale) (+ bias) for the panel's real
+// columns; `cscale` is padded to whole panels, `bias` is not (vector path for full panels only).
+inline void store_row(vec a0, vec a1, float* yr, int64_t ncols, const float* cscale,
+                      const float* bias) {
+  if (cscale) {
+    a0 *= load<vec>(cscale);
+    a1 *= load<vec>(cscale + kVW);
+  }
+  if (ncols == kNB) {
+    if (bias) {
+      a0 += load<vec>(bias);
+      a1 += load<vec>(bias + kVW);
+    }
+    std::memcpy(yr, &a0, sizeof(vec));
+    std::memcpy(yr + kVW, &a1, sizeof(vec));
+    return;
+  }
+  float out[kNB];
+  std::memcpy(out, &a0, sizeof(vec));
+  std::memcpy(out + kVW, &a1, sizeof(vec));
+  for (int64_t j = 0; j < ncols; ++j) yr[j] = bias ? out[j] + bias[j] : out[j];
+}
+
+// fp32 micro-kernel over a dequantized scratch chunk [kc, NB]; accumulates onto `y` when
+// `first` is false (the chunk continues the same k-ordered chain), epilogue on the last chunk.
+template <int MR>
+inline void micro_f32(const float* x, int64_t ldx, const float* wp, int64_t kc, float* y,
+                      int64_t ldy, int64_t ncols, bool first, bool last, const float* cscale,
+                      const float* bias) {
+  vec acc[MR][2];
+  for (int i = 0; i < MR; ++i) {
+    if (first) {
+      acc[i][0] = acc[i][1] = vec{};
+    } else {
+      float in[kNB] = {};
+      std::memcpy(in, y + i * ldy, ncols * 4);
+      acc[i][0] = load<vec>(in);
+      acc[i][1] = load<vec>(in + kVW);
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const vec w0 = load<vec>(wp + k * kNB), w1 = load<vec>(wp + k * kNB + kVW);
+    for (int i = 0; i < MR; ++i) {
+      const vec xb = vec{} + x[i * ldx + k];
+      acc[i][0] += xb * w0;
+      acc[i][1] += xb * w1;
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    if (last) {
+      store_row(acc[i][0], acc[i][1], y + i * ldy, ncols, cscale, bias);
+    } else {
+      store_row(acc[i][0], acc[i][1], y + i * ldy, ncols, nullptr, nullptr);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- int4, group scales/zeros
+struct Int4Panel {
+  const uint8_t* q;   // [K, NB/2]
+  const uint8_t* z;   // [G, NB]
+  const _Float16* s;  // [G, NB]
+  int64_t gs;
+};
+
+inline void int4_group(const Int4Panel& p, int64_t g, ivec& z0, ivec& z1, vec& s0, vec& s1) {
+  z0 = load_u8(p.z + g * kNB);
+  z1 = load_u8(p.z + g * kNB + kVW);
+  s0 = load_f16(p.s + g * kNB);
+  s1 = load_f16(p.s + g * kNB + kVW);
+}
+
+inline void int4_row(const Int4Panel& p, int64_t k, const ivec z0, const ivec z1, const vec s0,
+                     const vec s1, vec& w0, vec& w1) {
+  const ivec b = load_u8(p.q + k * (kNB / 2));
+  w0 = __builtin_convertvector((b & 15) - z0, vec) * s0;
+  w1 = __builtin_convertvector((b >> 4) - z1, vec) * s1;
+}
+
+template <int MR>
+inline void micro_int4(const float* x, int64_t ldx, const Int4Panel& p, int64_t K, float* y,
+                       int64_t ldy, int64_t ncols, const float* bias) {
+  vec acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vec{};
+  for (int64_t k0 = 0; k0 < K; k0 += p.gs) {
+    ivec z0, z1;
+    vec s0, s1;
+    int4_group(p, k0 / p.gs, z0, z1, s0, s1);
+    for (int64_t k = k0; k < k0 + p.gs; ++k) {
+      vec w0, w1;
+      int4_row(p, k, z0, z1, s0, s1, w0, w1);
+      for (int i = 0; i < MR; ++i) {
+        const vec xb = vec{} + x[i * ldx + k];
+        acc[i][0] += xb * w0;
+        acc[i][1] += xb * w1;
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_row(acc[i][0], acc[i][1], y + i * ldy, ncols, nullptr, bias);
+}
+
+void dequant_int4(const Int4Panel& p, int64_t k0, int64_t kc, float* out) {
+  ivec z0, z1;
+  vec s0, s1;
+  int64_t g = -1;
+  for (int64_t k = k0; k < k0 + kc; ++k) {
+    if (k / p.gs != g) int4_group(p, g = k / p.gs, z0, z1, s0, s1);
+    vec w0, w1;
+    int4_row(p, k, z0, z1, s0, s1, w0, w1);
+    std::memcpy(out + (k - k0) * kNB, &w0, sizeof(vec));
+    std::memcpy(out + (k - k0) * kNB + kVW, &w1, sizeof(vec));
+  }
+}
+
+// ---------------------------------------------------------------- int8 per output channel
+template <int MR>
+inline void micro_int8(const float* x, int64_t ldx, const int8_t* q, int64_t K, float* y,
+                       int64_t ldy, int64_t ncols, const float* cscale, const float* bias) {
+  vec acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vec{};
+  for (int64_t k = 0; k < K; ++k) {
+    const vec w0 = __builtin_convertvector(load_i8(q + k * kNB), vec);
+    const vec w1 = __builtin_convertvector(load_i8(q + k * kNB + kVW), vec);
+    for (int i = 0; i < MR; ++i) {
+      const vec xb = vec{} + x[i * ldx + k];
+      acc[i][0] += xb * w0;
+      acc[i][1] += xb * w1;
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_row(acc[i][0], acc[i][1], y + i * ldy, ncols, cscale, bias);
+}
+
+void dequant_int8(const int8_t* q, int64_t k0, int64_t kc, float* out) {
+  for (int64_t k = k0; k < k0 + kc; ++k) {
+    const vec w0 = __builtin_convertvector(load_i8(q + k * kNB), vec);
+    const vec w1 = __builtin_convertvector(load_i8(q + k * kNB + kVW), vec);
+    std::memcpy(out + (k - k0) * kNB, &w0, sizeof(vec));
+    std::memcpy(out + (k - k0) * kNB + kVW, &w1, sizeof(vec));
+  }
+}
+
+// ---------------------------------------------------------------- W8A8
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kXOffset = true;  // x stored as u8 = q + 128 for vpdpbusd (u8 x s8)
+constexpr int kMR8 = 8;
+typedef __m512i acc8;
+inline acc8 zero8() { return _mm512_setzero_si512(); }
+inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
+  acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(xquad), _mm512_loadu_si512(w));
+}
+#elif defined(__AVX2__)
+constexpr bool kXOffset = false;  // x stored as s8; |x| x sign(w, x) keeps maddubs unsaturated
+constexpr int kMR8 = 4;
+typedef __m256i acc8;
+inline acc8 zero8() { return _mm256_setzero_si256(); }
+inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
+  const __m256i xb = _mm256_set1_epi32(xquad);
+  const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xb),
+      _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), xb));
+  acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+#else
+constexpr bool kXOffset = false;
+constexpr int kMR8 = 4;
+struct acc8 { int32_t v[kVW]; };
+inline acc8 zero8() { return acc8{}; }
+inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
+  int8_t xs[4];
+  std::memcpy(xs, &xquad, 4);
+  for (int j = 0; j < kVW; ++j)
+    for (int t = 0; t < 4; ++t) acc.v[j] += int32_t(xs[t]) * int32_t(w[4 * j + t]);
+}
+#endif
+static_assert(sizeof(acc8) == kVW * 4, "one int32 accumulator lane per panel column");
+
+// Row m of x as int8 with scale sx[m] = max|x| / 127 (x ~ q * sx, q in [-127, 127], rounded to
+// nearest even); K padded to K4 * 4 with zeros. Stored offset by +128 (u8) for VNNI.
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t K4, uint8_t* xq, float* sx) {
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const float* xr = x + m * K;
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      const float s = amax * (1.f / 127.f), inv = s > 0.f ? 1.f / s : 0.f;
+      sx[m] = s;
+      uint8_t* qr = xq + m * K4 * 4;
+      const int off = kXOffset ? 128 : 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const float q = std::min(127.f, std::max(-127.f, std::nearbyint(xr[k] * inv)));
+        qr[k] = static_cast<uint8_t>(static_cast<int>(q) + off);
+      }
+      for (int64_t k = K; k < K4 * 4; ++k) qr[k] = static_cast<uint8_t>(off);
+    }
+  });
+}
+
+template <int MR>
+struct W8A8Op {
+  static void run(const uint8_t* xq, int64_t ldx, float* y, int64_t ldy, const float* sx,
+                  const int8_t* w, int64_t K4, int64_t ncols, const int32_t* colsum,
+                  const float* sw, const float* bias) {
+    acc8 acc[MR][2];
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = zero8();
+    for (int64_t k4 = 0; k4 < K4; ++k4) {
+      const int8_t* wk = w + k4 * kNB * 4;
+      for (int i = 0; i < MR; ++i) {
+        const int32_t xquad = load<int32_t>(xq + i * ldx + 4 * k4);
+        dot4(acc[i][0], xquad, wk);
+        dot4(acc[i][1], xquad, wk + kVW * 4);
+      }
+    }
+    // y = float(dot) * sx[row] * sw[col] (+ bias), in vectors; colsum / sw are panel-padded
+    const ivec c0 = load<ivec>(colsum) * 128, c1 = load<ivec>(colsum + kVW) * 128;
+    const vec w0 = load<vec>(sw), w1 = load<vec>(sw + kVW);
+    for (int i = 0; i < MR; ++i) {
+      ivec a0, a1;
+      std::memcpy(&a0, &acc[i][0], sizeof(ivec));
+      std::memcpy(&a1, &acc[i][1], sizeof(ivec));
+      if (kXOffset) {
+        a0 -= c0;
+        a1 -= c1;
+      }
+      const vec sxv = vec{} + sx[i];
+      store_row(__builtin_convertvector(a0, vec) * sxv * w0,
+                __builtin_convertvector(a1, vec) * sxv * w1, y + i * ldy, ncols, nullptr, bias);
+    }
+  }
+};
+
+template <template <int> class Op, int MR>
+struct RowTail8 {
+  template <typename... A>
+  static void run(int rows, A&&... a) {
+    if constexpr (MR > 0) {
+      if (rows == MR) return Op<MR>::run(a...);
+      RowTail8<Op, MR - 1>::run(rows, a...);
+    }
+  }
+};
+
+// ---------------------------------------------------------------- drivers
+template <template <int> class Op, int MR = kMR>
+struct RowTail {
+  template <typename... A>
+  static void run(int rows, A&&... a) {
+    if constexpr (MR > 0) {
+      if (rows == MR) return Op<MR>::run(a...);
+      RowTail<Op, MR - 1>::run(rows, a...);
+    }
+  }
+};
+
+template <int MR>
+struct F32Op {
+  static void run(const float* x, int64_t ldx, float* y, int64_t ldy, const float* wp,
+                  int64_t kc, int64_t ncols, bool first, bool last, const float* cs,
+                  const float* b) {
+    micro_f32<MR>(x, ldx, wp, kc, y, ldy, ncols, first, last, cs, b);
+  }
+};
+template <int MR>
+struct Int4Op {
+  static void run(const float* x, int64_t ldx, float* y, int64_t ldy, const Int4Panel& p,
+                  int64_t K, int64_t ncols, const float* b) {
+    micro_int4<MR>(x, ldx, p, K, y, ldy, ncols, b);
+  }
+};
+template <int MR>
+struct Int8Op {
+  static void run(const float* x, int64_t ldx, float* y, int64_t ldy, const int8_t* q,
+                  int64_t K, int64_t ncols, const float* cs, const float* b) {
+    micro_int8<MR>(x, ldx, q, K, y, ldy, ncols, cs, b);
+  }
+};
+
+// All M rows over one panel with the in-register kernel `Op`.
+template <template <int> class Op, typename... A>
+inline void rows_direct(int64_t M, const float* x, int64_t K, float* y, int64_t N, A... a) {
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR) Op<kMR>::run(x + m * K, K, y + m * N, N, a...);
+  if (m < M) RowTail<Op, kMR - 1>::run(static_cast<int>(M - m), x + m * K, K, y + m * N, N, a...);
+}
+
+// All M rows over one panel through the scratch: `dequant(k0, kc, scratch)` fills a chunk.
+template <typename Dequant>
+inline void rows_scratch(int64_t M, const float* x, int64_t K, float* y, int64_t N,
+                         int64_t ncols, const float* cs, const float* b, Dequant dequant) {
+  thread_local std::vector<float> scratch;
+  scratch.resize(kKC * kNB);
+  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+    const int64_t kc = std::min(kKC, K - k0);
+    dequant(k0, kc, scratch.data());
+    const bool first = k0 == 0, last = k0 + kc == K;
+    int64_t m = 0;
+    for (; m + kMR <= M; m += kMR) {
+      micro_f32<kMR>(x + m * K + k0, K, scratch.data(), kc, y + m * N, N, ncols, first, last,
+                     cs, b);
+    }
+    if (m < M) {
+      RowTail<F32Op, kMR - 1>::run(static_cast<int>(M - m), x + m * K + k0, K, y + m * N, N,
+                                   scratch.data(), kc, ncols, first, last, cs, b);
+    }
+  }
+}
+
+void check_x(const torch::Tensor& x, const char* who) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(), who,
+              ": x must be contiguous fp32 [M, K]");
+}
+
+const float* bias_ptr(const c10::optional<torch::Tensor>& bias, int64_t N) {
+  if (!bias) return nullptr;
+  TORCH_CHECK(bias->is_contiguous() && bias->numel() == N && bias->dtype() == torch::kFloat32,
+              "bias must be contiguous fp32 [N]");
+  return bias->data_ptr<float>();
+}
+
+}  // namespace
+
+int64_t quant_panel_width() { return kNB; }
+
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor zp, torch::Tensor sp,
+                          int64_t N, int64_t group_size, c10::optional<torch::Tensor> bias,
+                          int64_t scratch_min_m) {
+  check_x(x, "int4_linear");
+  const int64_t M = x.size(0), K = x.size(1), P = (N + kNB - 1) / kNB;
+  TORCH_CHECK(group_size > 0 && K % group_size == 0, "int4_linear: K % group_size != 0");
+  const int64_t G = K / group_size;
+  TORCH_CHECK(qp.dtype() == torch::kUInt8 && qp.is_contiguous() && qp.dim() == 3 &&
+                  qp.size(0) == P && qp.size(1) == K && qp.size(2) == kNB / 2,
+              "int4_linear: qweight not packed for this input");
+  TORCH_CHECK(zp.dtype() == torch::kUInt8 && zp.is_contiguous() && zp.numel() == P * G * kNB,
+              "int4_linear: zeros not packed for this input");
+  TORCH_CHECK(sp.dtype() == torch::kFloat16 && sp.is_contiguous() && sp.numel() == P * G * kNB,
+              "int4_linear: scales not packed for this input");
+  const float* bp = bias_ptr(bias, N);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const uint8_t* q = qp.data_ptr<uint8_t>();
+  const uint8_t* z = zp.data_ptr<uint8_t>();
+  const _Float16* s = reinterpret_cast<const _Float16*>(sp.data_ptr<at::Half>());
+  const int64_t min_m = scratch_min_m < 0 ? kScratchMinM : scratch_min_m;
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
+      const Int4Panel panel{q + p * K * (kNB / 2), z + p * G * kNB, s + p * G * kNB, group_size};
+      const float* bn = bp ? bp + n : nullptr;
+      if (M >= min_m) {
+        rows_scratch(M, xp, K, yp + n, N, ncols, nullptr, bn,
+                     [&](int64_t k0, int64_t kc, float* out) { dequant_int4(panel, k0, kc, out); });
+      } else {
+        rows_direct<Int4Op>(M, xp, K, yp + n, N, panel, K, ncols, bn);
+      }
+    }
+  });
+  return y;
+}
+
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale, int64_t N,
+                          c10::optional<torch::Tensor> bias, int64_t scratch_min_m) {
+  check_x(x, "int8_linear");
+  const int64_t M = x.size(0), K = x.size(1), P = (N + kNB - 1) / kNB;
+  TORCH_CHECK(qp.dtype() == torch::kInt8 && qp.is_contiguous() && qp.dim() == 3 &&
+                  qp.size(0) == P && qp.size(1) == K && qp.size(2) == kNB,
+              "int8_linear: weight not packed for this input");
+  TORCH_CHECK(scale.dtype() == torch::kFloat32 && scale.is_contiguous() &&
+                  scale.numel() == P * kNB, "int8_linear: scale must be fp32 [P * NB]");
+  const float* bp = bias_ptr(bias, N);
+  auto y = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int8_t* q = qp.data_ptr<int8_t>();
+  const float* sc = scale.data_ptr<float>();
+  const int64_t min_m = scratch_min_m < 0 ? kScratchMinM : scratch_min_m;
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
+      const int8_t* pq = q + p * K * kNB;
+      const float* bn = bp ? bp + n : nullptr;
+      if (M >= min_m) {
+        rows_scratch(M, xp, K, yp + n, N, ncols, sc + n, bn,
+                     [&](int64_t k0, int64_t kc, float* out) { dequant_int8(pq, k0, kc, out); });
+      } else {
+        rows_direct<Int8Op>(M, xp, K, yp + n, N, pq, K, ncols, sc + n, bn);
+      }
+    }
+  });
+  return y;
+}
+
+torch::Tensor w8a8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale,
+                          torch::Tensor colsum, int64_t N, c10::optional<torch::Tensor> bias) {
+  check_x(x, "w8a8_linear");
+  const int64_t M = x.size(0), K = x.size(1), P = (N + kNB - 1) / kNB, K4 = (K + 3) / 4;
+  TORCH_CHECK(qp.dtype() == torch::kInt8 && qp.is_contiguous() && qp.dim() == 4 &&
+                  qp.size(0) == P && qp.size(1) == K4 && qp.size(2) == kNB && qp.size(3) == 4,
+              "w8a8_linear: weight not packed for this input");
+  TORCH_CHECK(scale.dtype() == torch::kFloat32 && scale.is_contiguous() &&
+                  scale.numel() == P * kNB, "w8a8_linear: scale must be fp32 [P * NB]");
+  TORCH_CHECK(colsum.dtype() == torch::kInt32 && colsum.is_contiguous() &&
+                  colsum.numel() == P * kNB, "w8a8_linear: colsum must be int32 [P * NB]");
+  const float* bp = bias_ptr(bias, N);
+  std::vector<uint8_t> xq(M * K4 * 4);
+  std::vector<float> sx(M);
+  quantize_rows(x.data_ptr<float>(), M, K, K4, xq.data(), sx.data());
+  auto y = torch::empty({M, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  const int8_t* q = qp.data_ptr<int8_t>();
+  const float* sw = scale.data_ptr<float>();
+  const int32_t* cs = colsum.data_ptr<int32_t>();
+  const int64_t ldx = K4 * 4;
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
+      const int8_t* pw = q + p * K4 * kNB * 4;
+      const float* bn = bp ? bp + n : nullptr;
+      int64_t m = 0;
+      for (; m + kMR8 <= M; m += kMR8) {
+        W8A8Op<kMR8>::run(xq.data() + m * ldx, ldx, yp + m * N + n, N, sx.data() + m, pw, K4,
+                          ncols, cs + n, sw + n, bn);
+      }
+      if (m < M) {
+        RowTail8<W8A8Op, kMR8 - 1>::run(static_cast<int>(M - m), xq.data() + m * ldx, ldx,
+                                        yp + m * N + n, N, sx.data() + m, pw, K4, ncols, cs + n,
+                                        sw + n, bn);
+      }
+    }
+  });
+  return y;
+}
+
+// Bindings, registered from bindings.cpp (one line there).
+void register_quant_int(pybind11::module& m) {
+  auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("quant_panel_width", &quant_panel_width, nogil,
+        "output columns per panel of the int4 / int8 / W8A8 packed weights");
+  m.def("int4_linear", &int4_linear, nogil,
+        "y = x @ W^T (+ bias), W int4 with group scales and zeros (AWQ / GPTQ, repacked)");
+  m.def("int8_linear", &int8_linear, nogil,
+        "y = x @ W^T (+ bias), W int8 with one scale per output channel (weight-only)");
+  m.def("w8a8_linear", &w8a8_linear, nogil,
+        "y = x @ W^T (+ bias), x quantized per row to int8, integer dot products (W8A8)");
+}
+
+#pragma GCC pop_options
