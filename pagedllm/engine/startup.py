@@ -49,4 +49,4 @@ def warm_up(engine) -> None:
                            request_id=WARMUP_REQUEST_ID, cache_salt=_WARMUP_SALT)
         while engine.has_unfinished_requests():
             engine.step()
-    engine.stats = EngineStats()
+    engine.stats = EngineStats(max_lora=engine.stats.max_lora)  # counters only; keep config
