@@ -27,13 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
-from pagedllm.model.layers.norm import GemmaRMSNorm, head_norms_
+from pagedllm.model.layers.norm import GemmaRMSNorm
 from pagedllm.model.layers.rope_scaling import layer_type_rope_parameters, rope_max_len
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 from pagedllm.model.models.llama import LlamaForCausalLM, model_dims
+from pagedllm.model.models.qwen3 import QKNormAttention
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -55,7 +56,7 @@ def layer_types(config) -> list[str]:
     return list(types)
 
 
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(QKNormAttention, nn.Module):
     def __init__(self, config, layer_type: str) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = model_dims(config)
@@ -69,21 +70,6 @@ class Gemma3Attention(nn.Module):
         self.scale = float(config.query_pre_attn_scalar) ** -0.5
         self.softcap = getattr(config, "attn_logit_softcapping", None)
         self.window = config.sliding_window if layer_type == SLIDING else None
-
-    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
-        qkv = self.qkv_proj(x)
-        head_norms_(qkv, self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads,
-                    self.head_dim)
-        rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
-        out = paged_attention(q.view(t, self.num_heads, self.head_dim),
-                              k.view(t, self.num_kv_heads, self.head_dim),
-                              v.view(t, self.num_kv_heads, self.head_dim),
-                              kv_cache.k, kv_cache.v, meta.for_window(self.window), self.scale,
-                              kv_cache.k_scale, kv_cache.v_scale, softcap=self.softcap)
-        return self.o_proj(out)
 
 
 class Gemma3MLP(nn.Module):

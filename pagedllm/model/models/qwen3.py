@@ -19,11 +19,13 @@ from pagedllm.model.models.llama import (
 )
 
 
-class Qwen3Attention(LlamaAttention):
-    def __init__(self, config, rotary: RotaryEmbedding) -> None:
-        super().__init__(config, rotary)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+class QKNormAttention:
+    """The forward pass of attention layers that RMS-normalize every q and k head before RoPE
+    (Qwen3, Gemma 3). Subclasses provide the projections, `q_norm` / `k_norm` and `scale`;
+    `window` (sliding-window layers) and `softcap` (attention logit soft-capping) are optional."""
+
+    window: int | None = None
+    softcap: float | None = None
 
     def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -36,9 +38,16 @@ class Qwen3Attention(LlamaAttention):
         out = paged_attention(q.view(t, self.num_heads, self.head_dim),
                               k.view(t, self.num_kv_heads, self.head_dim),
                               v.view(t, self.num_kv_heads, self.head_dim),
-                              kv_cache.k, kv_cache.v, meta, self.scale,
-                              kv_cache.k_scale, kv_cache.v_scale)
+                              kv_cache.k, kv_cache.v, meta.for_window(self.window), self.scale,
+                              kv_cache.k_scale, kv_cache.v_scale, softcap=self.softcap)
         return self.o_proj(out)
+
+
+class Qwen3Attention(QKNormAttention, LlamaAttention):
+    def __init__(self, config, rotary: RotaryEmbedding) -> None:
+        super().__init__(config, rotary)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):
