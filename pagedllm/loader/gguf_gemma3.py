@@ -14,7 +14,6 @@ and how it is undone:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,12 +26,9 @@ ARCH = "gemma3"
 SLIDING_PATTERN = 6
 LOCAL_ROPE_BASE = 10000.0
 
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_LAYER_NAMES = {
+# GGUF layer tensor name -> HF name (gguf_loader.hf_tensor_name maps with it; the global
+# names are llama's).
+LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -47,18 +43,6 @@ _LAYER_NAMES = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-
-
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """``blk.3.post_ffw_norm.weight`` -> ``model.layers.3.post_feedforward_layernorm.weight``."""
-    base, _, suffix = gguf_name.rpartition(".")
-    if base in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[base]}.{suffix}"
-    match = _LAYER_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
-        return None
-    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.{match.group(3)}"
 
 
 def to_hf(name: str, array: np.ndarray) -> np.ndarray:

@@ -69,15 +69,18 @@ _REQUIRED = object()
 WEIGHTS_FILE = "model.safetensors"
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None if unknown."""
+def hf_tensor_name(gguf_name: str, layer_names: dict[str, str] = _LAYER_NAMES) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None if unknown.
+
+    `layer_names` maps per-layer tensor names (llama's by default; gguf_gemma3.LAYER_NAMES for
+    Gemma 3, whose extra norms also rename ``ffn_norm``)."""
     base, _, suffix = gguf_name.rpartition(".")
     if base in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[base]}.{suffix}"
     match = _LAYER_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in layer_names:
         return None
-    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.{match.group(3)}"
+    return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}.{match.group(3)}"
 
 
 def reverse_permute(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -114,10 +117,10 @@ def _architecture(reader: GGUFReader) -> str:
 def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     """GGUF tensors that have an HF equivalent, with their HF names."""
     planned = []
-    to_name = (gguf_gemma3.hf_tensor_name if _architecture(reader) == gguf_gemma3.ARCH
-               else hf_tensor_name)
+    layer_names = (gguf_gemma3.LAYER_NAMES if _architecture(reader) == gguf_gemma3.ARCH
+                   else _LAYER_NAMES)
     for tensor in reader.tensors:
-        name = to_name(tensor.name)
+        name = hf_tensor_name(tensor.name, layer_names)
         if name is None:
             logger.warning("skipping GGUF tensor %s: no HF Llama equivalent", tensor.name)
             continue
