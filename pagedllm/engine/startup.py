@@ -39,7 +39,6 @@ def warm_up(engine) -> None:
     """One short request through the whole step (prefill, a decode, sampling), so the first
     user request does not pay for first-call costs (kernel loads, allocator growth, thread
     pools). The engine's counters are reset afterwards: metrics start at zero."""
-    from pagedllm.engine.stats import EngineStats
     from pagedllm.sampling_params import SamplingParams
 
     token = engine.eos_token_id if engine.eos_token_id is not None else 0
@@ -49,4 +48,4 @@ def warm_up(engine) -> None:
                            request_id=WARMUP_REQUEST_ID, cache_salt=_WARMUP_SALT)
         while engine.has_unfinished_requests():
             engine.step()
-    engine.stats = EngineStats(max_lora=engine.stats.max_lora)  # counters only; keep config
+    engine.stats = engine.stats.cleared()

@@ -53,6 +53,11 @@ class EngineStats:
     lora_running: tuple[tuple[str, int], ...] = ()
     lora_waiting: tuple[tuple[str, int], ...] = ()
 
+    def cleared(self) -> EngineStats:
+        """Fresh counters and gauges that keep what describes the engine (max_lora), e.g.
+        after the warm-up pass, so /metrics starts at zero."""
+        return EngineStats(max_lora=self.max_lora)
+
     def observe_queues(self, scheduler, block_manager) -> None:
         """Set the gauges from the scheduler's queues and the block pool. Queue gauges count
         requests (an n > 1 request's sequences count once per queue they are in), as the
