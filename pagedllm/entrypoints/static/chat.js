@@ -101,6 +101,36 @@ function showSpeed(tokens, firstAt, startedAt, done) {
     (done ? "" : " ...");
 }
 
+// Paints a streamed answer at most once per animation frame: text arriving between frames is
+// appended to one text node in one go, so a fast engine (hundreds of tokens a second) costs the
+// page one layout per frame, not one per token over an ever longer answer.
+function streamView(out, startedAt) {
+  const text = document.createTextNode("");
+  out.appendChild(text);
+  const view = { tokens: 0, firstAt: 0, pending: "", frame: 0 };
+  const paint = () => {
+    view.frame = 0;
+    if (view.pending) {
+      text.appendData(view.pending);
+      view.pending = "";
+      out.scrollIntoView({ block: "end" });
+    }
+    showSpeed(view.tokens, view.firstAt, startedAt, false);
+  };
+  view.add = (content) => {
+    if (!view.firstAt) view.firstAt = performance.now();
+    view.tokens += 1;
+    view.pending += content;
+    if (!view.frame) view.frame = requestAnimationFrame(paint);
+  };
+  view.finish = (done) => {
+    if (view.frame) cancelAnimationFrame(view.frame);
+    paint();
+    showSpeed(view.tokens, view.firstAt, startedAt, done);
+  };
+  return view;
+}
+
 async function send(text) {
   history.push({ role: "user", content: text });
   addMessage("user", text);
@@ -108,8 +138,8 @@ async function send(text) {
   controller = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
-  const startedAt = performance.now();
-  let firstAt = 0, tokens = 0, answer = "";
+  const view = streamView(out, performance.now());
+  let answer = "";
   try {
     const resp = await fetch("/v1/chat/completions", {
       method: "POST", headers: headers(), body: JSON.stringify(requestBody()),
@@ -124,20 +154,17 @@ async function send(text) {
       if (chunk.error) throw new Error(chunk.error.message);
       const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
       if (delta && delta.content) {
-        if (!firstAt) firstAt = performance.now();
-        tokens += 1;
         answer += delta.content;
-        out.textContent = answer;
-        out.scrollIntoView({ block: "end" });
+        view.add(delta.content);
       }
-      if (chunk.usage) tokens = chunk.usage.completion_tokens;
-      showSpeed(tokens, firstAt, startedAt, false);
+      if (chunk.usage) view.tokens = chunk.usage.completion_tokens;
     }
-    showSpeed(tokens, firstAt, startedAt, true);
+    view.finish(true);
   } catch (err) {
+    view.finish(false);
     if (err.name === "AbortError") {
       out.dataset.stopped = "true";
-      $("speed").textContent += " (stopped)";
+      $("speed").textContent = $("speed").textContent.replace(/ \.\.\.$/, "") + " (stopped)";
     } else {
       addMessage("error", String(err.message || err));
     }
