@@ -100,6 +100,7 @@ class EngineConfig:
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
     int8_activations: bool = False  # with quantization="int8": W8A8 (dynamic per-token int8 x)
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
+    enforce_eager: bool = False  # no CUDA graphs for decode steps (worker/cuda_graphs.py)
 
     def __post_init__(self) -> None:
         if self.device == "auto":

@@ -20,6 +20,11 @@ TINY_VOCAB = 512
 if platform.system() == "Linux" and platform.machine() in ("x86_64", "aarch64"):
     os.environ.setdefault("PAGEDLLM_REQUIRE_CPU_KERNELS", "1")
 
+# Without a GPU the Triton kernels (pagedllm/kernels/triton/) run in Triton's interpreter on
+# CPU tensors; the variable must be set before triton is first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def _train_tokenizer():
     from pydoc_data.topics import topics

@@ -41,6 +41,7 @@ from pagedllm.model.layers.sampler import make_generator
 from pagedllm.outputs import RequestOutput, RequestOutputKind
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output.manager import StructuredOutputManager
+from pagedllm.worker import cuda_graphs, gpu_memory
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.model_runner import ModelRunner
 
@@ -82,7 +83,7 @@ class LLMEngine:
             eos = eos[0]
         self.eos_token_id = eos if eos is not None else self.tokenizer.eos_token_id
         self.kv_spec = model_setup.kv_spec_for(ckpt.config, config)
-        budget = model_setup.kv_budget_bytes(config)
+        budget = model_setup.kv_budget_bytes(config, profile_peak_bytes=self._gpu_peak())
         self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len,
                                                       model_dtype=config.torch_dtype)
         self.num_swap_blocks = model_setup.plan_swap_blocks(self.kv_spec, config)
@@ -113,6 +114,10 @@ class LLMEngine:
                                   device=config.torch_device, sliding_window=window,
                                   seed=config.seed, lora=self.lora,
                                   structured_output=self.structured_output)
+        if config.torch_device.type == "cuda" and not config.enforce_eager:
+            with startup.step("CUDA graphs"):
+                self.runner.graphs = cuda_graphs.for_engine(self.model, self.cache, config,
+                                                            window, self.lora is not None)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
                                                 self.block_manager, config.max_model_len)
         # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
@@ -122,6 +127,15 @@ class LLMEngine:
         self._ids = itertools.count()
         self._requests: dict[str, list[Request]] = {}
         logger.info("start-up: engine ready in %.2f s", time.perf_counter() - t_start)
+
+    def _gpu_peak(self) -> int | None:
+        """On CUDA without --kv-cache-memory: weights + profiled activation peak + memory
+        outside torch (worker/gpu_memory.py); the budget is utilization x total minus it."""
+        config = self.config
+        if config.torch_device.type != "cuda" or config.kv_cache_memory is not None:
+            return None
+        plan = gpu_memory.profile(self.model, self.kv_spec, config, self.vocab_size)
+        return plan.weights + plan.activation_peak + plan.non_torch
 
     @classmethod
     def from_engine_args(cls, debug_steps: bool = False, **kwargs) -> LLMEngine:

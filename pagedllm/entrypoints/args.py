@@ -97,8 +97,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="accepted for vLLM compatibility; pagedllm never runs code from a "
                    "model repository (its own model implementations only)")
     g.add_argument("--enforce-eager", action="store_true",
-                   help="accepted for vLLM compatibility; pagedllm always runs eagerly (no "
-                   "CUDA graphs or torch.compile to turn off)")
+                   help="on CUDA, run every step eagerly: no CUDA graphs for decode batches "
+                   "(captured at start-up for batch sizes 1, 2, 4, ... up to --max-num-seqs); "
+                   "nothing to turn off on CPU")
     g.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
                    help="largest logprobs / top_logprobs a request may ask for")
     g.add_argument("--debug-steps", action="store_true",
@@ -211,8 +212,6 @@ def check_vllm_only_args(args: argparse.Namespace) -> None:
     if getattr(args, "trust_remote_code", False):
         log.info("--trust-remote-code: accepted; no code from a model repository is ever run "
                  "(pagedllm uses its own model implementations)")
-    if getattr(args, "enforce_eager", False):
-        log.info("--enforce-eager: accepted; pagedllm always runs eagerly (nothing to capture)")
 
 
 def parse_lora_module(text: str) -> LoRARequest:
@@ -262,4 +261,4 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
         chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,
-        download_dir=args.download_dir)
+        download_dir=args.download_dir, enforce_eager=args.enforce_eager)

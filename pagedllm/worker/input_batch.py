@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from pagedllm.core.scheduler import ScheduledRequest
-from pagedllm.model.layers.attention import AttentionMetadata
+from pagedllm.kernels import triton as triton_ops
+from pagedllm.model.layers.attention import AttentionMetadata, VarlenBatch
 from pagedllm.worker.persistent_batch import PersistentBatch
 
 
@@ -44,7 +45,8 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
                  sliding_window: int | None = None,
                  tables: PersistentBatch | None = None) -> BatchInputs:
     """`tables` keeps block tables across steps (only changes are copied); without it they
-    are built from the requests' block lists."""
+    are built from the requests' block lists. On the Triton backend (CUDA) the batch gets
+    `meta.varlen` and no [P, 1, max_q, L] prefill mask (the kernel masks by position)."""
     order = sorted(scheduled, key=lambda s: s.num_new_tokens > 1)
     n = len(order)
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
@@ -68,6 +70,7 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
     slots = bt[req_idx, positions // block_size] * block_size + positions % block_size
 
     nd = int((q_lens == 1).sum())
+    varlen = triton_ops.enabled_for(device)
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     dec_bt = dec_lens = pre_bt = pre_idx = pre_valid = pre_mask = None
     if nd:  # decodes need no mask from here: the attention's torch path derives it
@@ -84,13 +87,16 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
         pre_idx = to(np.where(valid, cu[nd:-1, None] + ar, 0))
         pre_valid = to(valid)
         q_pos = starts[nd:, None] + ar
-        pre_mask = to(_key_mask(seq_lens[nd:], q_pos, width_blocks * block_size,
-                                sliding_window)[:, None])   # [P, 1, max_q, L]
+        if not varlen:
+            pre_mask = to(_key_mask(seq_lens[nd:], q_pos, width_blocks * block_size,
+                                    sliding_window)[:, None])   # [P, 1, max_q, L]
     meta = AttentionMetadata(
         slot_mapping=to(slots), num_decodes=nd, decode_block_tables=dec_bt,
         decode_seq_lens=dec_lens, sliding_window=sliding_window,
         prefill_block_tables=pre_bt, prefill_token_index=pre_idx,
-        prefill_query_valid=pre_valid, prefill_mask=pre_mask)
+        prefill_query_valid=pre_valid, prefill_mask=pre_mask,
+        varlen=VarlenBatch(to(bt), to(seq_lens), to(cu.astype(np.int32)),
+                           int(q_lens.max())) if varlen else None)
     return BatchInputs(input_ids=to(ids), positions=to(positions),
                        max_pos=int(seq_lens.max()) - 1, meta=meta, order=order,
                        logits_indices=cu[1:] - 1)

@@ -68,6 +68,7 @@ class ModelRunner:
         self.batch = PersistentBatch(vocab_size, device)  # block tables, penalty counts
         self.structured_output = structured_output  # StructuredOutputManager or None
         self.lora = lora
+        self.graphs = None  # cuda_graphs.DecodeGraphs once captured (CUDA, not --enforce-eager)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -83,8 +84,7 @@ class ModelRunner:
                              self.batch)
         t1 = time.perf_counter()
         with self._lora_step(batch):
-            hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
-                                self.cache.layer_caches, batch.meta)
+            hidden = self._forward(batch)
         rows: list[SamplingRow] = []
         row_index: list[int] = []
         owners: list[tuple[Request, int]] = []  # (request, number of rows)
@@ -122,6 +122,14 @@ class ModelRunner:
         out.timings_ms = {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
                           "sample": (t3 - t2) * 1e3}
         return out
+
+    def _forward(self, batch) -> torch.Tensor:
+        """Hidden states of the step: a captured CUDA graph for a decode batch that fits one,
+        else the eager forward pass."""
+        if self.graphs is not None and self.graphs.can_run(batch.input_ids, batch.meta):
+            return self.graphs.run(batch.input_ids, batch.positions, batch.meta)
+        return self.model(batch.input_ids, batch.positions, batch.max_pos,
+                          self.cache.layer_caches, batch.meta)
 
     def _add_restrictions(self, md: SamplingMetadata, rows: list[SamplingRow],
                           owners: list[tuple[Request, int]]) -> None:

@@ -29,7 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.kernels import cpu_ops
-from pagedllm.model.layers import kv_quant
+from pagedllm.kernels import triton as triton_ops
+from pagedllm.model.layers import attention_triton, kv_quant
+from pagedllm.model.layers.attention_triton import VarlenBatch
 
 _KERNEL_DTYPES = (torch.float32, *kv_quant.QMAX)
 
@@ -60,6 +62,8 @@ class AttentionMetadata:
     # [D, 1, 1, Ld] bool, True = attend: only the torch decode path needs it (the C++ kernel
     # reads seq_lens), so the first layer on that path builds it and the others reuse it.
     decode_key_mask: torch.Tensor | None = None
+    # The whole batch for the Triton backend (CUDA), built instead of the prefill mask.
+    varlen: VarlenBatch | None = None
     # Per-layer windows (Gemma 3): the metadata of each window, built once per step.
     _windowed: dict[int, AttentionMetadata] = field(default_factory=dict, repr=False)
 
@@ -156,8 +160,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """q [T, H, d], k/v [T, kvh, d] -> [T, H*d]. Writes k/v into the caches first.
 
     `k_scale` / `v_scale` are the scale pools of an int8 / fp8 cache (None otherwise).
-    `softcap` (Gemma's attn_logit_softcapping) caps the scores; it runs the torch path.
+    `softcap` (Gemma's attn_logit_softcapping) caps the scores (torch path on CPU).
+    With `meta.varlen` (CUDA) the Triton kernels do it all (attention_triton.py).
     """
+    if meta.varlen is not None and triton_ops.enabled(q):
+        return attention_triton.paged_attention(q, k, v, k_cache, v_cache, meta, scale,
+                                                k_scale, v_scale, softcap)
     t, h, d = q.shape
     kvh = k.shape[1]
     g = h // kvh

@@ -1,7 +1,8 @@
 """RMSNorm computed in fp32 (as HF Llama does), optionally fused with the residual add.
 
 On CPU in fp32 one C++ call (pagedllm/kernels/fused_cpu.cpp) does the add and the norm, in
-place: `x` (a fresh layer output) receives the normed values and `residual` the sum.
+place: `x` (a fresh layer output) receives the normed values and `residual` the sum; on
+CUDA one Triton kernel (kernels/triton/fused.py) does the same in any dtype.
 """
 
 from __future__ import annotations
@@ -10,6 +11,20 @@ import torch
 from torch import nn
 
 from pagedllm.kernels import cpu_ops
+from pagedllm.kernels import triton as triton_ops
+
+
+def _triton_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float, gemma: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fused Triton norm (CUDA) for 2-D rows, else None."""
+    if x.dim() != 2 or x.stride(-1) != 1 or not triton_ops.enabled(x):
+        return None
+    from pagedllm.kernels.triton import fused
+
+    if residual is None:
+        return fused.rms_norm(x, weight, eps, gemma=gemma), x
+    fused.add_rms_norm_(x, residual, weight, eps, gemma=gemma)
+    return x, residual
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +36,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (normed(x + residual), x + residual); may overwrite x and residual."""
+        if (fused := _triton_norm(x, residual, self.weight, self.eps, False)) is not None:
+            return fused
         ops = cpu_ops.fp32_ops(x)
         if ops is not None and x.dim() == 2 and x.is_contiguous():
             if residual is None:
@@ -48,6 +65,8 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        if (fused := _triton_norm(x, residual, self.weight, self.eps, True)) is not None:
+            return fused
         if residual is not None:
             x = x + residual
         xf = x.float()

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from pagedllm.kernels import cpu_ops
+from pagedllm.kernels import triton as triton_ops
 from pagedllm.model.layers.rope_scaling import (
     compute_inv_freq,
     rope_max_len,
@@ -152,6 +153,11 @@ class RopeBatch:
     def rotate_qk_(self, qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
                    head_dim: int) -> None:
         """Rotate, in place, the q and k heads of fused qkv rows [T, (H + 2 KVH) * d]."""
+        if qkv.is_contiguous() and triton_ops.enabled(qkv):
+            from pagedllm.kernels.triton import fused
+
+            fused.rotary_qk_(qkv, self.halves, num_heads, num_kv_heads, head_dim)
+            return
         if (ops := cpu_ops.fp32_ops(qkv)) is not None and qkv.is_contiguous():
             ops.rotary_qk_(qkv, self.halves, num_heads, num_kv_heads, head_dim)
             return
