@@ -112,10 +112,7 @@ class ModelRunner:
                                         self.batch.penalty_tensors(row_requests))
             self._add_restrictions(md, rows, owners)
             result = self.sampler(logits, md)
-            # O(rows): a NaN/inf row makes its sampled token's own logit non-finite.
-            finite = torch.isfinite(
-                logits.gather(1, result.sampled_token_ids.unsqueeze(1)).squeeze(1)).tolist()
-            out.sampled = self._collect(result, owners, finite)
+            out.sampled = self._collect(logits, result, owners)
         else:
             t2 = time.perf_counter()
         t3 = time.perf_counter()
@@ -147,15 +144,11 @@ class ModelRunner:
         return self.lora.step([s.request.lora for s in batch.order],
                               np.fromiter((s.num_new_tokens for s in batch.order), np.int64))
 
-    def _collect(self, result, owners: list[tuple[Request, int]],
-                 finite: list[bool]) -> list[SampledTokens]:
-        token_ids = result.sampled_token_ids.tolist()
-        lp = result.logprobs
+    def _collect(self, logits: torch.Tensor, result,
+                 owners: list[tuple[Request, int]]) -> list[SampledTokens]:
+        token_ids, finite, lp = _to_host(logits, result)
         if lp is not None:
-            s_lp = lp.sampled_logprobs.tolist()
-            s_rank = lp.sampled_ranks.tolist()
-            top_ids = lp.topk_token_ids.tolist()
-            top_lp = lp.topk_logprobs.tolist()
+            s_lp, s_rank, top_ids, top_lp = lp
         sampled: list[SampledTokens] = []
         row = 0
         for req, n in owners:
@@ -175,3 +168,26 @@ class ModelRunner:
             sampled.append(SampledTokens(req, toks, logprobs, error))
             row += n
         return sampled
+
+
+def _to_host(logits: torch.Tensor, result) -> tuple[list[int], list[bool], tuple | None]:
+    """The step's one device -> host copy: sampled ids, whether each row's logits were
+    finite (O(rows): a NaN / inf row makes its sampled token's own logit non-finite) and,
+    if asked for, the logprobs, packed into one float64 tensor (ids < 2^53 are exact)::
+
+        [id, finite, sampled logprob, rank, top ids (N), top logprobs (N)]   per row
+    """
+    ids = result.sampled_token_ids
+    finite = torch.isfinite(logits.gather(1, ids.unsqueeze(1)).squeeze(1))
+    lp = result.logprobs
+    if lp is None:
+        host = torch.stack([ids, finite.long()], 1).cpu()
+        return host[:, 0].tolist(), host[:, 1].bool().tolist(), None
+    cols = [ids[:, None], finite[:, None], lp.sampled_logprobs[:, None],
+            lp.sampled_ranks[:, None], lp.topk_token_ids, lp.topk_logprobs]
+    host = torch.cat([c.double() for c in cols], 1).cpu()
+    n = lp.topk_token_ids.shape[1]
+    token_ids = host[:, 0].long().tolist()
+    rows = (host[:, 2].float().tolist(), host[:, 3].long().tolist(),
+            host[:, 4:4 + n].long().tolist(), host[:, 4 + n:].float().tolist())
+    return token_ids, host[:, 1].bool().tolist(), rows

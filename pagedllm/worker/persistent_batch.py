@@ -121,15 +121,18 @@ class PersistentBatch:
             self.output_counts.index_put_((idx[0], idx[1]),
                                           torch.ones(len(rows), dtype=torch.int32,
                                                      device=self.device), accumulate=True)
-        index = torch.tensor(prows, dtype=torch.int64).to(self.device)
-        if (index >= 0).all():
+        # Which rows use a penalty is known on the host: no device mask, no sync.
+        if all(p >= 0 for p in prows):
+            index = torch.tensor(prows, dtype=torch.int64).to(self.device)
             return self.output_counts[index], self.prompt_mask[index]
-        used = index >= 0
+        used = [i for i, p in enumerate(prows) if p >= 0]
+        dst = torch.tensor(used, dtype=torch.int64).to(self.device)
+        src = torch.tensor([prows[i] for i in used], dtype=torch.int64).to(self.device)
         counts = torch.zeros(len(prows), self.vocab_size, dtype=torch.int32,
                              device=self.device)
         mask = torch.zeros(len(prows), self.vocab_size, dtype=torch.bool, device=self.device)
-        counts[used] = self.output_counts[index[used]]
-        mask[used] = self.prompt_mask[index[used]]
+        counts[dst] = self.output_counts[src]
+        mask[dst] = self.prompt_mask[src]
         return counts, mask
 
     def _penalty_row(self, req: Request) -> int:
