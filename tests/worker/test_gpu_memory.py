@@ -1,0 +1,60 @@
+"""GPU memory planning arithmetic (worker/gpu_memory.py) with injected numbers, the
+profiling batch's shape, and bf16 as the CUDA default dtype; the profiling pass itself runs
+on a GPU in tests/worker/test_cuda_greedy.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm.config import KVCacheSpec, resolve_dtype
+from pagedllm.engine.model_setup import plan_num_blocks
+from pagedllm.worker.gpu_memory import GiB, GpuMemoryPlan, profile_requests
+
+
+def test_kv_budget_is_utilization_share_minus_weights_peak_and_outside_torch():
+    plan = GpuMemoryPlan(total=140 * GiB, utilization=0.9, weights=int(0.25 * GiB),
+                         activation_peak=int(1.5 * GiB), non_torch=int(0.5 * GiB),
+                         profiled_tokens=2048)
+    assert plan.usable == int(126 * GiB)
+    assert plan.kv_budget == int(126 * GiB) - int(2.25 * GiB)
+    spec = KVCacheSpec(num_layers=30, num_kv_heads=3, head_dim=64, dtype=torch.bfloat16,
+                       block_size=16)
+    blocks = plan_num_blocks(spec, plan.kv_budget, 8192)
+    assert blocks == plan.kv_budget // (16 * 2 * 30 * 3 * 64 * 2)
+    text = "\n".join(plan.lines())
+    assert "activation peak" in text and "profiled at 2048 tokens" in text
+    assert "126.00 GiB" in text
+
+
+def test_no_room_for_the_kv_cache_is_a_precise_error():
+    plan = GpuMemoryPlan(total=8 * GiB, utilization=0.5, weights=3 * GiB,
+                         activation_peak=2 * GiB)
+    with pytest.raises(ValueError, match="no GPU memory left for the KV cache.*4.00 GiB"):
+        _ = plan.kv_budget
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        GpuMemoryPlan(total=GiB, utilization=1.5, weights=0, activation_peak=0)
+
+
+@pytest.mark.parametrize("tokens,seqs,max_len,expect", [
+    (2048, 256, 8192, 256),   # spread over max_num_seqs prompts of 8 tokens
+    (2048, 1, 8192, 1),       # one prompt of 2048
+    (2048, 1, 512, 4),        # no prompt longer than max_model_len
+    (10, 256, 8192, 10),      # at most one prompt per token
+])
+def test_profile_batch(tokens, seqs, max_len, expect):
+    scheduled, blocks = profile_requests(tokens, seqs, max_len, 16)
+    assert len(scheduled) == expect
+    assert sum(s.num_new_tokens for s in scheduled) == tokens
+    assert max(s.num_new_tokens for s in scheduled) <= max_len
+    ids = [b for s in scheduled for b in s.request.block_ids]
+    assert ids == list(range(blocks))  # each prompt its own blocks of the scratch cache
+    assert all(len(s.request.block_ids) * 16 >= s.num_new_tokens for s in scheduled)
+
+
+def test_bf16_is_the_default_on_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.float16
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
