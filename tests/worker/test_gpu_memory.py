@@ -58,3 +58,39 @@ def test_bf16_is_the_default_on_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", torch.device("cuda")) == torch.float16
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+
+
+class FakeCudaMemory:
+    """torch.cuda's memory counters for `profile` on CPU: fixed totals, and a peak that the
+    profiling step "raises" by a known amount once the scratch cache exists."""
+
+    def __init__(self) -> None:
+        self.allocated = 300 * 2**20
+        self.peak = self.allocated
+
+    def install(self, monkeypatch) -> None:
+        for name in ("synchronize", "empty_cache"):
+            monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: self.allocated)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: self.peak)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 1 * GiB)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (20 * GiB, 24 * GiB))
+
+    def reset(self, *a) -> None:
+        self.peak = self.allocated + 200 * 2**20
+
+
+def test_profile_runs_the_real_model_and_sampler(monkeypatch, tiny_llama_dir, make_llm):
+    """The profiling step itself (dummy prompts at max_num_batched_tokens through the model,
+    logits and the sampler) on CPU, with torch.cuda's counters faked."""
+    from pagedllm.worker import gpu_memory
+
+    llm = make_llm(tiny_llama_dir, max_num_batched_tokens=64, max_num_seqs=4)
+    engine = llm.llm_engine
+    fake = FakeCudaMemory()
+    fake.install(monkeypatch)
+    plan = gpu_memory.profile(engine.model, engine.kv_spec, engine.config, engine.vocab_size)
+    assert plan.weights == 300 * 2**20 and plan.activation_peak == 200 * 2**20
+    assert plan.non_torch == 3 * GiB  # 24 - 20 GiB in use, 1 GiB of it torch's
+    assert plan.total == 24 * GiB and plan.profiled_tokens == 64
