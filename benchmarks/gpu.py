@@ -12,6 +12,7 @@ Measures, each beside its floor:
       time of engine.step() over 32 decode steps at context ~128 (schedule, forward, sample,
       outputs: what a user waits for per token); floor = weight bytes / HBM bandwidth
   prefill of one 2,048-token prompt: one step; floor = 2 x params x tokens / bf16 peak
+  both also with PAGEDLLM_ATTENTION_BACKEND=torch (the fallback the Triton kernels replace)
   offline 256 requests x (128 in / 128 out): LLM.generate output tokens per second, KV pool
       sized by the profiling pass (gpu_memory_utilization 0.5)
 """
@@ -22,6 +23,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -104,32 +106,36 @@ def main() -> None:
                   kv_cache_memory=(8 if cuda else 1) * 2**30)
 
     decode: dict = {}
-    for eager in (False, True):
+    prefill_ms: dict = {}
+    # (name, enforce_eager, attention backend): the torch backend is the fallback the Triton
+    # kernels replace (gathered KV, SDPA with a [P, q, L] mask), measured beside them.
+    for key, eager, backend in (("cuda_graphs", False, "auto"), ("eager", True, "auto"),
+                                ("torch_backend_eager", True, "torch")):
+        os.environ["PAGEDLLM_ATTENTION_BACKEND"] = backend
         engine = LLMEngine.from_engine_args(enforce_eager=eager, **common)
+        results[f"{key}_captured"] = engine.runner.graphs is not None  # False off CUDA
         params_n = sum(p.numel() for p in engine.model.parameters())
         weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
         decode_steps(engine, 1, 8)  # warm-up (Triton compiles, allocator)
-        key = "eager" if eager else "cuda_graphs"
         decode[key] = {b: decode_steps(engine, b) for b in (1, 8, 64)}
         logger.info("decode step ms (%s): %s", key, decode[key])
-        if not eager:
-            # prompts no earlier request shares a prefix with (no prefix-cache hits)
-            engine.add_request(prompt(5000, 2048), SamplingParams(max_tokens=1), "warm")
-            while engine.has_unfinished_requests():
-                engine.step()
-            engine.add_request(prompt(5001, 2048), SamplingParams(max_tokens=1), "p2048")
-            t0 = time.perf_counter()
-            while engine.has_unfinished_requests():
-                engine.step()
-            prefill_ms = 1e3 * (time.perf_counter() - t0)
+        # prompts no earlier request shares a prefix with (no prefix-cache hits)
+        engine.add_request(prompt(5000, 2048), SamplingParams(max_tokens=1), "warm")
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.add_request(prompt(5001, 2048), SamplingParams(max_tokens=1), "p2048")
+        t0 = time.perf_counter()
+        while engine.has_unfinished_requests():
+            engine.step()
+        prefill_ms[key] = 1e3 * (time.perf_counter() - t0)
         free(engine)
+    os.environ["PAGEDLLM_ATTENTION_BACKEND"] = "auto"
     floor_decode_ms = weight_bytes / (args.hbm_gbps * 1e9) * 1e3
     floor_prefill_ms = 2 * params_n * 2048 / (args.bf16_tflops * 1e12) * 1e3
     results["weights"] = {"parameters": params_n, "bytes": weight_bytes}
     results["decode_step_ms"] = decode
     results["decode_floor_ms"] = floor_decode_ms
-    results["prefill_2048"] = {"ms": prefill_ms, "tok_s": 2048 / prefill_ms * 1e3,
-                               "floor_ms": floor_prefill_ms}
+    results["prefill_2048"] = {"ms": prefill_ms, "floor_ms": floor_prefill_ms}
 
     n = 32 if args.quick else 256
     llm = LLM(str(args.model_dir), dtype=dtype, device=args.device, max_model_len=4096,
@@ -154,9 +160,9 @@ def main() -> None:
     for key, row in decode.items():
         for b, ms in row.items():
             print(f"decode step b={b:<3d} {key:<12s} {ms:8.3f} ms {floor_decode_ms:8.3f} ms")
-    p = results["prefill_2048"]
-    print(f"prefill 2048 {'':15s} {p['ms']:8.3f} ms {p['floor_ms']:8.3f} ms "
-          f"({p['tok_s']:.0f} tok/s)")
+    for key, ms in prefill_ms.items():
+        print(f"prefill 2048 {key:<15s} {ms:8.3f} ms {floor_prefill_ms:8.3f} ms "
+              f"({2048 / ms * 1e3:.0f} tok/s)")
     o = results["offline"]
     print(f"offline {n} x (128/128)      {o['output_tok_s']:8.0f} output tok/s "
           f"in {o['wall_s']:.1f} s")
