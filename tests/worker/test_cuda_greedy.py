@@ -19,15 +19,24 @@ PROMPTS = [[5, 9, 3], [7] * 17, list(range(2, 60)), [11, 4] * 20]
 MAX_TOKENS = 12
 
 
+_HF: dict = {}
+
+
 @torch.inference_mode()
 def hf_greedy_cuda(model_dir, prompt: list[int], n: int) -> list[int]:
+    """HF's argmax at each step over the whole sequence (no EOS handling: the engine runs
+    with ignore_eos, so an EOS argmax is a token like any other on both sides)."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32).cuda().eval()
-    out = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=n,
-                         do_sample=False, min_new_tokens=n)
-    return out[0, len(prompt):].tolist()
+    key = str(model_dir)
+    if key not in _HF:
+        _HF[key] = transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32).cuda().eval()
+    ids = torch.tensor([prompt], device="cuda")
+    for _ in range(n):
+        nxt = _HF[key](ids).logits[0, -1].argmax()
+        ids = torch.cat([ids, nxt.view(1, 1)], 1)
+    return ids[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
