@@ -6,6 +6,7 @@ One `step()` = schedule -> forward + sample -> append tokens, stop checks, free 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import operator
@@ -20,6 +21,9 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.swap_manager import SwapManager
+from pagedllm.distributed.errors import WorkerDied
+from pagedllm.distributed.executor import start_tensor_parallel
+from pagedllm.distributed.worker import rank_threads
 from pagedllm.engine import model_setup, startup
 from pagedllm.engine.chat_template import resolve_chat_template
 from pagedllm.engine.fault_injection import FaultInjector
@@ -51,8 +55,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, debug_steps: bool = False) -> None:
         self.config = config
         self.debug_steps = debug_steps
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        if config.num_threads or config.tensor_parallel_size > 1:
+            torch.set_num_threads(rank_threads(config))
         t_start = time.perf_counter()
         with startup.step("checkpoint (config, tokenizer)"):
             ckpt = load_checkpoint(config.model, quantization=config.quantization,
@@ -72,8 +76,11 @@ class LLMEngine:
             # Compile (first run only) or load now, not inside the weight packing or a step.
             with startup.step("CPU kernels"):
                 cpu_ops.load()
+        # Tensor parallelism: ranks 1..N-1 start loading their shards now (None for TP=1).
+        self.executor = start_tensor_parallel(config, ckpt)
+        tp = self.executor.shard if self.executor is not None else None
         with startup.step("weights"):
-            self.model = model_setup.build_model(ckpt, config)
+            self.model = model_setup.build_model(ckpt, config, tp=tp)
         self.lora = (LoRAManager(self.model, config.lora_config, config.torch_device,
                                  config.torch_dtype) if config.lora_config else None)
         self.vocab_size = ckpt.config.vocab_size
@@ -81,11 +88,16 @@ class LLMEngine:
         if isinstance(eos, list):
             eos = eos[0]
         self.eos_token_id = eos if eos is not None else self.tokenizer.eos_token_id
-        self.kv_spec = model_setup.kv_spec_for(ckpt.config, config)
+        self.kv_spec = model_setup.kv_spec_for(
+            ckpt.config if tp is None else tp[0].model_config(ckpt.config), config)
+        plan_spec = self.kv_spec if tp is None else dataclasses.replace(
+            self.kv_spec, num_kv_heads=tp[0].max_local_kv_heads)  # the fullest rank's shard
         budget = model_setup.kv_budget_bytes(config)
-        self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len,
+        self.num_blocks = model_setup.plan_num_blocks(plan_spec, budget, config.max_model_len,
                                                       model_dtype=config.torch_dtype)
-        self.num_swap_blocks = model_setup.plan_swap_blocks(self.kv_spec, config)
+        self.num_swap_blocks = model_setup.plan_swap_blocks(plan_spec, config)
+        if self.executor is not None:
+            self.executor.start(self.num_blocks, self.num_swap_blocks)
         with startup.step(f"KV pool {self.num_blocks * self.kv_spec.bytes_per_block / 2**30:.2f} GiB"):
             self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device,
                                      num_swap_blocks=self.num_swap_blocks)
@@ -103,16 +115,14 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len, swap_manager=self.swap_manager,
             max_loras=config.max_loras if self.lora else None)
-        window = getattr(ckpt.config, "sliding_window", None)
-        if window is not None and (not getattr(ckpt.config, "use_sliding_window", True)
-                                   or getattr(self.model, "per_layer_sliding_window", False)):
-            window = None
+        window = model_setup.attention_window(ckpt.config, self.model)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size,
                                                          self.eos_token_id)
         self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
                                   device=config.torch_device, sliding_window=window,
                                   seed=config.seed, lora=self.lora,
                                   structured_output=self.structured_output)
+        self.runner.workers = self.executor
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
                                                 self.block_manager, config.max_model_len)
         # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
@@ -232,7 +242,12 @@ class LLMEngine:
             return []
         if self.faults is not None:
             self.faults.on_schedule([s.request.group_id for s in sched.scheduled])
-        result = self.runner.execute(sched)
+        try:
+            result = self.runner.execute(sched)
+        except Exception as exc:
+            if self.executor is not None:  # the ranks are out of step: nothing can go on
+                raise WorkerDied(f"tensor-parallel step failed: {exc!r}") from exc
+            raise
         self.scheduler.update_computed(sched)
         t2 = time.perf_counter()
         touched = self.output_processor.process(result.sampled)
@@ -256,6 +271,16 @@ class LLMEngine:
         if self.debug_steps:
             logger.info(self.stats.step_line())
         return outputs
+
+    def check_health(self) -> None:
+        """Raise WorkerDied if a tensor-parallel worker is gone (the server polls it)."""
+        if self.executor is not None:
+            self.executor.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do for one process)."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
     def _update_gauges(self) -> None:
         self.stats.observe_queues(self.scheduler, self.block_manager)

@@ -21,17 +21,27 @@ DEFAULT_CPU_KV_BYTES = 2 * 2**30
 GiB = 2**30
 
 
-def build_model(ckpt: Checkpoint, config: EngineConfig) -> nn.Module:
-    """Construct on the meta device, allocate once on the target device, copy weights in."""
+def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
+    """Construct on the meta device, allocate once on the target device, copy weights in.
+
+    `tp` = (TPLayout, TPGroup) under tensor parallelism: the model is built with this rank's
+    head / width / vocab counts and loads only its shard (pagedllm/distributed/sharding.py).
+    """
     t0 = time.perf_counter()
     cls = get_model_class(getattr(ckpt.config, "architectures", None))
+    model_config = ckpt.config if tp is None else tp[0].model_config(ckpt.config)
     with torch.device("meta"):
-        model = cls(ckpt.config)
+        model = cls(model_config)
     model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
     n_params = sum(p.numel() for p in model.parameters())
     if getattr(ckpt.config, "tie_word_embeddings", False):
         n_params -= model.lm_head.weight.numel()
-    model.load_weights(hf_checkpoint.prepare_weights(ckpt, config))  # --quantization
+    weights = hf_checkpoint.prepare_weights(ckpt, config)  # --quantization
+    if tp is not None:
+        weights = tp[0].shard_weights(weights)
+    model.load_weights(weights)
+    if tp is not None:
+        tp[0].mark_layers(model, tp[1])
     model.eval()
     logger.info("loaded %s (%s, %.1fM parameters, %s on %s, weights %s) in %.1f s: "
                 "%.1f MiB of weights resident", ckpt.source.name, cls.__name__, n_params / 1e6,
@@ -57,6 +67,16 @@ def weight_bytes(model: nn.Module) -> int:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
     return total
+
+
+def attention_window(hf_config, model: nn.Module) -> int | None:
+    """The model-wide sliding window the runner applies (None: none, or per-layer windows
+    that the model applies itself)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if window is not None and (not getattr(hf_config, "use_sliding_window", True)
+                               or getattr(model, "per_layer_sliding_window", False)):
+        return None
+    return window
 
 
 def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:

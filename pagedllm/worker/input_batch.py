@@ -20,6 +20,17 @@ from pagedllm.worker.persistent_batch import PersistentBatch
 
 
 @dataclass
+class HostBatch:
+    """The host arrays one forward pass is built from (all int64): what tensor-parallel
+    rank 0 sends to the other ranks each step (pagedllm/distributed/step_message.py)."""
+
+    input_ids: np.ndarray    # [T] the scheduled tokens, batch order
+    q_lens: np.ndarray       # [n] new tokens per request
+    starts: np.ndarray       # [n] num_computed_tokens per request
+    block_table: np.ndarray  # [n, max_blocks]
+
+
+@dataclass
 class BatchInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -27,6 +38,7 @@ class BatchInputs:
     meta: AttentionMetadata
     order: list[ScheduledRequest]     # scheduled requests in batch order
     logits_indices: np.ndarray        # [B] flat index of each request's last token
+    host: HostBatch | None = None
 
 
 def _key_mask(seq_lens: np.ndarray, q_pos: np.ndarray, width: int,
@@ -50,13 +62,10 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
     starts = np.fromiter((s.request.num_computed_tokens for s in order), np.int64, n)
     seq_lens = starts + q_lens
-    cu = np.concatenate([[0], np.cumsum(q_lens)])
-    total = int(cu[-1])
+    total = int(q_lens.sum())
     ids = np.fromiter(
         (t for s, a in zip(order, starts, strict=True)
          for t in s.request.all_token_ids[a:a + s.num_new_tokens]), np.int64, total)
-    req_idx = np.repeat(np.arange(n), q_lens)
-    positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
     max_blocks = int(-(-seq_lens.max() // block_size))
     if tables is not None:
         bt = tables.block_tables([s.request for s in order], max_blocks)
@@ -65,6 +74,23 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
         for i, s in enumerate(order):
             blocks = s.request.block_ids[:max_blocks]
             bt[i, :len(blocks)] = blocks
+    inputs = inputs_from_host(HostBatch(ids, q_lens, starts, bt), block_size, device,
+                              sliding_window)
+    inputs.order = order
+    return inputs
+
+
+def inputs_from_host(host: HostBatch, block_size: int, device: torch.device,
+                     sliding_window: int | None = None) -> BatchInputs:
+    """The device tensors and attention metadata of one forward pass (no request objects:
+    tensor-parallel workers call this on the arrays rank 0 sent)."""
+    ids, q_lens, starts, bt = host.input_ids, host.q_lens, host.starts, host.block_table
+    n = len(q_lens)
+    seq_lens = starts + q_lens
+    cu = np.concatenate([[0], np.cumsum(q_lens)])
+    total = int(cu[-1])
+    req_idx = np.repeat(np.arange(n), q_lens)
+    positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
     slots = bt[req_idx, positions // block_size] * block_size + positions % block_size
 
     nd = int((q_lens == 1).sum())
@@ -92,5 +118,5 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
         prefill_block_tables=pre_bt, prefill_token_index=pre_idx,
         prefill_query_valid=pre_valid, prefill_mask=pre_mask)
     return BatchInputs(input_ids=to(ids), positions=to(positions),
-                       max_pos=int(seq_lens.max()) - 1, meta=meta, order=order,
-                       logits_indices=cu[1:] - 1)
+                       max_pos=int(seq_lens.max()) - 1, meta=meta, order=[],
+                       logits_indices=cu[1:] - 1, host=host)

@@ -3,6 +3,8 @@
 One forward pass per step over every scheduled token (prefill chunks and decodes mixed);
 `compute_logits` runs only on the last token of the requests that sample. A request with
 n > 1 samples that has just finished its prompt gets n sampling rows on the same logits.
+Under tensor parallelism (`workers`, pagedllm/distributed/) this is rank 0: it first sends
+the step's compact message to the other ranks, whose forward passes pair with its own.
 """
 
 from __future__ import annotations
@@ -68,27 +70,29 @@ class ModelRunner:
         self.batch = PersistentBatch(vocab_size, device)  # block tables, penalty counts
         self.structured_output = structured_output  # StructuredOutputManager or None
         self.lora = lora
+        self.workers = None  # distributed.executor.TPExecutor under tensor parallelism
+
+    def _send_to_workers(self, sched: SchedulerOutput, batch, row_index: list[int]) -> None:
+        """Tensor parallelism: the other ranks mirror this step (swaps, forward, gather)."""
+        from pagedllm.distributed.step_message import StepMessage
+
+        self.workers.send_step(StepMessage.step(
+            batch.host if batch is not None else None, row_index, sched.blocks_to_swap_out,
+            sched.blocks_to_swap_in, sched.blocks_to_copy))
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()
-        # Swap-outs first: a device block they read may be a swap-in's or a copy's target.
-        self.cache.swap_blocks_out(sched.blocks_to_swap_out)
-        self.cache.swap_blocks_in(sched.blocks_to_swap_in)
-        self.cache.copy_blocks(sched.blocks_to_copy)
-        if not sched.scheduled:
-            return RunnerOutput()
-        self.batch.begin_step()
-        batch = build_inputs(sched.scheduled, self.block_size, self.device, self.sliding_window,
-                             self.batch)
-        t1 = time.perf_counter()
-        with self._lora_step(batch):
-            hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
-                                self.cache.layer_caches, batch.meta)
+        batch = None
+        if sched.scheduled:
+            self.batch.begin_step()
+            batch = build_inputs(sched.scheduled, self.block_size, self.device,
+                                 self.sliding_window, self.batch)
         rows: list[SamplingRow] = []
         row_index: list[int] = []
         owners: list[tuple[Request, int]] = []  # (request, number of rows)
-        for s, last in zip(batch.order, batch.logits_indices, strict=True):
+        for s, last in (zip(batch.order, batch.logits_indices, strict=True)
+                        if batch is not None else ()):
             if not s.samples:
                 continue
             req = s.request
@@ -99,6 +103,18 @@ class ModelRunner:
                                         req.output_token_ids, gens[i], req.eos_token_id))
                 row_index.append(int(last))
             owners.append((req, n))
+        if self.workers is not None:
+            self._send_to_workers(sched, batch, row_index)
+        # Swap-outs first: a device block they read may be a swap-in's or a copy's target.
+        self.cache.swap_blocks_out(sched.blocks_to_swap_out)
+        self.cache.swap_blocks_in(sched.blocks_to_swap_in)
+        self.cache.copy_blocks(sched.blocks_to_copy)
+        if batch is None:
+            return RunnerOutput()
+        t1 = time.perf_counter()
+        with self._lora_step(batch):
+            hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
+                                self.cache.layer_caches, batch.meta)
         out = RunnerOutput()
         if rows:
             logits = self.model.compute_logits(
