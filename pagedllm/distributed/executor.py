@@ -74,10 +74,11 @@ def start_tensor_parallel(config: EngineConfig, ckpt) -> TPExecutor | None:
     if n == 1:
         return None
     layout = TPLayout.for_model(ckpt.config, 0, n)
-    if ckpt.quantization != "none" or config.quantization not in (None, "none"):
-        raise ValueError(f"tensor_parallel_size {n}: quantized weights "
-                         f"({config.quantization or ckpt.quantization}) are not supported "
-                         f"with tensor parallelism yet; use unquantized weights or "
+    method = config.quantization or ckpt.quantization
+    if method != "none":
+        raise ValueError(f"tensor_parallel_size {n}: quantized weights ({method}) are not "
+                         f"supported with tensor parallelism yet; pass --quantization none "
+                         f"(quantization='none') to load them dequantized, or use "
                          f"tensor_parallel_size 1")
     if config.enable_lora:
         raise ValueError(f"tensor_parallel_size {n}: LoRA is not supported with tensor "

@@ -22,8 +22,8 @@ from pagedllm.distributed.errors import WorkerDied
 from pagedllm.distributed.executor import TPExecutor
 from pagedllm.distributed.parallel_state import (
     collective_timeout_s,
-    free_port,
     init_tp_group,
+    rendezvous_port,
 )
 from pagedllm.distributed.sharding import TPLayout
 
@@ -66,7 +66,7 @@ class MPExecutor(TPExecutor):
         self.layout = layout
         ctx = mp.get_context("spawn")
         host = os.environ.get("PAGEDLLM_TP_HOST", "127.0.0.1")
-        init_method = f"tcp://{host}:{free_port(host)}"
+        init_method = f"tcp://{host}:{rendezvous_port(host)}"
         self.procs: list = []
         self.conns: list = []
         for rank in range(1, layout.world_size):

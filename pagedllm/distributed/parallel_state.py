@@ -35,6 +35,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def rendezvous_port(host: str) -> int:
+    """$PAGEDLLM_TP_PORT (a port a firewall lets through), else any free port on `host`."""
+    value = os.environ.get("PAGEDLLM_TP_PORT")
+    return int(value) if value else free_port(host)
+
+
+def rendezvous_port(host: str) -> int:
+    """$PAGEDLLM_TP_PORT (a port a firewall lets through), else any free port on `host`."""
+    value = os.environ.get("PAGEDLLM_TP_PORT")
+    return int(value) if value else free_port(host)
+
+
 @dataclass
 class TPGroup:
     """This process's place in the tensor-parallel group and its collectives."""

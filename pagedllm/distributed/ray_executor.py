@@ -18,7 +18,11 @@ import os
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.errors import WorkerDied
 from pagedllm.distributed.executor import TPExecutor
-from pagedllm.distributed.parallel_state import collective_timeout_s, free_port, init_tp_group
+from pagedllm.distributed.parallel_state import (
+    collective_timeout_s,
+    init_tp_group,
+    rendezvous_port,
+)
 from pagedllm.distributed.sharding import TPLayout
 from pagedllm.distributed.worker import TPWorker, rank_threads
 
@@ -71,7 +75,7 @@ class RayExecutor(TPExecutor):
             raise WorkerDied(f"the Ray cluster has no room for {layout.world_size - 1} "
                              f"workers of {bundle} ({strategy}) after {timeout:.0f} s") from None
         host = ray.util.get_node_ip_address()
-        init_method = f"tcp://{host}:{free_port(host)}"
+        init_method = f"tcp://{host}:{rendezvous_port(host)}"
         actor_cls = ray.remote(num_cpus=0 if "GPU" in bundle else threads,
                                num_gpus=bundle.get("GPU", 0))(_RayWorker)
         self.actors = [

@@ -8,7 +8,9 @@ complete its sharded layers (Megatron-style, as vLLM does it).
                                                                            lm_head: same rows,
                                                                            all-gather logits
 
-Query heads split evenly: rank r has heads [r*H/N, (r+1)*H/N). Its KV heads are those its
+Query heads split evenly: rank r has heads [r*H/N, (r+1)*H/N); when N does not divide H
+(SmolLM2-135M: 9 heads, 3 KV heads) the ranks take whole KV groups, as evenly as they go
+(N=2: 3 and 6 heads), which needs kv_heads >= N. Its KV heads are those its
 query heads read (head h reads KV head h // G, G = H / kv_heads), each repeated so that every
 local KV head serves the same number of query heads (the attention kernels stack a fixed
 group of G' queries per KV head)::
@@ -56,9 +58,10 @@ class TPLayout:
         n = self.world_size
         if not 0 <= self.rank < n:
             raise ValueError(f"rank {self.rank} is outside the tensor-parallel group of {n}")
-        if self.num_heads % n:
+        if self.num_heads % n and self.num_kv_heads < n:
             raise ValueError(f"tensor_parallel_size {n} must divide the model's "
-                             f"{self.num_heads} attention heads")
+                             f"{self.num_heads} attention heads, or be at most its "
+                             f"{self.num_kv_heads} KV heads")
         if self.intermediate_size % n:
             raise ValueError(f"tensor_parallel_size {n} must divide the model's "
                              f"intermediate_size {self.intermediate_size}")
@@ -79,8 +82,18 @@ class TPLayout:
 
     # ------------------------------------------------------------- sizes
     @property
+    def head_range(self) -> tuple[int, int]:
+        """[first, end) of this rank's query heads."""
+        h, n, r = self.num_heads, self.world_size, self.rank
+        if h % n == 0:
+            return r * h // n, (r + 1) * h // n
+        kv, group = self.num_kv_heads, h // self.num_kv_heads
+        return (r * kv // n) * group, ((r + 1) * kv // n) * group
+
+    @property
     def local_heads(self) -> int:
-        return self.num_heads // self.world_size
+        first, end = self.head_range
+        return end - first
 
     @property
     def local_intermediate(self) -> int:
@@ -94,8 +107,7 @@ class TPLayout:
     def local_kv_heads(self) -> list[int]:
         """Global KV head of each local KV head (repeated where replicated)."""
         group = self.num_heads // self.num_kv_heads
-        first = self.rank * self.local_heads
-        reads = [h // group for h in range(first, first + self.local_heads)]
+        reads = [h // group for h in range(*self.head_range)]
         runs = [(kv, len(list(hs))) for kv, hs in groupby(reads)]
         per_copy = math.gcd(*(n for _, n in runs))
         return [kv for kv, n in runs for _ in range(n // per_copy)]
@@ -127,9 +139,9 @@ class TPLayout:
 
     def shard(self, name: str, t: torch.Tensor) -> torch.Tensor:
         hd, r = self.head_dim, self.rank
+        first, end = self.head_range
         if ".q_proj." in name:
-            n = self.local_heads * hd
-            return t[r * n:(r + 1) * n]
+            return t[first * hd:end * hd]
         if ".k_proj." in name or ".v_proj." in name:
             return torch.cat([t[kv * hd:(kv + 1) * hd] for kv in self.local_kv_heads])
         if ".gate_proj." in name or ".up_proj." in name:
@@ -138,7 +150,9 @@ class TPLayout:
         if ".o_proj." in name or ".down_proj." in name:
             if name.endswith(".bias"):  # added once, after the all-reduce sums the shards
                 return t if r == 0 else torch.zeros_like(t)
-            n = (self.local_heads * hd if ".o_proj." in name else self.local_intermediate)
+            if ".o_proj." in name:
+                return t[:, first * hd:end * hd]
+            n = self.local_intermediate
             return t[:, r * n:(r + 1) * n]
         if name.endswith(("embed_tokens.weight", "lm_head.weight")):
             n = self.vocab_shard

@@ -1,7 +1,8 @@
 """TP=2 (two processes, gloo, 1 thread each) against TP=1 on the same weights: greedy tokens
 identical and every logits row rank 0 computes within 1e-5, under chunked prefill (24-token
 budget), prefix caching (shared 40-token prefix, then the same prompts again) and
-preemption (8 blocks for 4 requests that need 10)."""
+preemption (8 blocks for 4 requests that need 10; Qwen2 swaps the victims' blocks to CPU
+and back, the others recompute)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ def _budget(model_dir, tp: int) -> int:
     return NUM_BLOCKS * 2 * cfg.num_hidden_layers * kv_heads * head_dim * 4 * 16
 
 
-def _generate(model_dir, tp: int):
-    engine = LLMEngine(EngineConfig(**engine_kwargs(model_dir, tp, _budget(model_dir, tp))))
+def _generate(model_dir, tp: int, preemption_mode: str):
+    engine = LLMEngine(EngineConfig(**engine_kwargs(model_dir, tp, _budget(model_dir, tp),
+                                                    preemption_mode=preemption_mode,
+                                                    swap_space=0.01)))
     try:
         assert engine.num_blocks == NUM_BLOCKS
         logits = record_logits(engine)
@@ -45,6 +48,7 @@ def _generate(model_dir, tp: int):
         second = run(engine, prompts())  # now from the prefix cache
         stats = engine.stats
         assert stats.num_preemptions_total > 0
+        assert (stats.swapped_out_blocks_total > 0) == (preemption_mode == "swap")
         assert stats.prefix_cache_hits > 0
         engine.check_idle()
         return list(first.values()) + list(second.values()), logits
@@ -52,12 +56,13 @@ def _generate(model_dir, tp: int):
         engine.shutdown()
 
 
-@pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_gqa_dir"])
-def test_tp2_matches_tp1(model, request, monkeypatch):
+@pytest.mark.parametrize(("model", "preemption_mode"), [
+    ("tiny_llama_dir", "recompute"), ("tiny_qwen2_dir", "swap"), ("tiny_gqa_dir", "recompute")])
+def test_tp2_matches_tp1(model, preemption_mode, request, monkeypatch):
     monkeypatch.setenv("PAGEDLLM_DIST_TIMEOUT_S", "60")
     model_dir = request.getfixturevalue(model)
-    tokens1, logits1 = _generate(model_dir, 1)
-    tokens2, logits2 = _generate(model_dir, 2)
+    tokens1, logits1 = _generate(model_dir, 1, preemption_mode)
+    tokens2, logits2 = _generate(model_dir, 2, preemption_mode)
     assert tokens2 == tokens1
     assert len(logits2) == len(logits1)
     for a, b in zip(logits1, logits2, strict=True):
