@@ -41,12 +41,6 @@ def rendezvous_port(host: str) -> int:
     return int(value) if value else free_port(host)
 
 
-def rendezvous_port(host: str) -> int:
-    """$PAGEDLLM_TP_PORT (a port a firewall lets through), else any free port on `host`."""
-    value = os.environ.get("PAGEDLLM_TP_PORT")
-    return int(value) if value else free_port(host)
-
-
 @dataclass
 class TPGroup:
     """This process's place in the tensor-parallel group and its collectives."""
