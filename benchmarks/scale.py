@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,12 +38,12 @@ def cpu_flags() -> str:
     return " ".join(sorted(set(re.findall(r"avx512[a-z_]*|avx2", text))))
 
 
-def bench_tp(tp: int, args) -> dict:
+def bench_tp(tp: int, threads: int, args) -> dict:
     from pagedllm import SamplingParams
     from pagedllm.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(
-        model=args.model, quantization="none", tensor_parallel_size=tp,
+        model=args.model, quantization="none", tensor_parallel_size=tp, num_threads=threads,
         kv_cache_memory="1GiB", max_model_len=2048, generation_config="vllm")
     try:
         greedy = SamplingParams(max_tokens=args.decode_steps + 1, temperature=0,
@@ -70,7 +71,7 @@ def bench_tp(tp: int, args) -> dict:
         prefill_ms = (time.perf_counter() - t0) * 1e3
     finally:
         engine.shutdown()
-    return {"tp": tp, "decode_step_ms": decode_ms,
+    return {"tp": tp, "threads_per_rank": threads, "decode_step_ms": decode_ms,
             "decode_tok_s": args.num_seqs * 1e3 / decode_ms,
             "prefill_ms": prefill_ms, "prefill_tok_s": args.prompt_len * 1e3 / prefill_ms,
             "tokens": [tokens[k] for k in sorted(tokens)]}
@@ -117,23 +118,27 @@ def main() -> int:
             "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "args": vars(args)}
     out: dict = {"meta": meta}
     if not args.skip_tp:
-        runs = [bench_tp(tp, args) for tp in (1, 2)]
-        same = runs[0]["tokens"] == runs[1]["tokens"]
+        cores = os.cpu_count() or 1
+        # TP=1 with all cores and with a rank's share: separates TP from the thread count.
+        configs = [(1, cores), (1, max(1, cores // 2)), (2, max(1, cores // 2))]
+        runs = [bench_tp(tp, threads, args) for tp, threads in configs]
+        same = runs[0]["tokens"] == runs[2]["tokens"]
         for r in runs:
             r.pop("tokens")
         out["tp"] = {"runs": runs, "greedy_identical": same}
         print(f"\nTP on {meta['cpus']} CPUs ({meta['cpu_flags']}), {args.num_seqs} seqs, "
               f"prefill {args.prompt_len} tokens; TP=2 greedy identical to TP=1: {same}")
-        print("| TP | decode step ms | decode tok/s | prefill ms | prefill tok/s |")
-        print("|---:|---:|---:|---:|---:|")
+        print("| TP | threads/rank | decode step ms | decode tok/s | prefill ms | prefill tok/s |")
+        print("|---:|---:|---:|---:|---:|---:|")
         for r in runs:
-            print(f"| {r['tp']} | {r['decode_step_ms']:.1f} | {r['decode_tok_s']:.0f} | "
-                  f"{r['prefill_ms']:.0f} | {r['prefill_tok_s']:.0f} |")
-        base = runs[0]
-        print(f"TP=2 / TP=1 decode step time: {runs[1]['decode_step_ms'] / base['decode_step_ms']:.2f}x, "
-              f"prefill time: {runs[1]['prefill_ms'] / base['prefill_ms']:.2f}x")
+            print(f"| {r['tp']} | {r['threads_per_rank']} | {r['decode_step_ms']:.1f} | "
+                  f"{r['decode_tok_s']:.0f} | {r['prefill_ms']:.0f} | {r['prefill_tok_s']:.0f} |")
+        for base in runs[:2]:
+            print(f"TP=2 / TP=1 ({base['threads_per_rank']} threads): decode step time "
+                  f"{runs[2]['decode_step_ms'] / base['decode_step_ms']:.2f}x, prefill time "
+                  f"{runs[2]['prefill_ms'] / base['prefill_ms']:.2f}x")
     if not args.skip_dp:
-        log_dir = Path(args.result_file).parent / "scale_logs"
+        log_dir = Path(tempfile.mkdtemp(prefix="pagedllm-scale-"))  # the servers' logs
         runs = [bench_dp(dp, args, log_dir) for dp in (1, 2)]
         out["dp"] = runs
         print(f"\nDP serving, {args.concurrency} clients, {args.num_prompts} requests of "

@@ -37,7 +37,7 @@ class _RayWorker:
         self.worker: TPWorker | None = None
 
     def join(self) -> int:
-        self.worker = TPWorker(self.rank, self.config, self.init_method)
+        self.worker = TPWorker(self.rank, self.config, self.init_method, cuda_device=0)
         return os.getpid()
 
     def load(self) -> None:

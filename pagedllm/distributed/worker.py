@@ -8,6 +8,7 @@ in an mp worker process (mp_executor) and in a Ray actor (ray_executor).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -31,8 +32,15 @@ def rank_threads(config: EngineConfig) -> int:
 
 
 class TPWorker:
-    def __init__(self, rank: int, config: EngineConfig, init_method: str) -> None:
+    def __init__(self, rank: int, config: EngineConfig, init_method: str,
+                 cuda_device: int | None = None) -> None:
+        """`cuda_device`: the GPU of this rank on a CUDA engine (mp: its rank; a Ray actor
+        sees only its own GPU, device 0)."""
         torch.set_num_threads(rank_threads(config))
+        if config.torch_device.type == "cuda":
+            index = rank if cuda_device is None else cuda_device
+            config = dataclasses.replace(config, device=f"cuda:{index}")
+            torch.cuda.set_device(config.torch_device)
         self.rank = rank
         self.config = config
         self.group: TPGroup = init_tp_group(rank, config.tensor_parallel_size, init_method,
