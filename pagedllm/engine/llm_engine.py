@@ -6,12 +6,12 @@ One `step()` = schedule -> forward + sample -> append tokens, stop checks, free 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import operator
 import reprlib
 import time
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -78,6 +78,8 @@ class LLMEngine:
                 cpu_ops.load()
         # Tensor parallelism: ranks 1..N-1 start loading their shards now (None for TP=1).
         self.executor = start_tensor_parallel(config, ckpt)
+        if self.executor is not None:  # also when the rest of start-up raises
+            weakref.finalize(self, self.executor.shutdown)
         tp = self.executor.shard if self.executor is not None else None
         with startup.step("weights"):
             self.model = model_setup.build_model(ckpt, config, tp=tp)
@@ -88,10 +90,7 @@ class LLMEngine:
         if isinstance(eos, list):
             eos = eos[0]
         self.eos_token_id = eos if eos is not None else self.tokenizer.eos_token_id
-        self.kv_spec = model_setup.kv_spec_for(
-            ckpt.config if tp is None else tp[0].model_config(ckpt.config), config)
-        plan_spec = self.kv_spec if tp is None else dataclasses.replace(
-            self.kv_spec, num_kv_heads=tp[0].max_local_kv_heads)  # the fullest rank's shard
+        self.kv_spec, plan_spec = model_setup.kv_specs(ckpt.config, config, tp)
         budget = model_setup.kv_budget_bytes(config)
         self.num_blocks = model_setup.plan_num_blocks(plan_spec, budget, config.max_model_len,
                                                       model_dtype=config.torch_dtype)

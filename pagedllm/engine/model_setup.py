@@ -86,6 +86,16 @@ def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:
                        block_size=config.block_size)
 
 
+def kv_specs(hf_config, config: EngineConfig, tp=None) -> tuple[KVCacheSpec, KVCacheSpec]:
+    """(this rank's KV pool, the pool blocks are planned for). Under tensor parallelism the
+    plan is the rank holding the most KV heads, so every rank fits the same block count."""
+    if tp is None:
+        spec = kv_spec_for(hf_config, config)
+        return spec, spec
+    spec = kv_spec_for(tp[0].model_config(hf_config), config)
+    return spec, dataclasses.replace(spec, num_kv_heads=tp[0].max_local_kv_heads)
+
+
 def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None) -> int:
     """Bytes for the KV pool: explicit `kv_cache_memory`, else on CUDA the share of device
     memory left by `gpu_memory_utilization` after the profiled peak, else 2 GiB on CPU."""
