@@ -98,9 +98,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="engine replicas (processes) behind one API server, requests routed "
                    "to the least loaded with prefix-cache affinity (serve only)")
     g.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
-                   help="how tensor-parallel workers start: mp (local processes, default) "
-                   "or ray (Ray actors in a placement group; $RAY_ADDRESS or a local "
-                   "cluster; pip install 'pagedllm[ray]')")
+                   help="how tensor-parallel workers and data-parallel replicas start: mp "
+                   "(local processes, default) or ray (Ray actors in a placement group; "
+                   "$RAY_ADDRESS or a local cluster; pip install 'pagedllm[ray]')")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM compatibility; pagedllm never runs code from a "
                    "model repository (its own model implementations only)")

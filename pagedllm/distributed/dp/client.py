@@ -12,15 +12,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import multiprocessing as mp
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from multiprocessing.connection import wait
+from multiprocessing.connection import Listener, wait
 
 from pagedllm.config import EngineConfig
-from pagedllm.distributed.dp.replica import replica_main
+from pagedllm.distributed.dp.launch import ProcessReplicas, RayReplicas
 from pagedllm.distributed.dp.router import PrefixAffinityRouter
 from pagedllm.distributed.errors import EngineFatalError
 from pagedllm.engine.chat_template import resolve_chat_template
@@ -64,16 +64,10 @@ class DPEngine:
         self.vocab_size = ckpt.config.vocab_size
         threads = config.num_threads or max(1, (os.cpu_count() or 1) // n)
         replica_config = dataclasses.replace(config, data_parallel_size=1, num_threads=threads)
-        ctx = mp.get_context("spawn")
-        self.procs, self.conns = [], []
-        for i in range(n):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=replica_main, name=f"pagedllm-dp{i}",
-                               args=(i, replica_config, child, os.getpid()))
-            proc.start()
-            child.close()
-            self.procs.append(proc)
-            self.conns.append(parent)
+        self.replicas = (RayReplicas(n, threads)
+                         if config.distributed_executor_backend == "ray"
+                         else ProcessReplicas(n, threads))
+        self.conns = self._connect(n, replica_config)
         self.pids = [self._wait_ready(i) for i in range(n)]
         for i, pid in enumerate(self.pids):
             logger.info("data-parallel replica %d ready (pid %d, %d threads)", i, pid, threads)
@@ -84,13 +78,44 @@ class DPEngine:
         self._stats: list[EngineStats] = [EngineStats() for _ in range(n)]
         self._num_steps = 0
 
+    def _connect(self, n: int, replica_config: EngineConfig) -> list:
+        """Start the replicas; each connects back to this listener (authkey) and says hello."""
+        authkey = os.urandom(16)
+        listener = Listener((self.replicas.host, 0), authkey=authkey)
+        accepted: dict[int, object] = {}
+
+        def accept_all() -> None:
+            for _ in range(n):
+                try:
+                    conn = listener.accept()
+                    _, index, _pid = conn.recv()
+                except (OSError, EOFError):
+                    return
+                accepted[index] = conn
+
+        thread = threading.Thread(target=accept_all, name="pagedllm-dp-accept", daemon=True)
+        thread.start()
+        for i in range(n):
+            self.replicas.start(i, replica_config, listener.address, authkey)
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while thread.is_alive():
+            thread.join(0.5)
+            dead = [i for i in range(n) if self.replicas.exitcode(i) is not None]
+            if dead or time.monotonic() > deadline:
+                listener.close()
+                self.replicas.stop()
+                raise RuntimeError(f"data-parallel replicas {dead or list(range(n))} did not "
+                                   "start")
+        listener.close()
+        return [accepted[i] for i in range(n)]
+
     def _wait_ready(self, i: int) -> int:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while not self.conns[i].poll(0.5):
-            if self.procs[i].exitcode is not None or time.monotonic() > deadline:
+            if self.replicas.exitcode(i) is not None or time.monotonic() > deadline:
                 self.shutdown()
                 raise RuntimeError(f"data-parallel replica {i} did not start "
-                                   f"(exit code {self.procs[i].exitcode})")
+                                   f"(exit code {self.replicas.exitcode(i)})")
         kind, detail = self.conns[i].recv()
         if kind != "ready":
             self.shutdown()
@@ -126,12 +151,12 @@ class DPEngine:
         return request_id
 
     def _wait_ack(self, replica: int, request_id: str) -> BaseException | None:
-        conn, proc = self.conns[replica], self.procs[replica]
+        conn = self.conns[replica]
         while True:
-            ready = wait([conn, proc.sentinel], timeout=None)
+            ready = wait([conn, *self.replicas.sentinels([replica])], timeout=None)
             if conn not in ready:
                 raise ReplicaDied(replica)
-            msg = conn.recv()
+            msg = conn.recv()  # EOFError: the replica is gone
             if msg[0] == "added" and msg[1] == request_id:
                 return msg[2]
             self._handle(replica, msg)
@@ -158,17 +183,18 @@ class DPEngine:
     # ------------------------------------------------------------ outputs
     def step(self, stream: bool = True, *, final_only: bool = False) -> list[RequestOutput]:
         """Outputs the replicas sent since the last call (deltas: replicas stream)."""
-        live = [i for i in range(len(self.procs)) if self.router.alive[i]]
-        handles = [self.conns[i] for i in live] + [self.procs[i].sentinel for i in live]
+        live = [i for i in range(len(self.conns)) if self.router.alive[i]]
+        handles = [self.conns[i] for i in live] + self.replicas.sentinels(live)
         ready = wait(handles, timeout=0 if self._outputs else _STEP_WAIT_S)
         for i in live:
             conn = self.conns[i]
             try:
                 while conn in ready and conn.poll(0):
                     self._handle(i, conn.recv())
-            except (OSError, EOFError):
-                pass
-            if self.procs[i].exitcode is not None:
+            except (OSError, EOFError):  # its end of the connection closed: it is gone
+                self._replica_died(i)
+                continue
+            if self.replicas.exitcode(i) is not None:
                 self._replica_died(i)
         if not any(self.router.alive):
             raise EngineFatalError("every data-parallel replica died")
@@ -203,7 +229,7 @@ class DPEngine:
     def _replica_died(self, replica: int) -> None:
         if not self.router.alive[replica]:
             return
-        code = self.procs[replica].exitcode
+        code = self.replicas.exitcode(replica)
         logger.error("data-parallel replica %d (pid %d) died (exit code %s): out of rotation",
                      replica, self.pids[replica], code)
         self.router.mark_dead(replica)
@@ -230,8 +256,8 @@ class DPEngine:
         return total
 
     def check_health(self) -> None:
-        for i, proc in enumerate(self.procs):
-            if self.router.alive[i] and proc.exitcode is not None:
+        for i in range(len(self.conns)):
+            if self.router.alive[i] and self.replicas.exitcode(i) is not None:
                 self._replica_died(i)
         if not any(self.router.alive):
             raise EngineFatalError("every data-parallel replica died")
@@ -243,8 +269,4 @@ class DPEngine:
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.send(("stop",))
-        for proc in self.procs:
-            proc.join(10.0)
-            if proc.exitcode is None:
-                proc.terminate()
-                proc.join(5.0)
+        self.replicas.stop()

@@ -3,13 +3,15 @@
 Commands from the front: ("add", request_id, prompt, params, arrival, cache_salt) answered
 by ("added", request_id, error or None); ("abort", ids); ("stop",). After every step that
 produced outputs it sends ("out", outputs, stats); a step that raises fails the requests in
-flight with ("failed", ids, error). It exits when its parent process is gone.
+flight with ("failed", ids, error). The replica connects to the front's listener and says
+("hello", index, pid) first; it exits when that connection closes (the front is gone).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from multiprocessing.connection import Client
 
 from pagedllm.config import EngineConfig
 
@@ -18,12 +20,15 @@ logger = logging.getLogger(__name__)
 _IDLE_POLL_S = 0.5
 
 
-def replica_main(index: int, config: EngineConfig, conn, parent_pid: int) -> None:
+def replica_main(index: int, config: EngineConfig, address, authkey: bytes) -> None:
     logging.basicConfig(level=logging.WARNING,
                         format=f"%(asctime)s dp-replica{index} %(levelname)s %(name)s: "
                         "%(message)s")
     from pagedllm.engine.llm_engine import LLMEngine
     from pagedllm.engine.startup import warm_up
+
+    conn = Client(address, authkey=authkey)
+    conn.send(("hello", index, os.getpid()))
 
     try:
         engine = LLMEngine(config)
@@ -41,8 +46,6 @@ def replica_main(index: int, config: EngineConfig, conn, parent_pid: int) -> Non
                     if not _command(engine, conn, conn.recv(), live):
                         return
             elif not busy:
-                if os.getppid() != parent_pid:
-                    return
                 continue
             if not engine.has_unfinished_requests():
                 continue
@@ -59,6 +62,8 @@ def replica_main(index: int, config: EngineConfig, conn, parent_pid: int) -> Non
                     live.discard(out.request_id)
             if outputs:
                 conn.send(("out", outputs, engine.stats))
+    except (EOFError, OSError):  # the front is gone: nobody to serve
+        return
     finally:
         engine.shutdown()
 
