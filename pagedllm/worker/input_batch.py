@@ -40,6 +40,14 @@ def _key_mask(seq_lens: np.ndarray, q_pos: np.ndarray, width: int,
     return mask
 
 
+def _query_tokens(s: ScheduledRequest, start: int) -> list[int]:
+    """The request's tokens from `start` on, then its scheduled draft tokens."""
+    toks = s.request.all_token_ids[start:start + s.num_new_tokens]
+    if s.num_spec_tokens:
+        toks = toks + s.request.spec_token_ids[:s.num_spec_tokens]
+    return toks
+
+
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device,
                  sliding_window: int | None = None,
                  tables: PersistentBatch | None = None) -> BatchInputs:
@@ -53,8 +61,8 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
     cu = np.concatenate([[0], np.cumsum(q_lens)])
     total = int(cu[-1])
     ids = np.fromiter(
-        (t for s, a in zip(order, starts, strict=True)
-         for t in s.request.all_token_ids[a:a + s.num_new_tokens]), np.int64, total)
+        (t for s, a in zip(order, starts, strict=True) for t in _query_tokens(s, int(a))),
+        np.int64, total)
     req_idx = np.repeat(np.arange(n), q_lens)
     positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
     max_blocks = int(-(-seq_lens.max() // block_size))
