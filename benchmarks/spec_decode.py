@@ -138,6 +138,8 @@ def main() -> None:
     ap.add_argument("--streams", default="1,8")
     ap.add_argument("--workloads", default="copy,chat")
     ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--quantization", default=None,
+                    help="none: fp32 weights (default: the checkpoint's, GGUF Q4 for SmolLM2)")
     ap.add_argument("--quick", action="store_true", help="2 prompts, 64 tokens, 1 round")
     ap.add_argument("--out", default="benchmarks/results/spec_decode.json")
     args = ap.parse_args()
@@ -145,7 +147,7 @@ def main() -> None:
     if args.quick:
         args.num_prompts, args.max_tokens, args.rounds = 2, 64, 1
     common = {"num_threads": args.num_threads, "max_model_len": 2048,
-              "kv_cache_memory": "1GiB"}
+              "kv_cache_memory": "1GiB", "quantization": args.quantization}
     base = LLM(args.model, **common)
     spec = LLM(args.model, speculative_config=args.speculative_config, **common)
     tok = base.get_tokenizer()
@@ -174,6 +176,7 @@ def main() -> None:
               "speculative_config": json.loads(args.speculative_config),
               "max_tokens": args.max_tokens, "rounds": args.rounds,
               "num_prompts": args.num_prompts, "num_threads": args.num_threads,
+              "quantization": args.quantization,
               "cpu_flags": cpu_flags(), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -47,14 +47,19 @@ def test_emitted_tokens_follow_the_target_distribution(tiny_llama_dir, close_dra
         if method == "draft_model":
             spec["model"] = str(close_draft_dir)
     llm = make_llm(tiny_llama_dir, speculative_config=spec, kv_cache_memory=32 * 2**20)
+    # logprobs: the rejection sampler's resampled tokens get their own logprobs
     params = [SamplingParams(temperature=T, seed=i, max_tokens=3, ignore_eos=True,
-                             allowed_token_ids=s) for i in range(N)]
+                             allowed_token_ids=s, logprobs=1) for i in range(N)]
     outs = llm.generate([prompt] * N, params, use_tqdm=False)
     index = {t: i for i, t in enumerate(s)}
     emitted = torch.tensor([[index[t] for t in o.outputs[0].token_ids] for o in outs])
     for pos in range(3):
         counts = torch.bincount(emitted[:, pos], minlength=len(s))
         assert chi2_pvalue(counts, marginals[pos]) > 1e-3, (pos, counts, marginals[pos])
+    for o in outs[:50]:
+        c = o.outputs[0]
+        assert all(t in entry and entry[t].logprob <= 0 for t, entry in
+                   zip(c.token_ids, c.logprobs, strict=True))
     sd = llm.llm_engine.stats.spec_decode
     if method is not None:  # the verified positions really came from speculation
         assert sd.num_drafts >= N // 2 and 0 < sd.num_accepted_tokens < sd.num_draft_tokens
