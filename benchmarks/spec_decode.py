@@ -113,7 +113,9 @@ def cell(base: LLM, spec: LLM, prompts, streams: int, max_tokens: int, rounds: i
             "speedup": statistics.median(ratios), "ratios": ratios,
             "acceptance_rate": accepted / proposed if proposed else 0.0,
             "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
-            "output_tokens": s_runs[0]["output_tokens"], "identical": all(
+            "output_tokens": s_runs[0]["output_tokens"],
+            "draft_tokens_per_output_token": proposed / sum(r["output_tokens"] for r in s_runs),
+            "identical": all(
                 b["tokens"] == s["tokens"] for b, s in zip(b_runs, s_runs, strict=True))}
 
 
@@ -163,9 +165,10 @@ def main() -> None:
             r["workload"] = name
             rows.append(r)
             logger.info("%s streams=%d: %.1f -> %.1f tok/s (%.2fx), acceptance %.2f, mean "
-                        "accepted length %.2f", name, streams, r["base_tok_s"],
-                        r["spec_tok_s"], r["speedup"], r["acceptance_rate"],
-                        r["mean_accepted_length"])
+                        "accepted length %.2f, %.2f draft tokens per output token", name,
+                        streams, r["base_tok_s"], r["spec_tok_s"], r["speedup"],
+                        r["acceptance_rate"], r["mean_accepted_length"],
+                        r["draft_tokens_per_output_token"])
     print(f"\n{'workload':<10}{'streams':>8}{'base tok/s':>12}{'spec tok/s':>12}"
           f"{'speedup':>9}{'accept':>8}{'mean len':>10}{'same':>6}")
     for r in rows:

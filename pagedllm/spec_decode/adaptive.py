@@ -1,9 +1,12 @@
-"""When to speculate: per-request acceptance with back-off, and a batch-size cut-off.
+"""When to speculate: per-request acceptance with back-off, stricter in larger batches.
 
 Each verification updates the request's acceptance rate (an exponential moving average of
-accepted / proposed). Below `min_acceptance_rate` the request stops proposing for
-`backoff` decode steps; the back-off doubles every time it fails again (up to 16x
-`backoff_steps`) and resets once a retry is accepted well. Proposals that find nothing
+accepted / proposed), which scales how many drafts it proposes (k x rate, at least 1).
+A draft token costs one more verified position; in a batch of B decoding requests that is
+a larger share of a step that already emits B tokens, so the acceptance a request needs
+grows with B (`required_acceptance`: `min_acceptance_rate` at B = 1, towards 1 as B
+grows). Below it the request stops proposing for `backoff_steps` decode steps, doubling
+every time it fails again (up to 16x), reset once it does well. Proposals that find nothing
 (n-gram without a match) cost nothing and change nothing.
 """
 
@@ -18,6 +21,11 @@ from pagedllm.spec_decode.config import SpeculativeConfig
 _EMA = 0.5  # weight of the newest verification
 
 
+def required_acceptance(min_rate: float, batch_size: int) -> float:
+    """1 - (1 - min_rate) / sqrt(B): 0.25 -> 0.25 (B=1), 0.63 (B=4), 0.73 (B=8)."""
+    return 1.0 - (1.0 - min_rate) / max(batch_size, 1) ** 0.5
+
+
 @dataclass
 class SpecState:
     """Per-request speculation state (on `Request.spec_state`)."""
@@ -28,25 +36,31 @@ class SpecState:
     # Draft-model proposals for a sampling request: q_j, [k, V] (None: point-mass drafts).
     draft_probs: torch.Tensor | None = None
 
-    def may_propose(self) -> bool:
-        """Called once per decode step; False while backing off."""
+    def may_propose(self, threshold: float, backoff_steps: int) -> bool:
+        """Called once per decode step; False while backing off (or starting to)."""
         if self.skip > 0:
             self.skip -= 1
             if self.skip == 0:
                 self.acceptance = None  # try again: the next verification decides
             return False
-        return True
+        if self.acceptance is None or self.acceptance >= threshold or not backoff_steps:
+            if self.acceptance is not None and self.acceptance >= threshold:
+                self.backoff = 0
+            return True
+        self.skip = self.backoff or backoff_steps
+        self.backoff = min(2 * self.skip, 16 * backoff_steps)
+        return False
 
-    def record(self, proposed: int, accepted: int, config: SpeculativeConfig) -> None:
+    def num_drafts(self, k: int) -> int:
+        """Drafts to propose: k scaled by the acceptance rate (at least 1), so a request
+        whose drafts are often wrong wastes fewer verified positions."""
+        acc = 1.0 if self.acceptance is None else self.acceptance
+        return max(1, min(k, round(k * acc)))
+
+    def record(self, proposed: int, accepted: int) -> None:
         rate = accepted / proposed
         self.acceptance = (rate if self.acceptance is None
                            else (1 - _EMA) * self.acceptance + _EMA * rate)
-        if self.acceptance < config.min_acceptance_rate and config.backoff_steps:
-            base = config.backoff_steps
-            self.skip = self.backoff or base
-            self.backoff = min(2 * self.skip, 16 * base)
-        elif rate >= config.min_acceptance_rate:
-            self.backoff = 0
 
 
 def num_to_propose(config: SpeculativeConfig, num_output: int, max_tokens: int,

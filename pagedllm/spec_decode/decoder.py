@@ -24,7 +24,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
-from pagedllm.spec_decode.adaptive import SpecState, num_to_propose
+from pagedllm.spec_decode.adaptive import SpecState, num_to_propose, required_acceptance
 from pagedllm.spec_decode.config import SpeculativeConfig
 from pagedllm.spec_decode.draft_model import DraftModel
 from pagedllm.spec_decode.ngram import NgramProposer
@@ -69,7 +69,9 @@ class SpecDecoder:
                 req.spec_token_ids = []
             return
         stepped = {id(st.request) for st in sampled}
-        self._propose([r for r in decoding if id(r) in stepped or r.spec_state is None], bm)
+        threshold = required_acceptance(self.config.min_acceptance_rate, len(decoding))
+        self._propose([r for r in decoding if id(r) in stepped or r.spec_state is None], bm,
+                      threshold)
 
     def _commit(self, req: Request, num_drafts: int, num_accepted: int, bm: BlockManager,
                 stats: SpecDecodeStats | None) -> None:
@@ -77,7 +79,7 @@ class SpecDecoder:
             stats.record(num_drafts, num_accepted)
         state = req.spec_state
         if state is not None:
-            state.record(num_drafts, num_accepted, self.config)
+            state.record(num_drafts, num_accepted)
         logger.debug("%s: %d of %d drafts accepted %s", req.request_id, num_accepted,
                      num_drafts, req.spec_token_ids[:num_drafts])
         req.spec_token_ids = []
@@ -88,7 +90,7 @@ class SpecDecoder:
         bm.trim_slots(req, req.num_tokens)
         bm.cache_full_blocks(req)
 
-    def _propose(self, requests: list[Request], bm: BlockManager) -> None:
+    def _propose(self, requests: list[Request], bm: BlockManager, threshold: float) -> None:
         todo, ks = [], []
         for req in requests:
             if req.spec_state is None:
@@ -97,11 +99,11 @@ class SpecDecoder:
                                req.num_tokens, self.max_model_len)
             if self.draft is not None and req.sampling_params.n > 1:
                 k = 0  # forked siblings share a partial block: copy-on-write would race
-            if k == 0 or not req.spec_state.may_propose():
+            if k == 0 or not req.spec_state.may_propose(threshold, self.config.backoff_steps):
                 req.spec_token_ids = []
                 continue
             todo.append(req)
-            ks.append(k)
+            ks.append(req.spec_state.num_drafts(k))
         if self.ngram is not None:
             for req, k in zip(todo, ks, strict=True):
                 req.spec_token_ids = self.ngram.propose(req.all_token_ids, k)

@@ -10,7 +10,7 @@ import torch
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 from pagedllm.core.request import Request
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.spec_decode.adaptive import SpecState, num_to_propose
+from pagedllm.spec_decode.adaptive import SpecState, num_to_propose, required_acceptance
 from pagedllm.spec_decode.config import SpeculativeConfig
 from pagedllm.spec_decode.ngram import NgramProposer
 from pagedllm.spec_decode.rejection import num_matching, rejection_sample
@@ -102,13 +102,20 @@ def test_rejection_sampler_padding_and_identical_q():
 
 
 def test_backoff_and_limits():
-    cfg = SpeculativeConfig(min_acceptance_rate=0.5, backoff_steps=2)
     st = SpecState()
-    st.record(4, 0, cfg)
-    st.record(4, 0, cfg)  # EMA 1 -> 0.5 -> 0.25 < 0.5: back off 2 steps
-    assert [st.may_propose() for _ in range(3)] == [False, False, True]
-    st.record(4, 0, cfg)
-    assert st.skip == 4  # failed again: the back-off doubled
+    st.record(4, 0)
+    st.record(4, 0)  # EMA 1 -> 0.5 -> 0.25 < 0.5: back off 2 steps
+    assert st.num_drafts(4) == 1
+    assert [st.may_propose(0.5, 2) for _ in range(4)] == [False, False, False, True]
+    st.record(4, 0)  # the retry failed: the back-off doubles
+    assert [st.may_propose(0.5, 2) for _ in range(5)] == [False] * 5 and st.skip == 0
+    assert st.may_propose(0.5, 2)  # retry
+    st.record(4, 4)
+    assert st.may_propose(0.5, 2) and st.backoff == 0 and st.num_drafts(4) == 4
+    # A larger batch needs a higher acceptance rate.
+    assert required_acceptance(0.25, 1) == 0.25
+    assert 0.6 < required_acceptance(0.25, 4) < required_acceptance(0.25, 8) < 1
+    cfg = SpeculativeConfig()
     assert num_to_propose(cfg, num_output=9, max_tokens=10, num_tokens=20,
                           max_model_len=64) == 0
     assert num_to_propose(cfg, num_output=0, max_tokens=10, num_tokens=62,
