@@ -8,12 +8,12 @@ Hooks (one each):
   * engine step  `update` after the output processor appended the emitted tokens: commit
                  the accepted drafts' KV, give back the rejected slots, count, propose anew
 
-KV of one verification of k = 3 drafts with 1 accepted (block size 4)::
+KV of one verification of k = 5 drafts, one accepted (block size 4)::
 
-    positions   ... 7 | 8  9  10 11 |          7 = last token, 8..10 = drafts d0 d1 d2
-    computed    ... x | x           |          d0 accepted: computed through 8, the
-    blocks      [ b0  ][    b1      ]          emitted token goes to 9; b1 stays (it
-                                               holds 8 and 9); a block past it would go
+    position   4  5  6  7 | 8  9  10 11 | 12        7: the last token, 8..12: drafts d0..d4
+    query      .  .  .  t | d0 d1 d2 d3 | d4        (slots for 7..12 were allocated)
+    after      computed   | d0 e        |           d0 accepted, e = the token sampled at 9
+    blocks     [   b1    ]  [    b2     ]  [b3]     b3 holds only rejected slots: given back
 """
 
 from __future__ import annotations
