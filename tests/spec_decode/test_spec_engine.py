@@ -157,6 +157,10 @@ def test_sampling_parameters_apply_to_every_emitted_token(tiny_llama_dir, make_l
                     assert ge[t].rank == we[t].rank
     assert llm.llm_engine.stats.spec_decode.num_accepted_tokens > 0
     assert got[2].outputs[0].finish_reason == "stop" and len(got[2].outputs[0].token_ids) >= 8
+    # The grammar-constrained request on its own: its drafts are verified and accepted too.
+    solo = make_llm(tiny_llama_dir, **PRESSURE, speculative_config=ngram(4))
+    assert tokens(run(solo, prompts[-1:], params[-1:])) == tokens(want[-1:])
+    assert solo.llm_engine.stats.spec_decode.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
