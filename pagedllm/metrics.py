@@ -135,8 +135,8 @@ class EngineCollector(Collector):
 
 
 class SpecDecodeCollector(Collector):
-    """Speculative decoding's counters; accepted tokens per draft position (label
-    `position`, 0-based) only when speculation is on."""
+    """Speculative decoding's counters (zero while it is off) and the accepted tokens per
+    draft position (label `position`, 0-based; only position 0 while it is off)."""
 
     def __init__(self, model_name: str, stats: Callable[[], EngineStats]) -> None:
         self.model_name, self.stats = model_name, stats
@@ -150,7 +150,8 @@ class SpecDecodeCollector(Collector):
         per_pos = CounterMetricFamily(f"pagedllm:{SPEC_PER_POS}",
                                       "Draft tokens accepted, by position in the draft.",
                                       labels=["model_name", "position"])
-        for pos, count in enumerate(sd.accepted_per_pos if sd else ()):
+        # Off: one zero sample (position 0), so the series exists for dashboards.
+        for pos, count in enumerate(sd.accepted_per_pos if sd else (0,)):
             per_pos.add_metric([self.model_name, str(pos)], float(count))
         yield per_pos
 
