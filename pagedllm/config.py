@@ -16,6 +16,7 @@ from pagedllm.lora.config import LoRAConfig
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
+from pagedllm.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks each holding 1/N of every layer (distributed/)
     data_parallel_size: int = 1    # engine replicas behind one API server (distributed/dp/)
     distributed_executor_backend: str | None = None  # "mp" | "ray"; None = mp
+    # Speculative decoding (spec_decode/): a SpeculativeConfig, its dict or JSON text.
+    speculative_config: SpeculativeConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -152,6 +155,12 @@ class EngineConfig:
             raise ValueError(f"distributed_executor_backend must be one of mp, ray (or None "
                              f"for mp), got {self.distributed_executor_backend!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if (self.speculative_config is not None and self.preemption_mode == "swap"
+                and self.speculative_config.method == "draft_model"):
+            raise ValueError("speculative method draft_model does not support "
+                             "preemption_mode='swap' (the draft's KV pool has no swap space); "
+                             "use preemption_mode='recompute'")
         self.lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
                             if self.enable_lora else None)
         from pagedllm.engine.generation_config import validate_generation_config

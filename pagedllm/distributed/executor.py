@@ -83,6 +83,9 @@ def start_tensor_parallel(config: EngineConfig, ckpt) -> TPExecutor | None:
     if config.enable_lora:
         raise ValueError(f"tensor_parallel_size {n}: LoRA is not supported with tensor "
                          "parallelism yet")
+    if config.speculative_config is not None:
+        raise ValueError(f"tensor_parallel_size {n}: speculative decoding is not supported "
+                         "with tensor parallelism yet")
     if config.distributed_executor_backend == "ray":
         from pagedllm.distributed.ray_executor import RayExecutor
 

@@ -44,6 +44,7 @@ from pagedllm.model.layers.rope_scaling import (
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.outputs import RequestOutput, RequestOutputKind
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.spec_decode.decoder import SpecDecoder
 from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.model_runner import ModelRunner
@@ -92,6 +93,13 @@ class LLMEngine:
         self.eos_token_id = eos if eos is not None else self.tokenizer.eos_token_id
         self.kv_spec, plan_spec = model_setup.kv_specs(ckpt.config, config, tp)
         budget = model_setup.kv_budget_bytes(config)
+        self.spec = None
+        if config.speculative_config is not None:
+            with startup.step(f"speculative decoding ({config.speculative_config.method})"):
+                self.spec = SpecDecoder(config.speculative_config, config, self.vocab_size)
+            if self.spec.draft_kv_spec is not None:  # a block holds target + draft KV
+                own, draft = plan_spec.bytes_per_block, self.spec.draft_kv_spec.bytes_per_block
+                budget = budget * own // (own + draft)
         self.num_blocks = model_setup.plan_num_blocks(plan_spec, budget, config.max_model_len,
                                                       model_dtype=config.torch_dtype)
         self.num_swap_blocks = model_setup.plan_swap_blocks(plan_spec, config)
@@ -122,12 +130,16 @@ class LLMEngine:
                                   seed=config.seed, lora=self.lora,
                                   structured_output=self.structured_output)
         self.runner.workers = self.executor
+        if self.spec is not None and self.spec.draft is not None:
+            self.spec.draft.allocate(self.num_blocks)
+            self.runner.draft = self.spec.draft
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
                                                 self.block_manager, config.max_model_len)
         # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
         self.faults = FaultInjector.from_env(self.tokenizer)
         self.output_processor.faults = self.runner.faults = self.faults
-        self.stats = EngineStats(max_lora=config.max_loras if self.lora else 0)
+        self.stats = EngineStats(max_lora=config.max_loras if self.lora else 0,
+                                 spec_decode=self.spec.new_stats() if self.spec else None)
         self._ids = itertools.count()
         self._requests: dict[str, list[Request]] = {}
         logger.info("start-up: engine ready in %.2f s", time.perf_counter() - t_start)
@@ -250,6 +262,8 @@ class LLMEngine:
         self.scheduler.update_computed(sched)
         t2 = time.perf_counter()
         touched = self.output_processor.process(result.sampled)
+        if self.spec is not None:
+            self.spec.update(self.scheduler, sched, result.sampled, self.stats.spec_decode)
         outputs = []
         for gid in touched:
             if final_only and not self.output_processor.groups[gid].finished:

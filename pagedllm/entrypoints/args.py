@@ -23,6 +23,7 @@ from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.lora.request import LoRARequest
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
+from pagedllm.spec_decode.config import SpeculativeConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -113,6 +114,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="log one line per engine step with timings")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="logging level; with debug a fatal error also prints its traceback")
+    sg = parser.add_argument_group("speculative decoding")
+    sg.add_argument("--speculative-config", type=_speculative_config, default=None,
+                    help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                    '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or \'{"method": '
+                    '"draft_model", "model": PATH, "num_speculative_tokens": 3}\'')
     lg = parser.add_argument_group("LoRA")
     lg.add_argument("--enable-lora", action="store_true",
                     help="serve PEFT LoRA adapters per request (several in one batch)")
@@ -155,6 +161,13 @@ def _gib(text: str) -> float:
         return float(text)
     except ValueError:
         return _size(text) / 2**30
+
+
+def _speculative_config(text: str) -> SpeculativeConfig | None:
+    try:
+        return SpeculativeConfig.parse(text)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _rope_scaling(text: str) -> dict | None:
@@ -274,4 +287,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,
         download_dir=args.download_dir, tensor_parallel_size=args.tensor_parallel_size,
         data_parallel_size=args.data_parallel_size,
-        distributed_executor_backend=args.distributed_executor_backend)
+        distributed_executor_backend=args.distributed_executor_backend,
+        speculative_config=getattr(args, "speculative_config", None))
