@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers import kv_quant
+from pagedllm.model.layers.attention_train import CausalBatchMetadata, causal_attention
 
 _KERNEL_DTYPES = (torch.float32, *kv_quant.QMAX)
 
@@ -158,6 +159,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     `k_scale` / `v_scale` are the scale pools of an int8 / fp8 cache (None otherwise).
     `softcap` (Gemma's attn_logit_softcapping) caps the scores; it runs the torch path.
     """
+    if isinstance(meta, CausalBatchMetadata):  # training forward (pagedllm.finetune)
+        return causal_attention(q, k, v, meta, scale, softcap)
     t, h, d = q.shape
     kvh = k.shape[1]
     g = h // kvh
