@@ -4,10 +4,10 @@ Each block of 64 weights keeps its absmax; each weight is the nearest of the 16 
 (the quantiles of N(0, 1) scaled to [-1, 1], Dettmers et al. 2023, the table bitsandbytes
 uses) times that absmax, two 4-bit codes per byte (first in the high nibble, as bnb packs).
 Double quantization stores the absmaxes themselves in 8 bits: minus their mean, in blocks
-of 256, each block symmetric int8 with one fp32 scale::
+of 256, each block coded in bitsandbytes' 8-bit dynamic map with one fp32 absmax::
 
     weights  w[0..63] w[64..127] ...          -> codes uint8 [n/2], absmax fp32 [n/64]
-    absmax   a[0..255] a[256..511] ...        -> int8 [n/64], scale fp32 [n/64/256], mean
+    absmax   a[0..255] a[256..511] ...        -> uint8 [n/64], absmax fp32 [n/64/256], mean
 
 Bytes per weight: 0.5 + 1/64 + 4/(64*256) ~= 0.516 (fp32 is 4). `linear` dequantizes on
 the fly in forward and again in backward (nothing dense is kept between them).
@@ -45,23 +45,45 @@ def dequantize_nf4(packed: torch.Tensor, absmax: torch.Tensor,
     return NF4_TABLE.to(absmax.device)[codes] * absmax[:, None]
 
 
+def dynamic_map() -> torch.Tensor:
+    """bitsandbytes' signed 8-bit dynamic map (`create_dynamic_map`): 256 sorted values in
+    [-1, 1], dense near 0 (a decade per exponent step), that the block scales are coded in."""
+    data = []
+    for i in range(7):
+        bounds = torch.linspace(0.1, 1, 2 ** i + 1)
+        means = (bounds[:-1] + bounds[1:]) / 2.0
+        data += (10 ** (-6 + i) * means).tolist() + (-(10 ** (-6 + i)) * means).tolist()
+    data += [0.0, 1.0]
+    data += [0.0] * (256 - len(data))
+    return torch.tensor(sorted(data))
+
+
+DYNAMIC_MAP = dynamic_map()
+
+
 def quantize_scales(absmax: torch.Tensor, block: int = SCALE_BLOCK
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(int8 codes [n], fp32 scale per block, fp32 mean): absmax ~= codes/127*scale + mean."""
+    """(uint8 codes [n] into DYNAMIC_MAP, fp32 absmax per block, fp32 mean):
+    absmax ~= DYNAMIC_MAP[codes] * block_absmax + mean (bitsandbytes' double quantization)."""
     mean = absmax.mean()
     centered = absmax - mean
     pad = (-centered.numel()) % block
     blocks = torch.nn.functional.pad(centered, (0, pad)).view(-1, block)
     scale = blocks.abs().amax(1)
-    q = torch.round(blocks / torch.where(scale > 0, scale, 1.0)[:, None] * 127)
-    return q.to(torch.int8).reshape(-1)[:absmax.numel()], scale, mean
+    normed = (blocks / torch.where(scale > 0, scale, 1.0)[:, None]).reshape(-1)
+    code = DYNAMIC_MAP.to(absmax.device)
+    hi = torch.bucketize(normed, code).clamp(1, 255)
+    lo = hi - 1
+    nearest = torch.where((normed - code[lo]).abs() <= (code[hi] - normed).abs(), lo, hi)
+    return nearest.to(torch.uint8)[:absmax.numel()], scale, mean
 
 
 def dequantize_scales(q: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor,
                       block: int = SCALE_BLOCK) -> torch.Tensor:
+    values = DYNAMIC_MAP.to(q.device)[q.long()]
     pad = (-q.numel()) % block
-    blocks = torch.nn.functional.pad(q.float(), (0, pad)).view(-1, block)
-    return (blocks / 127 * scale[:, None]).reshape(-1)[:q.numel()] + mean
+    blocks = torch.nn.functional.pad(values, (0, pad)).view(-1, block)
+    return (blocks * scale[:, None]).reshape(-1)[:q.numel()] + mean
 
 
 class _NF4Matmul(torch.autograd.Function):

@@ -23,8 +23,12 @@ from pagedllm.finetune import model as tm
 from pagedllm.finetune.adapter_io import write_adapter
 from pagedllm.finetune.config import FinetuneConfig
 from pagedllm.finetune.data import Batch, batches, load_jsonl
-from pagedllm.finetune.lora_train import adapter_config, attach_lora, lora_state_dict, \
-    resolve_targets
+from pagedllm.finetune.lora_train import (
+    adapter_config,
+    attach_lora,
+    lora_state_dict,
+    resolve_targets,
+)
 from pagedllm.finetune.precision import Precision
 from pagedllm.finetune.report import CURVE_FILE, TrainingLog
 from pagedllm.loader import load_checkpoint
@@ -140,7 +144,7 @@ class Trainer:
                 loss = self.loss_sum(b) / n_targets
                 if not torch.isfinite(loss):
                     raise NonFiniteLossError(
-                        f"loss is {float(loss)} at step {step} (of {self.total_steps}); "
+                        f"loss is {float(loss.detach())} at step {step} (of {self.total_steps}); "
                         "training stopped, no adapter written. With --dtype float16 this is "
                         "usually an overflow (use bfloat16 or float32); else lower --lr or "
                         "check the data")
