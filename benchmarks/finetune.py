@@ -175,7 +175,7 @@ def main() -> None:
     from pagedllm import LLM, LoRARequest
 
     llm = LLM(args.base, enable_lora=True, max_lora_rank=args.lora_r, num_threads=args.threads,
-              kv_cache_memory=256 * 2**20)
+              kv_cache_memory=256 * 2**20, max_model_len=1024)
     lora = LoRARequest("pydoc-topics", 1, str(adapter))
     res["task"]["served_accuracy_base"] = accuracy(llm, evals, None)
     res["task"]["served_accuracy_adapter"] = accuracy(llm, evals, lora)

@@ -58,6 +58,8 @@ def run_finetune(args) -> int:
     ev = (f"; eval loss {result.eval_before:.4f} -> {result.eval_after:.4f}"
           if result.eval_before is not None else "")
     sys.stdout.write(f"adapter written to {result.out} ({result.steps} steps, loss "
-                     f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}{ev}); serve it with "
+                     f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}{ev}; base weights "
+                     f"{result.base_weight_bytes / 2**20:.1f} MiB, "
+                     f"{result.tokens_per_s:.0f} tokens/s); serve it with "
                      f"--enable-lora --lora-modules NAME={result.out}\n")
     return 0
