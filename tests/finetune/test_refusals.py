@@ -70,6 +70,15 @@ def test_fp16_only_with_loss_scaler(monkeypatch) -> None:
     assert precision.Precision.for_run("float32", cpu).dtype is None
 
 
+def test_fp16_trains_with_loss_scaler(ft_config, monkeypatch) -> None:
+    """fp16 autocast (emulated where the CPU lacks it) steps through the GradScaler."""
+    monkeypatch.setattr(precision, "has_fp16", lambda d: True)
+    trainer = Trainer(ft_config(dtype="float16", max_steps=5))
+    result = trainer.train()
+    assert result.losses[-1] < result.losses[0]
+    assert trainer.precision.scaler.get_scale() > 1  # the scaler ran (and did not collapse)
+
+
 @pytest.mark.skipif(not precision.has_bf16(torch.device("cpu")), reason="no bf16 on this CPU")
 def test_bf16_autocast_trains(ft_config) -> None:
     result = Trainer(ft_config(dtype="bfloat16", max_steps=10)).train()
