@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import torch
-from conftest import write_jsonl
+from finetune_data import write_jsonl
 from safetensors.torch import load_file, save_file
 
 from pagedllm.finetune import FinetuneConfig, NonFiniteLossError, Trainer, precision

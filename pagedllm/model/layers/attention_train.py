@@ -11,7 +11,7 @@ written). `paged_attention` hands such a batch here; the serving path never come
         1 1 1 0
         1 1 1 0      a pad query still sees real keys (no NaN); its loss is masked out
 
-Scale as the layer gives it; softmax in fp32 (SDPA on CPU; Gemma's soft-capping in torch).
+Scale as the layer gives it; SDPA (Gemma's soft-capping: scores in fp32, in torch).
 """
 
 from __future__ import annotations
