@@ -193,6 +193,18 @@ class BlockManager:
                     return
             request.num_cached_blocks = i + 1
 
+    def trim_slots(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` positions of the table (the
+        slots of rejected draft tokens), last block first. Only uncomputed, uncached tail
+        blocks can go: `num_tokens` must cover the computed tokens."""
+        if num_tokens < request.num_computed_tokens:
+            raise BlockInvariantError(f"trimming {request} to {num_tokens} tokens would drop "
+                                      "computed KV")
+        keep = -(-num_tokens // self.block_size)
+        for bid in reversed(request.block_ids[keep:]):
+            self._release(bid)
+        del request.block_ids[keep:]
+
     def fork(self, parent: Request, child: Request) -> None:
         """Share all of `parent`'s blocks with `child` (refcount + 1 each)."""
         child.block_ids = list(parent.block_ids)
