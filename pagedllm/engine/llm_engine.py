@@ -84,7 +84,8 @@ class LLMEngine:
         self.kv_spec = model_setup.kv_spec_for(ckpt.config, config)
         budget = model_setup.kv_budget_bytes(config)
         self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len,
-                                                      model_dtype=config.torch_dtype)
+                                                      model_dtype=config.torch_dtype,
+                                                      chunk=config.max_num_batched_tokens)
         self.num_swap_blocks = model_setup.plan_swap_blocks(self.kv_spec, config)
         with startup.step(f"KV pool {self.num_blocks * self.kv_spec.bytes_per_block / 2**30:.2f} GiB"):
             self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device,
@@ -94,8 +95,16 @@ class LLMEngine:
             logger.warning("prefix caching disabled: with dynamic NTK RoPE a key's rotation "
                            "depends on the length its sequence had when it was computed")
             config.enable_prefix_caching = False
+        layout = self.kv_spec.groups
+        if config.enable_prefix_caching and layout.groups[0].window is not None:
+            logger.warning("prefix caching disabled: every layer has a sliding window whose "
+                           "out-of-window blocks are freed (%s); pass "
+                           "--disable-hybrid-kv-cache-manager to keep them and cache prefixes",
+                           layout.describe())
+            config.enable_prefix_caching = False
         self.block_manager = BlockManager(self.num_blocks, config.block_size,
-                                          enable_caching=config.enable_prefix_caching)
+                                          enable_caching=config.enable_prefix_caching,
+                                          layout=layout)
         self.swap_manager = (SwapManager(self.num_swap_blocks, self.block_manager)
                              if config.preemption_mode == "swap" else None)
         self.scheduler = Scheduler(

@@ -5,15 +5,19 @@
     positions                  [17]   [4]    [5 6 7]
     slot(pos) = block_table[pos // block_size] * block_size + pos % block_size
     logits_indices: the last token of every request that samples this step
+
+With several KV groups (core/kv_groups.py) each group has its own block tables and slots;
+`meta.groups[g]` carries them (sliding groups with their window's mask already applied).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.core.scheduler import ScheduledRequest
 from pagedllm.model.layers.attention import AttentionMetadata
 from pagedllm.worker.persistent_batch import PersistentBatch
@@ -40,11 +44,23 @@ def _key_mask(seq_lens: np.ndarray, q_pos: np.ndarray, width: int,
     return mask
 
 
+def _block_table(order: list[ScheduledRequest], width: int, group: int,
+                 tables: PersistentBatch | None) -> np.ndarray:
+    if tables is not None:
+        return tables.block_tables([s.request for s in order], width, group)
+    bt = np.zeros((len(order), width), np.int64)
+    for i, s in enumerate(order):
+        blocks = s.request.block_tables[group][:width]
+        bt[i, :len(blocks)] = blocks
+    return bt
+
+
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device,
                  sliding_window: int | None = None,
-                 tables: PersistentBatch | None = None) -> BatchInputs:
+                 tables: PersistentBatch | None = None,
+                 layout: KVGroupLayout | None = None) -> BatchInputs:
     """`tables` keeps block tables across steps (only changes are copied); without it they
-    are built from the requests' block lists."""
+    are built from the requests' block lists. `layout`: the KV groups (None: one)."""
     order = sorted(scheduled, key=lambda s: s.num_new_tokens > 1)
     n = len(order)
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
@@ -58,13 +74,7 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
     req_idx = np.repeat(np.arange(n), q_lens)
     positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
     max_blocks = int(-(-seq_lens.max() // block_size))
-    if tables is not None:
-        bt = tables.block_tables([s.request for s in order], max_blocks)
-    else:
-        bt = np.zeros((n, max_blocks), np.int64)
-        for i, s in enumerate(order):
-            blocks = s.request.block_ids[:max_blocks]
-            bt[i, :len(blocks)] = blocks
+    bt = _block_table(order, max_blocks, 0, tables)
     slots = bt[req_idx, positions // block_size] * block_size + positions % block_size
 
     nd = int((q_lens == 1).sum())
@@ -91,6 +101,17 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
         decode_seq_lens=dec_lens, sliding_window=sliding_window,
         prefill_block_tables=pre_bt, prefill_token_index=pre_idx,
         prefill_query_valid=pre_valid, prefill_mask=pre_mask)
+    if layout is not None and layout.num_groups > 1:
+        meta.groups = [meta]
+        for g, group in enumerate(layout.groups[1:], 1):
+            bt_g = _block_table(order, max_blocks, g, tables)
+            base = meta.for_window(group.window)
+            meta.groups.append(replace(
+                base, _windowed={}, groups=None, decode_key_mask=None,
+                slot_mapping=to(bt_g[req_idx, positions // block_size] * block_size
+                                + positions % block_size),
+                decode_block_tables=None if dec_bt is None else to(bt_g[:nd, :dec_bt.shape[1]]),
+                prefill_block_tables=None if pre_bt is None else to(bt_g[nd:, :pre_bt.shape[1]])))
     return BatchInputs(input_ids=to(ids), positions=to(positions),
                        max_pos=int(seq_lens.max()) - 1, meta=meta, order=order,
                        logits_indices=cu[1:] - 1)

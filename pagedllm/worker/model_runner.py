@@ -80,7 +80,7 @@ class ModelRunner:
             return RunnerOutput()
         self.batch.begin_step()
         batch = build_inputs(sched.scheduled, self.block_size, self.device, self.sliding_window,
-                             self.batch)
+                             self.batch, self.cache.spec.groups)
         t1 = time.perf_counter()
         with self._lora_step(batch):
             hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
