@@ -39,8 +39,9 @@ def gemma3_gguf() -> Path:
 
 @pytest.fixture(scope="module")
 def gemma3_llm(gemma3_gguf) -> LLM:
+    """The dense reference path (weights dequantized to fp32, as HF's)."""
     return LLM(str(gemma3_gguf), num_threads=2, max_model_len=2048,
-               kv_cache_memory=128 * 2**20)
+               kv_cache_memory=128 * 2**20, quantization="none")
 
 
 def test_config_and_tokenizer_from_gguf(gemma3_llm, gemma3_gguf) -> None:
@@ -104,3 +105,28 @@ def test_base_model_chat_needs_a_template(gemma3_llm) -> None:
                           use_tqdm=False)
     tok = gemma3_llm.get_tokenizer()
     assert out[0].prompt_token_ids == tok.encode("Hi\n", add_special_tokens=False)
+
+
+def test_quantized_weights_match_the_dense_path(gemma3_gguf, gemma3_llm) -> None:
+    """By default the GGUF stays quantized (Q4_K, Q6_K, Q5_0, Q8_0 blocks, the norms' +1
+    undone), at a seventh of the dense size, with the dense path's greedy tokens (also on
+    the >512-token prompt, with the sliding groups' out-of-window blocks freed)."""
+    from pagedllm.engine.model_setup import weight_bytes
+
+    quant = LLM(str(gemma3_gguf), num_threads=2, max_model_len=2048,
+                kv_cache_memory=128 * 2**20)
+    model = quant.llm_engine.model
+    formats = {m.quant.format for m in model.modules() if getattr(m, "quant", None) is not None
+               and m.quant.format.startswith("gguf:")}
+    assert {"gguf:Q4_K", "gguf:Q6_K", "gguf:Q5_0", "gguf:Q8_0"} <= formats
+    assert weight_bytes(model) < weight_bytes(gemma3_llm.llm_engine.model) / 5
+    tok = quant.get_tokenizer()
+    prompts = [tok.encode(t) for t in [*TEXTS, LONG_TEXT]]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got = quant.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    want = gemma3_llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                               use_tqdm=False)
+    for g, w in zip(got, want, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids, len(g.prompt_token_ids)
+    spec = quant.llm_engine.kv_spec
+    assert spec.layers_per_block == 3 and spec.groups.num_groups == 6
