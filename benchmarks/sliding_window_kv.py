@@ -68,7 +68,7 @@ def make_engine(args, mode: str, max_len: int) -> LLMEngine:
 
 def point(engine: LLMEngine, mode: str, length: int, args, gen: torch.Generator) -> dict:
     bm, sched = engine.block_manager, engine.scheduler
-    params = SamplingParams(temperature=0.0, max_tokens=10**6, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=512, ignore_eos=True)
     ids = [engine.add_request(torch.randint(2, engine.vocab_size, (length,),
                                             generator=gen).tolist(), params)
            for _ in range(args.max_seqs)]
@@ -144,7 +144,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for name in ("pagedllm", "transformers"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    max_len = max(args.lengths) + 64
+    max_len = max(args.lengths) + 640   # room for the tokens decoded while others prefill
     rows = []
     for mode in ("freed", "kept"):
         engine = make_engine(args, mode, max_len)

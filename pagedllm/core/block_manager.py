@@ -167,8 +167,9 @@ class BlockManager:
         """Make `request`'s block table cover its next `num_new_tokens` tokens.
 
         `computed_blocks` (from `get_computed_blocks`, for a request holding no blocks) become
-        the start of its table and the new tokens follow them. Returns False (and changes
-        nothing) when not enough blocks are free.
+        the start of its table and the new tokens follow them (every group's table: see
+        `hit_tables`). Sliding groups first give back what left their window. Returns False
+        (and changes nothing else) when not enough blocks are free.
         """
         hits = list(computed_blocks)
         tables = self._tables(request)
