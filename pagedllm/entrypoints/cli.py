@@ -42,20 +42,44 @@ def _params(args):
                           top_p=args.top_p, top_k=args.top_k, seed=args.seed)
 
 
+def _lora_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", default=None, metavar="ADAPTER_DIR",
+                   help="a PEFT LoRA adapter applied to every prompt (turns on --enable-lora; "
+                   "--max-lora-rank grows to the adapter's rank)")
+
+
+def _cli_lora(args):
+    """The --lora adapter as a request (None without one); sets the engine's LoRA capacity
+    so that one adapter of any rank fits. Errors are one line (the adapter is read now)."""
+    if not args.lora:
+        return None
+    from pagedllm.lora.adapter import AdapterError, read_adapter_config
+    from pagedllm.lora.request import LoRARequest
+
+    try:
+        cfg = read_adapter_config(args.lora, "--lora")
+    except AdapterError as e:
+        raise SystemExit(f"pagedllm {args.command}: error: {e}") from None
+    args.enable_lora = True
+    args.max_lora_rank = max(args.max_lora_rank, cfg.max_rank)
+    return LoRARequest("cli-adapter", 1, args.lora)
+
+
 def _engine(args):
     from pagedllm.engine.llm import LLM
     from pagedllm.engine.llm_engine import LLMEngine
 
+    lora = _cli_lora(args)
     llm = LLM.__new__(LLM)
     llm.llm_engine = LLMEngine(engine_config_from_args(args), debug_steps=args.debug_steps)
-    return llm
+    return llm, lora
 
 
 def cmd_generate(args) -> int:
     """The generated text, one completion after another (a blank line between prompts); with
     --json one JSON object per prompt and line."""
-    llm = _engine(args)
-    outs = llm.generate(args.prompt, _params(args), use_tqdm=False)
+    llm, lora = _engine(args)
+    outs = llm.generate(args.prompt, _params(args), use_tqdm=False, lora_request=lora)
     for i, out in enumerate(outs):
         c = out.outputs[0]
         if args.json:
@@ -69,7 +93,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    llm = _engine(args)
+    llm, lora = _engine(args)
     history: list[dict[str, str]] = []
     if args.system:
         history.append({"role": "system", "content": args.system})
@@ -82,7 +106,8 @@ def cmd_chat(args) -> int:
         if not line:
             break
         history.append({"role": "user", "content": line})
-        reply = llm.chat(history, _params(args), use_tqdm=False)[0].outputs[0].text
+        reply = llm.chat(history, _params(args), use_tqdm=False,
+                         lora_request=lora)[0].outputs[0].text
         history.append({"role": "assistant", "content": reply})
         sys.stdout.write(f"assistant> {reply}\n")
     return 0
@@ -226,11 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", action="append", required=True, help="repeatable")
     gen.add_argument("--json", action="store_true",
                      help="one JSON object per prompt (prompt, text, token_ids, finish_reason)")
+    _lora_arg(gen)
     _sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
     chat = command("chat", "interactive chat with the model's chat template")
     add_engine_args(chat)
     chat.add_argument("--system", default=None, help="system prompt")
+    _lora_arg(chat)
     _sampling_args(chat)
     chat.set_defaults(func=cmd_chat)
     pl = command("plan", "the engine's memory plan for a model and these flags, from its "

@@ -105,6 +105,10 @@ class ServingBase:
     def model_name(self) -> str:
         return self.model_names[0]
 
+    def response_model(self, lora: LoRARequest | None) -> str:
+        """The `model` a response names: the adapter's name when one served it (vLLM's)."""
+        return lora.lora_name if lora is not None else self.model_name
+
     def check_model(self, model: str | None) -> LoRARequest | None:
         """The LoRA adapter `model` names (None: the base model); 404 for unknown names."""
         try:

@@ -79,10 +79,12 @@ class OpenAIServingChat(ServingBase):
                                                   lora_request=lora)])
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            gen = self._stream(req, plan, api_id, stream, len(ids), num_top, include_usage)
+            gen = self._stream(req, self.response_model(lora), plan, api_id, stream, len(ids),
+                               num_top, include_usage)
             return SSEResponse(gen, on_close=stream.abort)
         try:
-            return JSONResponse(await self._full(plan, api_id, stream, len(ids), num_top))
+            return JSONResponse(await self._full(self.response_model(lora), plan, api_id, stream,
+                                                 len(ids), num_top))
         finally:
             stream.abort()
 
@@ -103,8 +105,8 @@ class OpenAIServingChat(ServingBase):
         tok = self.token_str(token_id)
         return {"token": tok, "logprob": logprob, "bytes": list(tok.encode("utf-8"))}
 
-    async def _full(self, plan: ToolPlan, api_id: str, stream: RequestStream, num_prompt: int,
-                    num_top: int | None) -> dict:
+    async def _full(self, model: str, plan: ToolPlan, api_id: str, stream: RequestStream,
+                    num_prompt: int, num_top: int | None) -> dict:
         final: RequestOutput | None = None
         try:
             async for outs in stream:
@@ -126,10 +128,10 @@ class OpenAIServingChat(ServingBase):
                                       finish_reason=finish, stop_reason=c.stop_reason))
         completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(
-            id=api_id, model=self.model_name, choices=choices,
+            id=api_id, model=model, choices=choices,
             usage=make_usage(num_prompt, completion, final.num_cached_tokens)).model_dump()
 
-    async def _stream(self, req: ChatCompletionRequest, plan: ToolPlan, api_id: str,
+    async def _stream(self, req: ChatCompletionRequest, model: str, plan: ToolPlan, api_id: str,
                       stream: RequestStream, num_prompt: int, num_top: int | None,
                       include_usage: bool):
         created, n = int(time.time()), req.n
@@ -138,7 +140,7 @@ class OpenAIServingChat(ServingBase):
         cached = 0  # prompt tokens found in the prefix cache
 
         def chunk(choice: ChatChunkChoice) -> str:
-            return sse(ChatCompletionChunk(id=api_id, created=created, model=self.model_name,
+            return sse(ChatCompletionChunk(id=api_id, created=created, model=model,
                                            choices=[choice]).model_dump_json())
 
         try:
@@ -173,7 +175,7 @@ class OpenAIServingChat(ServingBase):
             return
         if include_usage:
             yield sse(ChatCompletionChunk(
-                id=api_id, created=created, model=self.model_name, choices=[],
+                id=api_id, created=created, model=model, choices=[],
                 usage=make_usage(num_prompt, sum(tokens), cached)).model_dump_json())
         yield SSE_DONE
 

@@ -77,10 +77,12 @@ class OpenAIServingCompletion(ServingBase):
         num_prompt = sum(len(ids) for _, ids in prompts)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            gen = self._stream(req, api_id, stream, echo, num_prompt, include_usage)
+            gen = self._stream(req, self.response_model(lora), api_id, stream, echo, num_prompt,
+                               include_usage)
             return SSEResponse(gen, on_close=stream.abort)
         try:
-            return JSONResponse(await self._full(req, api_id, stream, echo, num_prompt))
+            return JSONResponse(await self._full(req, self.response_model(lora), api_id, stream,
+                                                 echo, num_prompt))
         finally:
             stream.abort()
 
@@ -102,8 +104,8 @@ class OpenAIServingCompletion(ServingBase):
             offset += len(tok)
         return lp, offset
 
-    async def _full(self, req: CompletionRequest, api_id: str, stream: RequestStream,
-                    echo: list[str], num_prompt: int) -> dict:
+    async def _full(self, req: CompletionRequest, model: str, api_id: str,
+                    stream: RequestStream, echo: list[str], num_prompt: int) -> dict:
         final: dict[str, RequestOutput] = {}
         try:
             async for outs in stream:
@@ -121,11 +123,12 @@ class OpenAIServingCompletion(ServingBase):
                     finish_reason=c.finish_reason, stop_reason=c.stop_reason))
         usage = make_usage(num_prompt, completion_tokens,
                            sum(final[rid].num_cached_tokens for rid in stream.request_ids))
-        return CompletionResponse(id=api_id, model=self.model_name, choices=choices,
+        return CompletionResponse(id=api_id, model=model, choices=choices,
                                   usage=usage).model_dump()
 
-    async def _stream(self, req: CompletionRequest, api_id: str, stream: RequestStream,
-                      echo: list[str], num_prompt: int, include_usage: bool):
+    async def _stream(self, req: CompletionRequest, model: str, api_id: str,
+                      stream: RequestStream, echo: list[str], num_prompt: int,
+                      include_usage: bool):
         created, n = int(time.time()), req.n
         prompt_of = {rid: p for p, rid in enumerate(stream.request_ids)}
         num_choices = n * len(stream.request_ids)
@@ -135,7 +138,7 @@ class OpenAIServingCompletion(ServingBase):
         offset = [len(echo[i // n]) for i in range(num_choices)]
 
         def chunk(choices: list[CompletionChoice]) -> str:
-            return sse(CompletionChunk(id=api_id, created=created, model=self.model_name,
+            return sse(CompletionChunk(id=api_id, created=created, model=model,
                                        choices=choices).model_dump_json())
 
         try:
@@ -169,7 +172,7 @@ class OpenAIServingCompletion(ServingBase):
             return
         if include_usage:
             yield sse(CompletionChunk(
-                id=api_id, created=created, model=self.model_name, choices=[],
+                id=api_id, created=created, model=model, choices=[],
                 usage=make_usage(num_prompt, sum(tokens), sum(cached.values()))
             ).model_dump_json())
         yield SSE_DONE

@@ -109,6 +109,11 @@ class AdapterConfig:
         r, alpha = self.rank_alpha(key)
         return alpha / math.sqrt(r) if self.use_rslora else alpha / r
 
+    @property
+    def max_rank(self) -> int:
+        """The largest rank of any module (PEFT's rank_pattern may raise it per module)."""
+        return max([self.r, *(int(v) for v in self.rank_pattern.values())])
+
 
 @dataclass(frozen=True)
 class SubDelta:
@@ -161,20 +166,25 @@ def _linear_examples(specs: dict[str, ModuleSpec]) -> str:
     return f"the model's linear layers are {', '.join(leaves)} (e.g. {first})"
 
 
-def load_adapter(path: str | Path, specs: dict[str, ModuleSpec], *, name: str, int_id: int,
-                 max_rank: int | None, dtype: torch.dtype = torch.float32) -> LoRAAdapter:
-    """Read and validate the adapter at `path` against the base model's `specs`."""
+def read_adapter_config(path: str | Path, name: str) -> AdapterConfig:
+    """The validated adapter_config.json of the PEFT adapter directory `path`."""
     path = Path(path)
     if not path.is_dir() or not (path / CONFIG_FILE).is_file():
         raise AdapterError(f"adapter {name!r}: {path} is not a PEFT adapter directory (no "
                            f"{CONFIG_FILE})")
-    digest = hashlib.sha256()
-    raw_cfg = (path / CONFIG_FILE).read_bytes()
-    digest.update(raw_cfg)
     try:
-        cfg = AdapterConfig.parse(json.loads(raw_cfg), name)
+        return AdapterConfig.parse(json.loads((path / CONFIG_FILE).read_bytes()), name)
     except json.JSONDecodeError as e:
         raise AdapterError(f"adapter {name!r}: {CONFIG_FILE} is not valid JSON: {e}") from None
+
+
+def load_adapter(path: str | Path, specs: dict[str, ModuleSpec], *, name: str, int_id: int,
+                 max_rank: int | None, dtype: torch.dtype = torch.float32) -> LoRAAdapter:
+    """Read and validate the adapter at `path` against the base model's `specs`."""
+    path = Path(path)
+    cfg = read_adapter_config(path, name)
+    digest = hashlib.sha256()
+    digest.update((path / CONFIG_FILE).read_bytes())
     tensors = _read_weights(path, name, digest)
 
     tm = cfg.target_modules

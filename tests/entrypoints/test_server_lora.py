@@ -71,10 +71,18 @@ def test_adapters_selected_by_model(server, lora_dirs, tiny_llama_dir, hf_refere
         resp = complete(url, model)
         check_tokens(resp, key, hf_reference, tiny_tokenizer)
         outs[model] = resp.json()["choices"][0]["text"]
+        assert resp.json()["model"] == model  # the adapter that answered (vLLM's)
     assert len(set(outs.values())) == 3
     chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
         "model": "all", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert chat.status_code == 200, chat.text
+    assert chat.json()["model"] == "all"
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "qv", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "stream": True}) as sse_resp:
+        events = [json.loads(line[6:]) for line in sse_resp.iter_lines()
+                  if line.startswith("data: {")]
+    assert events and {e["model"] for e in events} == {"qv"}
     resp = complete(url, "nope")
     assert resp.status_code == 404
     assert resp.json()["error"]["code"] == "model_not_found"
