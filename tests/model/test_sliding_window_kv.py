@@ -1,7 +1,8 @@
 """Sliding-window KV freeing on the real engine: the tiny random Gemma 3 (window 16 on 3 of
 its 4 layers, so 1 full + 3 sliding KV groups of one layer each), sequences up to ~12 windows
 long, greedy tokens equal to HF transformers with out-of-window blocks freed, under chunked
-prefill, small blocks, recompute and swap preemption and prefix caching.
+prefill, small blocks, recompute and swap preemption and prefix caching; and the tiny
+Mistral, whose one window on every layer makes a single sliding group.
 
 After every step the block manager's (and the swap pool's) invariants hold, and no sliding
 table holds a block wholly before the window of the request's next query.
@@ -91,3 +92,20 @@ def test_prefix_caching_with_freeing(tiny_gemma3_dir, make_llm, hf_reference) ->
     engine = llm.llm_engine
     assert engine.stats.prefix_cache_hits >= 4 * 64
     assert len(engine.block_manager.companions) > 0 and seen["freed_entries"] > 0
+
+
+def test_mistral_sliding_window_frees_blocks_too(tiny_mistral_dir, make_llm,
+                                                 hf_reference) -> None:
+    """Mistral's one window on every layer: one sliding group (prefix caching needs a
+    full-attention group, so it is off, with a warning); greedy tokens equal HF's."""
+    from tests.model.test_vs_hf import PROMPTS
+
+    llm = make_llm(tiny_mistral_dir, block_size=4, max_num_batched_tokens=16)
+    bm = llm.llm_engine.block_manager
+    assert bm.layout.num_groups == 1 and bm.layout.groups[0].window == 24
+    assert not bm.enable_caching
+    seen = watch(llm)
+    assert_matches_hf(llm, tiny_mistral_dir, hf_reference, PROMPTS)
+    assert seen["freed_entries"] > 0
+    keep = make_llm(tiny_mistral_dir, block_size=4, disable_hybrid_kv_cache_manager=True)
+    assert keep.llm_engine.block_manager.enable_caching
