@@ -50,7 +50,8 @@ def _block_table(order: list[ScheduledRequest], width: int, group: int,
         return tables.block_tables([s.request for s in order], width, group)
     bt = np.zeros((len(order), width), np.int64)
     for i, s in enumerate(order):
-        blocks = s.request.block_tables[group][:width]
+        req = s.request
+        blocks = (req.block_ids if group == 0 else req.block_tables[group])[:width]
         bt[i, :len(blocks)] = blocks
     return bt
 
