@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pagedllm import LLM  # noqa: E402
+from pagedllm.core.scheduler import ScheduledRequest  # noqa: E402
 from pagedllm.worker.input_batch import build_inputs  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
                          f"has {engine.num_blocks}")
     request = SimpleNamespace(num_computed_tokens=0, all_token_ids=tokens,
                               block_ids=list(range(nblocks)))
-    sched = [SimpleNamespace(request=request, num_new_tokens=len(tokens))]
+    sched = [ScheduledRequest(request, len(tokens))]
     batch = build_inputs(sched, bs, engine.config.torch_device)
     hidden = engine.model(batch.input_ids, batch.positions, batch.max_pos,
                           engine.cache.layer_caches, batch.meta)

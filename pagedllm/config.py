@@ -17,6 +17,7 @@ from pagedllm.lora.config import LoRAConfig
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
+from pagedllm.spec_decode.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 # every weight to `dtype` at load (the reference path); "int8" quantizes an fp32/bf16
 # checkpoint to weight-only per-channel int8 at load.
 QUANTIZATION_METHODS = ("none", "gguf", "awq", "gptq", "int8")
+DISTRIBUTED_BACKENDS = (None, "mp", "ray")
 
 
 def parse_size(value: int | float | str) -> int:
@@ -101,6 +103,11 @@ class EngineConfig:
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
     int8_activations: bool = False  # with quantization="int8": W8A8 (dynamic per-token int8 x)
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
+    tensor_parallel_size: int = 1  # ranks each holding 1/N of every layer (distributed/)
+    data_parallel_size: int = 1    # engine replicas behind one API server (distributed/dp/)
+    distributed_executor_backend: str | None = None  # "mp" | "ray"; None = mp
+    # Speculative decoding (spec_decode/): a SpeculativeConfig, its dict or JSON text.
+    speculative_config: SpeculativeConfig | dict | str | None = None
     # Keep sliding-window layers' KV for the whole sequence, like full attention (vLLM's
     # flag): no per-group block tables, no freeing of blocks that leave the window.
     disable_hybrid_kv_cache_manager: bool = False
@@ -144,7 +151,20 @@ class EngineConfig:
                              f"{self.quantization!r}")
         if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
             raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of mp, ray (or None "
+                             f"for mp), got {self.distributed_executor_backend!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if (self.speculative_config is not None and self.preemption_mode == "swap"
+                and self.speculative_config.method == "draft_model"):
+            raise ValueError("speculative method draft_model does not support "
+                             "preemption_mode='swap' (the draft's KV pool has no swap space); "
+                             "use preemption_mode='recompute'")
         self.lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
                             if self.enable_lora else None)
         from pagedllm.engine.generation_config import validate_generation_config

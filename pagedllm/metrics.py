@@ -79,12 +79,23 @@ _HISTOGRAMS = [
     ("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS),
     ("request_queue_time_seconds", "Arrival to first scheduled.", REQUEST_BUCKETS),
 ]
+# Speculative decoding (vLLM's names), from EngineStats.spec_decode (zero while it is off).
+_SPEC = [
+    ("spec_decode_num_drafts_total", "Verifications of draft tokens (one per speculating "
+     "request per step).", "num_drafts"),
+    ("spec_decode_num_draft_tokens_total", "Draft tokens verified.", "num_draft_tokens"),
+    ("spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+     "num_accepted_tokens"),
+]
+SPEC_PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
 FINISH_REASONS = ("stop", "length", "abort")
 REJECT_REASONS = ("queued_reqs", "queued_tokens", "body_too_large")
 
 # Every exported series: full name -> Prometheus type.
 SERIES: dict[str, str] = {
     **{f"pagedllm:{name}": kind for name, kind, _, _ in _ENGINE},
+    **{f"pagedllm:{name}": "counter" for name, _, _ in _SPEC},
+    f"pagedllm:{SPEC_PER_POS}": "counter",
     "pagedllm:request_success_total": "counter",
     "pagedllm:request_rejected_total": "counter",
     **{f"pagedllm:{name}": "histogram" for name, _, _ in _HISTOGRAMS},
@@ -121,6 +132,28 @@ class EngineCollector(Collector):
             family = cls(f"pagedllm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], float(getattr(st, attr)))
             yield family
+
+
+class SpecDecodeCollector(Collector):
+    """Speculative decoding's counters (zero while it is off) and the accepted tokens per
+    draft position (label `position`, 0-based; only position 0 while it is off)."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats]) -> None:
+        self.model_name, self.stats = model_name, stats
+
+    def collect(self) -> Iterator[Metric]:
+        sd = self.stats().spec_decode
+        for name, doc, attr in _SPEC:
+            family = CounterMetricFamily(f"pagedllm:{name}", doc, labels=["model_name"])
+            family.add_metric([self.model_name], float(getattr(sd, attr) if sd else 0))
+            yield family
+        per_pos = CounterMetricFamily(f"pagedllm:{SPEC_PER_POS}",
+                                      "Draft tokens accepted, by position in the draft.",
+                                      labels=["model_name", "position"])
+        # Off: one zero sample (position 0), so the series exists for dashboards.
+        for pos, count in enumerate(sd.accepted_per_pos if sd else (0,)):
+            per_pos.add_metric([self.model_name, str(pos)], float(count))
+        yield per_pos
 
 
 class LoRACollector(Collector):
@@ -182,6 +215,7 @@ class ServingMetrics:
         if stats is not None:
             self.registry.register(EngineCollector(model_name, stats))
             self.registry.register(LoRACollector(model_name, stats))
+            self.registry.register(SpecDecodeCollector(model_name, stats))
         self._aliases = CollectorRegistry(auto_describe=False)
         self._aliases.register(_VllmAliases(self.registry))
         self._success = Counter("pagedllm:request_success", "Finished requests by reason.",

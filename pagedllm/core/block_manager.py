@@ -261,6 +261,19 @@ class BlockManager:
                     return
             request.num_cached_blocks = i + 1
 
+    def trim_slots(self, request: Request, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` positions of the table (the
+        slots of rejected draft tokens), last block first. Only uncomputed, uncached tail
+        blocks can go: `num_tokens` must cover the computed tokens."""
+        if num_tokens < request.num_computed_tokens:
+            raise BlockInvariantError(f"trimming {request} to {num_tokens} tokens would drop "
+                                      "computed KV")
+        keep = -(-num_tokens // self.block_size)
+        for table in self._tables(request):   # every KV group's tail
+            for bid in reversed(table[keep:]):
+                self._release(bid)
+            del table[keep:]
+
     def fork(self, parent: Request, child: Request) -> None:
         """Share all of `parent`'s blocks with `child` (refcount + 1 each), every group."""
         child.block_tables = [list(t) for t in parent.block_tables]

@@ -95,6 +95,10 @@ class Request:
             0.0 if sampling_params.logprobs is not None else None)
         self.detokenizer = None  # set by the output processor
         self.grammar = None  # structured_output.RequestGrammar of a constrained request
+        # Speculative decoding (spec_decode/): draft tokens proposed to follow all_token_ids,
+        # verified by the next step (none while prefilling), and the proposer's own state.
+        self.spec_token_ids: list[int] = []
+        self.spec_state = None  # spec_decode.adaptive.SpecState
 
     # ------------------------------------------------------------ block table
     @property

@@ -52,13 +52,17 @@ logger = logging.getLogger(__name__)
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int  # query tokens this step, draft tokens included
+    # Speculative decoding: the last `num_spec_tokens` query tokens are the request's first
+    # draft tokens (`request.spec_token_ids`); their KV counts as computed only once accepted.
+    num_spec_tokens: int = 0
 
     @property
     def samples(self) -> bool:
         """True when this step computes the request's last known token, so it samples."""
         req = self.request
-        return req.num_computed_tokens + self.num_new_tokens == req.num_tokens
+        return (req.num_computed_tokens + self.num_new_tokens
+                == req.num_tokens + self.num_spec_tokens)
 
 
 @dataclass
@@ -166,7 +170,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0 and len(out.scheduled) < self.max_num_seqs:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_known = req.num_tokens - req.num_computed_tokens
+            # A decoding request verifies its draft tokens in the same pass (1 + k queries).
+            num_drafts = len(req.spec_token_ids) if num_known == 1 else 0
+            num_new = min(num_known + num_drafts, budget)
+            if num_new > num_known and not bm.allocate_slots(req, num_new):
+                num_new = min(num_known, budget)  # no room for the drafts: never preempt for them
             while not bm.allocate_slots(req, num_new):
                 victim = self.running.pop()
                 if self.preempt(victim):
@@ -175,7 +184,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                out.scheduled.append(ScheduledRequest(req, num_new))
+                out.scheduled.append(ScheduledRequest(req, num_new, max(0, num_new - num_known)))
                 budget -= num_new
                 i += 1
                 continue
@@ -234,7 +243,8 @@ class Scheduler:
 
     def update_computed(self, out: SchedulerOutput) -> None:
         """After the forward pass: the scheduled tokens' KV is now in the cache; blocks it
-        filled are registered in the prefix cache."""
+        filled are registered in the prefix cache. Draft tokens are left out: the
+        speculative decoder commits the accepted ones once they are appended."""
         for s in out.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
+            s.request.num_computed_tokens += s.num_new_tokens - s.num_spec_tokens
             self.block_manager.cache_full_blocks(s.request)

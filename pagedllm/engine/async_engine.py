@@ -14,7 +14,9 @@ needs (add results, outputs) crosses over as messages; /metrics reads the engine
 Faults: an error in one request's output processing fails only that request (its output
 carries `error`); an exception from a whole step aborts the requests in flight and the loop
 goes on; if the thread itself dies, `_on_death` (on the event loop) fails every stream and
-every queued add at once, new adds raise `EngineDead`, and `on_dead` tells the server to exit. `_dispatch` runs on
+every queued add at once, new adds raise `EngineDead`, and `on_dead` tells the server to exit;
+an `EngineFatalError` from a step (a tensor-parallel worker or DP replica gone) or from the
+idle `check_health` poll does the same. `_dispatch` runs on
 the event loop and merges outputs into each stream's pending slot (deltas concatenated,
 cumulative fields replaced), so a reader that falls behind gets one coalesced output when it
 catches up: the engine never blocks on it and memory stays O(its tokens), not O(steps).
@@ -29,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from pagedllm.distributed.errors import EngineFatalError
 from pagedllm.engine.admission import EngineOverloaded, QueueLimits
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.request_stream import EngineRequest, RequestAborted, RequestStream
@@ -42,6 +45,7 @@ __all__ = ["AsyncEngine", "EngineDead", "EngineOverloaded", "EngineRequest",
 logger = logging.getLogger(__name__)
 
 _IDLE_POLL_S = 0.005  # wait when requests exist but nothing could be scheduled
+_HEALTH_POLL_S = 1.0  # while idle, check this often that the engine's workers are alive
 
 
 class EngineShuttingDown(RuntimeError):
@@ -200,13 +204,16 @@ class AsyncEngine:
         eng = self.engine
         while True:
             busy = eng.has_unfinished_requests()
-            if not self._drain(block=not busy):
+            if not self._drain(block=not busy, timeout=None if busy else _HEALTH_POLL_S):
                 return
             if not eng.has_unfinished_requests():
+                eng.check_health()  # EngineFatalError ends the thread (_run)
                 continue
             steps = eng.stats.num_steps
             try:
                 outputs = eng.step(stream=True)
+            except EngineFatalError:
+                raise
             except Exception as exc:
                 logger.exception("engine step failed; aborting %d requests", len(self._live))
                 self._abort_live(exc)

@@ -24,7 +24,8 @@ class LLM:
 
     `LLM(model=None)` loads the default model (SmolLM2-135M-Instruct GGUF); engine arguments
     use vLLM's names (block_size, max_model_len, max_num_seqs, max_num_batched_tokens,
-    kv_cache_memory, dtype, device, enable_lora, max_loras, max_lora_rank, max_cpu_loras, ...).
+    kv_cache_memory, dtype, device, enable_lora, max_loras, max_lora_rank, max_cpu_loras,
+    speculative_config, ...).
     """
 
     def __init__(self, model: str | None = None, **engine_args) -> None:

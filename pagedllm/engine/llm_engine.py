@@ -11,6 +11,7 @@ import logging
 import operator
 import reprlib
 import time
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -20,6 +21,9 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.swap_manager import SwapManager
+from pagedllm.distributed.errors import WorkerDied
+from pagedllm.distributed.executor import start_tensor_parallel
+from pagedllm.distributed.worker import rank_threads
 from pagedllm.engine import model_setup, startup
 from pagedllm.engine.chat_template import resolve_chat_template
 from pagedllm.engine.fault_injection import FaultInjector
@@ -40,6 +44,7 @@ from pagedllm.model.layers.rope_scaling import (
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.outputs import RequestOutput, RequestOutputKind
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.spec_decode.decoder import SpecDecoder
 from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.model_runner import ModelRunner
@@ -51,8 +56,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, debug_steps: bool = False) -> None:
         self.config = config
         self.debug_steps = debug_steps
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        if config.num_threads or config.tensor_parallel_size > 1:
+            torch.set_num_threads(rank_threads(config))
         t_start = time.perf_counter()
         with startup.step("checkpoint (config, tokenizer)"):
             ckpt = load_checkpoint(config.model, quantization=config.quantization,
@@ -72,8 +77,13 @@ class LLMEngine:
             # Compile (first run only) or load now, not inside the weight packing or a step.
             with startup.step("CPU kernels"):
                 cpu_ops.load()
+        # Tensor parallelism: ranks 1..N-1 start loading their shards now (None for TP=1).
+        self.executor = start_tensor_parallel(config, ckpt)
+        if self.executor is not None:  # also when the rest of start-up raises
+            weakref.finalize(self, self.executor.shutdown)
+        tp = self.executor.shard if self.executor is not None else None
         with startup.step("weights"):
-            self.model = model_setup.build_model(ckpt, config)
+            self.model = model_setup.build_model(ckpt, config, tp=tp)
         self.lora = (LoRAManager(self.model, config.lora_config, config.torch_device,
                                  config.torch_dtype) if config.lora_config else None)
         self.vocab_size = ckpt.config.vocab_size
@@ -81,12 +91,21 @@ class LLMEngine:
         if isinstance(eos, list):
             eos = eos[0]
         self.eos_token_id = eos if eos is not None else self.tokenizer.eos_token_id
-        self.kv_spec = model_setup.kv_spec_for(ckpt.config, config)
+        self.kv_spec, plan_spec = model_setup.kv_specs(ckpt.config, config, tp)
         budget = model_setup.kv_budget_bytes(config)
-        self.num_blocks = model_setup.plan_num_blocks(self.kv_spec, budget, config.max_model_len,
+        self.spec = None
+        if config.speculative_config is not None:
+            with startup.step(f"speculative decoding ({config.speculative_config.method})"):
+                self.spec = SpecDecoder(config.speculative_config, config, self.vocab_size)
+            if self.spec.draft_kv_spec is not None:  # a block holds target + draft KV
+                own, draft = plan_spec.bytes_per_block, self.spec.draft_kv_spec.bytes_per_block
+                budget = budget * own // (own + draft)
+        self.num_blocks = model_setup.plan_num_blocks(plan_spec, budget, config.max_model_len,
                                                       model_dtype=config.torch_dtype,
                                                       chunk=config.max_num_batched_tokens)
-        self.num_swap_blocks = model_setup.plan_swap_blocks(self.kv_spec, config)
+        self.num_swap_blocks = model_setup.plan_swap_blocks(plan_spec, config)
+        if self.executor is not None:
+            self.executor.start(self.num_blocks, self.num_swap_blocks)
         with startup.step(f"KV pool {self.num_blocks * self.kv_spec.bytes_per_block / 2**30:.2f} GiB"):
             self.cache = CacheEngine(self.kv_spec, self.num_blocks, config.torch_device,
                                      num_swap_blocks=self.num_swap_blocks)
@@ -112,22 +131,24 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len, swap_manager=self.swap_manager,
             max_loras=config.max_loras if self.lora else None)
-        window = getattr(ckpt.config, "sliding_window", None)
-        if window is not None and (not getattr(ckpt.config, "use_sliding_window", True)
-                                   or getattr(self.model, "per_layer_sliding_window", False)):
-            window = None
+        window = model_setup.attention_window(ckpt.config, self.model)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size,
                                                          self.eos_token_id)
         self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
                                   device=config.torch_device, sliding_window=window,
                                   seed=config.seed, lora=self.lora,
                                   structured_output=self.structured_output)
+        self.runner.workers = self.executor
+        if self.spec is not None and self.spec.draft is not None:
+            self.spec.draft.allocate(self.num_blocks)
+            self.runner.draft = self.spec.draft
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
                                                 self.block_manager, config.max_model_len)
         # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
         self.faults = FaultInjector.from_env(self.tokenizer)
         self.output_processor.faults = self.runner.faults = self.faults
-        self.stats = EngineStats(max_lora=config.max_loras if self.lora else 0)
+        self.stats = EngineStats(max_lora=config.max_loras if self.lora else 0,
+                                 spec_decode=self.spec.new_stats() if self.spec else None)
         self._ids = itertools.count()
         self._requests: dict[str, list[Request]] = {}
         logger.info("start-up: engine ready in %.2f s", time.perf_counter() - t_start)
@@ -241,10 +262,17 @@ class LLMEngine:
             return []
         if self.faults is not None:
             self.faults.on_schedule([s.request.group_id for s in sched.scheduled])
-        result = self.runner.execute(sched)
+        try:
+            result = self.runner.execute(sched)
+        except Exception as exc:
+            if self.executor is not None:  # the ranks are out of step: nothing can go on
+                raise WorkerDied(f"tensor-parallel step failed: {exc!r}") from exc
+            raise
         self.scheduler.update_computed(sched)
         t2 = time.perf_counter()
         touched = self.output_processor.process(result.sampled)
+        if self.spec is not None:
+            self.spec.update(self.scheduler, sched, result.sampled, self.stats.spec_decode)
         outputs = []
         for gid in touched:
             if final_only and not self.output_processor.groups[gid].finished:
@@ -265,6 +293,16 @@ class LLMEngine:
         if self.debug_steps:
             logger.info(self.stats.step_line())
         return outputs
+
+    def check_health(self) -> None:
+        """Raise WorkerDied if a tensor-parallel worker is gone (the server polls it)."""
+        if self.executor is not None:
+            self.executor.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do for one process)."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
     def _update_gauges(self) -> None:
         self.stats.observe_queues(self.scheduler, self.block_manager)

@@ -22,17 +22,27 @@ DEFAULT_CPU_KV_BYTES = 2 * 2**30
 GiB = 2**30
 
 
-def build_model(ckpt: Checkpoint, config: EngineConfig) -> nn.Module:
-    """Construct on the meta device, allocate once on the target device, copy weights in."""
+def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
+    """Construct on the meta device, allocate once on the target device, copy weights in.
+
+    `tp` = (TPLayout, TPGroup) under tensor parallelism: the model is built with this rank's
+    head / width / vocab counts and loads only its shard (pagedllm/distributed/sharding.py).
+    """
     t0 = time.perf_counter()
     cls = get_model_class(getattr(ckpt.config, "architectures", None))
+    model_config = ckpt.config if tp is None else tp[0].model_config(ckpt.config)
     with torch.device("meta"):
-        model = cls(ckpt.config)
+        model = cls(model_config)
     model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
     n_params = sum(p.numel() for p in model.parameters())
     if getattr(ckpt.config, "tie_word_embeddings", False):
         n_params -= model.lm_head.weight.numel()
-    model.load_weights(hf_checkpoint.prepare_weights(ckpt, config))  # --quantization
+    weights = hf_checkpoint.prepare_weights(ckpt, config)  # --quantization
+    if tp is not None:
+        weights = tp[0].shard_weights(weights)
+    model.load_weights(weights)
+    if tp is not None:
+        tp[0].mark_layers(model, tp[1])
     model.eval()
     logger.info("loaded %s (%s, %.1fM parameters, %s on %s, weights %s) in %.1f s: "
                 "%.1f MiB of weights resident", ckpt.source.name, cls.__name__, n_params / 1e6,
@@ -60,6 +70,16 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
+def attention_window(hf_config, model: nn.Module) -> int | None:
+    """The model-wide sliding window the runner applies (None: none, or per-layer windows
+    that the model applies itself)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if window is not None and (not getattr(hf_config, "use_sliding_window", True)
+                               or getattr(model, "per_layer_sliding_window", False)):
+        return None
+    return window
+
+
 def layer_windows(hf_config) -> list[int | None]:
     """Each layer's sliding window (None: full attention), as the model applies them:
     per layer for models that say so (Gemma 3), else the config's one window on every layer
@@ -84,11 +104,23 @@ def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:
     unless `disable_hybrid_kv_cache_manager` (then every layer keeps all its KV)."""
     _, kv_heads, head_dim = model_dims(hf_config)
     n = hf_config.num_hidden_layers
-    layout = (KVGroupLayout.single(n) if config.disable_hybrid_kv_cache_manager
+    # Tensor-parallel ranks rebuild the batch from rank 0's arrays, which carry one table.
+    single = config.disable_hybrid_kv_cache_manager or config.tensor_parallel_size > 1
+    layout = (KVGroupLayout.single(n) if single
               else KVGroupLayout.from_windows(layer_windows(hf_config)))
     return KVCacheSpec(num_layers=n, num_kv_heads=kv_heads, head_dim=head_dim,
                        dtype=config.torch_kv_cache_dtype, block_size=config.block_size,
                        layout=layout)
+
+
+def kv_specs(hf_config, config: EngineConfig, tp=None) -> tuple[KVCacheSpec, KVCacheSpec]:
+    """(this rank's KV pool, the pool blocks are planned for). Under tensor parallelism the
+    plan is the rank holding the most KV heads, so every rank fits the same block count."""
+    if tp is None:
+        spec = kv_spec_for(hf_config, config)
+        return spec, spec
+    spec = kv_spec_for(tp[0].model_config(hf_config), config)
+    return spec, dataclasses.replace(spec, num_kv_heads=tp[0].max_local_kv_heads)
 
 
 def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None) -> int:

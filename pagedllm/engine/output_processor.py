@@ -91,7 +91,10 @@ class OutputProcessor:
             raise ValueError(st.error)
         if self.faults is not None:
             self.faults.on_output(req.group_id)
-        targets = [req] if len(st.token_ids) == 1 else self._fan_out(req)
+        if st.num_drafts:  # speculative decoding: accepted drafts + one, in order
+            targets = [req] * len(st.token_ids)
+        else:
+            targets = [req] if len(st.token_ids) == 1 else self._fan_out(req)
         for i, (seq, tok) in enumerate(zip(targets, st.token_ids, strict=True)):
             seq.append_token(tok)
             if st.logprobs is not None:
@@ -100,6 +103,9 @@ class OutputProcessor:
                 seq.times.first_token = now
             seq.times.last_token = now
             self._check_stop(seq, tok)
+            if st.num_drafts and seq.is_finished:
+                del st.token_ids[i + 1:]  # a stop inside the accepted run: drop the rest
+                break
 
     def _fail(self, group_id: str, exc: BaseException) -> None:
         """Finish every sequence of the group as aborted (freeing its blocks), keep the error."""

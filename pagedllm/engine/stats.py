@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pagedllm.spec_decode.stats import SpecDecodeStats
+
 
 @dataclass
 class StepRecord:
@@ -52,11 +54,13 @@ class EngineStats:
     max_lora: int = 0
     lora_running: tuple[tuple[str, int], ...] = ()
     lora_waiting: tuple[tuple[str, int], ...] = ()
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters (None: off)
 
     def cleared(self) -> EngineStats:
         """Fresh counters and gauges that keep what describes the engine (max_lora), e.g.
         after the warm-up pass, so /metrics starts at zero."""
-        return EngineStats(max_lora=self.max_lora)
+        return EngineStats(max_lora=self.max_lora, spec_decode=self.spec_decode
+                           and self.spec_decode.cleared())
 
     def observe_queues(self, scheduler, block_manager) -> None:
         """Set the gauges from the scheduler's queues and the block pool. Queue gauges count
@@ -86,7 +90,8 @@ class EngineStats:
     def on_step(self, sched, result, kv_usage: float, running: int, waiting: int,
                 timings_ms: dict[str, float], outputs, swapped: int = 0) -> None:
         self.num_steps += 1
-        decodes = sum(1 for s in sched.scheduled if s.num_new_tokens == 1)
+        decodes = sum(1 for s in sched.scheduled
+                      if s.num_new_tokens - s.num_spec_tokens == 1)
         self.generation_tokens_total += sum(len(s.token_ids) for s in result.sampled)
         self.num_preemptions_total += len(sched.preempted)
         self.swapped_out_blocks_total += len(sched.blocks_to_swap_out)
@@ -116,7 +121,8 @@ class EngineStats:
                 f"preempted={r.preempted} swap_out_blocks={r.swap_out_blocks} "
                 f"swap_in_blocks={r.swap_in_blocks} {t} "
                 f"kv_usage={100 * r.kv_usage:.1f}% "
-                f"prefix_cache_hit_rate={100 * self.prefix_cache_hit_rate:.1f}%")
+                f"prefix_cache_hit_rate={100 * self.prefix_cache_hit_rate:.1f}%"
+                + (f" {self.spec_decode.step_line()}" if self.spec_decode else ""))
 
 
 def requests_per_adapter(queue) -> tuple[tuple[str, int], ...]:

@@ -23,6 +23,7 @@ from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.lora.request import LoRARequest
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
+from pagedllm.spec_decode.config import SpeculativeConfig
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -94,8 +95,16 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="sampling defaults: auto reads temperature/top_p/top_k/min_p/"
                    "repetition_penalty from the model's generation_config.json (a request's "
                    "own values win), vllm ignores the file, or a folder holding one")
-    g.add_argument("--tensor-parallel-size", "-tp", type=_tp_size, default=1,
-                   help="only 1: pagedllm runs on one device (no tensor parallelism yet)")
+    g.add_argument("--tensor-parallel-size", "-tp", type=_parallel_size, default=1,
+                   help="worker processes each holding 1/N of every layer (torch.distributed: "
+                   "gloo on CPU, NCCL on CUDA); on CPU each uses cores/N threads")
+    g.add_argument("--data-parallel-size", "-dp", type=_parallel_size, default=1,
+                   help="engine replicas (processes) behind one API server, requests routed "
+                   "to the least loaded with prefix-cache affinity (serve only)")
+    g.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
+                   help="how tensor-parallel workers and data-parallel replicas start: mp "
+                   "(local processes, default) or ray (Ray actors in a placement group; "
+                   "$RAY_ADDRESS or a local cluster; pip install 'pagedllm[ray]')")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM compatibility; pagedllm never runs code from a "
                    "model repository (its own model implementations only)")
@@ -108,6 +117,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="log one line per engine step with timings")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="logging level; with debug a fatal error also prints its traceback")
+    sg = parser.add_argument_group("speculative decoding")
+    sg.add_argument("--speculative-config", type=_speculative_config, default=None,
+                    help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                    '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or \'{"method": '
+                    '"draft_model", "model": PATH, "num_speculative_tokens": 3}\'')
     lg = parser.add_argument_group("LoRA")
     lg.add_argument("--enable-lora", action="store_true",
                     help="serve PEFT LoRA adapters per request (several in one batch)")
@@ -150,6 +164,13 @@ def _gib(text: str) -> float:
         return float(text)
     except ValueError:
         return _size(text) / 2**30
+
+
+def _speculative_config(text: str) -> SpeculativeConfig | None:
+    try:
+        return SpeculativeConfig.parse(text)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _rope_scaling(text: str) -> dict | None:
@@ -200,12 +221,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    "'{\"name\": ..., \"path\": ...}'")
 
 
-def _tp_size(text: str) -> int:
-    if text.strip() != "1":
-        raise argparse.ArgumentTypeError(
-            f"{text}: pagedllm has no tensor parallelism yet; it runs a model on one device "
-            "(only 1 is accepted)")
-    return 1
+def _parallel_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process count (an int >= 1)")
+    return value
 
 
 def check_vllm_only_args(args: argparse.Namespace) -> None:
@@ -265,5 +288,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_lora=args.enable_lora, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
         chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,
-        download_dir=args.download_dir,
+        download_dir=args.download_dir, tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend,
+        speculative_config=getattr(args, "speculative_config", None),
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager)

@@ -70,8 +70,11 @@ def _engine(args):
     from pagedllm.engine.llm_engine import LLMEngine
 
     lora = _cli_lora(args)
+    config = engine_config_from_args(args)
+    if config.data_parallel_size > 1:
+        raise SystemExit("--data-parallel-size > 1 runs replicas behind `pagedllm serve` only")
     llm = LLM.__new__(LLM)
-    llm.llm_engine = LLMEngine(engine_config_from_args(args), debug_steps=args.debug_steps)
+    llm.llm_engine = LLMEngine(config, debug_steps=args.debug_steps)
     return llm, lora
 
 
@@ -117,7 +120,7 @@ def cmd_serve(args) -> int:
     from pagedllm.engine.async_engine import AsyncEngine, QueueLimits
     from pagedllm.engine.llm_engine import LLMEngine
     from pagedllm.engine.startup import warm_up
-    from pagedllm.entrypoints.api_server import bind_socket, run_server
+    from pagedllm.entrypoints.api_server import bind_socket
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
@@ -133,6 +136,11 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--max-request-body-bytes must be >= 1, got "
                          f"{args.max_request_body_bytes}")
     config = engine_config_from_args(args)
+    if config.data_parallel_size > 1:
+        if lora_modules or not limits.unbounded:
+            raise SystemExit("pagedllm serve: error: --data-parallel-size > 1 does not support "
+                             "--lora-modules or --max-num-queued-* yet")
+        return _serve_data_parallel(args, config)
     sock = bind_socket(args.host, args.port)
     engine = LLMEngine(config, debug_steps=args.debug_steps)
     for m in lora_modules:  # validate now: a bad adapter fails the start, not a request
@@ -145,7 +153,16 @@ def cmd_serve(args) -> int:
     logger.info("serving %s as %s on http://%s:%d%s (chat page at /)", engine.model_name,
                 ", ".join(names), args.host, args.port,
                 " (API key required)" if args.api_key else "")
-    return run_server(AsyncEngine(engine, names[0], limits), host=args.host, port=args.port,
+    try:
+        return _run(args, AsyncEngine(engine, names[0], limits), names, sock, lora_modules)
+    finally:
+        engine.shutdown()  # tensor-parallel workers
+
+
+def _run(args, engine, names, sock, lora_modules) -> int:
+    from pagedllm.entrypoints.api_server import run_server
+
+    return run_server(engine, host=args.host, port=args.port,
                       served_model_names=names, api_key=args.api_key,
                       access_log=not args.disable_access_log,
                       max_request_body_bytes=args.max_request_body_bytes, sock=sock,
@@ -155,6 +172,27 @@ def cmd_serve(args) -> int:
                       log_requests=not args.disable_log_requests,
                       uvicorn_log_level=args.uvicorn_log_level,
                       metrics_vllm_compat=args.metrics_vllm_compat)
+
+
+def _serve_data_parallel(args, config) -> int:
+    """`serve --data-parallel-size N`: N replica processes behind this server."""
+    from pagedllm.distributed.dp.client import DPEngine
+    from pagedllm.distributed.dp.metrics import DPCollector
+    from pagedllm.engine.async_engine import AsyncEngine
+    from pagedllm.entrypoints.api_server import bind_socket
+
+    sock = bind_socket(args.host, args.port)
+    engine = DPEngine(config, debug_steps=args.debug_steps)
+    names = args.served_model_name or [engine.model_name]
+    front = AsyncEngine(engine, names[0])
+    front.metrics.registry.register(DPCollector(names[0], engine.router))
+    logger.info("serving %s as %s on http://%s:%d with %d data-parallel replicas",
+                engine.model_name, ", ".join(names), args.host, args.port,
+                config.data_parallel_size)
+    try:
+        return _run(args, front, names, sock, [])
+    finally:
+        engine.shutdown()
 
 
 def cmd_plan(args) -> int:

@@ -44,6 +44,17 @@ class RequestGrammar:
         view = bitmask[row]
         self.matcher.unsafe_compute_mask_ptr(view.ctypes.data, view.nbytes)
 
+    def fill_bitmask_after(self, tokens: list[int], bitmask: np.ndarray, row: int) -> None:
+        """The mask as it would be after `tokens` (speculative decoding's draft tokens); the
+        matcher is left as it was. Tokens past one the grammar rejects are not consumed (the
+        row is then never used: that draft is rejected first)."""
+        n = self.matcher.try_consume_tokens(tokens) if tokens else 0
+        try:
+            self.fill_bitmask(bitmask, row)
+        finally:
+            if n:
+                self.matcher.rollback(n)
+
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False if the grammar rejects it (error state: the
         request then stops, see `is_terminated`). Only possible when another restriction

@@ -6,13 +6,17 @@
     slot(pos) = block_table[pos // block_size] * block_size + pos % block_size
     logits_indices: the last token of every request that samples this step
 
+A request verifying draft tokens (speculative decoding: its last token + k drafts) runs on
+the decode path as k + 1 decode rows, one per query token, each attending to the keys up
+to its own position (all of the step's KV is written before attention reads it).
+
 With several KV groups (core/kv_groups.py) each group has its own block tables and slots;
 `meta.groups[g]` carries them (sliding groups with their window's mask already applied).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -24,6 +28,23 @@ from pagedllm.worker.persistent_batch import PersistentBatch
 
 
 @dataclass
+class HostBatch:
+    """The host arrays one forward pass is built from (all int64): what tensor-parallel
+    rank 0 sends to the other ranks each step (pagedllm/distributed/step_message.py)."""
+
+    input_ids: np.ndarray    # [T] the scheduled tokens, batch order
+    q_lens: np.ndarray       # [n] new tokens per request
+    starts: np.ndarray       # [n] num_computed_tokens per request
+    block_table: np.ndarray  # [n, max_blocks]
+    # The first `num_decode_reqs` requests run on the decode path, one row per query token
+    # (speculative verification has 1 + k of them); None: those with one new token.
+    num_decode_reqs: int | None = None
+    # KV groups 1.. (core/kv_groups.py): their [n, max_blocks] tables and windows.
+    group_tables: list[np.ndarray] = field(default_factory=list)
+    group_windows: list[int | None] = field(default_factory=list)
+
+
+@dataclass
 class BatchInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -31,6 +52,7 @@ class BatchInputs:
     meta: AttentionMetadata
     order: list[ScheduledRequest]     # scheduled requests in batch order
     logits_indices: np.ndarray        # [B] flat index of each request's last token
+    host: HostBatch | None = None
 
 
 def _key_mask(seq_lens: np.ndarray, q_pos: np.ndarray, width: int,
@@ -42,6 +64,19 @@ def _key_mask(seq_lens: np.ndarray, q_pos: np.ndarray, width: int,
     if window is not None:
         mask &= j > qp - window
     return mask
+
+
+def _is_prefill(s: ScheduledRequest) -> bool:
+    """More than one known token to compute (draft tokens do not count)."""
+    return s.num_new_tokens - s.num_spec_tokens > 1
+
+
+def _query_tokens(s: ScheduledRequest, start: int) -> list[int]:
+    """The request's tokens from `start` on, then its scheduled draft tokens."""
+    toks = s.request.all_token_ids[start:start + s.num_new_tokens]
+    if s.num_spec_tokens:
+        toks = toks + s.request.spec_token_ids[:s.num_spec_tokens]
+    return toks
 
 
 def _block_table(order: list[ScheduledRequest], width: int, group: int,
@@ -62,57 +97,77 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
                  layout: KVGroupLayout | None = None) -> BatchInputs:
     """`tables` keeps block tables across steps (only changes are copied); without it they
     are built from the requests' block lists. `layout`: the KV groups (None: one)."""
-    order = sorted(scheduled, key=lambda s: s.num_new_tokens > 1)
+    order = sorted(scheduled, key=_is_prefill)
     n = len(order)
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
     starts = np.fromiter((s.request.num_computed_tokens for s in order), np.int64, n)
     seq_lens = starts + q_lens
-    cu = np.concatenate([[0], np.cumsum(q_lens)])
-    total = int(cu[-1])
+    total = int(q_lens.sum())
     ids = np.fromiter(
-        (t for s, a in zip(order, starts, strict=True)
-         for t in s.request.all_token_ids[a:a + s.num_new_tokens]), np.int64, total)
-    req_idx = np.repeat(np.arange(n), q_lens)
-    positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
+        (t for s, a in zip(order, starts, strict=True) for t in _query_tokens(s, int(a))),
+        np.int64, total)
     max_blocks = int(-(-seq_lens.max() // block_size))
     bt = _block_table(order, max_blocks, 0, tables)
+    host = HostBatch(ids, q_lens, starts, bt, sum(1 for s in order if not _is_prefill(s)))
+    if layout is not None and layout.num_groups > 1:
+        host.group_tables = [_block_table(order, max_blocks, g, tables)
+                             for g in range(1, layout.num_groups)]
+        host.group_windows = [g.window for g in layout.groups[1:]]
+    inputs = inputs_from_host(host, block_size, device, sliding_window)
+    inputs.order = order
+    return inputs
+
+
+def inputs_from_host(host: HostBatch, block_size: int, device: torch.device,
+                     sliding_window: int | None = None) -> BatchInputs:
+    """The device tensors and attention metadata of one forward pass (no request objects:
+    tensor-parallel workers call this on the arrays rank 0 sent)."""
+    ids, q_lens, starts, bt = host.input_ids, host.q_lens, host.starts, host.block_table
+    n = len(q_lens)
+    seq_lens = starts + q_lens
+    cu = np.concatenate([[0], np.cumsum(q_lens)])
+    total = int(cu[-1])
+    req_idx = np.repeat(np.arange(n), q_lens)
+    positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
     slots = bt[req_idx, positions // block_size] * block_size + positions % block_size
 
-    nd = int((q_lens == 1).sum())
+    nr = (int((q_lens == 1).sum()) if host.num_decode_reqs is None
+          else host.num_decode_reqs)  # decoding requests (drafts or not)
+    nd = int(cu[nr])  # their tokens: the decode rows
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     dec_bt = dec_lens = pre_bt = pre_idx = pre_valid = pre_mask = None
     if nd:  # decodes need no mask from here: the attention's torch path derives it
-        width_blocks = int(-(-seq_lens[:nd].max() // block_size))
-        dec_bt = to(bt[:nd, :width_blocks])
-        dec_lens = to(seq_lens[:nd])
-    if nd < n:
-        p_q = q_lens[nd:]
+        width_blocks = int(-(-seq_lens[:nr].max() // block_size))
+        dec_bt = to(bt[req_idx[:nd], :width_blocks])
+        dec_lens = to(positions[:nd] + 1)
+    if nr < n:
+        p_q = q_lens[nr:]
         max_q = int(p_q.max())
-        width_blocks = int(-(-seq_lens[nd:].max() // block_size))
-        pre_bt = to(bt[nd:, :width_blocks])
+        width_blocks = int(-(-seq_lens[nr:].max() // block_size))
+        pre_bt = to(bt[nr:, :width_blocks])
         ar = np.arange(max_q)[None, :]
         valid = ar < p_q[:, None]
-        pre_idx = to(np.where(valid, cu[nd:-1, None] + ar, 0))
+        pre_idx = to(np.where(valid, cu[nr:-1, None] + ar, 0))
         pre_valid = to(valid)
-        q_pos = starts[nd:, None] + ar
-        pre_mask = to(_key_mask(seq_lens[nd:], q_pos, width_blocks * block_size,
+        q_pos = starts[nr:, None] + ar
+        pre_mask = to(_key_mask(seq_lens[nr:], q_pos, width_blocks * block_size,
                                 sliding_window)[:, None])   # [P, 1, max_q, L]
     meta = AttentionMetadata(
         slot_mapping=to(slots), num_decodes=nd, decode_block_tables=dec_bt,
         decode_seq_lens=dec_lens, sliding_window=sliding_window,
         prefill_block_tables=pre_bt, prefill_token_index=pre_idx,
         prefill_query_valid=pre_valid, prefill_mask=pre_mask)
-    if layout is not None and layout.num_groups > 1:
+    if host.group_tables:
         meta.groups = [meta]
-        for g, group in enumerate(layout.groups[1:], 1):
-            bt_g = _block_table(order, max_blocks, g, tables)
-            base = meta.for_window(group.window)
+        for bt_g, window in zip(host.group_tables, host.group_windows, strict=True):
             meta.groups.append(replace(
-                base, _windowed={}, groups=None, decode_key_mask=None,
+                meta.for_window(window), _windowed={}, groups=None, decode_key_mask=None,
                 slot_mapping=to(bt_g[req_idx, positions // block_size] * block_size
                                 + positions % block_size),
-                decode_block_tables=None if dec_bt is None else to(bt_g[:nd, :dec_bt.shape[1]]),
-                prefill_block_tables=None if pre_bt is None else to(bt_g[nd:, :pre_bt.shape[1]])))
+                decode_block_tables=None if dec_bt is None
+                else to(bt_g[req_idx[:nd], :dec_bt.shape[1]]),
+                prefill_block_tables=None if pre_bt is None
+                else to(bt_g[nr:, :pre_bt.shape[1]])))
     return BatchInputs(input_ids=to(ids), positions=to(positions),
-                       max_pos=int(seq_lens.max()) - 1, meta=meta, order=order,
-                       logits_indices=cu[1:] - 1)
+                       max_pos=int(seq_lens.max()) - 1, meta=meta, order=[],
+                       logits_indices=cu[1:] - 1, host=host)

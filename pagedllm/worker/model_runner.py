@@ -3,6 +3,8 @@
 One forward pass per step over every scheduled token (prefill chunks and decodes mixed);
 `compute_logits` runs only on the last token of the requests that sample. A request with
 n > 1 samples that has just finished its prompt gets n sampling rows on the same logits.
+Under tensor parallelism (`workers`, pagedllm/distributed/) this is rank 0: it first sends
+the step's compact message to the other ranks, whose forward passes pair with its own.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from pagedllm.model.layers.sampler import (
 )
 from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.outputs import Logprob
+from pagedllm.spec_decode.verify import (
+    DraftGrammar,
+    SpecRows,
+    Verifier,
+    add_draft_counts,
+    draft_rows,
+)
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import build_inputs
 from pagedllm.worker.persistent_batch import PersistentBatch
@@ -42,6 +51,10 @@ class SampledTokens:
     token_ids: list[int]
     logprobs: list[dict[int, Logprob]] | None = None
     error: str | None = None  # e.g. a non-finite logits row: only this request fails
+    # Speculative decoding: `num_drafts` draft tokens were verified; `token_ids` are the
+    # `num_accepted` accepted ones, then the token sampled after them.
+    num_drafts: int = 0
+    num_accepted: int = 0
 
 
 @dataclass
@@ -68,30 +81,42 @@ class ModelRunner:
         self.batch = PersistentBatch(vocab_size, device)  # block tables, penalty counts
         self.structured_output = structured_output  # StructuredOutputManager or None
         self.lora = lora
+        self.draft = None  # spec_decode DraftModel: mirrors every forward pass
+        self.verifier = Verifier(self.sampler, vocab_size)
+        self.workers = None  # distributed.executor.TPExecutor under tensor parallelism
+
+    def _send_to_workers(self, sched: SchedulerOutput, batch, row_index: list[int]) -> None:
+        """Tensor parallelism: the other ranks mirror this step (swaps, forward, gather)."""
+        from pagedllm.distributed.step_message import StepMessage
+
+        self.workers.send_step(StepMessage.step(
+            batch.host if batch is not None else None, row_index, sched.blocks_to_swap_out,
+            sched.blocks_to_swap_in, sched.blocks_to_copy))
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()
-        # Swap-outs first: a device block they read may be a swap-in's or a copy's target.
-        self.cache.swap_blocks_out(sched.blocks_to_swap_out)
-        self.cache.swap_blocks_in(sched.blocks_to_swap_in)
-        self.cache.copy_blocks(sched.blocks_to_copy)
-        if not sched.scheduled:
-            return RunnerOutput()
-        self.batch.begin_step()
-        batch = build_inputs(sched.scheduled, self.block_size, self.device, self.sliding_window,
-                             self.batch, self.cache.spec.groups)
-        t1 = time.perf_counter()
-        with self._lora_step(batch):
-            hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
-                                self.cache.layer_caches, batch.meta)
+        batch = None
+        if sched.scheduled:
+            self.batch.begin_step()
+            batch = build_inputs(sched.scheduled, self.block_size, self.device,
+                                 self.sliding_window, self.batch, self.cache.spec.groups)
         rows: list[SamplingRow] = []
         row_index: list[int] = []
         owners: list[tuple[Request, int]] = []  # (request, number of rows)
-        for s, last in zip(batch.order, batch.logits_indices, strict=True):
+        specs: list[SpecRows] = []  # requests verifying draft tokens (one row per position)
+        for s, last in (zip(batch.order, batch.logits_indices, strict=True)
+                        if batch is not None else ()):
             if not s.samples:
                 continue
             req = s.request
+            if s.num_spec_tokens:
+                drafts = req.spec_token_ids[:s.num_spec_tokens]
+                specs.append(SpecRows(req, len(rows), drafts))
+                rows.extend(draft_rows(req, drafts))
+                row_index.extend(range(int(last) - len(drafts), int(last) + 1))
+                owners.append((req, len(drafts) + 1))
+                continue
             n = 1 if req.forked else req.sampling_params.n
             gens = req.generators if n > 1 else [req.generator]
             for i in range(n):
@@ -99,6 +124,20 @@ class ModelRunner:
                                         req.output_token_ids, gens[i], req.eos_token_id))
                 row_index.append(int(last))
             owners.append((req, n))
+        if self.workers is not None:
+            self._send_to_workers(sched, batch, row_index)
+        # Swap-outs first: a device block they read may be a swap-in's or a copy's target.
+        self.cache.swap_blocks_out(sched.blocks_to_swap_out)
+        self.cache.swap_blocks_in(sched.blocks_to_swap_in)
+        self.cache.copy_blocks(sched.blocks_to_copy)
+        if batch is None:
+            return RunnerOutput()
+        t1 = time.perf_counter()
+        with self._lora_step(batch):
+            hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
+                                self.cache.layer_caches, batch.meta)
+        if self.draft is not None:
+            self.draft.mirror(batch, sched.blocks_to_copy)
         out = RunnerOutput()
         if rows:
             logits = self.model.compute_logits(
@@ -108,14 +147,20 @@ class ModelRunner:
                                                     for _ in range(n)])
             t2 = time.perf_counter()
             row_requests = [r for r, n in owners for _ in range(n)]
-            md = SamplingMetadata.build(rows, self.vocab_size, self.device,
-                                        self.batch.penalty_tensors(row_requests))
-            self._add_restrictions(md, rows, owners)
-            result = self.sampler(logits, md)
+            penalties = self.batch.penalty_tensors(row_requests)
+            if penalties is not None and specs:
+                add_draft_counts(penalties[0], specs)
+            md = SamplingMetadata.build(rows, self.vocab_size, self.device, penalties)
+            self._add_restrictions(md, rows, owners, specs)
+            emitted: dict[int, int] = {}
+            if specs:
+                result, _, emitted = self.verifier.sample(logits, md, specs)
+            else:
+                result = self.sampler(logits, md)
             # O(rows): a NaN/inf row makes its sampled token's own logit non-finite.
             finite = torch.isfinite(
                 logits.gather(1, result.sampled_token_ids.unsqueeze(1)).squeeze(1)).tolist()
-            out.sampled = self._collect(result, owners, finite)
+            out.sampled = self._collect(result, owners, finite, emitted)
         else:
             t2 = time.perf_counter()
         t3 = time.perf_counter()
@@ -124,12 +169,16 @@ class ModelRunner:
         return out
 
     def _add_restrictions(self, md: SamplingMetadata, rows: list[SamplingRow],
-                          owners: list[tuple[Request, int]]) -> None:
+                          owners: list[tuple[Request, int]], specs: list[SpecRows]) -> None:
         """Grammar bitmask for the constrained rows; logit_bias / allowed / bad words."""
         md.constraints = TokenConstraints.build(rows)
         if self.structured_output is None:
             return
         grammars = [req.grammar for req, n in owners for _ in range(n)]
+        for s in specs:  # a verified position's mask: as if the drafts before it were taken
+            if s.request.grammar is not None:
+                for j in range(1, len(s.drafts) + 1):
+                    grammars[s.first_row + j] = DraftGrammar(s.request.grammar, s.drafts[:j])
         md.grammar = self.structured_output.bitmask(grammars)
 
     def _lora_step(self, batch):
@@ -139,8 +188,8 @@ class ModelRunner:
         return self.lora.step([s.request.lora for s in batch.order],
                               np.fromiter((s.num_new_tokens for s in batch.order), np.int64))
 
-    def _collect(self, result, owners: list[tuple[Request, int]],
-                 finite: list[bool]) -> list[SampledTokens]:
+    def _collect(self, result, owners: list[tuple[Request, int]], finite: list[bool],
+                 emitted: dict[int, int]) -> list[SampledTokens]:
         token_ids = result.sampled_token_ids.tolist()
         lp = result.logprobs
         if lp is not None:
@@ -151,19 +200,23 @@ class ModelRunner:
         sampled: list[SampledTokens] = []
         row = 0
         for req, n in owners:
-            toks = token_ids[row:row + n]
+            # A speculating request emits its first `emitted` rows' tokens (the rest were
+            # rejected); an n > 1 request fanning out emits one token per row.
+            num = emitted.get(row, n)
+            toks = token_ids[row:row + num]
             logprobs = None
             k = req.sampling_params.logprobs
             if k is not None and lp is not None:
                 logprobs = []
-                for r in range(row, row + n):
+                for r in range(row, row + num):
                     entry = {token_ids[r]: Logprob(s_lp[r], s_rank[r])}
                     for rank, (tid, tl) in enumerate(
                             zip(top_ids[r][:k], top_lp[r][:k], strict=True)):
                         entry.setdefault(tid, Logprob(tl, rank + 1))
                     logprobs.append(entry)
-            error = (None if all(finite[row:row + n]) else
+            error = (None if all(finite[row:row + num]) else
                      f"the model's logits for request {req.group_id} are not finite (NaN/inf)")
-            sampled.append(SampledTokens(req, toks, logprobs, error))
+            spec = (n - 1, num - 1) if row in emitted else (0, 0)
+            sampled.append(SampledTokens(req, toks, logprobs, error, *spec))
             row += n
         return sampled

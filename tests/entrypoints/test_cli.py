@@ -47,12 +47,15 @@ def test_swap_space_units(text, gib):
     assert engine_config_from_args(parse("--swap-space", text)).swap_space == gib
 
 
-def test_tensor_parallel_size(capsys):
-    assert parse("--tensor-parallel-size", "1").tensor_parallel_size == 1
+def test_parallel_sizes(capsys):
     assert parse("-tp", "1").tensor_parallel_size == 1
+    config = engine_config_from_args(parse("--tensor-parallel-size", "2", "-dp", "3",
+                                           "--distributed-executor-backend", "ray"))
+    assert (config.tensor_parallel_size, config.data_parallel_size) == (2, 3)
+    assert config.distributed_executor_backend == "ray"
     with pytest.raises(SystemExit):
-        parse("--tensor-parallel-size", "2")
-    assert "no tensor parallelism" in capsys.readouterr().err
+        parse("--tensor-parallel-size", "0")
+    assert "not a process count" in capsys.readouterr().err
 
 
 def test_trust_remote_code_and_enforce_eager_are_accepted_and_explained(caplog):

@@ -10,6 +10,9 @@ Weights load in HF layout [out, in]; `finalize()` re-lays them once after loadin
   * other devices: `F.linear` on the HF layout.
 A quantized weight (`quant.QuantizedWeight`, adopted with `set_quantized`) replaces all of
 these: its own kernel runs and the dense weight is never materialised.
+Tensor parallelism (pagedllm/distributed/sharding.py) loads each rank's shard of the weight
+and sets `parallel`: the collective that completes the layer's output (all-reduce after a
+row-parallel o_proj / down_proj, all-gather of a vocab-parallel lm_head); None otherwise.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.quant: QuantizedWeight | None = None
         self.lora = None  # pagedllm.lora.layer.LinearLoRA when LoRA is on: adds adapter deltas
+        self.parallel = None  # distributed.sharding hook: completes a tensor-parallel output
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
         """Adopt a quantized weight in place of the dense one (frees the dense storage)."""
@@ -66,7 +70,9 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._base_forward(x)
-        return out if self.lora is None else self.lora.add_delta(x, out)
+        if self.lora is not None:
+            out = self.lora.add_delta(x, out)
+        return out if self.parallel is None else self.parallel(out)
 
     def _base_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant is not None:

@@ -173,9 +173,7 @@ class Sampler(torch.nn.Module):
         # One float32 copy: the caller's logits are never modified.
         logits = logits.to(dtype=torch.float32, copy=True)
         raw = None if md.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
-        logits = apply_token_restrictions(logits, md.grammar, md.constraints)
-        logits = _apply_min_tokens(logits, md.min_tokens_stop_ids)
-        logits = _apply_penalties(logits, md)
+        logits = _processed(logits, md)
 
         greedy_ids = None if md.all_random else logits.argmax(dim=-1)
         if md.all_greedy:
@@ -191,6 +189,26 @@ class Sampler(torch.nn.Module):
         if raw is not None:
             logprobs = _gather_logprobs(raw, sampled, md.max_num_logprobs)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def probs(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """[B, V] the distribution each random row samples from (restrictions, penalties,
+        temperature, min_p, top-k/p applied), for speculative decoding's rejection sampler."""
+        logits = _processed(logits.to(dtype=torch.float32, copy=True), md)
+        return _random_probs(logits, md)
+
+    @staticmethod
+    def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, n: int
+                        ) -> LogprobsTensors:
+        """Raw logprobs of `token_ids` (one per row) and each row's top `n`."""
+        raw = torch.log_softmax(logits.to(dtype=torch.float32), dim=-1)
+        return _gather_logprobs(raw, token_ids, n)
+
+
+def _processed(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Token restrictions, min_tokens and penalties, in place on a float32 copy."""
+    logits = apply_token_restrictions(logits, md.grammar, md.constraints)
+    logits = _apply_min_tokens(logits, md.min_tokens_stop_ids)
+    return _apply_penalties(logits, md)
 
 
 def _apply_min_tokens(logits: torch.Tensor, stop_ids: dict[int, set[int]]) -> torch.Tensor:
@@ -232,6 +250,14 @@ def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor
 def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
                    generator: torch.Generator | None = None) -> torch.Tensor:
     # Greedy rows are sampled here too (with temperature 1) and replaced by the caller.
+    probs = _random_probs(logits, md)
+    q = torch.empty_like(probs).exponential_(generator=generator)
+    for i, g in md.generators.items():
+        q[i].exponential_(generator=g)
+    return (probs / q).argmax(dim=-1)
+
+
+def _random_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
     temperature = torch.where(md.temperature == 0.0, 1.0, md.temperature)
     logits = logits / temperature.unsqueeze(1)
     if md.min_p is not None:
@@ -240,12 +266,7 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
         logits = logits.masked_fill(logits < threshold, float("-inf"))
     if md.top_k is not None or md.top_p is not None:
         logits = _apply_top_k_top_p(logits, md.top_k, md.top_p)
-    probs = torch.softmax(logits, dim=-1)
-
-    q = torch.empty_like(probs).exponential_(generator=generator)
-    for i, g in md.generators.items():
-        q[i].exponential_(generator=g)
-    return (probs / q).argmax(dim=-1)
+    return torch.softmax(logits, dim=-1)
 
 
 def _apply_top_k_top_p(

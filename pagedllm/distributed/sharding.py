@@ -1,0 +1,208 @@
+"""What each tensor-parallel rank holds of a Llama-family model, and the collectives that
+complete its sharded layers (Megatron-style, as vLLM does it).
+
+    column-parallel (no communication)    row-parallel (+ all-reduce)    vocab-parallel
+    q/k/v: the rank's heads' rows          o_proj: the heads' columns      embed_tokens: rows
+    gate/up: rows [r*I/N, (r+1)*I/N)       down_proj: the same columns     [r*Vp, (r+1)*Vp),
+                                                                           lookup + all-reduce
+                                                                           lm_head: same rows,
+                                                                           all-gather logits
+
+Query heads split evenly: rank r has heads [r*H/N, (r+1)*H/N); when N does not divide H
+(SmolLM2-135M: 9 heads, 3 KV heads) the ranks take whole KV groups, as evenly as they go
+(N=2: 3 and 6 heads), which needs kv_heads >= N. Its KV heads are those its
+query heads read (head h reads KV head h // G, G = H / kv_heads), each repeated so that every
+local KV head serves the same number of query heads (the attention kernels stack a fixed
+group of G' queries per KV head)::
+
+    H=8 kvh=4 N=2   rank 0 q 0-3 -> kv [0, 1]          (split: kv_heads % N == 0)
+    H=4 kvh=1 N=2   rank 0 q 0-1 -> kv [0]             (replicated: kv_heads < N, like vLLM)
+    H=6 kvh=3 N=2   rank 0 q 0-2 -> kv [0, 0, 1]       (neither: one KV copy per query head)
+
+A row-parallel bias is added once (rank 0 holds it, the others zeros). The vocabulary is
+padded to N * ceil(V / N) rows; the padded logits are cut off after the gather.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import groupby
+
+import torch
+from torch import nn
+
+from pagedllm.distributed.parallel_state import TPGroup
+from pagedllm.model.layers.quant import QuantizedWeight
+from pagedllm.model.models.llama import model_dims
+
+# Architectures whose layers this module knows how to split (tested against TP=1).
+TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class TPLayout:
+    """The split of one model over `world_size` ranks, seen from `rank`."""
+
+    rank: int
+    world_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+
+    def __post_init__(self) -> None:
+        n = self.world_size
+        if not 0 <= self.rank < n:
+            raise ValueError(f"rank {self.rank} is outside the tensor-parallel group of {n}")
+        if self.num_heads % n and self.num_kv_heads < n:
+            raise ValueError(f"tensor_parallel_size {n} must divide the model's "
+                             f"{self.num_heads} attention heads, or be at most its "
+                             f"{self.num_kv_heads} KV heads")
+        if self.intermediate_size % n:
+            raise ValueError(f"tensor_parallel_size {n} must divide the model's "
+                             f"intermediate_size {self.intermediate_size}")
+
+    @classmethod
+    def for_model(cls, hf_config, rank: int, world_size: int) -> TPLayout:
+        arch = (getattr(hf_config, "architectures", None) or ["?"])[0]
+        if arch not in TP_ARCHITECTURES:
+            raise ValueError(f"tensor parallelism supports {', '.join(TP_ARCHITECTURES)}; "
+                             f"the model is {arch}")
+        heads, kv_heads, head_dim = model_dims(hf_config)
+        return cls(rank, world_size, heads, kv_heads, head_dim,
+                   hf_config.intermediate_size, hf_config.vocab_size)
+
+    def for_rank(self, rank: int) -> TPLayout:
+        return TPLayout(rank, self.world_size, self.num_heads, self.num_kv_heads,
+                        self.head_dim, self.intermediate_size, self.vocab_size)
+
+    # ------------------------------------------------------------- sizes
+    @property
+    def head_range(self) -> tuple[int, int]:
+        """[first, end) of this rank's query heads."""
+        h, n, r = self.num_heads, self.world_size, self.rank
+        if h % n == 0:
+            return r * h // n, (r + 1) * h // n
+        kv, group = self.num_kv_heads, h // self.num_kv_heads
+        return (r * kv // n) * group, ((r + 1) * kv // n) * group
+
+    @property
+    def local_heads(self) -> int:
+        first, end = self.head_range
+        return end - first
+
+    @property
+    def local_intermediate(self) -> int:
+        return self.intermediate_size // self.world_size
+
+    @property
+    def vocab_shard(self) -> int:
+        return -(-self.vocab_size // self.world_size)
+
+    @property
+    def local_kv_heads(self) -> list[int]:
+        """Global KV head of each local KV head (repeated where replicated)."""
+        group = self.num_heads // self.num_kv_heads
+        reads = [h // group for h in range(*self.head_range)]
+        runs = [(kv, len(list(hs))) for kv, hs in groupby(reads)]
+        per_copy = math.gcd(*(n for _, n in runs))
+        return [kv for kv, n in runs for _ in range(n // per_copy)]
+
+    @property
+    def max_local_kv_heads(self) -> int:
+        """The most KV heads any rank holds (sizes the shared block count)."""
+        return max(len(self.for_rank(r).local_kv_heads) for r in range(self.world_size))
+
+    def model_config(self, hf_config):
+        """A copy of the HF config with this rank's head / width / vocab counts."""
+        cfg = copy.deepcopy(hf_config)
+        cfg.num_attention_heads = self.local_heads
+        cfg.num_key_value_heads = len(self.local_kv_heads)
+        cfg.head_dim = self.head_dim
+        cfg.intermediate_size = self.local_intermediate
+        cfg.vocab_size = self.vocab_shard
+        return cfg
+
+    # ----------------------------------------------------------- weights
+    def shard_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's part of each HF-named tensor (streamed; nothing else is kept)."""
+        for name, tensor in weights:
+            if isinstance(tensor, QuantizedWeight):
+                raise ValueError(f"tensor parallelism supports unquantized (fp32/bf16/fp16) "
+                                 f"weights only; {name} is quantized ({tensor!r})")
+            yield name, self.shard(name, tensor)
+
+    def shard(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        hd, r = self.head_dim, self.rank
+        first, end = self.head_range
+        if ".q_proj." in name:
+            return t[first * hd:end * hd]
+        if ".k_proj." in name or ".v_proj." in name:
+            return torch.cat([t[kv * hd:(kv + 1) * hd] for kv in self.local_kv_heads])
+        if ".gate_proj." in name or ".up_proj." in name:
+            n = self.local_intermediate
+            return t[r * n:(r + 1) * n]
+        if ".o_proj." in name or ".down_proj." in name:
+            if name.endswith(".bias"):  # added once, after the all-reduce sums the shards
+                return t if r == 0 else torch.zeros_like(t)
+            if ".o_proj." in name:
+                return t[:, first * hd:end * hd]
+            n = self.local_intermediate
+            return t[:, r * n:(r + 1) * n]
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            n = self.vocab_shard
+            part = t[r * n:(r + 1) * n]
+            if part.shape[0] < n:  # the last shard of a vocabulary N does not divide
+                part = torch.cat([part, part.new_zeros(n - part.shape[0], *part.shape[1:])])
+            return part
+        return t  # norms: replicated
+
+    def mark_layers(self, model: nn.Module, group: TPGroup) -> None:
+        """Attach the collectives to the sharded layers of a loaded model."""
+        reduce = AllReduce(group)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.parallel = reduce
+            layer.mlp.down_proj.parallel = reduce
+        model.model.embed_tokens.parallel = VocabParallel(
+            self.rank * self.vocab_shard, self.vocab_shard, group)
+        model.lm_head.parallel = GatherVocab(group, self.vocab_size)
+
+
+class AllReduce:
+    """Row-parallel output: each rank holds a partial sum of the full output."""
+
+    def __init__(self, group: TPGroup) -> None:
+        self.group = group
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        return self.group.all_reduce(out)
+
+
+class GatherVocab:
+    """Vocab-parallel lm_head: logits [.., V/N] per rank -> [.., V] on every rank."""
+
+    def __init__(self, group: TPGroup, vocab_size: int) -> None:
+        self.group = group
+        self.vocab_size = vocab_size
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        return self.group.all_gather_last(out)[..., :self.vocab_size]
+
+
+class VocabParallel:
+    """Vocab-parallel embedding: rows [start, start + size) here, zeros for other ids."""
+
+    def __init__(self, start: int, size: int, group: TPGroup) -> None:
+        self.start, self.size, self.group = start, size, group
+
+    def lookup(self, lookup, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.size)
+        rows = lookup(torch.where(inside, local, 0))
+        rows = rows.masked_fill(~inside.unsqueeze(-1), 0.0)
+        return self.group.all_reduce(rows.contiguous())

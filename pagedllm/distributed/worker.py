@@ -1,0 +1,98 @@
+"""A tensor-parallel rank > 0: its shard of the model and of the KV cache, stepped by rank 0.
+
+Each step it receives a `StepMessage`, applies the swaps / copies to its KV shard, runs the
+forward pass on the same batch (its collectives pair with rank 0's) and, when rank 0 computes
+logits, takes part in the vocab gather. It never schedules or samples. The same class runs
+in an mp worker process (mp_executor) and in a Ray actor (ray_executor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import torch
+
+from pagedllm.config import EngineConfig
+from pagedllm.distributed.parallel_state import TPGroup, init_tp_group
+from pagedllm.distributed.sharding import TPLayout
+from pagedllm.distributed.step_message import Kind, StepMessage
+from pagedllm.worker.cache_engine import CacheEngine
+from pagedllm.worker.input_batch import inputs_from_host
+
+logger = logging.getLogger(__name__)
+
+
+def rank_threads(config: EngineConfig) -> int:
+    """CPU threads of one rank: --num-threads, else the cores split evenly over the ranks."""
+    if config.num_threads:
+        return config.num_threads
+    return max(1, (os.cpu_count() or 1) // config.tensor_parallel_size)
+
+
+class TPWorker:
+    def __init__(self, rank: int, config: EngineConfig, init_method: str,
+                 cuda_device: int | None = None) -> None:
+        """`cuda_device`: the GPU of this rank on a CUDA engine (mp: its rank; a Ray actor
+        sees only its own GPU, device 0)."""
+        torch.set_num_threads(rank_threads(config))
+        if config.torch_device.type == "cuda":
+            index = rank if cuda_device is None else cuda_device
+            config = dataclasses.replace(config, device=f"cuda:{index}")
+            torch.cuda.set_device(config.torch_device)
+        self.rank = rank
+        self.config = config
+        self.group: TPGroup = init_tp_group(rank, config.tensor_parallel_size, init_method,
+                                            config.torch_device)
+        self.model = None
+        self.cache: CacheEngine | None = None
+        self.window: int | None = None
+
+    def load(self) -> None:
+        """Load the checkpoint's shard of this rank (same steps as the engine's start-up)."""
+        from pagedllm.engine import model_setup
+        from pagedllm.kernels import cpu_ops
+        from pagedllm.loader import load_checkpoint
+        from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
+
+        cfg = self.config
+        ckpt = load_checkpoint(cfg.model, quantization=cfg.quantization,
+                               revision=cfg.revision, download_dir=cfg.download_dir,
+                               tokenizer=cfg.tokenizer)
+        apply_rope_overrides(ckpt.config, cfg.rope_scaling, cfg.rope_theta)
+        cfg.finalize(*rope_max_len(ckpt.config))
+        if cfg.torch_device.type == "cpu":
+            cpu_ops.load()
+        layout = TPLayout.for_model(ckpt.config, self.rank, cfg.tensor_parallel_size)
+        self.model = model_setup.build_model(ckpt, cfg, tp=(layout, self.group))
+        self.kv_spec = model_setup.kv_spec_for(layout.model_config(ckpt.config), cfg)
+        self.window = model_setup.attention_window(ckpt.config, self.model)
+
+    def allocate_cache(self, num_blocks: int, num_swap_blocks: int) -> None:
+        self.cache = CacheEngine(self.kv_spec, num_blocks, self.config.torch_device,
+                                 num_swap_blocks=num_swap_blocks)
+
+    @torch.inference_mode()
+    def execute(self, data: bytes) -> bool:
+        """Mirror one step; False once rank 0 sent SHUTDOWN."""
+        msg = StepMessage.decode(data)
+        if msg.kind is Kind.SHUTDOWN:
+            return False
+        cache = self.cache
+        cache.swap_blocks_out([tuple(p) for p in msg.swap_out.tolist()])
+        cache.swap_blocks_in([tuple(p) for p in msg.swap_in.tolist()])
+        cache.copy_blocks([tuple(p) for p in msg.copies.tolist()])
+        if msg.host is None:
+            return True
+        batch = inputs_from_host(msg.host, cache.spec.block_size, self.config.torch_device,
+                                 self.window)
+        hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
+                            cache.layer_caches, batch.meta)
+        if len(msg.logits_rows):
+            self.model.compute_logits(hidden[torch.from_numpy(msg.logits_rows.copy()).to(
+                hidden.device)])
+        return True
+
+    def shutdown(self) -> None:
+        self.group.destroy()

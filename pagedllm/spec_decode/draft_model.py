@@ -1,0 +1,125 @@
+"""A smaller draft model proposing tokens, with its own paged KV pool in the same budget.
+
+The draft's pool has the target's block ids: block b of a request's table holds the target's
+KV in the target pool and the draft's in this one, so the block manager, prefix caching and
+preemption serve both (a block costs target + draft bytes; the engine sizes the pool so).
+Every forward pass of the target is mirrored on the draft (same tokens, positions, slots),
+which keeps the draft's KV valid for every computed token::
+
+    step t:   target + draft mirror over the batch (prefill chunks, decodes, verifications)
+    update:   for each decoding request, reserve k slots, then k batched draft decodes:
+              feed the last token at position M-1 -> d_0, feed d_0 at M -> d_1, ...
+
+Greedy requests get the draft's argmax (a point mass); sampling requests draw d_j from
+q_j = softmax(draft logits / temperature) and keep q_j for the rejection sampler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import torch
+
+from pagedllm.config import EngineConfig, KVCacheSpec
+from pagedllm.core.block_manager import BlockManager
+from pagedllm.core.request import Request
+from pagedllm.engine import model_setup
+from pagedllm.loader import load_checkpoint
+from pagedllm.model.layers.attention import AttentionMetadata
+from pagedllm.model.layers.sampler import make_generator
+from pagedllm.spec_decode.adaptive import SpecState
+from pagedllm.worker.cache_engine import CacheEngine
+from pagedllm.worker.input_batch import BatchInputs
+
+logger = logging.getLogger(__name__)
+
+
+class DraftModel:
+    def __init__(self, path: str, config: EngineConfig, target_vocab_size: int) -> None:
+        ckpt = load_checkpoint(path, quantization=None)
+        vocab = ckpt.config.vocab_size
+        if vocab != target_vocab_size:
+            raise ValueError(f"draft model {path} has a vocabulary of {vocab} tokens, the "
+                             f"target {target_vocab_size}: they must share one tokenizer")
+        window = getattr(ckpt.config, "sliding_window", None)
+        if window is not None and getattr(ckpt.config, "use_sliding_window", True):
+            raise ValueError(f"draft model {path} uses sliding-window attention, which the "
+                             "draft runner does not support")
+        draft_config = dataclasses.replace(
+            config, model=path, quantization=None, speculative_config=None, enable_lora=False)
+        draft_config.finalize(config.max_model_len)
+        self.model = model_setup.build_model(ckpt, draft_config)
+        self.kv_spec: KVCacheSpec = model_setup.kv_spec_for(ckpt.config, draft_config)
+        self.device = config.torch_device
+        self.block_size = config.block_size
+        self.generator = make_generator(config.seed + 1, self.device)
+        self.cache: CacheEngine | None = None
+
+    def allocate(self, num_blocks: int) -> None:
+        self.cache = CacheEngine(self.kv_spec, num_blocks, self.device)
+
+    @torch.inference_mode()
+    def mirror(self, batch: BatchInputs, copies: list[tuple[int, int]]) -> None:
+        """Run the draft over the target's batch (writes its KV; no logits)."""
+        self.cache.copy_blocks(copies)
+        self.model(batch.input_ids, batch.positions, batch.max_pos, self.cache.layer_caches,
+                   batch.meta)
+
+    @torch.inference_mode()
+    def propose(self, requests: list[Request], ks: list[int], bm: BlockManager) -> None:
+        """Set `spec_token_ids` (and the draft probabilities of sampling requests) of each
+        decoding request: up to ks[i] tokens, fewer only when no block is free for them."""
+        todo = []
+        for req, k in zip(requests, ks, strict=True):
+            req.spec_token_ids = []
+            if k > 0 and bm.allocate_slots(req, k):
+                todo.append((req, k))
+        if not todo:
+            return
+        drafts: list[list[int]] = [[] for _ in todo]
+        probs: list[list[torch.Tensor]] = [[] for _ in todo]
+        for j in range(max(k for _, k in todo)):
+            live = [i for i, (_, k) in enumerate(todo) if k > j]
+            reqs = [todo[i][0] for i in live]
+            last = [drafts[i][-1] if j else todo[i][0].all_token_ids[-1] for i in live]
+            logits = self._decode(reqs, last, [r.num_tokens - 1 + j for r in reqs])
+            for row, i in enumerate(live):
+                tok, q = self._draw(todo[i][0], logits[row])
+                drafts[i].append(tok)
+                if q is not None:
+                    probs[i].append(q)
+        for i, (req, _) in enumerate(todo):
+            req.spec_token_ids = drafts[i]
+            if req.spec_state is None:
+                req.spec_state = SpecState()
+            req.spec_state.draft_probs = torch.stack(probs[i]) if probs[i] else None
+
+    def _draw(self, req: Request, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        p = req.sampling_params
+        if p.is_greedy:
+            return int(logits.argmax()), None
+        q = torch.softmax(logits.float() / p.temperature, dim=-1)
+        noise = torch.empty_like(q).exponential_(generator=req.generator or self.generator)
+        return int((q / noise).argmax()), q
+
+    def _decode(self, reqs: list[Request], tokens: list[int], positions: list[int]
+                ) -> torch.Tensor:
+        """One draft forward pass of one token per request; [len(reqs), V] logits."""
+        bs = self.block_size
+        pos = np.asarray(positions, np.int64)
+        width = int(-(-(pos.max() + 1) // bs))
+        table = np.zeros((len(reqs), width), np.int64)
+        for i, r in enumerate(reqs):
+            ids = r.block_ids[:width]
+            table[i, :len(ids)] = ids
+        slots = table[np.arange(len(reqs)), pos // bs] * bs + pos % bs
+        to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
+        meta = AttentionMetadata(
+            slot_mapping=to(slots), num_decodes=len(reqs), decode_block_tables=to(table),
+            decode_seq_lens=to(pos + 1), sliding_window=None, prefill_block_tables=None,
+            prefill_token_index=None, prefill_query_valid=None, prefill_mask=None)
+        hidden = self.model(to(np.asarray(tokens, np.int64)), to(pos), int(pos.max()),
+                            self.cache.layer_caches, meta)
+        return self.model.compute_logits(hidden)
