@@ -2,7 +2,8 @@
 its 4 layers, so 1 full + 3 sliding KV groups of one layer each), sequences up to ~12 windows
 long, greedy tokens equal to HF transformers with out-of-window blocks freed, under chunked
 prefill, small blocks, recompute and swap preemption and prefix caching; and the tiny
-Mistral, whose one window on every layer makes a single sliding group.
+Mistral, whose one window on every layer makes a single sliding group; and n-gram
+speculation, whose rejected draft slots are trimmed from every group.
 
 After every step the block manager's (and the swap pool's) invariants hold, and no sliding
 table holds a block wholly before the window of the request's next query.
@@ -109,3 +110,16 @@ def test_mistral_sliding_window_frees_blocks_too(tiny_mistral_dir, make_llm,
     assert seen["freed_entries"] > 0
     keep = make_llm(tiny_mistral_dir, block_size=4, disable_hybrid_kv_cache_manager=True)
     assert keep.llm_engine.block_manager.enable_caching
+
+
+def test_ngram_speculation_with_freeing(tiny_gemma3_dir, make_llm, hf_reference) -> None:
+    """Draft tokens of every group are written and rejected ones trimmed (`trim_slots` on
+    all tables); greedy tokens stay HF's."""
+    llm = make_llm(tiny_gemma3_dir, block_size=4, max_num_batched_tokens=32,
+                   speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    seen = watch(llm)
+    repetitive = [LONG[:20] * 4, LONG[:9] * 7]   # n-gram proposals find matches
+    assert_matches_hf(llm, tiny_gemma3_dir, hf_reference, [*repetitive, LONG])
+    assert seen["freed_entries"] > 0
+    spec = llm.llm_engine.stats.spec_decode
+    assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens < spec.num_draft_tokens
