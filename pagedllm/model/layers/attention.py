@@ -37,12 +37,14 @@ _KERNEL_DTYPES = (torch.float32, *kv_quant.QMAX)
 
 class LayerKVCache(NamedTuple):
     """One layer's views of the pools: K/V [num_blocks, block_size, kv_heads, head_dim] and,
-    for an int8 / fp8 cache, their scales [num_blocks, block_size, kv_heads] (else None)."""
+    for an int8 / fp8 cache, their scales [num_blocks, block_size, kv_heads] (else None);
+    `group` is the layer's KV group (core/kv_groups.py), whose block table it reads."""
 
     k: torch.Tensor
     v: torch.Tensor
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+    group: int = 0
 
 
 @dataclass
@@ -63,6 +65,13 @@ class AttentionMetadata:
     decode_key_mask: torch.Tensor | None = None
     # Per-layer windows (Gemma 3): the metadata of each window, built once per step.
     _windowed: dict[int, AttentionMetadata] = field(default_factory=dict, repr=False)
+    # With several KV groups: group g's metadata (its slots and block tables); [0] is self.
+    groups: list[AttentionMetadata] | None = field(default=None, repr=False)
+
+    def for_layer(self, kv_cache: LayerKVCache, window: int | None) -> AttentionMetadata:
+        """The metadata of a layer: its KV group's block tables, its window's mask."""
+        meta = self if self.groups is None else self.groups[kv_cache.group]
+        return meta.for_window(window)
 
     def for_window(self, window: int | None) -> AttentionMetadata:
         """This step's metadata for a layer that sees only the last `window` keys of each
@@ -83,7 +92,7 @@ class AttentionMetadata:
                 mask = mask & (visible_after <= window)
             both = window if self.sliding_window is None else min(window, self.sliding_window)
             self._windowed[window] = replace(self, sliding_window=both, prefill_mask=mask,
-                                             decode_key_mask=None)
+                                             decode_key_mask=None, _windowed={}, groups=None)
         return self._windowed[window]
 
     def decode_mask(self, width: int) -> torch.Tensor:
