@@ -55,6 +55,10 @@ class CausalBatchMetadata:
         both = window if self.sliding_window is None else min(window, self.sliding_window)
         return replace(self, sliding_window=both, _masks=self._masks)
 
+    def for_layer(self, kv_cache, window: int | None) -> CausalBatchMetadata:
+        """As AttentionMetadata.for_layer: training reads no KV groups, only the window."""
+        return self.for_window(window)
+
     def mask(self) -> torch.Tensor:
         """[B, 1, L, L] bool, True = attend: causal, real keys, inside the window."""
         w = self.sliding_window
