@@ -3,7 +3,9 @@
     weights      = parameter count x dtype bytes (from the config's shapes), or for a GGUF
                    file the bytes of its (quantized) tensors, which the engine keeps as they are
     KV per token = 2 (K and V) x layers x kv_heads x head_dim x KV dtype bytes   (GQA aware)
-    KV per seq   = KV per token x max_model_len (rounded up to whole blocks)
+    KV per seq   = KV per token x max_model_len (rounded up to whole blocks); with sliding-
+                   window layers (Gemma 3, Mistral) their group keeps only the window's
+                   blocks (core/kv_groups.py), so a long sequence holds far less
     KV budget    = memory x utilization - weights - activation peak (estimate)
     blocks       = KV budget // (KV per token x block_size)
 
@@ -22,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from pagedllm.config import EngineConfig, KVCacheSpec
+from pagedllm.core.kv_groups import KVGroupLayout
 
 GiB = 2**30
 _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2,
@@ -101,6 +104,14 @@ class MemoryPlan:
             "largest max_num_seqs per max_model_len:",
         ]
         out += [f"  max_model_len {length:>7d}: max_num_seqs {seqs}" for length, seqs in self.pairs]
+        if s.groups.frees_blocks:
+            every = s.bytes_per_seq_every_layer(self.max_model_len)
+            out += [f"KV groups: {s.groups.describe()}; blocks hold {s.layers_per_block} "
+                    "layers; out-of-window blocks are freed"]
+            out += [f"  {line}" for line in s.group_lines()]
+            out += [f"  one {self.max_model_len}-token sequence: "
+                    f"{self.kv_bytes_per_seq / GiB:.3f} GiB, against {every / GiB:.3f} GiB "
+                    f"keeping every layer's KV ({every / self.kv_bytes_per_seq:.2f}x)"]
         return out
 
 
@@ -115,8 +126,11 @@ def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     wbytes = weight_dtype_bytes or config_dtype_bytes(cfg)
     kvbytes = kv_dtype_bytes or wbytes
+    from pagedllm.engine.model_setup import layer_windows
+
     spec = KVCacheSpec(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads,
-                       head_dim=head_dim, dtype=_TORCH_DTYPE[kvbytes], block_size=block_size)
+                       head_dim=head_dim, dtype=_TORCH_DTYPE[kvbytes], block_size=block_size,
+                       layout=KVGroupLayout.from_windows(layer_windows(cfg)))
     max_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 4096))
     budget = None if kv_cache_memory_gib is None else int(kv_cache_memory_gib * GiB)
     measured = getattr(cfg, "weight_bytes", None) if weight_dtype_bytes is None else None
@@ -178,16 +192,17 @@ def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: 
                 f"a smaller --dtype or a quantized model")
     budget = max(budget, 0)
     blocks = spec.num_blocks_for(budget)
+    usable = max(0, blocks - (1 if spec.groups.frees_blocks else 0))  # NULL_BLOCK
     per_seq_blocks = spec.blocks_per_seq(max_len)
     pairs = []
     length = 512
     while length <= max_len:
-        pairs.append((length, blocks // spec.blocks_per_seq(length)))
+        pairs.append((length, usable // spec.blocks_per_seq(length)))
         length *= 2
     if not pairs or pairs[-1][0] != max_len:
-        pairs.append((max_len, blocks // per_seq_blocks))
+        pairs.append((max_len, usable // per_seq_blocks))
     return MemoryPlan(weight_bytes=weights, dtype=dtype, kv_spec=spec,
                       kv_bytes_per_token=spec.bytes_per_token, max_model_len=max_len,
                       kv_bytes_per_seq=per_seq_blocks * spec.bytes_per_block,
                       kv_budget=budget, num_blocks=blocks,
-                      full_length_seqs=blocks // per_seq_blocks, pairs=pairs)
+                      full_length_seqs=usable // per_seq_blocks, pairs=pairs)

@@ -22,6 +22,12 @@ Free queue (with prefix caching, vLLM v1's eviction order)::
 A request's blocks are freed last block first, so among them its tail is evicted first and
 its first block, the one most likely shared, last. A cache hit on a free block takes it
 out of the queue; freeing it again puts it back at the tail (least recently used order).
+
+KV groups (core/kv_groups.py): a model that mixes full-attention and sliding-window layers
+keeps one table per group in `request.block_tables` (group 0, full attention, is
+`request.block_ids`). All groups take blocks from this one pool; a sliding group frees the
+blocks that fall out of its window (`free_out_of_window`) before each allocation, so
+admission and preemption see every group's needs against one free count.
 """
 
 from __future__ import annotations
@@ -30,8 +36,16 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from pagedllm.core.kv_groups import (
+    NULL_BLOCK,
+    CompanionBlocks,
+    KVGroupLayout,
+    cdiv,
+    hit_tables,
+    usable_hit,
+)
 from pagedllm.core.prefix_cache import BlockHash, PrefixCache, extra_keys, update_block_hashes
-from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.request import Request
 
 
 class BlockInvariantError(AssertionError):
@@ -48,18 +62,26 @@ class KVBlock:
 class BlockManager:
     """Owns the KV block pool's bookkeeping (not the tensors: see worker.cache_engine)."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = False
-                 ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = False,
+                 layout: KVGroupLayout | None = None) -> None:
+        self.layout = layout or KVGroupLayout.single(1)
+        reserved = 1 if self.layout.frees_blocks else 0  # NULL_BLOCK
+        if num_blocks < 1 + reserved:
+            raise ValueError(f"num_blocks must be >= {1 + reserved}, got {num_blocks}")
+        if enable_caching and self.layout.groups[0].window is not None:
+            raise ValueError("prefix caching needs a full-attention KV group 0; this layout "
+                             f"has only sliding-window layers ({self.layout.describe()})")
         self.num_blocks = num_blocks
+        self.num_usable_blocks = num_blocks - reserved
         self.block_size = block_size
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # Insertion-ordered: taken from the front, freed to the back (see the module doc).
         self.free_queue: OrderedDict[int, KVBlock] = OrderedDict(
-            (b.block_id, b) for b in self.blocks)
+            (b.block_id, b) for b in self.blocks[reserved:])
         self.pending_copies: list[tuple[int, int]] = []
         self.prefix_cache = PrefixCache(self.blocks, block_size) if enable_caching else None
+        self.companions = (CompanionBlocks(self.layout.num_groups)
+                           if enable_caching and self.layout.num_groups > 1 else None)
 
     # ---------------------------------------------------------------- queries
     @property
@@ -74,26 +96,37 @@ class BlockManager:
     @property
     def usage(self) -> float:
         """Fraction of blocks in use (0.0 - 1.0)."""
-        return 1.0 - self.num_free_blocks / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_usable_blocks
 
     def blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        """New blocks (including a copy-on-write copy) to hold `num_new_tokens` more tokens."""
-        total = request.num_computed_tokens + num_new_tokens
-        need = max(0, -(-total // self.block_size) - len(request.block_ids))
-        return need + (1 if self._needs_cow(request, num_new_tokens) else 0)
+        """New blocks (including copy-on-write copies), all groups, to hold `num_new_tokens`
+        more tokens."""
+        total = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
+        return sum(max(0, total - len(table)) + self._needs_cow(request, num_new_tokens, g)
+                   for g, table in enumerate(self._tables(request)))
 
-    def _needs_cow(self, request: Request, num_new_tokens: int) -> bool:
+    def _needs_cow(self, request: Request, num_new_tokens: int, group: int = 0) -> bool:
         pos = request.num_computed_tokens
         if num_new_tokens == 0 or pos % self.block_size == 0:
             return False
         idx = pos // self.block_size
-        return idx < len(request.block_ids) and self.blocks[request.block_ids[idx]].ref_cnt > 1
+        table = self._tables(request)[group]
+        return idx < len(table) and self.blocks[table[idx]].ref_cnt > 1
+
+    def _tables(self, request: Request) -> list[list[int]]:
+        """The request's block tables, one per group (created empty on first use)."""
+        tables = request.block_tables
+        while len(tables) < self.layout.num_groups:
+            tables.append([])
+        return tables
 
     def get_computed_blocks(self, request: Request) -> list[int]:
-        """Cached blocks holding a prefix of a request that holds no blocks yet (else [])."""
-        if self.prefix_cache is None or request.block_ids:
+        """Group 0's cached blocks holding a prefix of a request that holds no blocks yet
+        (else []), cut to what every group can use (`allocate_slots` fills the others)."""
+        if self.prefix_cache is None or any(request.block_tables):
             return []
-        return self.prefix_cache.lookup(request)
+        return usable_hit(self.layout, self.companions, self.prefix_cache.lookup(request),
+                          self.block_size)
 
     # ------------------------------------------------------------ operations
     def _take_block(self) -> KVBlock:
@@ -102,6 +135,10 @@ class BlockManager:
             for bid in self.prefix_cache.evict(block.block_id):
                 if self.blocks[bid].ref_cnt:
                     raise BlockInvariantError(f"evicted cached block {bid} is in use")
+                if self.companions is not None:
+                    self.companions.drop_full(bid)
+        if self.companions is not None:
+            self.companions.drop(block.block_id)
         block.ref_cnt = 1
         return block
 
@@ -130,37 +167,60 @@ class BlockManager:
         """Make `request`'s block table cover its next `num_new_tokens` tokens.
 
         `computed_blocks` (from `get_computed_blocks`, for a request holding no blocks) become
-        the start of its table and the new tokens follow them. Returns False (and changes
-        nothing) when not enough blocks are free.
+        the start of its table and the new tokens follow them (every group's table: see
+        `hit_tables`). Sliding groups first give back what left their window. Returns False
+        (and changes nothing else) when not enough blocks are free.
         """
         hits = list(computed_blocks)
-        if hits and (request.block_ids or request.num_computed_tokens):
+        tables = self._tables(request)
+        if hits and (any(tables) or request.num_computed_tokens):
             raise BlockInvariantError(f"cache hits for {request}, which already has blocks")
         if hits:
+            hit = hit_tables(self.layout, self.companions, hits, self.block_size)
+            if hit is None:
+                raise BlockInvariantError(f"hit {hits} lacks a group's blocks for {request}")
             end = len(hits) * self.block_size + num_new_tokens
-            need = -(-end // self.block_size) - len(hits)
+            real = [b for t in hit for b in t if not self.is_null(b)]
+            need = cdiv(end, self.block_size) * len(hit) - sum(len(t) for t in hit)
             # Hits with refcount 0 sit in the free queue: taking them leaves fewer free.
-            need += sum(1 for b in hits if self.blocks[b].ref_cnt == 0)
+            need += sum(1 for b in real if self.blocks[b].ref_cnt == 0)
         else:
+            self.free_out_of_window(request)
             end = request.num_computed_tokens + num_new_tokens
             need = self.blocks_needed(request, num_new_tokens)
         if need > self.num_free_blocks:
             return False
-        for bid in hits:
-            self._touch(bid)
         if hits:
-            request.block_ids = hits
+            for bid in real:
+                self._touch(bid)
+            tables[:] = hit
             request.num_cached_blocks = len(hits)
-        if self._needs_cow(request, num_new_tokens):
-            idx = request.num_computed_tokens // self.block_size
-            src = self.blocks[request.block_ids[idx]]
-            dst = self._take_block()
-            src.ref_cnt -= 1
-            request.block_ids[idx] = dst.block_id
-            self.pending_copies.append((src.block_id, dst.block_id))
-        while len(request.block_ids) * self.block_size < end:
-            request.block_ids.append(self._take_block().block_id)
+        for g, table in enumerate(tables):
+            if self._needs_cow(request, num_new_tokens, g):
+                idx = request.num_computed_tokens // self.block_size
+                src = self.blocks[table[idx]]
+                dst = self._take_block()
+                src.ref_cnt -= 1
+                table[idx] = dst.block_id
+                self.pending_copies.append((src.block_id, dst.block_id))
+            while len(table) * self.block_size < end:
+                table.append(self._take_block().block_id)
         return True
+
+    def free_out_of_window(self, request: Request) -> int:
+        """Give back each sliding group's blocks that no step from `num_computed_tokens` on
+        reads (NULL_BLOCK takes their place); returns how many were released."""
+        released = 0
+        for group, table in zip(self.layout.groups, self._tables(request), strict=True):
+            stop = min(group.first_useful_block(request.num_computed_tokens, self.block_size),
+                       len(table))
+            for i in range(stop - 1, -1, -1):  # later ones are evicted first
+                if table[i] == NULL_BLOCK:
+                    break  # the ones before were freed by an earlier call
+                self._release(table[i])
+                table[i] = NULL_BLOCK
+                released += 1
+        return released
 
     def cache_full_blocks(self, request: Request) -> None:
         """After a step: register the request's newly full, computed blocks in the cache.
@@ -170,6 +230,14 @@ class BlockManager:
         one, unless forked siblings share it too (swapping it for one of them would split
         their common prefix). Registration stops at a hash held by another block.
         """
+        start = request.num_cached_blocks
+        self._cache_group0(request)
+        if self.companions is not None:
+            for i in range(start, request.num_cached_blocks):
+                for g, table in enumerate(request.block_tables[1:], 1):
+                    self.companions.register(g, request.block_ids[i], table[i])
+
+    def _cache_group0(self, request: Request) -> None:
         cache = self.prefix_cache
         bs = self.block_size
         num_full = min(request.num_computed_tokens // bs, len(request.block_ids))
@@ -201,24 +269,34 @@ class BlockManager:
             raise BlockInvariantError(f"trimming {request} to {num_tokens} tokens would drop "
                                       "computed KV")
         keep = -(-num_tokens // self.block_size)
-        for bid in reversed(request.block_ids[keep:]):
-            self._release(bid)
-        del request.block_ids[keep:]
+        for table in self._tables(request):   # every KV group's tail
+            for bid in reversed(table[keep:]):
+                self._release(bid)
+            del table[keep:]
 
     def fork(self, parent: Request, child: Request) -> None:
-        """Share all of `parent`'s blocks with `child` (refcount + 1 each)."""
-        child.block_ids = list(parent.block_ids)
+        """Share all of `parent`'s blocks with `child` (refcount + 1 each), every group."""
+        child.block_tables = [list(t) for t in parent.block_tables]
         child.num_cached_blocks = parent.num_cached_blocks
-        for bid in child.block_ids:
-            self.blocks[bid].ref_cnt += 1
+        for table in child.block_tables:
+            for bid in table:
+                if not self.is_null(bid):
+                    self.blocks[bid].ref_cnt += 1
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, last block first (see the module doc). Cached ones
-        stay findable until evicted."""
-        for bid in reversed(request.block_ids):
-            self._release(bid)
-        request.block_ids = []
+        stay findable until evicted. With several groups, position by position from the end."""
+        tables = request.block_tables
+        for i in range(max(map(len, tables)) - 1, -1, -1):
+            for table in tables:
+                if i < len(table) and not self.is_null(table[i]):
+                    self._release(table[i])
+        request.block_tables = [[] for _ in tables]
         request.num_cached_blocks = 0
+
+    def is_null(self, block_id: int) -> bool:
+        """`block_id` is the NULL_BLOCK placeholder of an out-of-window entry."""
+        return block_id == NULL_BLOCK and self.layout.frees_blocks
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
@@ -227,40 +305,7 @@ class BlockManager:
     # ------------------------------------------------------------ invariants
     def check_invariants(self, requests: Iterable[Request]) -> None:
         """Every block is exactly free or in use; refcount == number of tables holding it;
-        the prefix cache's map, tree and the tables' cached blocks agree."""
-        requests = list(requests)
-        holders = [0] * self.num_blocks
-        for req in requests:
-            if req.is_finished:
-                # Its computed-token count is stale history; it must only hold nothing.
-                if req.block_ids:
-                    raise BlockInvariantError(f"finished {req} still holds blocks")
-                continue
-            if req.status == RequestStatus.SWAPPED:
-                # Its KV is in the CPU swap pool (see core.swap_manager); none on the device.
-                if req.block_ids:
-                    raise BlockInvariantError(f"swapped {req} still holds device blocks")
-                continue
-            if len(set(req.block_ids)) != len(req.block_ids):
-                raise BlockInvariantError(f"{req} holds a block twice: {req.block_ids}")
-            if len(req.block_ids) * self.block_size < req.num_computed_tokens:
-                raise BlockInvariantError(f"{req} has computed tokens beyond its blocks")
-            if req.num_cached_blocks * self.block_size > req.num_computed_tokens:
-                raise BlockInvariantError(f"{req} counts uncomputed blocks as cached")
-            for bid in req.block_ids:
-                holders[bid] += 1
-        for block in self.blocks:
-            in_free = block.block_id in self.free_queue
-            if block.ref_cnt != holders[block.block_id]:
-                raise BlockInvariantError(
-                    f"block {block.block_id}: ref_cnt {block.ref_cnt} but held by "
-                    f"{holders[block.block_id]} block tables")
-            if in_free == (block.ref_cnt > 0):
-                state = "free" if in_free else "not free"
-                raise BlockInvariantError(
-                    f"block {block.block_id} is {state} with ref_cnt {block.ref_cnt}")
-        if self.prefix_cache is not None:
-            for problem in self.prefix_cache.problems(requests):
-                raise BlockInvariantError(problem)
-        elif any(b.block_hash is not None for b in self.blocks):
-            raise BlockInvariantError("a block carries a hash with prefix caching disabled")
+        the prefix cache and the tables agree (core/block_invariants.py)."""
+        from pagedllm.core.block_invariants import check_block_invariants
+
+        check_block_invariants(self, list(requests))

@@ -66,8 +66,11 @@ class Request:
         self.eos_token_id = eos_token_id
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
-        self.block_ids: list[int] = []
+        # One block table per KV group (core/kv_groups.py); `block_ids` is group 0's.
+        self.block_tables: list[list[int]] = [[]]
         self.swapped_block_ids: list[int] = []  # CPU swap pool blocks while SWAPPED
+        # Per group while SWAPPED: (leading NULL_BLOCK entries, CPU blocks) of its table.
+        self.swapped_layout: list[tuple[int, int]] = []
         # Prefix caching: requests with different salts never share blocks; `block_hashes`
         # are the chained hashes of the full blocks of `all_token_ids` (filled lazily);
         # `block_ids[:num_cached_blocks]` are registered in the cache; `num_cached_tokens`
@@ -96,6 +99,16 @@ class Request:
         # verified by the next step (none while prefilling), and the proposer's own state.
         self.spec_token_ids: list[int] = []
         self.spec_state = None  # spec_decode.adaptive.SpecState
+
+    # ------------------------------------------------------------ block table
+    @property
+    def block_ids(self) -> list[int]:
+        """Group 0's block table (the only one unless the model mixes attention kinds)."""
+        return self.block_tables[0]
+
+    @block_ids.setter
+    def block_ids(self, ids: list[int]) -> None:
+        self.block_tables[0] = ids
 
     # ------------------------------------------------------------------ sizes
     @property

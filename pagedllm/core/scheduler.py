@@ -26,6 +26,11 @@ holding the longest prefix of its tokens: `num_computed_tokens` starts at hits x
 and only the rest is prefilled (a resumed request usually finds its own blocks again). After
 each forward pass the newly full blocks are registered in the cache (`update_computed`).
 
+Blocks are counted over every KV group (core/kv_groups.py) by `BlockManager.allocate_slots`:
+a request of a sliding-window model needs its full-attention blocks plus, per sliding group,
+only the blocks inside the window (the others went back to the pool), so admission and
+preemption see the memory long sequences really hold.
+
 With LoRA (`max_loras`), a waiting request whose adapter would make the running batch hold more
 than `max_loras` distinct adapters is passed over (it keeps its place) until one drains.
 """

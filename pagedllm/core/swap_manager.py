@@ -14,6 +14,10 @@ SchedulerOutput; it executes swap-outs, then swap-ins, then copy-on-write copies
 the forward pass (a device block a swap-out released may be reused in the same step).
 Swapped-in blocks are private (refcount 1) and uncached; the prefix cache registers them
 again after the request's next step, like any newly full blocks.
+
+With several KV groups (core/kv_groups.py) every group's real blocks are swapped, after the
+sliding groups have dropped what fell out of their window; `request.swapped_layout` keeps
+each table's shape (leading NULL_BLOCK entries, CPU blocks) so swap-in rebuilds it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
+from pagedllm.core.kv_groups import NULL_BLOCK, cdiv
 from pagedllm.core.request import Request, RequestStatus
 
 
@@ -52,12 +57,17 @@ class SwapManager:
         Returns False (and changes nothing) when the swap pool lacks room or the request
         holds no blocks: the caller then preempts by recompute.
         """
-        device_ids = request.block_ids
+        bm = self.block_manager
+        bm.free_out_of_window(request)
+        real = [[b for b in t if not bm.is_null(b)] for t in request.block_tables]
+        device_ids = [b for t in real for b in t]
         if not device_ids or len(device_ids) > self.num_free_blocks:
             return False
         cpu_ids = [self.free_blocks.popleft() for _ in device_ids]
         self.pending_swap_out.extend(zip(device_ids, cpu_ids, strict=True))
-        self.block_manager.free(request)
+        request.swapped_layout = [(len(t) - len(r), len(r))
+                                  for t, r in zip(request.block_tables, real, strict=True)]
+        bm.free(request)
         request.swapped_block_ids = cpu_ids
         request.status = RequestStatus.SWAPPED
         return True
@@ -67,13 +77,16 @@ class SwapManager:
         `num_new_tokens` tokens; False (and nothing changes) when too few blocks are free."""
         bm = self.block_manager
         cpu_ids = request.swapped_block_ids
-        end = request.num_computed_tokens + num_new_tokens
-        need = max(len(cpu_ids), -(-end // bm.block_size))
+        blocks = cdiv(request.num_computed_tokens + num_new_tokens, bm.block_size)
+        need = sum(max(lead + n, blocks) - lead for lead, n in request.swapped_layout)
         if need > bm.num_free_blocks:
             return False
-        request.block_ids = bm.take_blocks(len(cpu_ids))
+        fresh = bm.take_blocks(len(cpu_ids))
+        it = iter(fresh)
+        request.block_tables = [[NULL_BLOCK] * lead + [next(it) for _ in range(n)]
+                                for lead, n in request.swapped_layout]
         request.num_cached_blocks = 0
-        self.pending_swap_in.extend(zip(cpu_ids, request.block_ids, strict=True))
+        self.pending_swap_in.extend(zip(cpu_ids, fresh, strict=True))
         if not bm.allocate_slots(request, num_new_tokens):
             raise BlockInvariantError(f"no room for {request} after its swap-in")
         self._release(request)
@@ -87,6 +100,7 @@ class SwapManager:
     def _release(self, request: Request) -> None:
         self.free_blocks.extend(request.swapped_block_ids)
         request.swapped_block_ids = []
+        request.swapped_layout = []
 
     def take_pending(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """This step's (swap-out, swap-in) copies, for the runner; clears the queues."""
@@ -104,10 +118,11 @@ class SwapManager:
                 if req.swapped_block_ids:
                     raise BlockInvariantError(f"{req} is not swapped but holds CPU blocks")
                 continue
-            if req.block_ids:
+            if any(req.block_tables):
                 raise BlockInvariantError(f"swapped {req} still holds device blocks")
-            if len(req.swapped_block_ids) * self.block_manager.block_size \
-                    < req.num_computed_tokens:
+            if sum(n for _, n in req.swapped_layout) != len(req.swapped_block_ids) or any(
+                    (lead + n) * self.block_manager.block_size < req.num_computed_tokens
+                    for lead, n in req.swapped_layout):
                 raise BlockInvariantError(f"swapped {req} has computed tokens beyond its blocks")
             for bid in req.swapped_block_ids:
                 holders[bid] += 1

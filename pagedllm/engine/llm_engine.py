@@ -102,7 +102,8 @@ class LLMEngine:
                 own, draft = plan_spec.bytes_per_block, self.spec.draft_kv_spec.bytes_per_block
                 budget = budget * own // (own + draft)
         self.num_blocks = model_setup.plan_num_blocks(plan_spec, budget, config.max_model_len,
-                                                      model_dtype=config.torch_dtype)
+                                                      model_dtype=config.torch_dtype,
+                                                      chunk=config.max_num_batched_tokens)
         self.num_swap_blocks = model_setup.plan_swap_blocks(plan_spec, config)
         if self.executor is not None:
             self.executor.start(self.num_blocks, self.num_swap_blocks)
@@ -114,8 +115,16 @@ class LLMEngine:
             logger.warning("prefix caching disabled: with dynamic NTK RoPE a key's rotation "
                            "depends on the length its sequence had when it was computed")
             config.enable_prefix_caching = False
+        layout = self.kv_spec.groups
+        if config.enable_prefix_caching and layout.groups[0].window is not None:
+            logger.warning("prefix caching disabled: every layer has a sliding window whose "
+                           "out-of-window blocks are freed (%s); pass "
+                           "--disable-hybrid-kv-cache-manager to keep them and cache prefixes",
+                           layout.describe())
+            config.enable_prefix_caching = False
         self.block_manager = BlockManager(self.num_blocks, config.block_size,
-                                          enable_caching=config.enable_prefix_caching)
+                                          enable_caching=config.enable_prefix_caching,
+                                          layout=layout)
         self.swap_manager = (SwapManager(self.num_swap_blocks, self.block_manager)
                              if config.preemption_mode == "swap" else None)
         self.scheduler = Scheduler(

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
+from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.loader import Checkpoint
 from pagedllm.model.layers.quant import hf_checkpoint
 from pagedllm.model.models.llama import model_dims
@@ -79,11 +80,37 @@ def attention_window(hf_config, model: nn.Module) -> int | None:
     return window
 
 
+def layer_windows(hf_config) -> list[int | None]:
+    """Each layer's sliding window (None: full attention), as the model applies them:
+    per layer for models that say so (Gemma 3), else the config's one window on every layer
+    (Mistral), else none."""
+    n = hf_config.num_hidden_layers
+    window = getattr(hf_config, "sliding_window", None)
+    if not window or not getattr(hf_config, "use_sliding_window", True):
+        return [None] * n
+    try:
+        cls = get_model_class(getattr(hf_config, "architectures", None))
+    except ValueError:
+        cls = None
+    if getattr(cls, "per_layer_sliding_window", False):
+        from pagedllm.model.models.gemma3 import SLIDING, layer_types
+
+        return [window if t == SLIDING else None for t in layer_types(hf_config)]
+    return [window] * n
+
+
 def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:
+    """The KV cache's shape; its group layout frees sliding layers' out-of-window blocks
+    unless `disable_hybrid_kv_cache_manager` (then every layer keeps all its KV)."""
     _, kv_heads, head_dim = model_dims(hf_config)
-    return KVCacheSpec(num_layers=hf_config.num_hidden_layers, num_kv_heads=kv_heads,
-                       head_dim=head_dim, dtype=config.torch_kv_cache_dtype,
-                       block_size=config.block_size)
+    n = hf_config.num_hidden_layers
+    # Tensor-parallel ranks rebuild the batch from rank 0's arrays, which carry one table.
+    single = config.disable_hybrid_kv_cache_manager or config.tensor_parallel_size > 1
+    layout = (KVGroupLayout.single(n) if single
+              else KVGroupLayout.from_windows(layer_windows(hf_config)))
+    return KVCacheSpec(num_layers=n, num_kv_heads=kv_heads, head_dim=head_dim,
+                       dtype=config.torch_kv_cache_dtype, block_size=config.block_size,
+                       layout=layout)
 
 
 def kv_specs(hf_config, config: EngineConfig, tp=None) -> tuple[KVCacheSpec, KVCacheSpec]:
@@ -115,14 +142,16 @@ def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None)
 
 
 def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int,
-                    model_dtype: torch.dtype | None = None) -> int:
-    """Blocks that fit in `budget`; refuses a pool that cannot hold one max_model_len sequence.
+                    model_dtype: torch.dtype | None = None, chunk: int = 1) -> int:
+    """Blocks that fit in `budget`; refuses a pool that cannot hold one max_model_len sequence
+    (computing `chunk` tokens a step).
 
     With an int8 / fp8 cache and `model_dtype` given, the log also compares the capacity with
     an unquantized cache of the model dtype.
     """
     num_blocks = spec.num_blocks_for(budget)
-    per_seq = spec.blocks_per_seq(max_model_len)
+    usable = num_blocks - (1 if spec.groups.frees_blocks else 0)  # NULL_BLOCK
+    per_seq = spec.blocks_per_seq(max_model_len, min(chunk, max_model_len))
     dtype_name = str(spec.dtype).removeprefix("torch.")
     scale_term = f" + {spec.scale_bytes} scale bytes" if spec.quantized else ""
     vs_model = ""
@@ -137,7 +166,8 @@ def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int,
         spec.num_kv_heads, spec.head_dim, spec.dtype_bytes, scale_term, budget / GiB,
         num_blocks, spec.block_size, num_blocks * spec.block_size, vs_model,
         num_blocks / per_seq, max_model_len)
-    if num_blocks < per_seq:
+    log_groups(spec, max_model_len)
+    if usable < per_seq:
         need = per_seq * spec.bytes_per_block
         raise ValueError(
             f"the KV cache budget of {budget / GiB:.3f} GiB holds {num_blocks} blocks "
@@ -146,6 +176,20 @@ def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int,
             f"{need / GiB:.3f} GiB ({need} bytes) or lower max_model_len to "
             f"{num_blocks * spec.block_size}")
     return num_blocks
+
+
+def log_groups(spec: KVCacheSpec, max_model_len: int) -> None:
+    """With sliding-window groups: each group's bytes per token, and what one max_model_len
+    sequence holds against keeping every layer's KV."""
+    if not spec.groups.frees_blocks:
+        return
+    for line in spec.group_lines():
+        logger.info("KV %s", line)
+    kept = spec.bytes_per_seq(max_model_len)
+    every = spec.bytes_per_seq_every_layer(max_model_len)
+    logger.info("KV of one %d-token sequence: %.1f MiB with out-of-window blocks freed, "
+                "%.1f MiB keeping every layer's KV (%.2fx)", max_model_len, kept / 2**20,
+                every / 2**20, every / kept)
 
 
 def plan_swap_blocks(spec: KVCacheSpec, config: EngineConfig) -> int:

@@ -54,6 +54,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse the KV blocks of prompt prefixes computed before "
                    "(--no-enable-prefix-caching turns it off)")
+    g.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                   help="keep sliding-window layers' KV for the whole sequence like full "
+                   "attention (one block table; by default their out-of-window blocks are freed)")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPES],
                    help="KV cache storage: auto (the model dtype), int8 or fp8 (= fp8_e4m3), "
                    "fp8_e5m2; 8-bit caches hold ~2x (vs fp16) or ~4x (vs fp32) the tokens, with "
@@ -288,4 +291,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         data_parallel_size=args.data_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,
         speculative_config=getattr(args, "speculative_config", None),
-        enforce_eager=args.enforce_eager)
+        enforce_eager=args.enforce_eager,
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager)

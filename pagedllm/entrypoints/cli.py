@@ -1,5 +1,5 @@
 """`pagedllm` command line: serve (OpenAI-compatible HTTP server), generate, chat, plan,
-bench, build-kernels. `python -m pagedllm` is the same command."""
+bench, finetune, build-kernels. `python -m pagedllm` is the same command."""
 
 from __future__ import annotations
 
@@ -242,6 +242,12 @@ def cmd_merge_lora(args) -> int:
     return 0
 
 
+def cmd_finetune(args) -> int:
+    from pagedllm.finetune.cli import run_finetune
+
+    return run_finetune(args)
+
+
 def _memory_bytes(text: str) -> int:
     """--memory: GiB for a plain number, else a size with a unit (80GiB, 24GB)."""
     from pagedllm.config import parse_size
@@ -310,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("adapter", help="PEFT adapter directory (adapter_config.json + weights)")
     ml.add_argument("out_dir", help="where the merged checkpoint is written")
     ml.set_defaults(func=cmd_merge_lora)
+    ft = command("finetune", "train a LoRA / QLoRA adapter (PEFT format, served by "
+                 "--lora-modules unchanged)")
+    from pagedllm.finetune.cli import add_finetune_args
+
+    add_finetune_args(ft)
+    ft.set_defaults(func=cmd_finetune)
     bk = command("build-kernels", "compile the C++ CPU kernels now (cached; a first start "
                  "otherwise does it)")
     bk.set_defaults(func=cmd_build_kernels)

@@ -168,7 +168,10 @@ def build(sources: list[Path], name: str):
 
 
 def fp32_ops(x):
-    """The compiled module when `x` is an fp32 CPU tensor and kernels are available."""
-    if x.device.type != "cpu" or x.dtype != torch.float32:
+    """The compiled module when `x` is an fp32 CPU tensor and kernels are available.
+
+    None too when `x` requires grad (a training forward, pagedllm.finetune): the kernels
+    work in place and have no backward, so autograd runs the torch ops instead."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
         return None
     return load()

@@ -202,15 +202,21 @@ def iter_gguf_quantized(
     reader: GGUFReader, config: LlamaConfig
 ) -> Iterator[tuple[str, torch.Tensor | gguf_quant.GGUFWeight]]:
     """Yield ``(hf_name, weight)``: block-quantized matrices as `GGUFWeight` (kept quantized),
-    F32/F16/BF16 tensors as float32 tensors."""
+    F32/F16/BF16 tensors as float32 tensors (Gemma 3's norms lose llama.cpp's +1)."""
+    gemma3 = _architecture(reader) == gguf_gemma3.ARCH
     for tensor, name in _tensors(reader):
         qtype = tensor.tensor_type
         if qtype in gguf_quant.DENSE_TYPES:
             array = dequantize(tensor.data, qtype).reshape(_hf_shape(tensor))
-            if (order := _row_order(name, array.shape[0], config)) is not None:
+            if gemma3:
+                array = gguf_gemma3.to_hf(name, array)
+            elif (order := _row_order(name, array.shape[0], config)) is not None:
                 array = array[order]
             yield name, torch.from_numpy(np.array(array, dtype=np.float32))
             continue
+        if gemma3 and name.endswith("norm.weight"):
+            raise UnsupportedModelError(f"GGUF gemma3 norm {tensor.name} is {qtype.name}; "
+                                        "only F32/F16/BF16 norms are supported")
         if len(tensor.shape) != 2:
             raise UnsupportedModelError(
                 f"GGUF tensor {tensor.name} ({qtype.name}) has {len(tensor.shape)} dimensions; "
@@ -312,20 +318,14 @@ def load_gguf_checkpoint(
             build_atomically(entry, lambda tmp: _write_meta(tmp, config, tokenizer))
         except OSError as exc:
             logger.warning("cannot write cache %s (%s); weights stream from the GGUF", entry, exc)
-            if quantized and _architecture(reader) != gguf_gemma3.ARCH:
+            if quantized:
                 return Checkpoint(config, tokenizer, lambda: iter_gguf_quantized(reader, config),
                                   path, quantization="gguf")
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
     if quantized:
         config, tokenizer = _entry_meta(entry)
         reader = reader or open_gguf(path)
-        if _architecture(reader) == gguf_gemma3.ARCH:
-            # Gemma 3's embedding scale and (1 + w) norms are not wired to quantized weights
-            # yet: its GGUF loads dequantized (the cached fp32 copy below).
-            logger.info("gemma3 GGUF: weights are dequantized (quantized Gemma 3 not wired)")
-            quantized = False
-        else:
-            gguf_config(reader)  # the file's architecture is still supported
+        gguf_config(reader)  # the file's architecture is still supported
     if quantized:
         logger.info("loaded %s quantized (config and tokenizer from %s) in %.2fs", path.name,
                     entry, time.perf_counter() - start)

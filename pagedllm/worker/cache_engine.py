@@ -1,8 +1,10 @@
 """The KV pool tensors: one preallocated tensor for all layers, K and V (plus their scales
 when the cache is int8 / fp8).
 
-Layout `[layers, 2, num_blocks, block_size, kv_heads, head_dim]`; layer l's K pool is
-`kv[l, 0]` (`num_blocks x block_size x kv_heads x head_dim`). A quantized cache adds
+Layout `[layers_per_block, 2, num_blocks, block_size, kv_heads, head_dim]`; layer l's K pool
+is `kv[s, 0]` (`num_blocks x block_size x kv_heads x head_dim`) for its slot s in its KV group
+(core/kv_groups.py: one group of every layer, s = l, unless sliding-window layers keep
+tables of their own; then the layers of different groups share slots, at different blocks). A quantized cache adds
 `scales [layers, 2, num_blocks, block_size, kv_heads]` (float16, one per token per KV head;
 see model/layers/kv_quant.py). Both are indexed by the same block ids, and every operation
 that moves blocks goes through `pools`, so scales always travel with their values.
@@ -47,7 +49,7 @@ class CacheEngine:
         self.spec = spec
         self.num_blocks = num_blocks
         self.num_swap_blocks = num_swap_blocks
-        shape = (spec.num_layers, 2, num_blocks, spec.block_size, spec.num_kv_heads)
+        shape = (spec.layers_per_block, 2, num_blocks, spec.block_size, spec.num_kv_heads)
         self.kv = _zeros((*shape, spec.head_dim), spec.dtype, device)
         self.scales = _zeros(shape, kv_quant.SCALE_DTYPE, device) if spec.quantized else None
         # Same layout as `pools` with num_swap_blocks on dim 2. A block is never read before a
@@ -57,10 +59,12 @@ class CacheEngine:
                         device="cpu", pin_memory=device.type == "cuda")
             for p in self.pools] if num_swap_blocks else []
         s = self.scales
-        self.layer_caches = [
-            LayerKVCache(self.kv[i, 0], self.kv[i, 1],
-                         None if s is None else s[i, 0], None if s is None else s[i, 1])
-            for i in range(spec.num_layers)]
+        self.layer_caches = []
+        for layer in range(spec.num_layers):
+            group, i = spec.groups.slot_of(layer)
+            self.layer_caches.append(LayerKVCache(
+                self.kv[i, 0], self.kv[i, 1], None if s is None else s[i, 0],
+                None if s is None else s[i, 1], group))
 
     @property
     def pools(self) -> list[torch.Tensor]:

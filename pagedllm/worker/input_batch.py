@@ -9,15 +9,19 @@
 A request verifying draft tokens (speculative decoding: its last token + k drafts) runs on
 the decode path as k + 1 decode rows, one per query token, each attending to the keys up
 to its own position (all of the step's KV is written before attention reads it).
+
+With several KV groups (core/kv_groups.py) each group has its own block tables and slots;
+`meta.groups[g]` carries them (sliding groups with their window's mask already applied).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
+from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.core.scheduler import ScheduledRequest
 from pagedllm.kernels import triton as triton_ops
 from pagedllm.model.layers.attention import AttentionMetadata, VarlenBatch
@@ -36,6 +40,9 @@ class HostBatch:
     # The first `num_decode_reqs` requests run on the decode path, one row per query token
     # (speculative verification has 1 + k of them); None: those with one new token.
     num_decode_reqs: int | None = None
+    # KV groups 1.. (core/kv_groups.py): their [n, max_blocks] tables and windows.
+    group_tables: list[np.ndarray] = field(default_factory=list)
+    group_windows: list[int | None] = field(default_factory=list)
 
 
 @dataclass
@@ -73,12 +80,26 @@ def _query_tokens(s: ScheduledRequest, start: int) -> list[int]:
     return toks
 
 
+def _block_table(order: list[ScheduledRequest], width: int, group: int,
+                 tables: PersistentBatch | None) -> np.ndarray:
+    if tables is not None:
+        return tables.block_tables([s.request for s in order], width, group)
+    bt = np.zeros((len(order), width), np.int64)
+    for i, s in enumerate(order):
+        req = s.request
+        blocks = (req.block_ids if group == 0 else req.block_tables[group])[:width]
+        bt[i, :len(blocks)] = blocks
+    return bt
+
+
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device,
                  sliding_window: int | None = None,
-                 tables: PersistentBatch | None = None) -> BatchInputs:
+                 tables: PersistentBatch | None = None,
+                 layout: KVGroupLayout | None = None) -> BatchInputs:
     """`tables` keeps block tables across steps (only changes are copied); without it they
-    are built from the requests' block lists. On the Triton backend (CUDA) the batch gets
-    `meta.varlen` and no [P, 1, max_q, L] prefill mask (the kernel masks by position)."""
+    are built from the requests' block lists. `layout`: the KV groups (None: one). On the
+    Triton backend (CUDA) the batch gets `meta.varlen` (per KV group) and no
+    [P, 1, max_q, L] prefill mask (the kernel masks by position)."""
     order = sorted(scheduled, key=_is_prefill)
     n = len(order)
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
@@ -89,16 +110,13 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
         (t for s, a in zip(order, starts, strict=True) for t in _query_tokens(s, int(a))),
         np.int64, total)
     max_blocks = int(-(-seq_lens.max() // block_size))
-    if tables is not None:
-        bt = tables.block_tables([s.request for s in order], max_blocks)
-    else:
-        bt = np.zeros((n, max_blocks), np.int64)
-        for i, s in enumerate(order):
-            blocks = s.request.block_ids[:max_blocks]
-            bt[i, :len(blocks)] = blocks
-    nr = sum(1 for s in order if not _is_prefill(s))  # decoding requests (drafts or not)
-    inputs = inputs_from_host(HostBatch(ids, q_lens, starts, bt, nr), block_size, device,
-                              sliding_window)
+    bt = _block_table(order, max_blocks, 0, tables)
+    host = HostBatch(ids, q_lens, starts, bt, sum(1 for s in order if not _is_prefill(s)))
+    if layout is not None and layout.num_groups > 1:
+        host.group_tables = [_block_table(order, max_blocks, g, tables)
+                             for g in range(1, layout.num_groups)]
+        host.group_windows = [g.window for g in layout.groups[1:]]
+    inputs = inputs_from_host(host, block_size, device, sliding_window)
     inputs.order = order
     return inputs
 
@@ -146,6 +164,19 @@ def inputs_from_host(host: HostBatch, block_size: int, device: torch.device,
         prefill_query_valid=pre_valid, prefill_mask=pre_mask,
         varlen=VarlenBatch(to(bt), to(seq_lens), to(cu.astype(np.int32)),
                            int(q_lens.max())) if varlen else None)
+    if host.group_tables:
+        meta.groups = [meta]
+        for bt_g, window in zip(host.group_tables, host.group_windows, strict=True):
+            meta.groups.append(replace(
+                meta.for_window(window), _windowed={}, groups=None, decode_key_mask=None,
+                slot_mapping=to(bt_g[req_idx, positions // block_size] * block_size
+                                + positions % block_size),
+                decode_block_tables=None if dec_bt is None
+                else to(bt_g[req_idx[:nd], :dec_bt.shape[1]]),
+                prefill_block_tables=None if pre_bt is None
+                else to(bt_g[nr:, :pre_bt.shape[1]]),
+                varlen=None if meta.varlen is None else replace(
+                    meta.varlen, block_tables=to(bt_g))))
     return BatchInputs(input_ids=to(ids), positions=to(positions),
                        max_pos=int(seq_lens.max()) - 1, meta=meta, order=[],
                        logits_indices=cu[1:] - 1, host=host)

@@ -101,7 +101,7 @@ class ModelRunner:
         if sched.scheduled:
             self.batch.begin_step()
             batch = build_inputs(sched.scheduled, self.block_size, self.device,
-                                 self.sliding_window, self.batch)
+                                 self.sliding_window, self.batch, self.cache.spec.groups)
         rows: list[SamplingRow] = []
         row_index: list[int] = []
         owners: list[tuple[Request, int]] = []  # (request, number of rows)

@@ -4,7 +4,8 @@ idea), so that a step's bookkeeping does not grow with the tokens generated so f
     request  --first scheduled-->  row r  (kept while it runs, is preempted or swapped)
     block_table[r, :num_blocks[r]]   mirror of request.block_ids; a step copies only what
                                      changed (appended blocks; a rare in-place swap or a
-                                     reset rewrites the row)
+                                     reset rewrites the row); one such table per KV group
+                                     (request.block_tables[g], core/kv_groups.py)
     output_counts[p, v]              occurrences of token v in the output (penalty rows p only)
     prompt_mask[p, v]                token v occurs in the prompt (repetition penalty)
     num_counted[p]                   output tokens already in output_counts
@@ -35,8 +36,11 @@ class PersistentBatch:
         self.device = device
         self._rows: dict[int, tuple[Request, int]] = {}  # id(request) -> (request, row)
         self._free: list[int] = list(range(capacity - 1, -1, -1))
-        self._mirror: list[list[int]] = [[] for _ in range(capacity)]
-        self.block_table = np.zeros((capacity, max_blocks), np.int64)
+        self._capacity, self._max_blocks = capacity, max_blocks
+        # Per KV group g: the table rows and what each row mirrors (grown on first use).
+        self._tables: list[np.ndarray] = []
+        self._mirrors: list[list[list[int]]] = []
+        self._group(0)
         # Penalty state, by penalty row.
         self._prow: dict[int, int] = {}  # id(request) -> penalty row
         self._pfree: list[int] = []
@@ -53,7 +57,8 @@ class PersistentBatch:
         done = [key for key, (req, _) in self._rows.items() if req.is_finished]
         for key in done:
             _, row = self._rows.pop(key)
-            self._mirror[row] = []
+            for mirror in self._mirrors:
+                mirror[row] = []
             self._free.append(row)
             prow = self._prow.pop(key, None)
             if prow is not None:
@@ -70,30 +75,46 @@ class PersistentBatch:
         return row
 
     def _grow_rows(self) -> None:
-        old = self.block_table.shape[0]
-        self.block_table = np.concatenate([self.block_table, np.zeros_like(self.block_table)])
-        self._mirror.extend([] for _ in range(old))
+        old = self._capacity
+        self._capacity *= 2
+        for g, table in enumerate(self._tables):
+            self._tables[g] = np.concatenate([table, np.zeros_like(table)])
+            self._mirrors[g].extend([] for _ in range(old))
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
-    # ------------------------------------------------------ block tables
-    def block_tables(self, requests: list[Request], width: int) -> np.ndarray:
-        """[len(requests), width] block ids, rows synced with each request's block_ids."""
-        if width > self.block_table.shape[1]:
-            extra = max(width, 2 * self.block_table.shape[1]) - self.block_table.shape[1]
-            self.block_table = np.pad(self.block_table, ((0, 0), (0, extra)))
-        rows = np.fromiter((self._sync(r) for r in requests), np.int64, len(requests))
-        return self.block_table[rows, :width]
+    def _group(self, group: int) -> int:
+        while len(self._tables) <= group:
+            self._tables.append(np.zeros((self._capacity, self._max_blocks), np.int64))
+            self._mirrors.append([[] for _ in range(self._capacity)])
+        return group
 
-    def _sync(self, req: Request) -> int:
+    # ------------------------------------------------------ block tables
+    @property
+    def block_table(self) -> np.ndarray:
+        return self._tables[0]
+
+    def block_tables(self, requests: list[Request], width: int, group: int = 0) -> np.ndarray:
+        """[len(requests), width] block ids, rows synced with each request's table of KV
+        group `group` (block_ids for group 0)."""
+        self._group(group)
+        table = self._tables[group]
+        if width > table.shape[1]:
+            extra = max(width, 2 * table.shape[1]) - table.shape[1]
+            self._tables[group] = np.pad(table, ((0, 0), (0, extra)))
+        rows = np.fromiter((self._sync(r, group) for r in requests), np.int64, len(requests))
+        return self._tables[group][rows, :width]
+
+    def _sync(self, req: Request, group: int) -> int:
         row = self._row(req)
-        mirror, ids = self._mirror[row], req.block_ids
+        table, mirrors = self._tables[group], self._mirrors[group]
+        mirror, ids = mirrors[row], req.block_tables[group]
         if ids != mirror:  # C-level list compare: the common, unchanged case costs ~nothing
             n = len(mirror)
             if len(ids) > n and ids[:n] == mirror:  # blocks appended
-                self.block_table[row, n:len(ids)] = ids[n:]
-            else:  # reset (preemption), swap-in, copy-on-write or a deduplicated block
-                self.block_table[row, :len(ids)] = ids
-            self._mirror[row] = list(ids)
+                table[row, n:len(ids)] = ids[n:]
+            else:  # reset (preemption), swap-in, copy-on-write, dedup, out-of-window freed
+                table[row, :len(ids)] = ids
+            mirrors[row] = list(ids)
         return row
 
     # ---------------------------------------------------------- penalties

@@ -198,7 +198,7 @@ class Fuzzer:
 
     def assert_no_ghost_blocks(self) -> None:
         bm = self.engine.block_manager
-        assert bm.num_free_blocks == bm.num_blocks
+        assert bm.num_free_blocks == bm.num_usable_blocks
         assert all(b.ref_cnt == 0 for b in bm.blocks)
         assert not self.seqs
         assert all(s.is_finished and not s.block_ids for s in self.done_seqs)

@@ -39,8 +39,9 @@ def gemma3_gguf() -> Path:
 
 @pytest.fixture(scope="module")
 def gemma3_llm(gemma3_gguf) -> LLM:
+    """The dense reference path (weights dequantized to fp32, as HF's)."""
     return LLM(str(gemma3_gguf), num_threads=2, max_model_len=2048,
-               kv_cache_memory=128 * 2**20)
+               kv_cache_memory=128 * 2**20, quantization="none")
 
 
 def test_config_and_tokenizer_from_gguf(gemma3_llm, gemma3_gguf) -> None:
@@ -104,3 +105,29 @@ def test_base_model_chat_needs_a_template(gemma3_llm) -> None:
                           use_tqdm=False)
     tok = gemma3_llm.get_tokenizer()
     assert out[0].prompt_token_ids == tok.encode("Hi\n", add_special_tokens=False)
+
+
+def test_quantized_weights_match_the_dense_path(gemma3_gguf, gemma3_llm, hf_reference) -> None:
+    """By default the GGUF stays quantized (Q4_K, Q6_K, Q5_0, Q8_0 blocks, the norms' +1
+    undone), at a fifth of the dense size or less, with the greedy tokens of the dense path
+    and HF (the same 4 prompts as above: HF's results are cached), the >512-token one with
+    the sliding groups' out-of-window blocks freed."""
+    from pagedllm.engine.model_setup import weight_bytes
+    from pagedllm.loader import hf_reference_dir
+
+    quant = LLM(str(gemma3_gguf), num_threads=2, max_model_len=2048,
+                kv_cache_memory=128 * 2**20)
+    model = quant.llm_engine.model
+    formats = {m.quant.format for m in model.modules() if getattr(m, "quant", None) is not None}
+    assert {"gguf:Q4_K", "gguf:Q6_K", "gguf:Q5_0", "gguf:Q8_0"} <= formats
+    assert weight_bytes(model) < weight_bytes(gemma3_llm.llm_engine.model) / 5
+    spec = quant.llm_engine.kv_spec
+    assert spec.layers_per_block == 3 and spec.groups.num_groups == 6
+    tok = quant.get_tokenizer()
+    prompts = [tok.encode(t) for t in [*TEXTS, LONG_TEXT]]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got = quant.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    hf_dir = hf_reference_dir(str(gemma3_gguf))
+    for prompt, out in zip(prompts, got, strict=True):
+        expected, _ = hf_reference.greedy(hf_dir, prompt, MAX_TOKENS)
+        assert out.outputs[0].token_ids == expected, f"prompt of {len(prompt)} tokens"

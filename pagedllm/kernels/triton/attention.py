@@ -57,16 +57,17 @@ def _paged_attention_kernel(
         last = tl.minimum(seq_len - q_len + (tile * BLOCK_M + BLOCK_M - 1) // G, seq_len - 1)
         hi = last + 1
         lo = 0
-        if window > 0:
+        lo_exact = 0  # keys below it are outside every row's window: never loaded (their
+        if window > 0:  # blocks may be freed already, see core/ sliding-window freeing)
             first = seq_len - q_len + (tile * BLOCK_M) // G
-            lo = tl.maximum(first - window + 1, 0)
-            lo = (lo // BLOCK_N) * BLOCK_N
+            lo_exact = tl.maximum(first - window + 1, 0)
+            lo = (lo_exact // BLOCK_N) * BLOCK_N
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         for start in range(lo, hi, BLOCK_N):
             j = start + tl.arange(0, BLOCK_N)
-            j_ok = j < hi
+            j_ok = (j < hi) & (j >= lo_exact)
             block = tl.load(bt_ptr + seq * stride_bt + j // BS, mask=j_ok, other=0).to(tl.int64)
             slot = block * BS + j % BS
             kv_off = (slot * KVH + kvh)[:, None] * D + d[None, :]

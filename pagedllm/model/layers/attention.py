@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from pagedllm.kernels import cpu_ops
 from pagedllm.kernels import triton as triton_ops
 from pagedllm.model.layers import attention_triton, kv_quant
+from pagedllm.model.layers.attention_train import CausalBatchMetadata, causal_attention
 from pagedllm.model.layers.attention_triton import VarlenBatch
 
 _KERNEL_DTYPES = (torch.float32, *kv_quant.QMAX)
@@ -38,12 +39,14 @@ _KERNEL_DTYPES = (torch.float32, *kv_quant.QMAX)
 
 class LayerKVCache(NamedTuple):
     """One layer's views of the pools: K/V [num_blocks, block_size, kv_heads, head_dim] and,
-    for an int8 / fp8 cache, their scales [num_blocks, block_size, kv_heads] (else None)."""
+    for an int8 / fp8 cache, their scales [num_blocks, block_size, kv_heads] (else None);
+    `group` is the layer's KV group (core/kv_groups.py), whose block table it reads."""
 
     k: torch.Tensor
     v: torch.Tensor
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+    group: int = 0
 
 
 @dataclass
@@ -66,6 +69,13 @@ class AttentionMetadata:
     varlen: VarlenBatch | None = None
     # Per-layer windows (Gemma 3): the metadata of each window, built once per step.
     _windowed: dict[int, AttentionMetadata] = field(default_factory=dict, repr=False)
+    # With several KV groups: group g's metadata (its slots and block tables); [0] is self.
+    groups: list[AttentionMetadata] | None = field(default=None, repr=False)
+
+    def for_layer(self, kv_cache: LayerKVCache, window: int | None) -> AttentionMetadata:
+        """The metadata of a layer: its KV group's block tables, its window's mask."""
+        meta = self if self.groups is None else self.groups[kv_cache.group]
+        return meta.for_window(window)
 
     def for_window(self, window: int | None) -> AttentionMetadata:
         """This step's metadata for a layer that sees only the last `window` keys of each
@@ -86,7 +96,7 @@ class AttentionMetadata:
                 mask = mask & (visible_after <= window)
             both = window if self.sliding_window is None else min(window, self.sliding_window)
             self._windowed[window] = replace(self, sliding_window=both, prefill_mask=mask,
-                                             decode_key_mask=None)
+                                             decode_key_mask=None, _windowed={}, groups=None)
         return self._windowed[window]
 
     def decode_mask(self, width: int) -> torch.Tensor:
@@ -163,6 +173,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     `softcap` (Gemma's attn_logit_softcapping) caps the scores (torch path on CPU).
     With `meta.varlen` (CUDA) the Triton kernels do it all (attention_triton.py).
     """
+    if isinstance(meta, CausalBatchMetadata):  # training forward (pagedllm.finetune)
+        return causal_attention(q, k, v, meta, scale, softcap)
     if meta.varlen is not None and triton_ops.enabled(q):
         return attention_triton.paged_attention(q, k, v, k_cache, v_cache, meta, scale,
                                                 k_scale, v_scale, softcap)

@@ -37,6 +37,8 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.quant: QuantizedWeight | None = None
         self.lora = None  # pagedllm.lora.layer.LinearLoRA when LoRA is on: adds adapter deltas
+        # Training (pagedllm.finetune) keeps the HF layout: F.linear has a backward for x.
+        self.keep_dense = False
         self.parallel = None  # distributed.sharding hook: completes a tensor-parallel output
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
@@ -60,7 +62,7 @@ class Linear(nn.Module):
     def finalize(self) -> None:
         """Called once after weights are loaded: pick the fastest layout for the device."""
         w = self.weight.detach()
-        if self.quant is not None or w.device.type != "cpu":
+        if self.quant is not None or w.device.type != "cpu" or self.keep_dense:
             return
         if (ops := cpu_ops.fp32_ops(w)) is not None:
             self.packed = ops.pack_linear_weight(w.contiguous())

@@ -38,7 +38,8 @@ class QKNormAttention:
         out = paged_attention(q.view(t, self.num_heads, self.head_dim),
                               k.view(t, self.num_kv_heads, self.head_dim),
                               v.view(t, self.num_kv_heads, self.head_dim),
-                              kv_cache.k, kv_cache.v, meta.for_window(self.window), self.scale,
+                              kv_cache.k, kv_cache.v, meta.for_layer(kv_cache, self.window),
+                              self.scale,
                               kv_cache.k_scale, kv_cache.v_scale, softcap=self.softcap)
         return self.o_proj(out)
 
