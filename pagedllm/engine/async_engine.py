@@ -207,6 +207,8 @@ class AsyncEngine:
             if not self._drain(block=not busy, timeout=None if busy else _HEALTH_POLL_S):
                 return
             if not eng.has_unfinished_requests():
+                if busy:  # aborts (client hang-ups) emptied it: the same idle check
+                    self._check_idle()
                 eng.check_health()  # EngineFatalError ends the thread (_run)
                 continue
             steps = eng.stats.num_steps
