@@ -25,20 +25,15 @@ from pagedllm.distributed.errors import WorkerDied
 from pagedllm.distributed.executor import start_tensor_parallel
 from pagedllm.distributed.worker import rank_threads
 from pagedllm.engine import model_setup, startup
-from pagedllm.engine.chat_template import resolve_chat_template
 from pagedllm.engine.fault_injection import FaultInjector
-from pagedllm.engine.generation_config import sampling_defaults
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.stats import EngineStats
 from pagedllm.engine.token_restrictions import resolve_token_restrictions
 from pagedllm.kernels import cpu_ops
-from pagedllm.loader import load_checkpoint
 from pagedllm.lora.adapter import LoRAAdapter
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.lora.request import LoRARequest
 from pagedllm.model.layers.rope_scaling import (
-    apply_rope_overrides,
-    rope_max_len,
     rope_parameters,
 )
 from pagedllm.model.layers.sampler import make_generator
@@ -61,19 +56,9 @@ class LLMEngine:
             torch.set_num_threads(rank_threads(config))
         t_start = time.perf_counter()
         with startup.step("checkpoint (config, tokenizer)"):
-            ckpt = load_checkpoint(config.model, quantization=config.quantization,
-                                   revision=config.revision, download_dir=config.download_dir,
-                                   tokenizer=config.tokenizer)
+            ckpt, self.model_name, self.sampling_defaults = model_setup.open_checkpoint(config)
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
-        if config.chat_template is not None:
-            self.tokenizer.chat_template = resolve_chat_template(config.chat_template)
-        self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
-        # SamplingParams defaults from generation_config.json (vLLM's --generation-config).
-        self.sampling_defaults = sampling_defaults(
-            config.generation_config, ckpt.source if ckpt.source.is_dir() else None)
-        apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
-        config.finalize(*rope_max_len(ckpt.config))
         if config.torch_device.type == "cpu":
             # Compile (first run only) or load now, not inside the weight packing or a step.
             with startup.step("CPU kernels"):

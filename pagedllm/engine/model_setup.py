@@ -11,8 +11,11 @@ from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
-from pagedllm.loader import Checkpoint
+from pagedllm.engine.chat_template import resolve_chat_template
+from pagedllm.engine.generation_config import sampling_defaults
+from pagedllm.loader import Checkpoint, load_checkpoint
 from pagedllm.model.layers.quant import hf_checkpoint
+from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
 
@@ -20,6 +23,24 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
 GiB = 2**30
+
+
+def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
+    """The checkpoint of `config.model` as every engine front sees it (LLMEngine, the DP
+    front): --chat-template applied to its tokenizer, RoPE overrides applied to its config,
+    the context-length defaults resolved. Also the served model name and the SamplingParams
+    defaults from generation_config.json (vLLM's --generation-config)."""
+    ckpt = load_checkpoint(config.model, quantization=config.quantization,
+                           revision=config.revision, download_dir=config.download_dir,
+                           tokenizer=config.tokenizer)
+    if config.chat_template is not None:
+        ckpt.tokenizer.chat_template = resolve_chat_template(config.chat_template)
+    name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
+    defaults = sampling_defaults(config.generation_config,
+                                 ckpt.source if ckpt.source.is_dir() else None)
+    apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
+    config.finalize(*rope_max_len(ckpt.config))
+    return ckpt, name, defaults
 
 
 def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:

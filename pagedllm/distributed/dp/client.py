@@ -23,11 +23,8 @@ from pagedllm.config import EngineConfig
 from pagedllm.distributed.dp.launch import ProcessReplicas, RayReplicas
 from pagedllm.distributed.dp.router import PrefixAffinityRouter
 from pagedllm.distributed.errors import EngineFatalError
-from pagedllm.engine.chat_template import resolve_chat_template
-from pagedllm.engine.generation_config import sampling_defaults
+from pagedllm.engine.model_setup import open_checkpoint
 from pagedllm.engine.stats import EngineStats
-from pagedllm.loader import load_checkpoint
-from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -50,17 +47,8 @@ class DPEngine:
         if config.enable_lora:
             raise ValueError("data_parallel_size > 1: LoRA is not supported yet")
         self.config = config
-        ckpt = load_checkpoint(config.model, quantization=config.quantization,
-                               revision=config.revision, download_dir=config.download_dir,
-                               tokenizer=config.tokenizer)
+        ckpt, self.model_name, self.sampling_defaults = open_checkpoint(config)
         self.tokenizer = ckpt.tokenizer
-        if config.chat_template is not None:
-            self.tokenizer.chat_template = resolve_chat_template(config.chat_template)
-        self.model_name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
-        self.sampling_defaults = sampling_defaults(
-            config.generation_config, ckpt.source if ckpt.source.is_dir() else None)
-        apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
-        config.finalize(*rope_max_len(ckpt.config))
         self.vocab_size = ckpt.config.vocab_size
         threads = config.num_threads or max(1, (os.cpu_count() or 1) // n)
         replica_config = dataclasses.replace(config, data_parallel_size=1, num_threads=threads)
