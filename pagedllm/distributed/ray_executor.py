@@ -50,19 +50,27 @@ class _RayWorker:
         return self.worker.execute(data)
 
 
+def connect_ray():
+    """The `ray` module, connected: to $RAY_ADDRESS if set, else a local cluster (TP ranks
+    and DP replicas alike). ValueError with the install hint when Ray is missing."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ValueError("distributed_executor_backend 'ray' needs Ray: "
+                         "pip install 'pagedllm[ray]'") from exc
+    if not ray.is_initialized():
+        ray.init(log_to_driver=False)
+    return ray
+
+
 class RayExecutor(TPExecutor):
     def __init__(self, config: EngineConfig, layout: TPLayout) -> None:
-        try:
-            import ray
-            from ray.util.placement_group import placement_group
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        except ImportError as exc:
-            raise ValueError("distributed_executor_backend 'ray' needs Ray: "
-                             "pip install 'pagedllm[ray]'") from exc
+        ray = connect_ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         self._ray = ray
         self.layout = layout
-        if not ray.is_initialized():
-            ray.init(log_to_driver=False)  # $RAY_ADDRESS if set, else a local cluster
         threads = rank_threads(config)
         bundle = {"GPU": 1} if config.torch_device.type == "cuda" else {"CPU": threads}
         strategy = os.environ.get("PAGEDLLM_RAY_PLACEMENT_STRATEGY", "PACK")

@@ -56,15 +56,12 @@ class RayReplicas:
     cluster, as for tensor parallelism)."""
 
     def __init__(self, num: int, threads: int) -> None:
-        try:
-            import ray
-            from ray.util.placement_group import placement_group
-        except ImportError as exc:
-            raise ValueError("distributed_executor_backend 'ray' needs Ray: "
-                             "pip install 'pagedllm[ray]'") from exc
+        from pagedllm.distributed.ray_executor import connect_ray
+
+        ray = connect_ray()
+        from ray.util.placement_group import placement_group
+
         self._ray = ray
-        if not ray.is_initialized():
-            ray.init(log_to_driver=False)
         self.host = ray.util.get_node_ip_address()
         strategy = os.environ.get("PAGEDLLM_RAY_PLACEMENT_STRATEGY", "PACK")
         self.placement = placement_group([{"CPU": threads}] * num, strategy=strategy)
