@@ -13,45 +13,26 @@ from __future__ import annotations
 
 import random
 
-from pagedllm.worker.model_runner import RunnerOutput, SampledTokens
-from tests.engine.test_prefix_cache_fuzz import BS, Fuzzer, fingerprints, make_engine
+from tests.engine.test_prefix_cache_fuzz import BS, FakeRunner, Fuzzer, make_engine
 
 
-class GroupFakeRunner:
+class GroupFakeRunner(FakeRunner):
+    """FakeRunner over per-group block tables: a group reads only the positions its window
+    sees, and each slot holds (group, fingerprint)."""
+
     def __init__(self, layout, num_blocks: int, rng: random.Random) -> None:
+        super().__init__(num_blocks, rng)
         self.layout = layout
-        self.kv: list[tuple | None] = [None] * (num_blocks * BS)
-        self.rng = rng
-        self.fail_next = False
 
-    def execute(self, sched) -> RunnerOutput:
-        if self.fail_next:
-            self.fail_next = False
-            raise RuntimeError("injected runner failure")
-        for src, dst in sched.blocks_to_copy:
-            self.kv[dst * BS:(dst + 1) * BS] = self.kv[src * BS:(src + 1) * BS]
-        out = RunnerOutput()
-        for s in sched.scheduled:
-            req = s.request
-            start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_new_tokens
-            fps = fingerprints(req.all_token_ids[:end])
-            for g, (group, table) in enumerate(zip(self.layout.groups, req.block_tables,
-                                                   strict=True)):
-                slots = [table[p // BS] * BS + p % BS for p in range(end)]
-                lo = 0 if group.window is None else max(0, start - group.window + 1)
-                for p in range(lo, start):
-                    assert self.kv[slots[p]] == (g, fps[p]), f"{req}: group {g} position {p}"
-                for p in range(start, end):
-                    self.kv[slots[p]] = (g, fps[p])
-            if s.samples:
-                n = 1 if req.forked else req.sampling_params.n
-                if req.sampling_params.temperature == 0:
-                    toks = [2 + fps[end - 1] % 5] * n
-                else:
-                    toks = [1 if self.rng.random() < 0.04 else self.rng.randrange(2, 7)
-                            for _ in range(n)]
-                out.sampled.append(SampledTokens(req, toks))
-        return out
+    def attend_and_write(self, req, start: int, end: int, fps: list[int]) -> None:
+        for g, (group, table) in enumerate(zip(self.layout.groups, req.block_tables,
+                                               strict=True)):
+            slots = [table[p // BS] * BS + p % BS for p in range(end)]
+            lo = 0 if group.window is None else max(0, start - group.window + 1)
+            for p in range(lo, start):
+                assert self.kv[slots[p]] == (g, fps[p]), f"{req}: group {g} position {p}"
+            for p in range(start, end):
+                self.kv[slots[p]] = (g, fps[p])
 
 
 def test_fuzz_with_sliding_window_groups(tiny_gemma3_dir, make_llm) -> None:

@@ -61,11 +61,7 @@ class FakeRunner:
             req = s.request
             start, end = req.num_computed_tokens, req.num_computed_tokens + s.num_new_tokens
             fps = fingerprints(req.all_token_ids[:end])
-            slots = [req.block_ids[p // BS] * BS + p % BS for p in range(end)]
-            for p in range(start):
-                assert self.kv[slots[p]] == fps[p], f"{req}: wrong KV at position {p}"
-            for p in range(start, end):
-                self.kv[slots[p]] = fps[p]
+            self.attend_and_write(req, start, end, fps)
             if s.samples:
                 n = 1 if req.forked else req.sampling_params.n
                 if req.sampling_params.temperature == 0:
@@ -75,6 +71,15 @@ class FakeRunner:
                             for _ in range(n)]
                 out.sampled.append(SampledTokens(req, toks))
         return out
+
+
+    def attend_and_write(self, req, start: int, end: int, fps: list[int]) -> None:
+        """Positions before `start` must hold their prefix's fingerprint; write the rest."""
+        slots = [req.block_ids[p // BS] * BS + p % BS for p in range(end)]
+        for p in range(start):
+            assert self.kv[slots[p]] == fps[p], f"{req}: wrong KV at position {p}"
+        for p in range(start, end):
+            self.kv[slots[p]] = fps[p]
 
 
 class Fuzzer:
