@@ -9,9 +9,10 @@
    weight bytes. Same run, same batches: only the ratios between modes mean anything.
 2. A held-out task from `pydoc_data.topics`: "which documentation topic is this paragraph
    from?" over 8 topics (chat messages; loss only on the answer). Trains --steps steps,
-   eval loss before/after on held-out paragraphs, then serves the adapter with the engine
-   (`LLM(enable_lora=True)` + `LoRARequest`, the code path of `serve --lora-modules`) and
-   scores greedy answers on the held-out paragraphs with and without it.
+   eval loss before/after on held-out paragraphs, then serves the adapter with
+   `pagedllm serve --enable-lora --lora-modules pydoc-topics=ADAPTER` and scores greedy
+   answers (`/v1/chat/completions`) on the held-out paragraphs through the base model's name
+   and through the adapter's.
 
 Prints a table, writes benchmarks/results/finetune.json and the loss curve PNG.
 """
@@ -111,16 +112,44 @@ def run_child(args, spec: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def accuracy(llm, rows: list[dict], lora) -> float:
-    from pagedllm import SamplingParams
+def served_accuracy(base_url: str, model: str, rows: list[dict]) -> float:
+    """Greedy answers over HTTP (`/v1/chat/completions`, 8 requests in flight) scored
+    against each row's topic."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    params = SamplingParams(temperature=0.0, max_tokens=8)
-    msgs = [r["messages"][:1] for r in rows]
-    outs = llm.chat(msgs, params, use_tqdm=False, lora_request=lora)
-    answers = [o.outputs[0].text.strip().split()[0] if o.outputs[0].text.strip() else ""
-               for o in outs]
-    return sum(a.strip(".") == r["messages"][1]["content"]
-               for a, r in zip(answers, rows, strict=True)) / len(rows)
+    import httpx
+
+    def answer(row: dict) -> bool:
+        r = httpx.post(f"{base_url}/v1/chat/completions", timeout=300.0, json={
+            "model": model, "messages": row["messages"][:1], "temperature": 0.0,
+            "max_tokens": 8})
+        r.raise_for_status()
+        text = r.json()["choices"][0]["message"]["content"].strip()
+        return (text.split()[0].strip(".") if text else "") == row["messages"][1]["content"]
+
+    with ThreadPoolExecutor(8) as pool:
+        return sum(pool.map(answer, rows)) / len(rows)
+
+
+def serve_and_score(args, adapter: Path, rows: list[dict], log: Path) -> dict:
+    """`pagedllm serve BASE --enable-lora --lora-modules pydoc-topics=ADAPTER`, then the
+    held-out accuracy through the base model's name and through the adapter's."""
+    import httpx
+
+    from pagedllm.entrypoints.launcher import ServerProcess, free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", args.base, "--port",
+           str(port), "--num-threads", str(args.threads), "--enable-lora", "--lora-modules",
+           f"pydoc-topics={adapter}", "--max-lora-rank", str(args.lora_r),
+           "--max-model-len", "1024", "--disable-access-log"]
+    with ServerProcess(cmd, port, log) as srv:
+        srv.wait_ready(300.0)
+        models = httpx.get(f"{srv.base_url}/v1/models").json()["data"]
+        base = next(m["id"] for m in models if m.get("parent") is None)
+        return {"served_models": [m["id"] for m in models],
+                "served_accuracy_base": served_accuracy(srv.base_url, base, rows),
+                "served_accuracy_adapter": served_accuracy(srv.base_url, "pydoc-topics", rows)}
 
 
 def main() -> None:
@@ -172,13 +201,7 @@ def main() -> None:
     logger.info("task: %s", json.dumps(res["task"]))
     if Path(args.curve).parent.is_dir():
         shutil.copy(adapter / "loss_curve.png", args.curve)
-    from pagedllm import LLM, LoRARequest
-
-    llm = LLM(args.base, enable_lora=True, max_lora_rank=args.lora_r, num_threads=args.threads,
-              kv_cache_memory=256 * 2**20, max_model_len=1024)
-    lora = LoRARequest("pydoc-topics", 1, str(adapter))
-    res["task"]["served_accuracy_base"] = accuracy(llm, evals, None)
-    res["task"]["served_accuracy_adapter"] = accuracy(llm, evals, lora)
+    res["task"].update(serve_and_score(args, adapter, evals, tmp / "serve.log"))
     res["task"]["steps"] = steps
     Path(args.out).write_text(json.dumps(res, indent=2))
     base_tps = res["modes"]["lora"]["tokens_per_s"]

@@ -59,9 +59,10 @@ def write_random_adapter(path: Path, specs, rank: int, seed: int) -> Path:
 
 def run(llm: LLM, prompts, output_len: int, loras) -> dict:
     sp = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    warm = [loras[i] for i in range(min(len(loras), 8))] if loras else None
-    llm.generate(prompts[:len(warm or [0, 0])], SamplingParams(temperature=0, max_tokens=2),
-                 use_tqdm=False, lora_request=warm)
+    # Warm-up at the full batch (first-touch of the KV pool and activation buffers, adapters
+    # loaded into their slots), two tokens each.
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                 use_tqdm=False, lora_request=loras)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp, use_tqdm=False, lora_request=loras)
     dt = time.perf_counter() - t0
@@ -128,9 +129,12 @@ def main() -> None:
     # KV for every request at once (two engines in one process: keep it small).
     max_len = args.input_len + max(args.output_len, 3 * args.rounds) + 16
     kv = args.num_requests * max_len * 46080 + 2**26
+    # Prefix caching off: every run repeats the same prompts, and the base engine would find
+    # the previous run's prefixes cached while a run under other adapters (other block
+    # hashes) would not, which measures the cache instead of LoRA.
     common = {"max_num_seqs": args.num_requests, "kv_cache_memory": args.kv_cache_memory or kv,
-              "max_model_len": max_len,
-              "num_threads": args.num_threads}
+              "max_model_len": max_len, "num_threads": args.num_threads,
+              "enable_prefix_caching": False}
     base = LLM(args.model, **common)
     lora = LLM(args.model, enable_lora=True, max_loras=max(max(counts), 1),
                max_lora_rank=args.rank, **common)

@@ -155,8 +155,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.quick:
         args.num_prompts, args.max_tokens, args.rounds = 2, 64, 1
+    # Prefix caching off: every round re-runs the same prompts, and a cached prefix would let
+    # later rounds skip the prefill that a user with new prompts pays.
     common = {"num_threads": args.num_threads, "max_model_len": 2048,
-              "kv_cache_memory": "1GiB", "quantization": args.quantization}
+              "kv_cache_memory": "1GiB", "quantization": args.quantization,
+              "enable_prefix_caching": False}
     base = LLM(args.model, **common)
     spec = LLM(args.model, speculative_config=args.speculative_config, **common)
     tok = base.get_tokenizer()

@@ -217,9 +217,12 @@ inline void store_tile(V (&acc)[MR][2], float* y, int64_t ldy, int64_t ncols) {
 
 // Dequantize-in-registers micro-kernel: MR rows of x against one panel. The group scales
 // come precomputed (gp, from PanelDeq::fill) so the k loop has no branch: with the group
-// set-up inside it GCC kept the accumulators in memory and stored them at every k.
+// set-up inside it GCC kept the accumulators in memory and stored them at every k. noinline:
+// inlined into linear_impl's parallel lambda, GCC 12 again stored all 2 x MR accumulators to
+// the stack at every k (16 stores per k at MR = 8, ~8 cycles per extra row); as a function
+// of its own the loop keeps them in registers.
 template <int F, int MR>
-void micro_q(const PanelDeq<F>& pd, const V* gp, const float* x, int64_t ldx, float* y,
+__attribute__((noinline)) void micro_q(const PanelDeq<F>& pd, const V* gp, const float* x, int64_t ldx, float* y,
              int64_t ldy, int64_t ncols) {
   V acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();
@@ -237,9 +240,10 @@ void micro_q(const PanelDeq<F>& pd, const V* gp, const float* x, int64_t ldx, fl
   store_tile<MR>(acc, y, ldy, ncols);
 }
 
-// fp32 micro-kernel over a dequantized panel [K, NB] (gemm_cpu.cpp's chain).
+// fp32 micro-kernel over a dequantized panel [K, NB] (gemm_cpu.cpp's chain); noinline for
+// the same reason as micro_q.
 template <int MR>
-void micro_f(const float* x, int64_t ldx, const float* wp, int64_t K, float* y, int64_t ldy,
+__attribute__((noinline)) void micro_f(const float* x, int64_t ldx, const float* wp, int64_t K, float* y, int64_t ldy,
              int64_t ncols) {
   V acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();

@@ -50,10 +50,11 @@ SPECS = {
 SUPPORTED_TYPES = tuple(SPECS)
 DENSE_TYPES = (T.F32, T.F16, T.BF16)
 
-# The kernel is tuned for decoding: up to this many rows dequantize in registers, more rows
-# dequantize each panel once into an L2 scratch (benchmarks/quant_kernels.py: in-register
-# wins at 1 row, ties at 2, the scratch wins from 3 rows on).
-IN_REGISTER_ROWS = 2
+# Up to this many rows dequantize in registers, more rows dequantize each panel once into an
+# L2 scratch (benchmarks/quant_kernels.py, SmolLM2's layers, 2 threads, AVX-512: in-register
+# 1.2-1.7x faster than the scratch from 1 to 9 rows, level at 12-16, the scratch ahead from
+# 24). Decode batches up to 12 and speculative verification (1 + k rows) stay in registers.
+IN_REGISTER_ROWS = 12
 
 
 class UnsupportedQuantTypeError(ValueError):
