@@ -1,13 +1,14 @@
 """Perplexity of pagedllm's weight formats on held-out text (`pydoc_data.topics`), one run.
 
-    python benchmarks/perplexity.py [--model M.gguf] [--formats none,gguf,int8] [--windows 8]
+    python benchmarks/perplexity.py [--model M.gguf] [--formats none,gguf,int8,w8a8] [--windows 8]
 
 The text is cut into non-overlapping windows of `--window` tokens; each window is one
 prefill through the engine's own model (paged KV cache, the real kernels of the format),
 and every position's logits score the next token. The formats are `--quantization` values:
 `none` (dequantized fp32), `gguf` (the GGUF's blocks kept quantized: by construction the same
 weight values as none, so the same perplexity up to summation order), `int8` (weight-only
-int8 made at load). A format the build does not offer is reported as unavailable.
+int8 made at load), and `w8a8` (`--quantization int8 --int8-activations`: int8 weights and
+dynamic per-token int8 activations). A format the build does not offer is reported as unavailable.
 """
 
 from __future__ import annotations
@@ -66,9 +67,11 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
 
 def measure(model: str | None, fmt: str, windows: int, window: int, threads: int) -> dict:
     t0 = time.perf_counter()
+    # "w8a8": int8 weights and dynamic per-token int8 activations (--int8-activations)
+    quant, extra = ("int8", {"int8_activations": True}) if fmt == "w8a8" else (fmt, {})
     try:
-        llm = LLM(model, quantization=fmt, max_model_len=window, num_threads=threads,
-                  kv_cache_memory=2 * window * 64 * 1024, max_num_seqs=1)
+        llm = LLM(model, quantization=quant, max_model_len=window, num_threads=threads,
+                  kv_cache_memory=2 * window * 64 * 1024, max_num_seqs=1, **extra)
     except (ValueError, NotImplementedError) as exc:
         return {"format": fmt, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     from pagedllm.engine.model_setup import weight_bytes
@@ -76,7 +79,7 @@ def measure(model: str | None, fmt: str, windows: int, window: int, threads: int
     load_s = time.perf_counter() - t0
     held = {m.quant.format for m in llm.llm_engine.model.modules()
             if getattr(m, "quant", None) is not None}
-    if fmt != "none" and not any(fmt in f for f in held):
+    if quant != "none" and not any(quant in f for f in held):
         return {"format": fmt, "error": f"not implemented in this build (weights held: "
                 f"{sorted(held) or 'dense'})"}
     chunks = heldout_tokens(llm.get_tokenizer(), windows, window)
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct Q4_1 GGUF")
-    ap.add_argument("--formats", default="none,gguf,int8")
+    ap.add_argument("--formats", default="none,gguf,int8,w8a8")
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
