@@ -121,6 +121,7 @@ def cmd_serve(args) -> int:
     from pagedllm.engine.llm_engine import LLMEngine
     from pagedllm.engine.startup import warm_up
     from pagedllm.entrypoints.api_server import bind_socket
+    from pagedllm.kernels import cpu_ops
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
@@ -142,13 +143,22 @@ def cmd_serve(args) -> int:
                              "--lora-modules or --max-num-queued-* yet")
         return _serve_data_parallel(args, config)
     sock = bind_socket(args.host, args.port)
-    engine = LLMEngine(config, debug_steps=args.debug_steps)
-    for m in lora_modules:  # validate now: a bad adapter fails the start, not a request
-        try:
-            engine.load_lora(m)
-        except ValueError as e:
-            raise SystemExit(f"pagedllm serve: error: --lora-modules {m.lora_name}: {e}") from None
-    warm_up(engine)  # before /health answers 200
+
+    def load() -> LLMEngine:
+        engine = LLMEngine(config, debug_steps=args.debug_steps)
+        for m in lora_modules:  # validate now: a bad adapter fails the start, not a request
+            try:
+                engine.load_lora(m)
+            except ValueError as e:
+                raise SystemExit(f"pagedllm serve: error: --lora-modules {m.lora_name}: "
+                                 f"{e}") from None
+        warm_up(engine)  # before /health answers 200
+        return engine
+
+    # Loaded in a passing thread and never stepped here: the engine thread that runs every
+    # step is then the only one with OpenMP workers (cpu_ops.run_in_passing_thread says why).
+    engine = cpu_ops.run_in_passing_thread(load)
+    cpu_ops.release_thread_team()
     names = args.served_model_name or [engine.model_name]
     logger.info("serving %s as %s on http://%s:%d%s (chat page at /)", engine.model_name,
                 ", ".join(names), args.host, args.port,

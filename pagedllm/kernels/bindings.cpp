@@ -1,4 +1,5 @@
 // Python bindings of the CPU kernels (one extension module built from all sources).
+#include <omp.h>
 #include <torch/extension.h>
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
@@ -22,6 +23,17 @@ torch::Tensor silu_mul(torch::Tensor gate_up);
 void register_quant_int(pybind11::module& m);  // quant_int_cpu.cpp
 void register_gguf_kernels(pybind11::module_& m);  // quant_gguf_cpu.cpp
 
+// The calling thread's OpenMP team shrinks to one thread and its idle workers exit: the
+// server's main thread calls this once the engine thread has taken over, so that a stray
+// parallel region there cannot start a second team (with more OpenMP threads than CPUs
+// libgomp stops spinning workers between regions; see cpu_ops.run_in_passing_thread).
+void release_thread_team() {
+  omp_set_num_threads(1);
+#pragma omp parallel
+  {
+  }
+}
+
 // Every kernel runs without the GIL (like torch's own ops): the server's event loop thread keeps
 // answering HTTP and flushing streams while the engine thread is inside a long kernel call.
 // Arguments are converted before the GIL is released and the result after it is re-taken.
@@ -41,6 +53,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, kNoGil, "rmsnorm(x) * w");
   m.def("rotary_qk_", &rotary_qk_, kNoGil, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");
   m.def("silu_mul", &silu_mul, kNoGil, "silu(gate) * up over fused [gate | up] rows");
+  m.def("release_thread_team", &release_thread_team, kNoGil,
+        "the calling thread's OpenMP team: one thread from now on, idle workers released");
   register_quant_int(m);
   register_gguf_kernels(m);
 }
