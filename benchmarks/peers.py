@@ -24,8 +24,8 @@ Workloads (greedy, ignore_eos, `--threads` everywhere):
               allocated-but-unused KV slots sampled after every step;
   kv          pagedllm KV waste vs contiguous reservation, and concurrent sequences at a fixed
               KV budget;
-  perplexity  pagedllm's weight formats (--quantization none / gguf / int8 / int8 W8A8) on held-out text
-              (pydoc_data.topics, benchmarks/perplexity.py).
+  perplexity  pagedllm's weight formats (--quantization none / gguf / int8 / int8 W8A8) on
+              held-out text (pydoc_data.topics, benchmarks/perplexity.py).
 Every number comes with pagedllm's ratio to each peer. Writes `peers.json` and PNG plots to
 --out; --write-docs also copies the plots to docs/img/ and rewrites the "Peers" section of
 docs/benchmarks.md. Peers that are not prepared (or not installed) are reported as skipped.

@@ -1,6 +1,7 @@
 """Perplexity of pagedllm's weight formats on held-out text (`pydoc_data.topics`), one run.
 
-    python benchmarks/perplexity.py [--model M.gguf] [--formats none,gguf,int8,w8a8] [--windows 8]
+    python benchmarks/perplexity.py [--model M.gguf] [--formats none,gguf,int8,w8a8]
+                                    [--windows 8]
 
 The text is cut into non-overlapping windows of `--window` tokens; each window is one
 prefill through the engine's own model (paged KV cache, the real kernels of the format),
@@ -8,7 +9,8 @@ and every position's logits score the next token. The formats are `--quantizatio
 `none` (dequantized fp32), `gguf` (the GGUF's blocks kept quantized: by construction the same
 weight values as none, so the same perplexity up to summation order), `int8` (weight-only
 int8 made at load), and `w8a8` (`--quantization int8 --int8-activations`: int8 weights and
-dynamic per-token int8 activations). A format the build does not offer is reported as unavailable.
+dynamic per-token int8 activations). A format the build does not offer is reported as
+unavailable.
 """
 
 from __future__ import annotations

@@ -222,8 +222,8 @@ inline void store_tile(V (&acc)[MR][2], float* y, int64_t ldy, int64_t ncols) {
 // the stack at every k (16 stores per k at MR = 8, ~8 cycles per extra row); as a function
 // of its own the loop keeps them in registers.
 template <int F, int MR>
-__attribute__((noinline)) void micro_q(const PanelDeq<F>& pd, const V* gp, const float* x, int64_t ldx, float* y,
-             int64_t ldy, int64_t ncols) {
+__attribute__((noinline)) void micro_q(const PanelDeq<F>& pd, const V* gp, const float* x,
+                                       int64_t ldx, float* y, int64_t ldy, int64_t ncols) {
   V acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();
   constexpr int G = Traits<F>::group;
@@ -243,8 +243,8 @@ __attribute__((noinline)) void micro_q(const PanelDeq<F>& pd, const V* gp, const
 // fp32 micro-kernel over a dequantized panel [K, NB] (gemm_cpu.cpp's chain); noinline for
 // the same reason as micro_q.
 template <int MR>
-__attribute__((noinline)) void micro_f(const float* x, int64_t ldx, const float* wp, int64_t K, float* y, int64_t ldy,
-             int64_t ncols) {
+__attribute__((noinline)) void micro_f(const float* x, int64_t ldx, const float* wp, int64_t K,
+                                       float* y, int64_t ldy, int64_t ncols) {
   V acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();
   for (int64_t k = 0; k < K; ++k) {
