@@ -101,7 +101,9 @@ class EngineConfig:
     max_loras: int = 1  # adapters in one batch (device slots)
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
-    int8_activations: bool = False  # with quantization="int8": W8A8 (dynamic per-token int8 x)
+    # with quantization="int8": W8A8 (dynamic per-token int8 x); a GGUF model kept quantized:
+    # its int8-activation kernels (model/layers/quant/gguf_a8.py)
+    int8_activations: bool = False
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
     enforce_eager: bool = False  # no CUDA graphs for decode steps (worker/cuda_graphs.py)
     tensor_parallel_size: int = 1  # ranks each holding 1/N of every layer (distributed/)
@@ -147,9 +149,9 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} "
                              f"(or None to detect it from the checkpoint); "
                              f"got {self.quantization!r}")
-        if self.int8_activations and self.quantization != "int8":
-            raise ValueError("int8_activations (W8A8) needs quantization='int8', got "
-                             f"{self.quantization!r}")
+        if self.int8_activations and self.quantization not in ("int8", "gguf", None):
+            raise ValueError("int8_activations needs quantization='int8' (W8A8) or a GGUF "
+                             f"model kept quantized ('gguf' or None), got {self.quantization!r}")
         if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
             raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         for name in ("tensor_parallel_size", "data_parallel_size"):

@@ -32,7 +32,8 @@ def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
     defaults from generation_config.json (vLLM's --generation-config)."""
     ckpt = load_checkpoint(config.model, quantization=config.quantization,
                            revision=config.revision, download_dir=config.download_dir,
-                           tokenizer=config.tokenizer)
+                           tokenizer=config.tokenizer,
+                           int8_activations=config.int8_activations)
     if config.chat_template is not None:
         ckpt.tokenizer.chat_template = resolve_chat_template(config.chat_template)
     name = str(config.model) if config.model else "SmolLM2-135M-Instruct"

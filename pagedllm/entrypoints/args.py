@@ -82,8 +82,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    "(weight-only int8 made at load), none (dequantize to --dtype, the "
                    "reference); None = what the checkpoint holds")
     g.add_argument("--int8-activations", action="store_true",
-                   help="with --quantization int8: W8A8, int8 activations quantized per token "
-                   "and integer dot products (faster for big batches; close, not exact)")
+                   help="int8 activations and integer dot products (close, not exact): with "
+                   "--quantization int8 W8A8 (per-token scales; faster for big batches); on a "
+                   "GGUF model llama.cpp's scheme (per-32 scales; faster decoding)")
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="most sequences in one batch")
     g.add_argument("--max-num-batched-tokens", type=human_int, default=None,

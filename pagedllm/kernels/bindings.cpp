@@ -9,6 +9,12 @@ void paged_decode_attention_quant(torch::Tensor out, torch::Tensor q, torch::Ten
                                   torch::Tensor v_cache, torch::Tensor k_scale,
                                   torch::Tensor v_scale, torch::Tensor block_tables,
                                   torch::Tensor seq_lens, double scale, int64_t window);
+torch::Tensor paged_decode_attention_qkv(torch::Tensor qkv, torch::Tensor k_cache,
+                                         torch::Tensor v_cache,
+                                         c10::optional<torch::Tensor> k_scale,
+                                         c10::optional<torch::Tensor> v_scale, torch::Tensor slots,
+                                         torch::Tensor block_tables, torch::Tensor seq_lens,
+                                         int64_t H, double scale, int64_t window);
 void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor scales,
                          torch::Tensor slots);
 int64_t gemm_panel_width();
@@ -22,6 +28,7 @@ void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
 torch::Tensor silu_mul(torch::Tensor gate_up);
 void register_quant_int(pybind11::module& m);  // quant_int_cpu.cpp
 void register_gguf_kernels(pybind11::module_& m);  // quant_gguf_cpu.cpp
+void register_gguf_a8_kernels(pybind11::module_& m);  // quant_gguf_a8_cpu.cpp
 
 // The calling thread's OpenMP team shrinks to one thread and its idle workers exit: the
 // server's main thread calls this once the engine thread has taken over, so that a stray
@@ -43,6 +50,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, kNoGil, "paged decode attention (CPU, fp32)");
   m.def("paged_decode_attention_quant", &paged_decode_attention_quant, kNoGil,
         "paged decode attention over an int8 / fp8 cache with float16 scales (CPU)");
+  m.def("paged_decode_attention_qkv", &paged_decode_attention_qkv, kNoGil,
+        "write the new K/V of fused qkv decode rows into the cache, then paged decode attention");
   m.def("quantize_into_cache", &quantize_into_cache, kNoGil,
         "quantize K or V rows and store values and float16 scales at their slots (CPU)");
   m.def("gemm_panel_width", &gemm_panel_width, kNoGil, "output columns per packed weight panel");
@@ -57,4 +66,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the calling thread's OpenMP team: one thread from now on, idle workers released");
   register_quant_int(m);
   register_gguf_kernels(m);
+  register_gguf_a8_kernels(m);
 }

@@ -58,59 +58,7 @@ int bits_of(int64_t fmt) {
   TORCH_CHECK(false, "unknown GGUF kernel format ", fmt);
 }
 
-#if defined(__AVX512F__)
-#define PAGEDLLM_GGUF_SIMD 1
-constexpr int kVW = 16, kMR = 8;
-using V = __m512;
-using VI = __m512i;
-inline V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-inline V vset(float x) { return _mm512_set1_ps(x); }
-inline V vzero() { return _mm512_setzero_ps(); }
-inline V vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
-inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
-inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
-inline V vcvt(VI a) { return _mm512_cvtepi32_ps(a); }
-inline VI u8x(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline VI i8x(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline V f16x(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline VI iset(int x) { return _mm512_set1_epi32(x); }
-inline VI iand(VI a, VI b) { return _mm512_and_si512(a, b); }
-inline VI ior(VI a, VI b) { return _mm512_or_si512(a, b); }
-inline VI isub(VI a, VI b) { return _mm512_sub_epi32(a, b); }
-inline VI isrl4(VI a) { return _mm512_srli_epi32(a, 4); }
-inline VI isll4(VI a) { return _mm512_slli_epi32(a, 4); }
-inline VI isrlv(VI a, VI s) { return _mm512_srlv_epi32(a, s); }
-inline VI lanes_times(int b) { return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(b)); }
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define PAGEDLLM_GGUF_SIMD 1
-constexpr int kVW = 8, kMR = 6;
-using V = __m256;
-using VI = __m256i;
-inline V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-inline V vset(float x) { return _mm256_set1_ps(x); }
-inline V vzero() { return _mm256_setzero_ps(); }
-inline V vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
-inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
-inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
-inline V vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
-inline VI u8x(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-inline VI i8x(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-inline V f16x(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline VI iset(int x) { return _mm256_set1_epi32(x); }
-inline VI iand(VI a, VI b) { return _mm256_and_si256(a, b); }
-inline VI ior(VI a, VI b) { return _mm256_or_si256(a, b); }
-inline VI isub(VI a, VI b) { return _mm256_sub_epi32(a, b); }
-inline VI isrl4(VI a) { return _mm256_srli_epi32(a, 4); }
-inline VI isll4(VI a) { return _mm256_slli_epi32(a, 4); }
-inline VI isrlv(VI a, VI s) { return _mm256_srlv_epi32(a, s); }
-inline VI lanes_times(int b) { return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(b)); }
-#else
-#define PAGEDLLM_GGUF_SIMD 0
-constexpr int kVW = 8, kMR = 1;
-#endif
-constexpr int kNB = 2 * kVW;  // panel width: two vectors
+#include "simd_cpu.h"
 
 struct Packed {
   int64_t N, K, P;
@@ -205,15 +153,6 @@ struct PanelDeq {
   }
 };
 
-template <int MR>
-inline void store_tile(V (&acc)[MR][2], float* y, int64_t ldy, int64_t ncols) {
-  for (int i = 0; i < MR; ++i) {
-    float out[kNB];
-    vstore(out, acc[i][0]);
-    vstore(out + kVW, acc[i][1]);
-    std::memcpy(y + i * ldy, out, ncols * sizeof(float));
-  }
-}
 
 // Dequantize-in-registers micro-kernel: MR rows of x against one panel. The group scales
 // come precomputed (gp, from PanelDeq::fill) so the k loop has no branch: with the group
@@ -240,24 +179,6 @@ __attribute__((noinline)) void micro_q(const PanelDeq<F>& pd, const V* gp, const
   store_tile<MR>(acc, y, ldy, ncols);
 }
 
-// fp32 micro-kernel over a dequantized panel [K, NB] (gemm_cpu.cpp's chain); noinline for
-// the same reason as micro_q.
-template <int MR>
-__attribute__((noinline)) void micro_f(const float* x, int64_t ldx, const float* wp, int64_t K,
-                                       float* y, int64_t ldy, int64_t ncols) {
-  V acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();
-  for (int64_t k = 0; k < K; ++k) {
-    const V w0 = vload(wp + k * kNB), w1 = vload(wp + k * kNB + kVW);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const V xb = vset(x[i * ldx + k]);
-      acc[i][0] = vfma(xb, w0, acc[i][0]);
-      acc[i][1] = vfma(xb, w1, acc[i][1]);
-    }
-  }
-  store_tile<MR>(acc, y, ldy, ncols);
-}
 
 template <int F>
 void deq_panel(const Packed& w, int64_t p, V* gp, float* out) {  // out [K, NB]
@@ -281,14 +202,6 @@ void tail_q(int rows, const PanelDeq<F>& pd, const V* gp, const float* x, int64_
   }
 }
 
-template <int MR>
-void tail_f(int rows, const float* x, int64_t ldx, const float* wp, int64_t K, float* y,
-            int64_t ldy, int64_t ncols) {
-  if constexpr (MR > 0) {
-    if (rows == MR) return micro_f<MR>(x, ldx, wp, K, y, ldy, ncols);
-    tail_f<MR - 1>(rows, x, ldx, wp, K, y, ldy, ncols);
-  }
-}
 
 template <int F>
 void linear_impl(const Packed& w, const float* x, int64_t M, float* y, int64_t in_register_rows) {

@@ -58,7 +58,7 @@ class Checkpoint:
 def load_checkpoint(model: str | None, cache_dir: Path | None = None,
                     quantization: str | None = None, *, revision: str | None = None,
                     download_dir: str | Path | None = None,
-                    tokenizer: str | None = None) -> Checkpoint:
+                    tokenizer: str | None = None, int8_activations: bool = False) -> Checkpoint:
     """Resolve ``model`` (see :func:`resolve_model`) and load it.
 
     Args:
@@ -71,6 +71,8 @@ def load_checkpoint(model: str | None, cache_dir: Path | None = None,
         revision: branch, tag or commit of a Hub model (default main).
         download_dir: HF cache directory for Hub models instead of the default one.
         tokenizer: directory or Hub name whose tokenizer replaces the model's.
+        int8_activations: a GGUF file's weights stay in the layout of the int8-activation
+            kernels (`--int8-activations`).
     """
     path = resolve_model(model, revision, download_dir)
     if path.is_dir():
@@ -80,7 +82,8 @@ def load_checkpoint(model: str | None, cache_dir: Path | None = None,
     else:
         from pagedllm.loader.gguf_loader import load_gguf_checkpoint
 
-        ckpt = load_gguf_checkpoint(path, cache_dir=cache_dir, quantization=quantization)
+        ckpt = load_gguf_checkpoint(path, cache_dir=cache_dir, quantization=quantization,
+                                    int8_activations=int8_activations)
     if tokenizer is not None:
         tok_path = resolve_model(tokenizer, None, download_dir)
         logger.info("tokenizer from %s", tok_path)

@@ -44,6 +44,7 @@ from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safete
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
 from pagedllm.loader.hf_loader import load_hf_checkpoint
+from pagedllm.model.layers.quant import QuantizedWeight, gguf_a8
 from pagedllm.model.layers.quant import gguf as gguf_quant
 
 logger = logging.getLogger(__name__)
@@ -199,10 +200,12 @@ def iter_gguf_tensors(reader: GGUFReader, config: PretrainedConfig
 
 
 def iter_gguf_quantized(
-    reader: GGUFReader, config: LlamaConfig
-) -> Iterator[tuple[str, torch.Tensor | gguf_quant.GGUFWeight]]:
-    """Yield ``(hf_name, weight)``: block-quantized matrices as `GGUFWeight` (kept quantized),
-    F32/F16/BF16 tensors as float32 tensors (Gemma 3's norms lose llama.cpp's +1)."""
+    reader: GGUFReader, config: LlamaConfig, int8_activations: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """Yield ``(hf_name, weight)``: block-quantized matrices as `GGUFWeight` (kept quantized;
+    `GGUFA8Weight` in the file's row layout with `int8_activations`), F32/F16/BF16 tensors as
+    float32 tensors (Gemma 3's norms lose llama.cpp's +1)."""
+    make = gguf_a8.gguf_a8_weight if int8_activations else gguf_quant.gguf_weight
     gemma3 = _architecture(reader) == gguf_gemma3.ARCH
     for tensor, name in _tensors(reader):
         qtype = tensor.tensor_type
@@ -222,7 +225,7 @@ def iter_gguf_quantized(
                 f"GGUF tensor {tensor.name} ({qtype.name}) has {len(tensor.shape)} dimensions; "
                 f"only quantized matrices are supported")
         rows = _hf_shape(tensor)[0]
-        yield name, gguf_quant.gguf_weight(tensor, row_order=_row_order(name, rows, config))
+        yield name, make(tensor, row_order=_row_order(name, rows, config))
 
 
 def gguf_tokenizer(path: Path, reader: GGUFReader) -> PreTrainedTokenizerBase:
@@ -299,10 +302,12 @@ def use_quantized(quantization: str | None) -> bool:
 
 
 def load_gguf_checkpoint(
-    path: Path, cache_dir: Path | None = None, quantization: str | None = None
+    path: Path, cache_dir: Path | None = None, quantization: str | None = None,
+    int8_activations: bool = False
 ) -> Checkpoint:
     """Load ``path`` quantized (see the module docstring) or dense from its cache entry,
-    converting and caching what is missing first."""
+    converting and caching what is missing first. `int8_activations`: the quantized weights
+    stay in the file's layout for the int8-activation kernels (`quant.gguf_a8`)."""
     start = time.perf_counter()
     quantized = use_quantized(quantization)
     entry = gguf_entry_dir(path, cache_dir)
@@ -319,7 +324,8 @@ def load_gguf_checkpoint(
         except OSError as exc:
             logger.warning("cannot write cache %s (%s); weights stream from the GGUF", entry, exc)
             if quantized:
-                return Checkpoint(config, tokenizer, lambda: iter_gguf_quantized(reader, config),
+                return Checkpoint(config, tokenizer,
+                                  lambda: iter_gguf_quantized(reader, config, int8_activations),
                                   path, quantization="gguf")
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
     if quantized:
@@ -329,7 +335,8 @@ def load_gguf_checkpoint(
     if quantized:
         logger.info("loaded %s quantized (config and tokenizer from %s) in %.2fs", path.name,
                     entry, time.perf_counter() - start)
-        return Checkpoint(config, tokenizer, lambda: iter_gguf_quantized(reader, config), path,
+        return Checkpoint(config, tokenizer,
+                          lambda: iter_gguf_quantized(reader, config, int8_activations), path,
                           quantization="gguf")
     if not (entry / WEIGHTS_FILE).is_file():
         reader = reader or open_gguf(path)

@@ -15,6 +15,7 @@ from pagedllm.engine.model_setup import weight_bytes
 from pagedllm.loader import CACHE_DIR_ENV, UnsupportedModelError, load_checkpoint
 from pagedllm.loader.cache import gguf_entry_dir
 from pagedllm.model.layers.quant import gguf as gguf_quant
+from tests.model.quant.test_int8_engine import check_logprobs_close
 
 PROMPTS = [
     "The capital of France is",
@@ -69,6 +70,28 @@ def test_greedy_equals_dense_reference(quantized_llm: LLM, smollm2_gguf: Path,
     for g, w in zip(got, want, strict=True):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids, g.prompt
     assert (gguf_entry_dir(smollm2_gguf, private_cache) / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_int8_activations_are_close_by_vllms_rule(quantized_llm: LLM, smollm2_gguf: Path,
+                                                  private_cache: Path) -> None:
+    """--int8-activations: the blocks stay in the file's own layout (resident bytes = the
+    file's) and greedy outputs are close to the exact path by vLLM's logprob rule."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_DIR_ENV, str(private_cache))
+        a8 = LLM(str(smollm2_gguf), kv_cache_memory=64 * 2**20, max_model_len=512,
+                 num_threads=1, int8_activations=True)
+    model = a8.llm_engine.model
+    assert model.model.layers[0].mlp.down_proj.quant.format == "gguf:Q4_1+a8"
+    assert model.lm_head.quant is model.model.embed_tokens.quant  # tied: one table
+    file_bytes = sum(int(t.n_bytes) for t in GGUFReader(smollm2_gguf).tensors)
+    assert weight_bytes(model) <= file_bytes
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=5)
+    got = a8.generate(PROMPTS, params, use_tqdm=False)
+    want = quantized_llm.generate(PROMPTS, params, use_tqdm=False)
+    same = [check_logprobs_close(g.outputs[0], w.outputs[0])
+            for g, w in zip(got, want, strict=True)]
+    assert sum(same) >= 2 * 32, same  # and at least half the tokens identical
 
 
 def test_quantization_name_is_validated() -> None:

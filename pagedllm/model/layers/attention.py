@@ -215,3 +215,25 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         valid = meta.prefill_query_valid
         out[idx[valid]] = op[valid]
     return out.view(t, h * d)
+
+
+def paged_attention_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                        kv_cache: LayerKVCache, meta: AttentionMetadata, scale: float,
+                        softcap: float | None = None) -> torch.Tensor:
+    """`paged_attention` over the fused rows of a qkv projection, qkv [T, (H + 2 kvh) d]
+    -> [T, H d]. A step of decodes only on CPU is one C++ call that writes the new K/V and
+    attends reading the queries in place (kernels/paged_attention_cpu.cpp); every other
+    batch splits the rows and runs `paged_attention`."""
+    t = qkv.shape[0]
+    if (isinstance(meta, AttentionMetadata) and meta.num_decodes == t and t
+            and meta.varlen is None and not softcap and qkv.is_contiguous()
+            and _use_cpu_kernel(qkv, kv_cache.k)):
+        return cpu_ops.load().paged_decode_attention_qkv(
+            qkv, kv_cache.k, kv_cache.v, kv_cache.k_scale, kv_cache.v_scale,
+            meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, num_heads,
+            scale, meta.sliding_window or 0)
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], -1)
+    return paged_attention(q.view(t, num_heads, head_dim), k.view(t, num_kv_heads, head_dim),
+                           v.view(t, num_kv_heads, head_dim), kv_cache.k, kv_cache.v, meta,
+                           scale, kv_cache.k_scale, kv_cache.v_scale, softcap=softcap)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pagedllm.model.layers.activation import silu_and_mul
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention_qkv
 from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import RMSNorm
@@ -53,15 +53,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
         qkv = self.qkv_proj(x)
         rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache.k, kv_cache.v, meta, self.scale,
-                              kv_cache.k_scale, kv_cache.v_scale)
+        out = paged_attention_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                  kv_cache, meta, self.scale)
         return self.o_proj(out)
 
 

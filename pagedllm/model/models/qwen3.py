@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention_qkv
 from pagedllm.model.layers.norm import RMSNorm, head_norms_
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 from pagedllm.model.models.llama import (
@@ -29,18 +29,13 @@ class QKNormAttention:
 
     def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
         qkv = self.qkv_proj(x)
         head_norms_(qkv, self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads,
                     self.head_dim)
         rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], -1)
-        out = paged_attention(q.view(t, self.num_heads, self.head_dim),
-                              k.view(t, self.num_kv_heads, self.head_dim),
-                              v.view(t, self.num_kv_heads, self.head_dim),
-                              kv_cache.k, kv_cache.v, meta.for_layer(kv_cache, self.window),
-                              self.scale,
-                              kv_cache.k_scale, kv_cache.v_scale, softcap=self.softcap)
+        out = paged_attention_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                  kv_cache, meta.for_layer(kv_cache, self.window), self.scale,
+                                  softcap=self.softcap)
         return self.o_proj(out)
 
 

@@ -93,10 +93,12 @@ def test_smollm2_int8_is_close_to_fp32_by_vllms_rule():
     assert sum(same) >= 2 * 32, same  # and at least half the tokens identical
 
 
-def test_int8_activations_need_int8():
+def test_int8_activations_need_int8_or_gguf(tiny_llama_dir, make_llm):
     from pagedllm.config import EngineConfig
 
     with pytest.raises(ValueError, match="int8_activations"):
-        EngineConfig(int8_activations=True)
+        EngineConfig(int8_activations=True, quantization="none")
+    with pytest.raises(ValueError, match="--int8-activations needs"):  # a float HF checkpoint
+        make_llm(tiny_llama_dir, int8_activations=True)
     with pytest.raises(ValueError, match="quantization must be one of"):
         EngineConfig(quantization="fp4")

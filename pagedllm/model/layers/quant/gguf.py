@@ -160,6 +160,7 @@ class GGUFWeight(QuantizedWeight):
         self.sc = tensors.get("sc", empty)
         self.m = tensors.get("m", empty)
         self.mi = tensors.get("mi", empty)
+        self._linear_args: tuple | None = None
 
     @property
     def format(self) -> str:  # type: ignore[override]
@@ -202,8 +203,9 @@ class GGUFWeight(QuantizedWeight):
         return (self.spec.code, self.out_features, self.q, self.d, self.sc, self.m, self.mi)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        code, n, *packed = self._args()
-        return kernels().gguf_linear(x, code, n, *packed, IN_REGISTER_ROWS)
+        if self._linear_args is None:  # built once: the call runs ~200 times per decode step
+            self._linear_args = (*self._args(), IN_REGISTER_ROWS)
+        return kernels().gguf_linear(x, *self._linear_args)
 
     def dequantize(self) -> torch.Tensor:
         return kernels().gguf_dequantize(*self._args())

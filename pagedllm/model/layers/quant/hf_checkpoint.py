@@ -163,6 +163,9 @@ def prepare_weights(ckpt, config) -> Weights:
         logger.info("quantizing linear weights to int8 per output channel at load time%s",
                     " (W8A8: int8 activations)" if config.int8_activations else "")
         return quantize_int8(ckpt.weights(), config.int8_activations)
+    if config.int8_activations and ckpt.quantization != "gguf":
+        raise ValueError(f"--int8-activations needs --quantization int8 or a GGUF model kept "
+                         f"quantized; {ckpt.source} is {method or 'not quantized'}")
     if want in SUPPORTED_METHODS and want != method:
         raise ValueError(f"--quantization {want} does not match the checkpoint {ckpt.source} "
                          f"({method or 'not quantized'})")

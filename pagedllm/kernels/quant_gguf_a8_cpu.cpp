@@ -1,0 +1,411 @@
+// GGUF linear layers with int8 activations (opt-in, `--int8-activations`): the way llama.cpp
+// multiplies a quantized weight (its vec_dot_q4_1_q8_1 and siblings). Weights stay in GGUF's
+// own block layout, row by row as in the file (no repack: resident bytes = file bytes):
+//
+//   w   uint8 [N, K / block * block_bytes]   row n = the GGUF blocks of output n along K
+//
+// Small M (decoding): each row of x is quantized per 32 values to int8 with an fp32 scale
+// dx (round to nearest, dx = max|x| / 127), and a 32-value block of a weight row contributes
+//
+//   sum_i w_i x_i  ~  dx * ( S * sum_i c_i q_i  +  (B - S * zero) * sum_i q_i )
+//
+// with w_i = S (c_i - zero) + B the GGUF value (code c, per-block scale S and offset B;
+// Q6_K: S per 16 values). sum c q runs in int32 with AVX2 `maddubs` / `madd` (Q8_0's signed
+// codes through the `sign` trick, as llama.cpp does): 32 products in two instructions where
+// the exact path (quant_gguf_cpu.cpp) spends ~12 to dequantize and multiply 16 weights. Not
+// exact: rounding x to 8 bits changes the logits slightly (docs/benchmarks.md measures it).
+//
+// Large M (prefill): 16 weight rows at a time are dequantized exactly (the values
+// gguf.quants.dequantize gives) into an fp32 panel and the fp32 micro-kernel of
+// simd_cpu.h runs over it, so a prefill computes what the exact path computes.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#pragma GCC push_options
+// fp-contract=off: dequantized values are fl(fl(S * (c - zero)) + B), gguf-py's two roundings.
+#pragma GCC optimize("no-associative-math", "fp-contract=off")
+
+namespace {
+#include "simd_cpu.h"
+
+enum Fmt : int64_t { kQ4_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ8_0 = 3, kQ4_K = 4, kQ6_K = 5 };
+
+struct Layout {
+  int64_t values, bytes;  // per GGUF block
+};
+
+Layout layout(int64_t fmt) {
+  switch (fmt) {
+    case kQ4_0: return {32, 18};
+    case kQ4_1: return {32, 20};
+    case kQ5_0: return {32, 22};
+    case kQ8_0: return {32, 34};
+    case kQ4_K: return {256, 144};
+    case kQ6_K: return {256, 210};
+  }
+  TORCH_CHECK(false, "unknown GGUF kernel format ", fmt);
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PAGEDLLM_A8_SIMD 1
+
+inline float half(const uint8_t* p) {  // one F16C instruction (the exact conversion)
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One 32-value block j of a weight row: codes (uint8; Q8_0: int8) in value order, scales for
+// values 0-15 / 16-31, the zero subtracted from the code and the offset added after scaling.
+struct Block {
+  __m256i c;
+  float s0, s1, b;
+};
+
+template <int F> struct Fmt_;
+template <> struct Fmt_<kQ4_0> { static constexpr int zero = 8; static constexpr bool affine = false, split = false; };
+template <> struct Fmt_<kQ4_1> { static constexpr int zero = 0; static constexpr bool affine = true, split = false; };
+template <> struct Fmt_<kQ5_0> { static constexpr int zero = 16; static constexpr bool affine = false, split = false; };
+template <> struct Fmt_<kQ8_0> { static constexpr int zero = 0; static constexpr bool affine = false, split = false; };
+template <> struct Fmt_<kQ4_K> { static constexpr int zero = 0; static constexpr bool affine = true, split = false; };
+template <> struct Fmt_<kQ6_K> { static constexpr int zero = 32; static constexpr bool affine = false, split = true; };
+
+inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 16 bytes of two 4-bit codes each -> 32 codes: low nibbles are values 0-15, high 16-31.
+inline __m256i nibbles(const uint8_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), m = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m), _mm_and_si128(raw, m));
+}
+
+// Bit i of 32 -> byte i = 0x10 or 0 (Q5_0's fifth bits; llama.cpp's bytes_from_bits_32).
+inline __m256i fifth_bits(const uint8_t* p) {
+  uint32_t x;
+  std::memcpy(&x, p, 4);
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                         0x0101010101010101, 0x0000000000000000);
+  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), shuf);
+  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+}
+
+// Q4_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, int& sc, int& mn) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    mn = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+template <int F>
+inline Block block(const uint8_t* row, int64_t j) {
+  Block out{};
+  if constexpr (F == kQ4_0 || F == kQ4_1 || F == kQ5_0 || F == kQ8_0) {
+    const uint8_t* bp = row + j * (F == kQ4_0 ? 18 : F == kQ4_1 ? 20 : F == kQ5_0 ? 22 : 34);
+    out.s0 = out.s1 = half(bp);
+    if constexpr (F == kQ4_0) out.c = nibbles(bp + 2);
+    if constexpr (F == kQ4_1) out.c = nibbles(bp + 4), out.b = half(bp + 2);
+    if constexpr (F == kQ5_0) out.c = _mm256_or_si256(nibbles(bp + 6), fifth_bits(bp + 2));
+    if constexpr (F == kQ8_0) out.c = load256(bp + 2);
+  } else if constexpr (F == kQ4_K) {
+    const uint8_t* bp = row + (j / 8) * 144;
+    const int jj = static_cast<int>(j % 8);
+    int sc, mn;
+    scale_min_k4(jj, bp + 4, sc, mn);
+    out.s0 = out.s1 = half(bp) * static_cast<float>(sc);  // exact: 11 x 6 bits
+    out.b = -(half(bp + 2) * static_cast<float>(mn));
+    const __m256i raw = load256(bp + 16 + 32 * (jj / 2));
+    const __m256i m = _mm256_set1_epi8(15);
+    out.c = _mm256_and_si256(jj % 2 ? _mm256_srli_epi16(raw, 4) : raw, m);
+  } else {  // Q6_K: ql[128] qh[64] scales[16] d; value 128 h + 32 t + l of a super-block
+    const uint8_t* bp = row + (j / 8) * 210;
+    const int jj = static_cast<int>(j % 8), h = jj / 4, t = jj % 4;
+    const __m256i ql = load256(bp + 64 * h + 32 * (t & 1));
+    const __m256i qh = load256(bp + 128 + 32 * h);
+    const __m256i lo = _mm256_and_si256(t >= 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(15));
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+    out.c = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    const float d = half(bp + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(bp + 192) + 8 * h + 2 * t;
+    out.s0 = d * static_cast<float>(sc[0]);
+    out.s1 = d * static_cast<float>(sc[1]);
+  }
+  return out;
+}
+
+// Rows of x quantized per 32 values: q int8 [M, K], d [M, K / 32] the scales, and the
+// scaled code sums of each 16 values, f [M, K / 16], and of each 32, f32 [M, K / 32]
+// (d * sum(q): the offset terms (B - S * zero) * sum(x) need them).
+struct QuantizedX {
+  int64_t K, nblk;
+  std::vector<int8_t> q;
+  std::vector<float> d, f, f32;
+};
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int sum4(__m128i s) {
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+QuantizedX quantize_x(const float* x, int64_t M, int64_t K) {
+  const int64_t nb = K / 32;
+  QuantizedX qx{K, nb, std::vector<int8_t>(M * K), std::vector<float>(M * nb),
+                std::vector<float>(M * 2 * nb), std::vector<float>(M * nb)};
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j < nb; ++j) {
+      const float* xp = x + m * K + 32 * j;
+      __m256 v[4];
+      __m256 amax = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xp + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+      }
+      __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
+      mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
+      const float amx = _mm_cvtss_f32(mx);
+      const float d = amx / 127.f, inv = amx > 0.f ? 127.f / amx : 0.f;
+      __m256i i32[4];
+      for (int i = 0; i < 4; ++i)
+        i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]), p16b = _mm256_packs_epi32(i32[2], i32[3]);
+      const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), perm);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx.q.data() + m * K + 32 * j), q8);
+      // |q| <= 127, so maddubs(1, q) sums pairs exactly (it treats q as signed)
+      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
+      const int lo = sum4(_mm256_castsi256_si128(s32)), hi = sum4(_mm256_extracti128_si256(s32, 1));
+      qx.d[m * nb + j] = d;
+      qx.f[m * 2 * nb + 2 * j] = d * static_cast<float>(lo);
+      qx.f[m * 2 * nb + 2 * j + 1] = d * static_cast<float>(hi);
+      qx.f32[m * nb + j] = d * static_cast<float>(lo + hi);
+    }
+  }
+  return qx;
+}
+
+// MT rows of quantized x (from row m0) against one weight row: y[i * ldy] for i < MT. Per
+// block the x block's 32 int8 values meet the weight codes in one maddubs + madd; the
+// offset term is a scalar per block. noinline keeps the accumulators in registers (see
+// simd_cpu.h's micro_f). (Four weight rows per call with the offsets as vector FMAs measured
+// slower: 6.9 against 5.5 ms for SmolLM2's linears at M = 1, AVX2.)
+template <int F, int MT>
+__attribute__((noinline)) void dot_rows(const uint8_t* row, const QuantizedX& qx, int64_t m0,
+                                        float* y, int64_t ldy) {
+  using T = Fmt_<F>;
+  __m256 acc[MT];
+  float off[MT];
+  for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps(), off[i] = 0.f;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t nb = qx.nblk, K = qx.K;
+  for (int64_t j = 0; j < nb; ++j) {
+    const Block b = block<F>(row, j);
+    const __m256i wa = F == kQ8_0 ? _mm256_sign_epi8(b.c, b.c) : b.c;
+    const __m256 sv = T::split ? _mm256_set_m128(_mm_set1_ps(b.s1), _mm_set1_ps(b.s0))
+                               : _mm256_set1_ps(b.s0);
+    // offset per unit of the scaled code sums: B - S * zero (per 16 values for Q6_K)
+    const float o0 = b.b - b.s0 * static_cast<float>(T::zero);
+    const float o1 = b.b - b.s1 * static_cast<float>(T::zero);
+#pragma GCC unroll 4
+    for (int i = 0; i < MT; ++i) {
+      const int64_t m = m0 + i;
+      const __m256i xq = load256(reinterpret_cast<const uint8_t*>(qx.q.data() + m * K + 32 * j));
+      const __m256i p = _mm256_maddubs_epi16(wa, F == kQ8_0 ? _mm256_sign_epi8(xq, b.c) : xq);
+      const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+      const __m256 dx = _mm256_broadcast_ss(qx.d.data() + m * nb + j);
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(pf, dx), sv, acc[i]);
+      if constexpr (T::split) {
+        const float* f = qx.f.data() + m * 2 * nb + 2 * j;
+        off[i] += o0 * f[0] + o1 * f[1];
+      } else if constexpr (T::affine || T::zero != 0) {
+        off[i] += o0 * qx.f32[m * nb + j];
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) y[i * ldy] = hsum(acc[i]) + off[i];
+}
+
+template <int F, int MT>
+void dot_tail(int rows, const uint8_t* row, const QuantizedX& qx, int64_t m0, float* y, int64_t ldy) {
+  if constexpr (MT > 0) {
+    if (rows == MT) return dot_rows<F, MT>(row, qx, m0, y, ldy);
+    dot_tail<F, MT - 1>(rows, row, qx, m0, y, ldy);
+  }
+}
+
+// The exact fp32 values of one weight row [K] (gguf.quants.dequantize's, bit for bit).
+template <int F>
+void deq_row(const uint8_t* row, int64_t K, float* out) {
+  using T = Fmt_<F>;
+  alignas(32) uint8_t codes[32];
+  for (int64_t j = 0; j < K / 32; ++j) {
+    const Block b = block<F>(row, j);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(codes), b.c);
+    for (int v = 0; v < 4; ++v) {
+      const __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8 * v));
+      __m256i c = F == kQ8_0 ? _mm256_cvtepi8_epi32(c8) : _mm256_cvtepu8_epi32(c8);
+      if constexpr (T::zero != 0) c = _mm256_sub_epi32(c, _mm256_set1_epi32(T::zero));
+      __m256 w = _mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(v < 2 ? b.s0 : b.s1));
+      if constexpr (T::affine) w = _mm256_add_ps(w, _mm256_set1_ps(b.b));
+      _mm256_storeu_ps(out + 32 * j + 8 * v, w);
+    }
+  }
+}
+
+// dst[i * ldd + j] = src[j * lds + i] for an 8 x 8 block of floats.
+inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+
+template <int F>
+void linear_impl(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* x,
+                 int64_t M, float* y, int64_t int_rows) {
+  if (M <= int_rows) {
+    const QuantizedX qx = quantize_x(x, M, K);
+    at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        const uint8_t* row = w + n * row_bytes;
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) dot_rows<F, 4>(row, qx, m, y + m * N + n, N);
+        if (m < M) dot_tail<F, 3>(static_cast<int>(M - m), row, qx, m, y + m * N + n, N);
+      }
+    });
+    return;
+  }
+  const int64_t P = (N + kNB - 1) / kNB;
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> panel(K * kNB), rows(8 * K);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kNB, ncols = std::min<int64_t>(kNB, N - n0);
+      // 8 weight rows at a time: dequantized along K, then turned into 8 panel columns by
+      // 8 x 8 transposes (rows past N are zeros).
+      for (int64_t c0 = 0; c0 < kNB; c0 += 8) {
+        for (int64_t r = 0; r < 8; ++r) {
+          if (c0 + r < ncols) deq_row<F>(w + (n0 + c0 + r) * row_bytes, K, rows.data() + r * K);
+          else std::fill(rows.begin() + r * K, rows.begin() + (r + 1) * K, 0.f);
+        }
+        for (int64_t k = 0; k < K; k += 8) transpose8(rows.data() + k, K, panel.data() + k * kNB + c0, kNB);
+      }
+      int64_t m = 0;
+      for (; m + kMR <= M; m += kMR) micro_f<kMR>(x + m * K, K, panel.data(), K, y + m * N + n0, N, ncols);
+      if (m < M) tail_f<kMR - 1>(static_cast<int>(M - m), x + m * K, K, panel.data(), K, y + m * N + n0, N, ncols);
+    }
+  });
+}
+
+template <typename Fn>
+void dispatch(int64_t fmt, Fn&& fn) {
+  switch (fmt) {
+    case kQ4_0: return fn(std::integral_constant<int, kQ4_0>{});
+    case kQ4_1: return fn(std::integral_constant<int, kQ4_1>{});
+    case kQ5_0: return fn(std::integral_constant<int, kQ5_0>{});
+    case kQ8_0: return fn(std::integral_constant<int, kQ8_0>{});
+    case kQ4_K: return fn(std::integral_constant<int, kQ4_K>{});
+    case kQ6_K: return fn(std::integral_constant<int, kQ6_K>{});
+  }
+  TORCH_CHECK(false, "unknown GGUF kernel format ", fmt);
+}
+#else
+#define PAGEDLLM_A8_SIMD 0
+#endif
+
+// The weight's [N, row_bytes] bytes, checked against the format and K.
+int64_t checked_row_bytes(int64_t fmt, const torch::Tensor& w, int64_t K) {
+  const Layout l = layout(fmt);
+  TORCH_CHECK(w.dim() == 2 && w.dtype() == torch::kUInt8 && w.is_contiguous(),
+              "gguf_a8: weight must be contiguous uint8 [N, row bytes]");
+  TORCH_CHECK(K > 0 && K % l.values == 0, "gguf_a8: K=", K, " is not whole blocks of ", l.values);
+  TORCH_CHECK(w.size(1) == K / l.values * l.bytes, "gguf_a8: rows of ", w.size(1),
+              " bytes, K=", K, " needs ", K / l.values * l.bytes);
+  return w.size(1);
+}
+
+}  // namespace
+
+bool gguf_a8_available() { return PAGEDLLM_A8_SIMD; }
+
+torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
+                             int64_t int_rows) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous() && x.size(1) == K,
+              "gguf_a8_linear: x must be contiguous fp32 [M, ", K, "]");
+  const int64_t row_bytes = checked_row_bytes(fmt, w, K), N = w.size(0), M = x.size(0);
+  auto y = torch::empty({M, N}, x.options());
+#if PAGEDLLM_A8_SIMD
+  dispatch(fmt, [&](auto f) {
+    linear_impl<decltype(f)::value>(w.data_ptr<uint8_t>(), row_bytes, N, K, x.data_ptr<float>(),
+                                    M, y.data_ptr<float>(), int_rows);
+  });
+#else
+  TORCH_CHECK(false, "gguf_a8_linear needs AVX2 + FMA + F16C (built without them)");
+#endif
+  return y;
+}
+
+// Rows `ids` of the weight as exact fp32 [len(ids), K]: embedding lookups, and the reference.
+torch::Tensor gguf_a8_rows(torch::Tensor ids, int64_t fmt, torch::Tensor w, int64_t K) {
+  const int64_t row_bytes = checked_row_bytes(fmt, w, K), N = w.size(0);
+  auto idx = ids.to(torch::kLong).contiguous();
+  const int64_t T = idx.numel();
+  const int64_t* ip = idx.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(ip[t] >= 0 && ip[t] < N, "gguf_a8_rows: row ", ip[t], " out of range [0, ", N, ")");
+  auto out = torch::empty({T, K}, torch::kFloat32);
+#if PAGEDLLM_A8_SIMD
+  float* op = out.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  dispatch(fmt, [&](auto f) {
+    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) deq_row<decltype(f)::value>(wp + ip[t] * row_bytes, K, op + t * K);
+    });
+  });
+#else
+  TORCH_CHECK(false, "gguf_a8_rows needs AVX2 + FMA + F16C (built without them)");
+#endif
+  return out;
+}
+
+#pragma GCC pop_options
+
+void register_gguf_a8_kernels(pybind11::module_& m) {
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("gguf_a8_available", &gguf_a8_available, nogil,
+        "whether the int8-activation GGUF kernels are built (AVX2 + FMA + F16C)");
+  m.def("gguf_a8_linear", &gguf_a8_linear, nogil,
+        "y = x @ W^T over GGUF rows: int8 activations up to int_rows rows, exact fp32 above");
+  m.def("gguf_a8_rows", &gguf_a8_rows, nogil, "rows W[ids] of GGUF rows as fp32 (exact)");
+}

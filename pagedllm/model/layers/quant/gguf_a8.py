@@ -1,0 +1,114 @@
+"""GGUF weights multiplied with int8 activations (`--int8-activations` on a GGUF model).
+
+The opt-in fast path for decoding, llama.cpp's own: a GGUF matrix stays in the file's block
+layout, one row of blocks per output (no repack, resident bytes = the file's bytes), and at
+small batch sizes each row of x is quantized per 32 values to int8, so the dot products run
+as integer multiply-adds (AVX2 `maddubs`; pagedllm/kernels/quant_gguf_a8_cpu.cpp says how).
+That is several times less arithmetic per weight than the exact path (`gguf.GGUFWeight`,
+which dequantizes every weight to fp32), and is what decoding one stream is bound by here.
+
+Not exact: the activation rounding moves logits slightly (docs/benchmarks.md measures the
+closeness with vLLM's logprob rule). Above `INT_ROWS` rows (prefill, big batches) the kernel
+dequantizes the weights exactly and runs the fp32 micro-kernel, so prefill computes what the
+exact path computes. Embedding rows and `dequantize()` are exact (gguf-py's values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
+
+from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers.quant.base import QuantizedWeight
+from pagedllm.model.layers.quant.gguf import SPECS, UnsupportedQuantTypeError
+
+T = GGMLQuantizationType
+
+# Up to this many rows of x run with int8 activations; more rows (prefill) run the exact fp32
+# kernel over weights dequantized 16 rows at a time (benchmarks/quant_kernels.py measures the
+# crossing).
+INT_ROWS = 12
+
+
+@cache
+def kernels():
+    """The compiled module when it has the int8-activation GGUF kernels, else None."""
+    ops = cpu_ops.load()
+    if ops is None or not hasattr(ops, "gguf_a8_available") or not ops.gguf_a8_available():
+        return None
+    return ops
+
+
+class GGUFA8Weight(QuantizedWeight):
+    """A GGUF block-quantized matrix kept in the file's row layout (module docstring)."""
+
+    def __init__(self, qtype: T, in_features: int, rows: torch.Tensor) -> None:
+        super().__init__(rows.shape[0], in_features)
+        self.qtype = qtype
+        self.code = SPECS[qtype].code
+        self.rows = rows  # uint8 [N, K / block * block_bytes]
+
+    @property
+    def format(self) -> str:  # type: ignore[override]
+        return f"gguf:{self.qtype.name}+a8"
+
+    @classmethod
+    def from_blocks(cls, qtype: T, blocks: np.ndarray, shape: tuple[int, int],
+                    row_order: np.ndarray | None = None, name: str = "tensor") -> GGUFA8Weight:
+        """Raw GGUF bytes ([N, K / block * block_bytes] uint8) of a matrix of HF shape (N, K);
+        `row_order[i]` is the GGUF row that becomes row i."""
+        if qtype not in SPECS:
+            raise UnsupportedQuantTypeError(
+                f"GGUF tensor {name!r} has block type {qtype.name}, which has no quantized "
+                f"kernel (supported: {', '.join(t.name for t in SPECS)}); load the model with "
+                f"--quantization none to dequantize it")
+        if kernels() is None:
+            raise RuntimeError("GGUF int8-activation kernels are not built on this machine")
+        n, k = shape
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        if k % SPECS[qtype].super_block:
+            raise UnsupportedQuantTypeError(
+                f"GGUF tensor {name!r}: {k} columns are not whole {qtype.name} blocks")
+        raw = np.asarray(blocks, dtype=np.uint8).reshape(n, -1)
+        if raw.shape[1] != k // block * block_bytes:
+            raise ValueError(f"GGUF tensor {name!r}: {raw.shape[1]} bytes per row, "
+                             f"{qtype.name} x {k} columns needs {k // block * block_bytes}")
+        if row_order is not None:
+            raw = raw[row_order]
+        return cls(qtype, k, torch.from_numpy(np.ascontiguousarray(raw)))
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels().gguf_a8_linear(x, self.code, self.rows, self.in_features, INT_ROWS)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.embedding(torch.arange(self.out_features))
+
+    def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return kernels().gguf_a8_rows(token_ids.reshape(-1), self.code, self.rows,
+                                      self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.numel()
+
+    @classmethod
+    def concat(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
+        first = parts[0]
+        assert isinstance(first, GGUFA8Weight)
+        return cls(first.qtype, first.in_features,
+                   torch.cat([p.rows for p in parts]))  # type: ignore[attr-defined]
+
+
+def gguf_a8_weight(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> GGUFA8Weight:
+    """`gguf.gguf_weight`'s contract, for the int8-activation kernels."""
+    qtype = T(tensor.tensor_type)
+    dims = [int(d) for d in tensor.shape]
+    if len(dims) != 2:
+        raise ValueError(f"GGUF tensor {tensor.name!r} has shape {dims}; only matrices can "
+                         f"stay quantized")
+    return GGUFA8Weight.from_blocks(qtype, np.asarray(tensor.data), (dims[1], dims[0]),
+                                    row_order=row_order, name=tensor.name)
