@@ -12,7 +12,8 @@ kernels) and `--quantization none` (dequantized fp32, "pagedllm-fp32"), interlea
 Workloads (greedy, ignore_eos, `--threads` everywhere):
   offline     output tok/s at concurrency 1, 8, 32, 64 (128-token prompts, 128 new tokens):
               pagedllm LLM.generate (max_num_seqs=c; also with --quantization int8, weight-only
-              and W8A8, as engines pagedllm-int8 / pagedllm-w8a8), HF generate in batches of c,
+              and W8A8, as engines pagedllm-int8 / pagedllm-w8a8, and the GGUF blocks with int8
+              activations, pagedllm-a8), HF generate in batches of c,
               llama-batched-bench -npl c, llama-cpp-python (c=1), vLLM LLM.generate (batches
               of c, fp32, in its own venv: benchmarks/peers_lib/vllm.py);
   prefill     one 512-token prompt: pagedllm (and its int8 paths), HF forward, llama-bench
@@ -57,11 +58,14 @@ logger = logging.getLogger("benchmarks.peers")
 # "pagedllm" runs the default path (a GGUF's weights stay quantized); "pagedllm-fp32" the same
 # engine with --quantization none (weights dequantized to fp32, the path before issue 12).
 ENGINES = ("pagedllm", "pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm",
-           "pagedllm-int8", "pagedllm-w8a8")
+           "pagedllm-int8", "pagedllm-w8a8", "pagedllm-a8")
 FP32 = {"quantization": "none"}
 # pagedllm's int8 paths: engine args added to the default run's (--quantization int8 [W8A8])
 PAGED_VARIANTS = {"pagedllm-int8": {"quantization": "int8"},
-                  "pagedllm-w8a8": {"quantization": "int8", "int8_activations": True}}
+                  "pagedllm-w8a8": {"quantization": "int8", "int8_activations": True},
+                  "pagedllm-a8": {"int8_activations": True}}  # GGUF blocks, int8 activations
+# pagedllm servers besides the default one, with their extra flags
+PAGED_SERVERS = {"pagedllm-fp32": ["--quantization=none"], "pagedllm-a8": ["--int8-activations"]}
 SECTIONS = ("offline", "prefill", "serving", "block-sweep", "kv", "perplexity")
 
 
@@ -407,14 +411,15 @@ class Run:
                 s.pagedllm_command(self.model_arg, port, a.threads, flags), port,
                 logs / "pagedllm_serve.log"))
             paged_srv.wait_ready(300)
-            fp32_srv = None
-            if "pagedllm-fp32" in self.engines:
-                port = free_port()
-                fp32_srv = stack.enter_context(ServerProcess(
-                    s.pagedllm_command(self.model_arg, port, a.threads,
-                                       [*flags, "--quantization=none"]), port,
-                    logs / "pagedllm_fp32_serve.log"))
-                fp32_srv.wait_ready(300)
+            variants = {}
+            for e, extra_flags in PAGED_SERVERS.items():
+                if e in self.engines:
+                    port = free_port()
+                    variants[e] = stack.enter_context(ServerProcess(
+                        s.pagedllm_command(self.model_arg, port, a.threads,
+                                           [*flags, *extra_flags]), port,
+                        logs / f"{e.replace('-', '_')}_serve.log"))
+                    variants[e].wait_ready(300)
             for c in ints(a.serving_concurrency):
                 n = max(2 * c, 4)
                 logger.info("=== serving, %d clients (%d requests)", c, n)
@@ -434,10 +439,10 @@ class Run:
                     "pagedllm", f"serve c={c}", lambda c=c, n=n: s.load(
                         paged_srv.base_url, concurrency=c, num_prompts=n,
                         input_len=a.input_len, output_len=a.output_len)), c)
-                if fp32_srv is not None:
-                    self._store(self.res["serving"], "pagedllm-fp32", self.peer(
-                        "pagedllm-fp32", f"serve c={c}", lambda c=c, n=n: s.load(
-                            fp32_srv.base_url, concurrency=c, num_prompts=n,
+                for e, srv in variants.items():
+                    self._store(self.res["serving"], e, self.peer(
+                        e, f"serve c={c}", lambda c=c, n=n, srv=srv: s.load(
+                            srv.base_url, concurrency=c, num_prompts=n,
                             input_len=a.input_len, output_len=a.output_len)), c)
                 if self.bins:
                     self._store(self.res["serving"], "llama.cpp",

@@ -7,8 +7,10 @@ For each row count M it times, per decode step of SmolLM2's 30 layers + lm_head 
   fp32      packed_linear on the dequantized weights (today's path)
   q-reg     gguf_linear, codes dequantized inside the micro-kernel (in registers)
   q-scratch gguf_linear, each panel dequantized once into an L2 scratch, fp32 micro-kernel
+  a8-int    gguf_a8_linear (blocks in the file's rows), x quantized to int8, maddubs dots
+  a8-deq    gguf_a8_linear, 16 rows at a time dequantized into an fp32 panel (its prefill path)
 and prints ms per step and tokens/s if a step served M rows, plus each variant's ratio to
-fp32. The crossover decides `quant.gguf.IN_REGISTER_ROWS`.
+fp32. The crossovers decide `quant.gguf.IN_REGISTER_ROWS` and `quant.gguf_a8.INT_ROWS`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from gguf.quants import quantize  # noqa: E402
 
 from pagedllm.kernels import cpu_ops  # noqa: E402
 from pagedllm.model.layers.quant.gguf import GGUFWeight  # noqa: E402
+from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight  # noqa: E402
+
+VARIANTS = ("fp32", "q-reg", "q-scratch", "a8-int", "a8-deq")
 
 LAYERS = 30
 SHAPES = [("qkv", 960, 576, T.Q4_1, LAYERS), ("o", 576, 576, T.Q4_1, LAYERS),
@@ -64,19 +69,24 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(count):
             raw = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
             q = GGUFWeight.from_blocks(qtype, raw, (n, k))
-            weights.append((name, q, ops.pack_linear_weight(q.dequantize()), 1))
+            a8 = GGUFA8Weight.from_blocks(qtype, raw, (n, k))
+            weights.append((name, q, ops.pack_linear_weight(q.dequantize()), a8))
     rows = []
     for m in [int(r) for r in args.rows.split(",")]:
         x = torch.randn(m, 1536)
         res = {"rows": m}
-        for variant in ("fp32", "q-reg", "q-scratch"):
+        for variant in VARIANTS:
             fns = []
-            for _name, q, packed, _count in weights:
+            for _name, q, packed, a8 in weights:
                 xi = x[:, :q.in_features].contiguous()
                 code, n, *parts = q._args()
                 if variant == "fp32":
                     def fn(xi=xi, packed=packed, n=n):
                         return ops.packed_linear(xi, packed, n, None)
+                elif variant.startswith("a8"):
+                    limit = 1 << 30 if variant == "a8-int" else 0
+                    def fn(xi=xi, a8=a8, limit=limit):
+                        return ops.gguf_a8_linear(xi, a8.code, a8.rows, a8.in_features, limit)
                 else:
                     limit = 1 << 30 if variant == "q-reg" else 0
                     def fn(xi=xi, code=code, n=n, parts=parts, limit=limit):
@@ -88,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(res)
         print(f"M={m:4d}  " + "  ".join(
             f"{v}: {res[f'{v}_ms']:8.2f} ms ({res[f'{v}_tok_s']:8.1f} tok/s, "
-            f"{res['fp32_ms'] / res[f'{v}_ms']:.2f}x)" for v in ("fp32", "q-reg", "q-scratch")),
+            f"{res['fp32_ms'] / res[f'{v}_ms']:.2f}x)" for v in VARIANTS),
             flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

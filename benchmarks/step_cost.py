@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=2000)
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--num-threads", type=int, default=1)
+    ap.add_argument("--int8-activations", action="store_true",
+                    help="a GGUF model's int8-activation kernels (model/layers/quant/gguf_a8.py)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sampling-only", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/step_cost.json")
@@ -154,7 +156,8 @@ def main() -> None:
         engine = LLMEngine.from_engine_args(
             model=model, num_threads=args.num_threads, max_num_seqs=args.num_seqs,
             max_model_len=16 + args.output_len,
-            kv_cache_memory=args.num_seqs * (16 + args.output_len) * 2048 + 2**24)
+            kv_cache_memory=args.num_seqs * (16 + args.output_len) * 2048 + 2**24,
+            int8_activations=args.int8_activations)
         setups = {
             "greedy": SamplingParams(temperature=0.0, max_tokens=args.output_len,
                                      ignore_eos=True),

@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 
 PEERS = ("pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm", "pagedllm-int8",
-         "pagedllm-w8a8")
+         "pagedllm-w8a8", "pagedllm-a8")
 NAMES = {"pagedllm": "pagedllm", "pagedllm-fp32": "pagedllm fp32", "hf": "HF transformers",
          "llama.cpp": "llama.cpp", "llama-cpp-python": "llama-cpp-python", "vllm": "vLLM (CPU)",
-         "pagedllm-int8": "pagedllm int8", "pagedllm-w8a8": "pagedllm W8A8"}
+         "pagedllm-int8": "pagedllm int8", "pagedllm-w8a8": "pagedllm W8A8",
+         "pagedllm-a8": "pagedllm GGUF+a8"}
 SERVING_METRICS = (("output_throughput", None, "output tok/s"),
                    ("ttft_ms", "median", "TTFT median (ms)"), ("ttft_ms", "p99", "TTFT p99 (ms)"),
                    ("tpot_ms", "median", "TPOT median (ms)"), ("tpot_ms", "p99", "TPOT p99 (ms)"))
@@ -168,6 +169,35 @@ def int8_table(res: dict) -> str:
                    "vLLM (CPU) tok/s", "vs vLLM"], rows, left=2)
 
 
+def a8_table(res: dict) -> str:
+    """pagedllm's GGUF blocks with int8 activations (--int8-activations) against llama.cpp,
+    which multiplies the same way: offline tok/s, prefill, and serving TPOT per level."""
+    rows = []
+    off = res["offline"]
+    for c in sorted(int(c) for c in off.get("pagedllm-a8", {})):
+        v = off["pagedllm-a8"][str(c)].get("output_tok_s")
+        exact = off.get("pagedllm", {}).get(str(c), {}).get("output_tok_s")
+        llama = off.get("llama.cpp", {}).get(str(c), {}).get("output_tok_s")
+        rows.append([f"offline c={c}", "output tok/s", _fmt(v), _fmt(exact), _fmt(llama),
+                     _fmt(_ratio(v, exact), 2), _fmt(_ratio(v, llama), 2)])
+    pre = res["prefill"]
+    if "pagedllm-a8" in pre:
+        v = pre["pagedllm-a8"].get("prefill_tok_s")
+        exact = pre.get("pagedllm", {}).get("prefill_tok_s")
+        llama = pre.get("llama.cpp", {}).get("prefill_tok_s")
+        rows.append(["prefill", "tok/s", _fmt(v), _fmt(exact), _fmt(llama),
+                     _fmt(_ratio(v, exact), 2), _fmt(_ratio(v, llama), 2)])
+    srv = res["serving"]
+    for c in sorted(int(c) for c in srv.get("pagedllm-a8", {})):
+        runs = [srv.get(e, {}).get(str(c)) for e in ("pagedllm-a8", "pagedllm", "llama.cpp")]
+        vals = [serving_value(r, "tpot_ms", "median") if r and "tpot_ms" in r else None
+                for r in runs]
+        rows.append([f"serving c={c}", "TPOT median (ms)", *[_fmt(v) for v in vals],
+                     _fmt(_ratio(vals[0], vals[1]), 2), _fmt(_ratio(vals[0], vals[2]), 2)])
+    return _table(["workload", "metric", "pagedllm GGUF+a8", "pagedllm GGUF (exact)",
+                   "llama.cpp", "a8 / exact", "a8 / llama.cpp"], rows, left=2)
+
+
 def tables(res: dict) -> list[tuple[str, str]]:
     out = []
     if res["offline"]:
@@ -175,6 +205,9 @@ def tables(res: dict) -> list[tuple[str, str]]:
     if res["offline"].get("pagedllm-int8") or res["offline"].get("pagedllm-w8a8"):
         out.append(("pagedllm int8 weights (--quantization int8, W8A8: --int8-activations)",
                     int8_table(res)))
+    if res["offline"].get("pagedllm-a8"):
+        out.append(("pagedllm GGUF with int8 activations (--int8-activations) vs llama.cpp",
+                    a8_table(res)))
     if res["prefill"]:
         out.append(("Prefill", prefill_table(res)))
     if res["serving"]:

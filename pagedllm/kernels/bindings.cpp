@@ -29,6 +29,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up);
 void register_quant_int(pybind11::module& m);  // quant_int_cpu.cpp
 void register_gguf_kernels(pybind11::module_& m);  // quant_gguf_cpu.cpp
 void register_gguf_a8_kernels(pybind11::module_& m);  // quant_gguf_a8_cpu.cpp
+void register_decode_layers(pybind11::module_& m);  // decode_layers_cpu.cpp
 
 // The calling thread's OpenMP team shrinks to one thread and its idle workers exit: the
 // server's main thread calls this once the engine thread has taken over, so that a stray
@@ -67,4 +68,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_quant_int(m);
   register_gguf_kernels(m);
   register_gguf_a8_kernels(m);
+  register_decode_layers(m);
 }

@@ -71,7 +71,7 @@ def test_quick_run_writes_results(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--threads", "1",
          "--out", str(out), "--peer-dir", str(tmp_path / "no-peers"),
-         "--peers", "pagedllm,pagedllm-fp32,hf,llama.cpp",
+         "--peers", "pagedllm,pagedllm-fp32,hf,llama.cpp,pagedllm-a8",
          "--sections", "offline,prefill,serving,block-sweep,kv"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -84,14 +84,15 @@ def test_quick_run_writes_results(tmp_path):
     assert res["skipped"]["llama.cpp"].startswith("not prepared")
     assert "llama.cpp" not in res["offline"] and "llama.cpp" not in res["serving"]
     assert res["skipped"]["llama-cpp-python"] == "not selected (--peers)"
-    for engine in ("pagedllm", "pagedllm-fp32", "hf"):
+    for engine in ("pagedllm", "pagedllm-fp32", "hf", "pagedllm-a8"):
         for c in ("1", "2"):
             r = res["offline"][engine][c]
             assert r["output_tokens"] == 4 * 8 and r["output_tok_s"] > 0
         assert res["prefill"][engine]["prefill_tok_s"] > 0
     assert set(res["ratios"]["offline"]["hf"]) == {"1", "2"}
     assert set(res["ratios"]["offline"]["pagedllm-fp32"]) == {"1", "2"}
-    for c, engine in [(c, e) for c in ("1", "2") for e in ("pagedllm", "pagedllm-fp32")]:
+    for c, engine in [(c, e) for c in ("1", "2")
+                      for e in ("pagedllm", "pagedllm-fp32", "pagedllm-a8")]:
         srv = res["serving"][engine][c]
         assert srv["completed"] == 4 and srv["failed"] == 0
         assert srv["ttft_ms"]["median"] > 0 and srv["tpot_ms"]["p99"] > 0
@@ -104,6 +105,7 @@ def test_quick_run_writes_results(tmp_path):
     assert {p.name for p in out.glob("*.png")} == {"peers_offline.png", "peers_serving.png",
                                                    "peers_kv_blocks.png"}
     assert "Offline throughput" in proc.stdout
+    assert "GGUF with int8 activations" in proc.stdout
 
 
 @pytest.mark.slow

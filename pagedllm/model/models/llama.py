@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from pagedllm.model.fused_decode import FusedDecode
 from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention_qkv
 from pagedllm.model.layers.embedding import VocabEmbedding
@@ -104,11 +105,21 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(input_ids)
         seq_lens = sequence_lengths(positions, meta) if self.rotary.is_dynamic else None
         rope = RopeBatch(self.rotary.halves(positions, max_pos, seq_lens))
-        residual = None
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, rope, kv, meta)
+        if FusedDecode.applies(x, meta, kv_caches) and (fused := self.fused_decode()):
+            x, residual = fused(x, rope, kv_caches, meta)  # the layer loop in one C++ call
+        else:
+            residual = None
+            for layer, kv in zip(self.layers, kv_caches, strict=True):
+                x, residual = layer(x, residual, rope, kv, meta)
         x, _ = self.norm(x, residual)
         return x
+
+    def fused_decode(self) -> FusedDecode | None:
+        """The C++ decode loop over these layers (model/fused_decode.py), built at the first
+        decode step (after loading, LoRA and tensor-parallel set-up); None if it cannot run."""
+        if not hasattr(self, "_fused"):
+            self._fused = FusedDecode.build(self.layers, LlamaDecoderLayer, LlamaAttention)
+        return self._fused
 
 
 class LlamaForCausalLM(nn.Module):

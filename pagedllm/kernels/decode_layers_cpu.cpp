@@ -1,0 +1,121 @@
+// A decode step through all layers of a Llama-family decoder in one call (CPU, fp32).
+//
+// The per-layer work is the same kernels the Python layers call, in the same order, so the
+// result is identical to the bit; what goes away is Python's share: ~10 module calls and
+// ~10 op dispatches per layer (~3-5 us each on this CPU, 1.5-2.5 ms of a ~13 ms SmolLM2
+// decode step). Per layer, with residual r (pagedllm/model/models/llama.py):
+//
+//   h = norm(x + r)            add_rms_norm_ (first layer: r = x, h = rms_norm(x))
+//   qkv = h W_qkv ; RoPE(q, k) ; a = attention(write K/V, q)      paged_decode_attention_qkv
+//   h = norm(a W_o + r)        add_rms_norm_
+//   x = silu_mul(h W_gate_up) W_down
+//
+// A `LinearRef` is one linear layer's weight in the form its kernel takes: packed fp32
+// panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp) or GGUF rows with int8
+// activations (quant_gguf_a8_cpu.cpp); pagedllm/model/fused_decode.py builds them.
+#include <torch/extension.h>
+#include <tuple>
+#include <vector>
+
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
+                            c10::optional<torch::Tensor> bias);
+torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q, torch::Tensor d,
+                          torch::Tensor sc, torch::Tensor m, torch::Tensor mi,
+                          int64_t in_register_rows);
+torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
+                             int64_t int_rows);
+void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
+                int64_t num_kv_heads, int64_t head_dim);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor paged_decode_attention_qkv(torch::Tensor qkv, torch::Tensor k_cache,
+                                         torch::Tensor v_cache,
+                                         c10::optional<torch::Tensor> k_scale,
+                                         c10::optional<torch::Tensor> v_scale, torch::Tensor slots,
+                                         torch::Tensor block_tables, torch::Tensor seq_lens,
+                                         int64_t H, double scale, int64_t window);
+
+namespace {
+
+enum LinearKind : int64_t { kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2 };
+
+struct LinearRef {
+  int64_t kind, fmt, N, K, rows;  // rows: the kernel's in-register / int8 row limit
+  std::vector<torch::Tensor> t;
+  c10::optional<torch::Tensor> bias;
+
+  LinearRef(int64_t kind_, int64_t fmt_, int64_t N_, int64_t K_, int64_t rows_,
+            std::vector<torch::Tensor> t_, c10::optional<torch::Tensor> bias_)
+      : kind(kind_), fmt(fmt_), N(N_), K(K_), rows(rows_), t(std::move(t_)), bias(std::move(bias_)) {
+    const size_t want = kind == kPacked ? 1 : kind == kGGUFPanels ? 5 : kind == kGGUFRows ? 1 : 0;
+    TORCH_CHECK(want && t.size() == want, "LinearRef: kind ", kind, " takes ", want, " tensors");
+  }
+
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    if (kind == kPacked) return packed_linear(x, t[0], N, bias);
+    torch::Tensor y = kind == kGGUFPanels ? gguf_linear(x, fmt, N, t[0], t[1], t[2], t[3], t[4], rows)
+                                          : gguf_a8_linear(x, fmt, t[0], K, rows);
+    if (bias) y.add_(*bias);
+    return y;
+  }
+};
+
+struct DecodeLayer {
+  torch::Tensor in_norm, post_norm;
+  LinearRef qkv, o, gate_up, down;
+};
+
+// x [T, hidden] (the embeddings; overwritten) -> (h, residual) of the last layer, before the
+// final norm. Every row is a decode; caches, scales (empty lists for an fp32 cache) per layer.
+std::tuple<torch::Tensor, torch::Tensor> decode_layers(
+    torch::Tensor x, const std::vector<DecodeLayer>& layers, int64_t H, int64_t KVH, int64_t d,
+    double scale, double eps, torch::Tensor halves, const std::vector<torch::Tensor>& k_caches,
+    const std::vector<torch::Tensor>& v_caches, const std::vector<torch::Tensor>& k_scales,
+    const std::vector<torch::Tensor>& v_scales, torch::Tensor slots, torch::Tensor block_tables,
+    torch::Tensor seq_lens, int64_t window) {
+  const size_t L = layers.size();
+  TORCH_CHECK(k_caches.size() == L && v_caches.size() == L, "decode_layers: one K and V cache per layer");
+  const bool quant = !k_scales.empty();
+  TORCH_CHECK(!quant || (k_scales.size() == L && v_scales.size() == L),
+              "decode_layers: scales for every layer or none");
+  torch::Tensor residual, h;
+  for (size_t i = 0; i < L; ++i) {
+    const DecodeLayer& l = layers[i];
+    if (i == 0) {
+      residual = x;
+      h = rms_norm(x, l.in_norm, eps);
+    } else {
+      add_rms_norm_(x, residual, l.in_norm, eps);
+      h = x;
+    }
+    torch::Tensor qkv = l.qkv(h);
+    rotary_qk_(qkv, halves, H, KVH, d);
+    c10::optional<torch::Tensor> ks, vs;
+    if (quant) ks = k_scales[i], vs = v_scales[i];
+    torch::Tensor a = paged_decode_attention_qkv(qkv, k_caches[i], v_caches[i], ks, vs, slots,
+                                                 block_tables, seq_lens, H, scale, window);
+    h = l.o(a);
+    add_rms_norm_(h, residual, l.post_norm, eps);
+    x = l.down(silu_mul(l.gate_up(h)));
+  }
+  return {x, residual};
+}
+
+}  // namespace
+
+void register_decode_layers(pybind11::module_& m) {
+  namespace py = pybind11;
+  py::class_<LinearRef>(m, "LinearRef", "one linear layer's weight as its C++ kernel takes it")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<torch::Tensor>,
+                    c10::optional<torch::Tensor>>(),
+           py::arg("kind"), py::arg("fmt"), py::arg("N"), py::arg("K"), py::arg("rows"),
+           py::arg("tensors"), py::arg("bias"))
+      .def("__call__", &LinearRef::operator(), py::call_guard<py::gil_scoped_release>());
+  py::class_<DecodeLayer>(m, "DecodeLayer", "the weights of one Llama decoder layer")
+      .def(py::init<torch::Tensor, torch::Tensor, LinearRef, LinearRef, LinearRef, LinearRef>(),
+           py::arg("in_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("o"),
+           py::arg("gate_up"), py::arg("down"));
+  m.def("decode_layers", &decode_layers, py::call_guard<py::gil_scoped_release>(),
+        "a decode step through every decoder layer: (h, residual) before the final norm");
+}

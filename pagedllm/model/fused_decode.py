@@ -1,0 +1,94 @@
+"""A decode step through every decoder layer in one C++ call (Llama family, CPU).
+
+Decoding a few sequences on CPU spends a large share of each step in Python: per layer ~10
+module calls and ~10 op dispatches at ~3-5 us each, 1.5-2.5 ms of a ~13 ms SmolLM2 step.
+`FusedDecode` hands the layer loop to kernels/decode_layers_cpu.cpp, which calls the same
+kernels in the same order (results equal to the bit; tests/model/test_fused_decode.py).
+
+`FusedDecode.build(model)` returns None when a layer has anything the C++ loop does not do:
+another layer type (q/k norms, Gemma's extra norms), LoRA or tensor parallelism on a linear
+layer, a weight format without a C++ reference (AWQ, GPTQ, int8), or no CPU kernels. The
+model asks `applies(x, meta, kv_caches)` each step: only decode-only steps (every row one
+token of its own sequence) on fp32 CPU tensors with one KV group take the fused path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers import kv_quant
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
+from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.quant import gguf, gguf_a8
+from pagedllm.model.layers.rotary import RopeBatch
+
+_PACKED, _GGUF_PANELS, _GGUF_ROWS = 0, 1, 2
+
+
+def linear_ref(ops, linear: Linear):
+    """The C++ `LinearRef` of a linear layer, or None when the C++ loop cannot run it."""
+    if linear.lora is not None or linear.parallel is not None:
+        return None
+    n, k, bias, q = linear.out_features, linear.in_features, linear.bias, linear.quant
+    if q is None and linear.packed is not None:
+        return ops.LinearRef(_PACKED, 0, n, k, 0, [linear.packed], bias)
+    if type(q) is gguf.GGUFWeight:
+        return ops.LinearRef(_GGUF_PANELS, q.spec.code, n, k, gguf.IN_REGISTER_ROWS,
+                             [q.q, q.d, q.sc, q.m, q.mi], bias)
+    if type(q) is gguf_a8.GGUFA8Weight:
+        return ops.LinearRef(_GGUF_ROWS, q.code, n, k, gguf_a8.INT_ROWS, [q.rows], bias)
+    return None
+
+
+class FusedDecode:
+    """The C++ layer loop of one model (module docstring); built once, called per step."""
+
+    def __init__(self, ops, layers: list, num_heads: int, num_kv_heads: int, head_dim: int,
+                 scale: float, eps: float) -> None:
+        self.ops, self.layers = ops, layers
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale, self.eps = scale, eps
+
+    @classmethod
+    def build(cls, decoder_layers, layer_type: type, attention_type: type) -> FusedDecode | None:
+        """For a ModuleList of exactly `layer_type` layers (with `attention_type` attention)
+        whose linear layers all have C++ references; else None."""
+        ops = cpu_ops.load()
+        if ops is None or not hasattr(ops, "decode_layers") or not len(decoder_layers):
+            return None
+        refs = []
+        for layer in decoder_layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if type(layer) is not layer_type or type(attn) is not attention_type:
+                return None
+            linears = [linear_ref(ops, m) for m in (attn.qkv_proj, attn.o_proj,
+                                                    mlp.gate_up_proj, mlp.down_proj)]
+            norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            if any(r is None for r in linears) or norms[0].eps != norms[1].eps:
+                return None
+            refs.append(ops.DecodeLayer(norms[0].weight, norms[1].weight, *linears))
+        first = decoder_layers[0]
+        attn = first.self_attn
+        return cls(ops, refs, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
+                   first.input_layernorm.eps)
+
+    @staticmethod
+    def applies(x: torch.Tensor, meta: AttentionMetadata, kv_caches: list[LayerKVCache]) -> bool:
+        """Whether this step can take the fused path (module docstring)."""
+        return (isinstance(meta, AttentionMetadata) and meta.num_decodes == x.shape[0] > 0
+                and meta.prefill_block_tables is None and meta.varlen is None
+                and meta.groups is None and x.device.type == "cpu"
+                and x.dtype == torch.float32 and not x.requires_grad
+                and kv_caches[0].k.dtype in (torch.float32, *kv_quant.QMAX))
+
+    def __call__(self, x: torch.Tensor, rope: RopeBatch, kv_caches: list[LayerKVCache],
+                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, residual) after the last layer, before the final norm (x is overwritten)."""
+        quant = kv_caches[0].k_scale is not None
+        return self.ops.decode_layers(
+            x.contiguous(), self.layers, self.num_heads, self.num_kv_heads, self.head_dim,
+            self.scale, self.eps, rope.halves, [c.k for c in kv_caches],
+            [c.v for c in kv_caches], [c.k_scale for c in kv_caches] if quant else [],
+            [c.v_scale for c in kv_caches] if quant else [], meta.slot_mapping,
+            meta.decode_block_tables, meta.decode_seq_lens, meta.sliding_window or 0)

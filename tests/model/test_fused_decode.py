@@ -1,0 +1,73 @@
+"""The C++ decode loop (model/fused_decode.py) computes what the Python layers compute, to the
+bit: greedy tokens and logprobs equal with it on and off, across weight formats, an 8-bit KV
+cache, q/k/v biases and a sliding window; and it stays off where it does not apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pagedllm import SamplingParams
+from pagedllm.model.fused_decode import FusedDecode
+from pagedllm.model.models.llama import LlamaModel
+
+PROMPTS = [[5, 9, 200, 17], list(range(30, 63)), [400, 3, 3, 77, 12, 9, 101], [7] * 20]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=5)
+
+
+def decoder(llm) -> LlamaModel:
+    return llm.llm_engine.model.model
+
+
+def outputs(llm) -> list:
+    return [o.outputs[0] for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+
+
+def assert_same(fused: list, plain: list) -> None:
+    for a, b in zip(fused, plain, strict=True):
+        assert a.token_ids == b.token_ids
+        for pa, pb in zip(a.logprobs, b.logprobs, strict=True):
+            assert {t: p.logprob for t, p in pa.items()} == {t: p.logprob for t, p in pb.items()}
+
+
+def check_fused_equals_layers(llm) -> None:
+    """(The engine under test runs without prefix caching: a cached prompt would change the
+    second run's prefill batches, and the torch prefill attention is not batch-invariant.)"""
+    fused = outputs(llm)
+    assert isinstance(decoder(llm).fused_decode(), FusedDecode)  # it ran
+    decoder(llm)._fused = None  # the Python layer loop from now on
+    assert_same(fused, outputs(llm))
+
+
+@pytest.mark.parametrize("extra", [{}, {"kv_cache_dtype": "int8"}, {"quantization": "int8"}],
+                         ids=["fp32", "int8-kv", "int8-weights"])
+def test_fused_equals_layers(tiny_llama_dir: Path, make_llm, extra: dict) -> None:
+    llm = make_llm(tiny_llama_dir, enable_prefix_caching=False, **extra)
+    if "quantization" in extra:  # int8 weights have no C++ reference: the loop stays off
+        outputs(llm)
+        assert decoder(llm).fused_decode() is None
+        return
+    check_fused_equals_layers(llm)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tiny_mistral_dir"])
+def test_fused_with_biases_and_sliding_window(fixture: str, request, make_llm) -> None:
+    check_fused_equals_layers(make_llm(request.getfixturevalue(fixture), max_num_seqs=2,
+                                       enable_prefix_caching=False))
+
+
+def test_qwen3_layers_do_not_take_it(tiny_qwen3_dir: Path, make_llm) -> None:
+    llm = make_llm(tiny_qwen3_dir)
+    outputs(llm)
+    assert decoder(llm).fused_decode() is None  # q/k norms: the Python layers run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [{}, {"int8_activations": True}], ids=["gguf", "gguf-a8"])
+def test_smollm2_fused_equals_layers(extra: dict) -> None:
+    from pagedllm import LLM
+
+    llm = LLM(None, num_threads=2, kv_cache_memory=64 * 2**20, max_model_len=256,
+              enable_prefix_caching=False, **extra)
+    check_fused_equals_layers(llm)
