@@ -7,12 +7,15 @@ kernels in the same order (results equal to the bit; tests/model/test_fused_deco
 
 `FusedDecode.build(model)` returns None when a layer has anything the C++ loop does not do:
 another layer type (q/k norms, Gemma's extra norms), LoRA or tensor parallelism on a linear
-layer, a weight format without a C++ reference (AWQ, GPTQ, int8), or no CPU kernels. The
+layer, a weight format without a C++ reference (AWQ, GPTQ, int8), no CPU kernels, or
+PAGEDLLM_FUSED_DECODE=0 in the environment (to measure the difference). The
 model asks `applies(x, meta, kv_caches)` each step: only decode-only steps (every row one
 token of its own sequence) on fp32 CPU tensors with one KV group take the fused path.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -54,6 +57,8 @@ class FusedDecode:
     def build(cls, decoder_layers, layer_type: type, attention_type: type) -> FusedDecode | None:
         """For a ModuleList of exactly `layer_type` layers (with `attention_type` attention)
         whose linear layers all have C++ references; else None."""
+        if os.environ.get("PAGEDLLM_FUSED_DECODE", "1") == "0":  # the Python layers, to compare
+            return None
         ops = cpu_ops.load()
         if ops is None or not hasattr(ops, "decode_layers") or not len(decoder_layers):
             return None

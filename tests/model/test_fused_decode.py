@@ -71,3 +71,10 @@ def test_smollm2_fused_equals_layers(extra: dict) -> None:
     llm = LLM(None, num_threads=2, kv_cache_memory=64 * 2**20, max_model_len=256,
               enable_prefix_caching=False, **extra)
     check_fused_equals_layers(llm)
+
+
+def test_environment_turns_it_off(tiny_llama_dir: Path, make_llm, monkeypatch) -> None:
+    monkeypatch.setenv("PAGEDLLM_FUSED_DECODE", "0")
+    llm = make_llm(tiny_llama_dir)
+    outputs(llm)
+    assert decoder(llm).fused_decode() is None
