@@ -17,24 +17,7 @@
 #include <tuple>
 #include <vector>
 
-torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
-                            c10::optional<torch::Tensor> bias);
-torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q, torch::Tensor d,
-                          torch::Tensor sc, torch::Tensor m, torch::Tensor mi,
-                          int64_t in_register_rows);
-torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
-                             int64_t int_rows);
-void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
-void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
-                int64_t num_kv_heads, int64_t head_dim);
-torch::Tensor silu_mul(torch::Tensor gate_up);
-torch::Tensor paged_decode_attention_qkv(torch::Tensor qkv, torch::Tensor k_cache,
-                                         torch::Tensor v_cache,
-                                         c10::optional<torch::Tensor> k_scale,
-                                         c10::optional<torch::Tensor> v_scale, torch::Tensor slots,
-                                         torch::Tensor block_tables, torch::Tensor seq_lens,
-                                         int64_t H, double scale, int64_t window);
+#include "kernels_cpu.h"
 
 namespace {
 

@@ -145,6 +145,28 @@ def _pack_codes(codes: np.ndarray, bits: int, nb_cols: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate(parts, axis=-1))
 
 
+def checked_rows(qtype: T, blocks: np.ndarray, shape: tuple[int, int],
+                 row_order: np.ndarray | None, name: str) -> np.ndarray:
+    """Raw GGUF bytes as uint8 rows [N, K / block * block_bytes] of a matrix of HF shape
+    (N, K), rows reordered by `row_order`; clear errors for block types without a kernel and
+    for sizes that do not match."""
+    if qtype not in SPECS:
+        raise UnsupportedQuantTypeError(
+            f"GGUF tensor {name!r} has block type {qtype.name}, which has no quantized "
+            f"kernel (supported: {', '.join(t.name for t in SPECS)}); load the model with "
+            f"--quantization none to dequantize it")
+    n, k = shape
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    if k % SPECS[qtype].super_block:
+        raise UnsupportedQuantTypeError(
+            f"GGUF tensor {name!r}: {k} columns are not whole {qtype.name} blocks")
+    raw = np.asarray(blocks, dtype=np.uint8).reshape(n, -1)
+    if raw.shape[1] != k // block * block_bytes:
+        raise ValueError(f"GGUF tensor {name!r}: {raw.shape[1]} bytes per row, "
+                         f"{qtype.name} x {k} columns needs {k // block * block_bytes}")
+    return raw if row_order is None else raw[row_order]
+
+
 class GGUFWeight(QuantizedWeight):
     """A GGUF block-quantized matrix in the kernel's panel layout (module docstring)."""
 
@@ -171,26 +193,13 @@ class GGUFWeight(QuantizedWeight):
                     row_order: np.ndarray | None = None, name: str = "tensor") -> GGUFWeight:
         """Repack raw GGUF bytes (`ReaderTensor.data`: [N, K / block * block_bytes] uint8) of a
         matrix of HF shape (N, K); `row_order[i]` is the GGUF row that becomes row i."""
-        if qtype not in SPECS:
-            raise UnsupportedQuantTypeError(
-                f"GGUF tensor {name!r} has block type {qtype.name}, which has no quantized "
-                f"kernel (supported: {', '.join(t.name for t in SPECS)}); load the model with "
-                f"--quantization none to dequantize it")
+        raw = checked_rows(qtype, blocks, shape, row_order, name)
         ops = kernels()
         if ops is None:
             raise RuntimeError("GGUF quantized kernels are not built on this machine")
         n, k = shape
         block, block_bytes = GGML_QUANT_SIZES[qtype]
         spec = SPECS[qtype]
-        if k % spec.super_block:
-            raise UnsupportedQuantTypeError(
-                f"GGUF tensor {name!r}: {k} columns are not whole {qtype.name} blocks")
-        raw = np.asarray(blocks, dtype=np.uint8).reshape(n, -1)
-        if raw.shape[1] != k // block * block_bytes:
-            raise ValueError(f"GGUF tensor {name!r}: {raw.shape[1]} bytes per row, "
-                             f"{qtype.name} x {k} columns needs {k // block * block_bytes}")
-        if row_order is not None:
-            raw = raw[row_order]
         parts = _decode(qtype, raw.reshape(n, k // block, block_bytes))
         nb_cols = ops.gguf_panel_width()
         tensors = {"q": torch.from_numpy(_pack_codes(_panels(parts.pop("codes"), nb_cols),

@@ -20,11 +20,11 @@ from functools import cache
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
+from gguf import GGMLQuantizationType, ReaderTensor
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant.base import QuantizedWeight
-from pagedllm.model.layers.quant.gguf import SPECS, UnsupportedQuantTypeError
+from pagedllm.model.layers.quant.gguf import SPECS, checked_rows
 
 T = GGMLQuantizationType
 
@@ -61,25 +61,10 @@ class GGUFA8Weight(QuantizedWeight):
                     row_order: np.ndarray | None = None, name: str = "tensor") -> GGUFA8Weight:
         """Raw GGUF bytes ([N, K / block * block_bytes] uint8) of a matrix of HF shape (N, K);
         `row_order[i]` is the GGUF row that becomes row i."""
-        if qtype not in SPECS:
-            raise UnsupportedQuantTypeError(
-                f"GGUF tensor {name!r} has block type {qtype.name}, which has no quantized "
-                f"kernel (supported: {', '.join(t.name for t in SPECS)}); load the model with "
-                f"--quantization none to dequantize it")
+        raw = checked_rows(qtype, blocks, shape, row_order, name)
         if kernels() is None:
             raise RuntimeError("GGUF int8-activation kernels are not built on this machine")
-        n, k = shape
-        block, block_bytes = GGML_QUANT_SIZES[qtype]
-        if k % SPECS[qtype].super_block:
-            raise UnsupportedQuantTypeError(
-                f"GGUF tensor {name!r}: {k} columns are not whole {qtype.name} blocks")
-        raw = np.asarray(blocks, dtype=np.uint8).reshape(n, -1)
-        if raw.shape[1] != k // block * block_bytes:
-            raise ValueError(f"GGUF tensor {name!r}: {raw.shape[1]} bytes per row, "
-                             f"{qtype.name} x {k} columns needs {k // block * block_bytes}")
-        if row_order is not None:
-            raw = raw[row_order]
-        return cls(qtype, k, torch.from_numpy(np.ascontiguousarray(raw)))
+        return cls(qtype, shape[1], torch.from_numpy(np.ascontiguousarray(raw)))
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         return kernels().gguf_a8_linear(x, self.code, self.rows, self.in_features, INT_ROWS)

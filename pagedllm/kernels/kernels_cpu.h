@@ -1,0 +1,34 @@
+// The C++ CPU kernels' entry points (defined in the .cpp files beside this one): the
+// declarations bindings.cpp binds to Python and decode_layers_cpu.cpp calls directly.
+#pragma once
+#include <torch/extension.h>
+
+void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
+                            torch::Tensor v_cache, torch::Tensor block_tables,
+                            torch::Tensor seq_lens, double scale, int64_t window);
+void paged_decode_attention_quant(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
+                                  torch::Tensor v_cache, torch::Tensor k_scale,
+                                  torch::Tensor v_scale, torch::Tensor block_tables,
+                                  torch::Tensor seq_lens, double scale, int64_t window);
+torch::Tensor paged_decode_attention_qkv(torch::Tensor qkv, torch::Tensor k_cache,
+                                         torch::Tensor v_cache,
+                                         c10::optional<torch::Tensor> k_scale,
+                                         c10::optional<torch::Tensor> v_scale, torch::Tensor slots,
+                                         torch::Tensor block_tables, torch::Tensor seq_lens,
+                                         int64_t H, double scale, int64_t window);
+void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor scales,
+                         torch::Tensor slots);
+int64_t gemm_panel_width();
+torch::Tensor pack_linear_weight(torch::Tensor w);
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
+                            c10::optional<torch::Tensor> bias);
+void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
+                int64_t num_kv_heads, int64_t head_dim);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q, torch::Tensor d,
+                          torch::Tensor sc, torch::Tensor m, torch::Tensor mi,
+                          int64_t in_register_rows);
+torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
+                             int64_t int_rows);
