@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             fns = []
             for _name, q, packed, a8 in weights:
                 xi = x[:, :q.in_features].contiguous()
-                code, n, *parts = q._args()
+                code, n, *parts = q.kernel_args()
                 if variant == "fp32":
                     def fn(xi=xi, packed=packed, n=n):
                         return ops.packed_linear(xi, packed, n, None)

@@ -252,6 +252,14 @@ void paged_decode_attention_quant(torch::Tensor out, torch::Tensor q, torch::Ten
   dispatch_8bit(k_cache.scalar_type(), "paged_decode_attention_quant", run);
 }
 
+// Every slot a write targets lies inside the pool (a bad slot would write out of bounds).
+static void check_slots(const int64_t* sp, int64_t T, int64_t num_slots) {
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "slot ", sp[t], " out of range [0, ",
+                num_slots, ")");
+  }
+}
+
 template <typename T>
 static void quantize_rows(const float* x, T* cache, uint16_t* scales, const int64_t* slots,
                           int64_t rows, int64_t kvh, int64_t d, int64_t token_stride) {
@@ -286,10 +294,7 @@ void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor sca
   TORCH_CHECK(slots.numel() == T && cache.size(-2) == kvh && cache.size(-1) == d);
   const int64_t num_slots = cache.numel() / (kvh * d);
   const int64_t* sp = slots.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "slot ", sp[t], " out of range [0, ",
-                num_slots, ")");
-  }
+  check_slots(sp, T, num_slots);
   auto run = [&](auto tag) {
     using Q = decltype(tag);
     quantize_rows<Q>(x.data_ptr<float>(), static_cast<Q*>(cache.data_ptr()),
@@ -327,10 +332,7 @@ torch::Tensor paged_decode_attention_qkv(torch::Tensor qkv, torch::Tensor k_cach
               "paged_decode_attention_qkv: one slot, length and block table row per row");
   const int64_t num_slots = k_cache.numel() / (kvh * d);
   const int64_t* sp = slots.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t) {
-    TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "slot ", sp[t], " out of range [0, ",
-                num_slots, ")");
-  }
+  check_slots(sp, T, num_slots);
   const float* base = qkv.data_ptr<float>();
   auto out = torch::empty({T, H * d}, qkv.options());
   const int64_t row_len = kvh * d;

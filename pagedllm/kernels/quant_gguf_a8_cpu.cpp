@@ -20,10 +20,8 @@
 // simd_cpu.h runs over it, so a prefill computes what the exact path computes.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <c10/util/Half.h>
 #include <immintrin.h>
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -35,20 +33,27 @@
 namespace {
 #include "simd_cpu.h"
 
-enum Fmt : int64_t { kQ4_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ8_0 = 3, kQ4_K = 4, kQ6_K = 5 };
+#include "gguf_formats_cpu.h"
+
+// Q6_K's scale changes every 16 values: a 32-value block has two
+template <int F>
+constexpr bool kSplit = Traits<F>::group < 32;
 
 struct Layout {
   int64_t values, bytes;  // per GGUF block
 };
 
+template <int F>
+constexpr Layout layout_of() { return {Traits<F>::values, Traits<F>::bytes}; }
+
 Layout layout(int64_t fmt) {
   switch (fmt) {
-    case kQ4_0: return {32, 18};
-    case kQ4_1: return {32, 20};
-    case kQ5_0: return {32, 22};
-    case kQ8_0: return {32, 34};
-    case kQ4_K: return {256, 144};
-    case kQ6_K: return {256, 210};
+    case kQ4_0: return layout_of<kQ4_0>();
+    case kQ4_1: return layout_of<kQ4_1>();
+    case kQ5_0: return layout_of<kQ5_0>();
+    case kQ8_0: return layout_of<kQ8_0>();
+    case kQ4_K: return layout_of<kQ4_K>();
+    case kQ6_K: return layout_of<kQ6_K>();
   }
   TORCH_CHECK(false, "unknown GGUF kernel format ", fmt);
 }
@@ -68,14 +73,6 @@ struct Block {
   __m256i c;
   float s0, s1, b;
 };
-
-template <int F> struct Fmt_;
-template <> struct Fmt_<kQ4_0> { static constexpr int zero = 8; static constexpr bool affine = false, split = false; };
-template <> struct Fmt_<kQ4_1> { static constexpr int zero = 0; static constexpr bool affine = true, split = false; };
-template <> struct Fmt_<kQ5_0> { static constexpr int zero = 16; static constexpr bool affine = false, split = false; };
-template <> struct Fmt_<kQ8_0> { static constexpr int zero = 0; static constexpr bool affine = false, split = false; };
-template <> struct Fmt_<kQ4_K> { static constexpr int zero = 0; static constexpr bool affine = true, split = false; };
-template <> struct Fmt_<kQ6_K> { static constexpr int zero = 32; static constexpr bool affine = false, split = true; };
 
 inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
@@ -111,14 +108,14 @@ template <int F>
 inline Block block(const uint8_t* row, int64_t j) {
   Block out{};
   if constexpr (F == kQ4_0 || F == kQ4_1 || F == kQ5_0 || F == kQ8_0) {
-    const uint8_t* bp = row + j * (F == kQ4_0 ? 18 : F == kQ4_1 ? 20 : F == kQ5_0 ? 22 : 34);
+    const uint8_t* bp = row + j * Traits<F>::bytes;
     out.s0 = out.s1 = half(bp);
     if constexpr (F == kQ4_0) out.c = nibbles(bp + 2);
     if constexpr (F == kQ4_1) out.c = nibbles(bp + 4), out.b = half(bp + 2);
     if constexpr (F == kQ5_0) out.c = _mm256_or_si256(nibbles(bp + 6), fifth_bits(bp + 2));
     if constexpr (F == kQ8_0) out.c = load256(bp + 2);
   } else if constexpr (F == kQ4_K) {
-    const uint8_t* bp = row + (j / 8) * 144;
+    const uint8_t* bp = row + (j / 8) * Traits<F>::bytes;
     const int jj = static_cast<int>(j % 8);
     int sc, mn;
     scale_min_k4(jj, bp + 4, sc, mn);
@@ -128,7 +125,7 @@ inline Block block(const uint8_t* row, int64_t j) {
     const __m256i m = _mm256_set1_epi8(15);
     out.c = _mm256_and_si256(jj % 2 ? _mm256_srli_epi16(raw, 4) : raw, m);
   } else {  // Q6_K: ql[128] qh[64] scales[16] d; value 128 h + 32 t + l of a super-block
-    const uint8_t* bp = row + (j / 8) * 210;
+    const uint8_t* bp = row + (j / 8) * Traits<F>::bytes;
     const int jj = static_cast<int>(j % 8), h = jj / 4, t = jj % 4;
     const __m256i ql = load256(bp + 64 * h + 32 * (t & 1));
     const __m256i qh = load256(bp + 128 + 32 * h);
@@ -212,7 +209,7 @@ QuantizedX quantize_x(const float* x, int64_t M, int64_t K) {
 template <int F, int MT>
 __attribute__((noinline)) void dot_rows(const uint8_t* row, const QuantizedX& qx, int64_t m0,
                                         float* y, int64_t ldy) {
-  using T = Fmt_<F>;
+  using T = Traits<F>;
   __m256 acc[MT];
   float off[MT];
   for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps(), off[i] = 0.f;
@@ -221,7 +218,7 @@ __attribute__((noinline)) void dot_rows(const uint8_t* row, const QuantizedX& qx
   for (int64_t j = 0; j < nb; ++j) {
     const Block b = block<F>(row, j);
     const __m256i wa = F == kQ8_0 ? _mm256_sign_epi8(b.c, b.c) : b.c;
-    const __m256 sv = T::split ? _mm256_set_m128(_mm_set1_ps(b.s1), _mm_set1_ps(b.s0))
+    const __m256 sv = kSplit<F> ? _mm256_set_m128(_mm_set1_ps(b.s1), _mm_set1_ps(b.s0))
                                : _mm256_set1_ps(b.s0);
     // offset per unit of the scaled code sums: B - S * zero (per 16 values for Q6_K)
     const float o0 = b.b - b.s0 * static_cast<float>(T::zero);
@@ -234,7 +231,7 @@ __attribute__((noinline)) void dot_rows(const uint8_t* row, const QuantizedX& qx
       const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
       const __m256 dx = _mm256_broadcast_ss(qx.d.data() + m * nb + j);
       acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(pf, dx), sv, acc[i]);
-      if constexpr (T::split) {
+      if constexpr (kSplit<F>) {
         const float* f = qx.f.data() + m * 2 * nb + 2 * j;
         off[i] += o0 * f[0] + o1 * f[1];
       } else if constexpr (T::affine || T::zero != 0) {
@@ -256,7 +253,7 @@ void dot_tail(int rows, const uint8_t* row, const QuantizedX& qx, int64_t m0, fl
 // The exact fp32 values of one weight row [K] (gguf.quants.dequantize's, bit for bit).
 template <int F>
 void deq_row(const uint8_t* row, int64_t K, float* out) {
-  using T = Fmt_<F>;
+  using T = Traits<F>;
   alignas(32) uint8_t codes[32];
   for (int64_t j = 0; j < K / 32; ++j) {
     const Block b = block<F>(row, j);

@@ -36,17 +36,7 @@
 
 namespace {
 
-enum Fmt : int64_t { kQ4_0 = 0, kQ4_1 = 1, kQ5_0 = 2, kQ8_0 = 3, kQ4_K = 4, kQ6_K = 5 };
-
-template <int F> struct Traits;
-// bits, zero point subtracted from the code, group size along K, K-type sub-scales, offset
-template <> struct Traits<kQ4_0> { static constexpr int bits = 4, zero = 8, group = 32; static constexpr bool kq = false, affine = false; };
-template <> struct Traits<kQ4_1> { static constexpr int bits = 4, zero = 0, group = 32; static constexpr bool kq = false, affine = true; };
-template <> struct Traits<kQ5_0> { static constexpr int bits = 5, zero = 16, group = 32; static constexpr bool kq = false, affine = false; };
-template <> struct Traits<kQ8_0> { static constexpr int bits = 8, zero = 0, group = 32; static constexpr bool kq = false, affine = false; };
-template <> struct Traits<kQ4_K> { static constexpr int bits = 4, zero = 0, group = 32; static constexpr bool kq = true, affine = true; };
-template <> struct Traits<kQ6_K> { static constexpr int bits = 6, zero = 32, group = 16; static constexpr bool kq = true, affine = false; };
-constexpr int kSuper = 256;  // K-type super-block
+#include "gguf_formats_cpu.h"
 
 int bits_of(int64_t fmt) {
   switch (fmt) {

@@ -20,8 +20,7 @@ import os
 import torch
 
 from pagedllm.kernels import cpu_ops
-from pagedllm.model.layers import kv_quant
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, cpu_decode_step
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.quant import gguf, gguf_a8
 from pagedllm.model.layers.rotary import RopeBatch
@@ -37,8 +36,8 @@ def linear_ref(ops, linear: Linear):
     if q is None and linear.packed is not None:
         return ops.LinearRef(_PACKED, 0, n, k, 0, [linear.packed], bias)
     if type(q) is gguf.GGUFWeight:
-        return ops.LinearRef(_GGUF_PANELS, q.spec.code, n, k, gguf.IN_REGISTER_ROWS,
-                             [q.q, q.d, q.sc, q.m, q.mi], bias)
+        code, _, *tensors = q.kernel_args()
+        return ops.LinearRef(_GGUF_PANELS, code, n, k, gguf.IN_REGISTER_ROWS, tensors, bias)
     if type(q) is gguf_a8.GGUFA8Weight:
         return ops.LinearRef(_GGUF_ROWS, q.code, n, k, gguf_a8.INT_ROWS, [q.rows], bias)
     return None
@@ -81,11 +80,8 @@ class FusedDecode:
     @staticmethod
     def applies(x: torch.Tensor, meta: AttentionMetadata, kv_caches: list[LayerKVCache]) -> bool:
         """Whether this step can take the fused path (module docstring)."""
-        return (isinstance(meta, AttentionMetadata) and meta.num_decodes == x.shape[0] > 0
-                and meta.prefill_block_tables is None and meta.varlen is None
-                and meta.groups is None and x.device.type == "cpu"
-                and x.dtype == torch.float32 and not x.requires_grad
-                and kv_caches[0].k.dtype in (torch.float32, *kv_quant.QMAX))
+        return (cpu_decode_step(x, meta, kv_caches[0].k) and meta.groups is None
+                and meta.prefill_block_tables is None)
 
     def __call__(self, x: torch.Tensor, rope: RopeBatch, kv_caches: list[LayerKVCache],
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:

@@ -217,6 +217,13 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.view(t, h * d)
 
 
+def cpu_decode_step(x: torch.Tensor, meta: AttentionMetadata, k_cache: torch.Tensor) -> bool:
+    """Whether this step's rows x are all decodes (one token of its own sequence each) that
+    the C++ decode kernels run: fp32 CPU rows, a cache dtype they read, no varlen batch."""
+    return (isinstance(meta, AttentionMetadata) and meta.num_decodes == x.shape[0] > 0
+            and meta.varlen is None and _use_cpu_kernel(x, k_cache))
+
+
 def paged_attention_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                         kv_cache: LayerKVCache, meta: AttentionMetadata, scale: float,
                         softcap: float | None = None) -> torch.Tensor:
@@ -225,9 +232,7 @@ def paged_attention_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, he
     attends reading the queries in place (kernels/paged_attention_cpu.cpp); every other
     batch splits the rows and runs `paged_attention`."""
     t = qkv.shape[0]
-    if (isinstance(meta, AttentionMetadata) and meta.num_decodes == t and t
-            and meta.varlen is None and not softcap and qkv.is_contiguous()
-            and _use_cpu_kernel(qkv, kv_cache.k)):
+    if not softcap and qkv.is_contiguous() and cpu_decode_step(qkv, meta, kv_cache.k):
         return cpu_ops.load().paged_decode_attention_qkv(
             qkv, kv_cache.k, kv_cache.v, kv_cache.k_scale, kv_cache.v_scale,
             meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, num_heads,

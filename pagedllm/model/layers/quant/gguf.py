@@ -182,7 +182,8 @@ class GGUFWeight(QuantizedWeight):
         self.sc = tensors.get("sc", empty)
         self.m = tensors.get("m", empty)
         self.mi = tensors.get("mi", empty)
-        self._linear_args: tuple | None = None
+        # gguf_linear's arguments after x, built once: the call runs ~200 times per step
+        self._linear_args = (*self.kernel_args(), IN_REGISTER_ROWS)
 
     @property
     def format(self) -> str:  # type: ignore[override]
@@ -208,19 +209,18 @@ class GGUFWeight(QuantizedWeight):
             tensors[key] = torch.from_numpy(_panels(np.ascontiguousarray(value), nb_cols))
         return cls(qtype, n, k, tensors, nb_cols)
 
-    def _args(self):
+    def kernel_args(self) -> tuple:
+        """(format code, N, q, d, sc, m, mi): the weight as the C++ GGUF kernels take it."""
         return (self.spec.code, self.out_features, self.q, self.d, self.sc, self.m, self.mi)
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        if self._linear_args is None:  # built once: the call runs ~200 times per decode step
-            self._linear_args = (*self._args(), IN_REGISTER_ROWS)
         return kernels().gguf_linear(x, *self._linear_args)
 
     def dequantize(self) -> torch.Tensor:
-        return kernels().gguf_dequantize(*self._args())
+        return kernels().gguf_dequantize(*self.kernel_args())
 
     def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
-        code, n, *packed = self._args()
+        code, n, *packed = self.kernel_args()
         return kernels().gguf_embedding(token_ids.reshape(-1), code, n, *packed)
 
     @property
