@@ -1,14 +1,18 @@
 """GGUF quantized linear kernel vs the fp32 packed kernel on SmolLM2's shapes, one run.
 
     python benchmarks/quant_kernels.py [--threads 2] [--rows 1,4,8,64,512] [--out DIR]
+                                       [--layer-type Q8_0]
 
 For each row count M it times, per decode step of SmolLM2's 30 layers + lm_head (fused qkv
-576->960, o 576->576, gate_up 576->3072, down 1536->576 in Q4_1, lm_head 576->49152 in Q8_0):
+576->960, o 576->576, gate_up 576->3072, down 1536->576 in Q4_1 (or --layer-type), lm_head
+576->49152 in Q8_0):
   fp32      packed_linear on the dequantized weights (today's path)
   q-reg     gguf_linear, codes dequantized inside the micro-kernel (in registers)
   q-scratch gguf_linear, each panel dequantized once into an L2 scratch, fp32 micro-kernel
   a8-int    gguf_a8_linear (blocks in the file's rows), x quantized to int8, maddubs dots
   a8-deq    gguf_a8_linear, 16 rows at a time dequantized into an fp32 panel (its prefill path)
+  a8        what `--int8-activations` runs: a8-int up to INT_ROWS rows, a8-deq above, and Q8_0
+            matrices as W8A8 panels at every M (quant/gguf_q8.py)
 and prints ms per step and tokens/s if a step served M rows, plus each variant's ratio to
 fp32. The crossovers decide `quant.gguf.IN_REGISTER_ROWS` and `quant.gguf_a8.INT_ROWS`.
 """
@@ -19,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +39,9 @@ from gguf.quants import quantize  # noqa: E402
 from pagedllm.kernels import cpu_ops  # noqa: E402
 from pagedllm.model.layers.quant.gguf import GGUFWeight  # noqa: E402
 from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight  # noqa: E402
+from pagedllm.model.layers.quant.gguf_q8 import GGUFQ8Weight  # noqa: E402
 
-VARIANTS = ("fp32", "q-reg", "q-scratch", "a8-int", "a8-deq")
+VARIANTS = ("fp32", "q-reg", "q-scratch", "a8-int", "a8-deq", "a8")
 
 LAYERS = 30
 SHAPES = [("qkv", 960, 576, T.Q4_1, LAYERS), ("o", 576, 576, T.Q4_1, LAYERS),
@@ -59,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default="1,2,4,8,16,64,512")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--layer-type", default="Q4_1", choices=["Q4_1", "Q8_0"],
+                    help="block type of the 30 layers' weights (Q8_0: a Q8_0 model)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -66,21 +74,25 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     weights = []  # one weight per layer, as in the model: nothing stays cache-hot across layers
     for name, n, k, qtype, count in SHAPES:
+        qtype = T[args.layer_type] if name != "lm_head" else qtype
         for _ in range(count):
             raw = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
             q = GGUFWeight.from_blocks(qtype, raw, (n, k))
             a8 = GGUFA8Weight.from_blocks(qtype, raw, (n, k))
-            weights.append((name, q, ops.pack_linear_weight(q.dequantize()), a8))
+            engine = GGUFQ8Weight.from_blocks(raw, (n, k)) if qtype == T.Q8_0 else a8
+            weights.append((name, q, ops.pack_linear_weight(q.dequantize()), a8, engine))
     rows = []
     for m in [int(r) for r in args.rows.split(",")]:
         x = torch.randn(m, 1536)
         res = {"rows": m}
         for variant in VARIANTS:
             fns = []
-            for _name, q, packed, a8 in weights:
+            for _name, q, packed, a8, engine in weights:
                 xi = x[:, :q.in_features].contiguous()
                 code, n, *parts = q.kernel_args()
-                if variant == "fp32":
+                if variant == "a8":
+                    fn = partial(engine.linear, xi)
+                elif variant == "fp32":
                     def fn(xi=xi, packed=packed, n=n):
                         return ops.packed_linear(xi, packed, n, None)
                 elif variant.startswith("a8"):
@@ -103,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "quant_kernels.json").write_text(json.dumps(
-        {"threads": args.threads, "rows": rows}, indent=1))
+        {"threads": args.threads, "layer_type": args.layer_type, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ Layout layout(int64_t fmt) {
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGEDLLM_A8_SIMD 1
+#include "a8_quantize_cpu.h"
 
 inline float half(const uint8_t* p) {  // one F16C instruction (the exact conversion)
   uint16_t h;
@@ -140,65 +141,11 @@ inline Block block(const uint8_t* row, int64_t j) {
   return out;
 }
 
-// Rows of x quantized per 32 values: q int8 [M, K], d [M, K / 32] the scales, and the
-// scaled code sums of each 16 values, f [M, K / 16], and of each 32, f32 [M, K / 32]
-// (d * sum(q): the offset terms (B - S * zero) * sum(x) need them).
-struct QuantizedX {
-  int64_t K, nblk;
-  std::vector<int8_t> q;
-  std::vector<float> d, f, f32;
-};
-
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-inline int sum4(__m128i s) {
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-}
-
-QuantizedX quantize_x(const float* x, int64_t M, int64_t K) {
-  const int64_t nb = K / 32;
-  QuantizedX qx{K, nb, std::vector<int8_t>(M * K), std::vector<float>(M * nb),
-                std::vector<float>(M * 2 * nb), std::vector<float>(M * nb)};
-  const __m256 sign = _mm256_set1_ps(-0.f);
-  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t j = 0; j < nb; ++j) {
-      const float* xp = x + m * K + 32 * j;
-      __m256 v[4];
-      __m256 amax = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(xp + 8 * i);
-        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-      }
-      __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
-      mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
-      const float amx = _mm_cvtss_f32(mx);
-      const float d = amx / 127.f, inv = amx > 0.f ? 127.f / amx : 0.f;
-      __m256i i32[4];
-      for (int i = 0; i < 4; ++i)
-        i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
-                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      const __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]), p16b = _mm256_packs_epi32(i32[2], i32[3]);
-      const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), perm);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx.q.data() + m * K + 32 * j), q8);
-      // |q| <= 127, so maddubs(1, q) sums pairs exactly (it treats q as signed)
-      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
-      const int lo = sum4(_mm256_castsi256_si128(s32)), hi = sum4(_mm256_extracti128_si256(s32, 1));
-      qx.d[m * nb + j] = d;
-      qx.f[m * 2 * nb + 2 * j] = d * static_cast<float>(lo);
-      qx.f[m * 2 * nb + 2 * j + 1] = d * static_cast<float>(hi);
-      qx.f32[m * nb + j] = d * static_cast<float>(lo + hi);
-    }
-  }
-  return qx;
 }
 
 // MT rows of quantized x (from row m0) against one weight row: y[i * ldy] for i < MT. Per

@@ -239,38 +239,7 @@ void dequant_int8(const int8_t* q, int64_t k0, int64_t kc, float* out) {
 }
 
 // ---------------------------------------------------------------- W8A8
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-constexpr bool kXOffset = true;  // x stored as u8 = q + 128 for vpdpbusd (u8 x s8)
-constexpr int kMR8 = 8;
-typedef __m512i acc8;
-inline acc8 zero8() { return _mm512_setzero_si512(); }
-inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
-  acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(xquad), _mm512_loadu_si512(w));
-}
-#elif defined(__AVX2__)
-constexpr bool kXOffset = false;  // x stored as s8; |x| x sign(w, x) keeps maddubs unsaturated
-constexpr int kMR8 = 4;
-typedef __m256i acc8;
-inline acc8 zero8() { return _mm256_setzero_si256(); }
-inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
-  const __m256i xb = _mm256_set1_epi32(xquad);
-  const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(xb),
-      _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), xb));
-  acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-#else
-constexpr bool kXOffset = false;
-constexpr int kMR8 = 4;
-struct acc8 { int32_t v[kVW]; };
-inline acc8 zero8() { return acc8{}; }
-inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
-  int8_t xs[4];
-  std::memcpy(xs, &xquad, 4);
-  for (int j = 0; j < kVW; ++j)
-    for (int t = 0; t < 4; ++t) acc.v[j] += int32_t(xs[t]) * int32_t(w[4 * j + t]);
-}
-#endif
-static_assert(sizeof(acc8) == kVW * 4, "one int32 accumulator lane per panel column");
+#include "int8_dot_cpu.h"
 
 // Round to nearest, ties to even (nearbyint under the default rounding mode), lane-wise.
 inline vec round_even(vec v) {

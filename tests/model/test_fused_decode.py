@@ -63,6 +63,25 @@ def test_qwen3_layers_do_not_take_it(tiny_qwen3_dir: Path, make_llm) -> None:
     assert decoder(llm).fused_decode() is None  # q/k norms: the Python layers run
 
 
+def test_q8_0_panels_in_the_loop(tiny_llama_dir: Path, make_llm) -> None:
+    """Q8_0 weights with int8 activations (GGUFQ8Weight) run in the C++ loop too."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from pagedllm.model.layers.quant.gguf_q8 import GGUFQ8Weight
+
+    llm = make_llm(tiny_llama_dir, enable_prefix_caching=False)
+    model = decoder(llm)
+    for layer in model.layers:
+        for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                    layer.mlp.down_proj):
+            w = lin(torch.eye(lin.in_features)).T.contiguous().numpy()  # the dense weight
+            raw = quantize(w, GGMLQuantizationType.Q8_0)
+            lin.set_quantized(GGUFQ8Weight.from_blocks(raw, w.shape))
+    check_fused_equals_layers(llm)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [{}, {"int8_activations": True}], ids=["gguf", "gguf-a8"])
 def test_smollm2_fused_equals_layers(extra: dict) -> None:

@@ -1,0 +1,94 @@
+"""GGUF Q8_0 with int8 activations (`GGUFQ8Weight`, W8A8 panels at every M): exact values and
+rows, the product equal to its definition (x rounded per 32 values, then the exact weights),
+batch invariance, fusion, and the loader's choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from pagedllm.model.layers.quant import concat_quantized, gguf_q8
+from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
+from pagedllm.model.layers.quant.gguf_q8 import GGUFQ8Weight
+from tests.model.quant.test_gguf_a8 import quantized_x
+from tests.model.quant.test_gguf_formats import random_blocks
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels():
+    if gguf_q8.kernels() is None:
+        pytest.fail("the Q8_0 W8A8 kernel did not build (cpu_ops.load() failed)")
+
+
+def test_values_rows_and_bytes_equal_the_file():
+    n, k = 45, 256  # 45 rows: a partial last panel
+    raw = random_blocks(T.Q8_0, n, k)
+    ref = dequantize(raw, T.Q8_0).reshape(n, k).astype(np.float32)
+    w = GGUFQ8Weight.from_blocks(raw, (n, k))
+    assert w.shape == (n, k) and w.format == "gguf:Q8_0+a8"
+    panel = w.codes.shape[3]
+    assert w.nbytes == -(-n // panel) * panel * (k // 32) * 34  # the file's bytes + padding rows
+    np.testing.assert_array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
+    ids = torch.tensor([44, 0, 7, 31, 7])
+    np.testing.assert_array_equal(w.embedding(ids).numpy(), ref[ids.numpy()])
+    order = np.random.default_rng(3).permutation(n)
+    permuted = GGUFQ8Weight.from_blocks(raw, (n, k), row_order=order)
+    np.testing.assert_array_equal(permuted.dequantize().numpy(), ref[order])
+    with pytest.raises(IndexError, match=r"\[0, 45\)"):
+        w.embedding(torch.tensor([45]))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 13, 64, 300])
+@pytest.mark.parametrize("n,k", [(70, 256), (33, 96), (512, 1536)])
+def test_product_equals_its_definition(m, n, k):
+    """y = quantized(x) @ W^T to fp32 rounding (integer sums exact, the per-block scale products
+    and the sum over blocks round) for partial panels and K of a few blocks, and close to the
+    exact product (the activation rounding is the only error)."""
+    raw = random_blocks(T.Q8_0, n, k, seed=m + n)
+    w = GGUFQ8Weight.from_blocks(raw, (n, k))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+    x[0, : k // 2] = 0  # all-zero blocks (scale 0)
+    y = w.linear(x)
+    ref = quantized_x(x).double() @ w.dequantize().double().T
+    torch.testing.assert_close(y.double(), ref, rtol=2e-5, atol=2e-5 * ref.abs().max().item())
+    exact = x.double() @ w.dequantize().double().T
+    assert (y.double() - exact).abs().max() < 0.02 * exact.abs().max()
+    # ... the same as the row kernel's int8 path (same definition, other summation order)
+    rows = GGUFA8Weight.from_blocks(T.Q8_0, raw, (n, k)).linear(x[:4].contiguous())
+    torch.testing.assert_close(y[:4], rows, rtol=2e-5, atol=2e-5 * ref.abs().max().item())
+
+
+def test_rows_do_not_depend_on_the_batch():
+    raw = random_blocks(T.Q8_0, 100, 512, seed=9)
+    w = GGUFQ8Weight.from_blocks(raw, (100, 512))
+    x = torch.randn(67, 512, generator=torch.Generator().manual_seed(1))
+    y = w.linear(x)
+    for lo, hi in [(0, 1), (5, 8), (3, 16), (60, 67)]:
+        assert torch.equal(w.linear(x[lo:hi].contiguous()), y[lo:hi])
+
+
+def test_concat_and_mixed_fusion():
+    raw = random_blocks(T.Q8_0, 90, 128, seed=5)
+    parts = [GGUFQ8Weight.from_blocks(raw[a:b], (b - a, 128)) for a, b in [(0, 37), (37, 90)]]
+    fused = concat_quantized(parts)
+    whole = GGUFQ8Weight.from_blocks(raw, (90, 128))
+    assert type(fused) is GGUFQ8Weight and fused.nbytes == whole.nbytes
+    x = torch.randn(5, 128)
+    assert torch.equal(fused.linear(x), whole.linear(x))
+    other = GGUFA8Weight.from_blocks(T.Q4_0, random_blocks(T.Q4_0, 16, 128), (16, 128))
+    mixed = concat_quantized([parts[0], other])  # a Q8_0 q next to a Q4_0 k: side by side
+    torch.testing.assert_close(mixed.linear(x), torch.cat([parts[0].linear(x), other.linear(x)], 1))
+
+
+def test_bad_input_is_a_clear_error():
+    raw = random_blocks(T.Q8_0, 4, 64)
+    with pytest.raises(ValueError, match="bytes per row"):
+        GGUFQ8Weight.from_blocks(raw[:, :-2], (4, 64), name="x")
+    w = GGUFQ8Weight.from_blocks(raw, (4, 64))
+    with pytest.raises(RuntimeError, match="contiguous fp32"):
+        w.linear(torch.randn(2, 64).t())
+    with pytest.raises(RuntimeError, match="codes must be"):
+        w.linear(torch.randn(2, 32))
