@@ -11,8 +11,8 @@ For each row count M it times, per decode step of SmolLM2's 30 layers + lm_head 
   q-scratch gguf_linear, each panel dequantized once into an L2 scratch, fp32 micro-kernel
   a8-int    gguf_a8_linear (blocks in the file's rows), x quantized to int8, maddubs dots
   a8-deq    gguf_a8_linear, 16 rows at a time dequantized into an fp32 panel (its prefill path)
-  a8        what `--int8-activations` runs: a8-int up to INT_ROWS rows, a8-deq above, and Q8_0
-            matrices as W8A8 panels at every M (quant/gguf_q8.py)
+  a8        what `--int8-activations` runs: a8-int up to INT_ROWS rows, a8-deq above; Q8_0
+            / Q4_0 / Q4_1 matrices as W8A8 panels at every M (quant/gguf_a8_panels.py)
 and prints ms per step and tokens/s if a step served M rows, plus each variant's ratio to
 fp32. The crossovers decide `quant.gguf.IN_REGISTER_ROWS` and `quant.gguf_a8.INT_ROWS`.
 """
@@ -39,7 +39,7 @@ from gguf.quants import quantize  # noqa: E402
 from pagedllm.kernels import cpu_ops  # noqa: E402
 from pagedllm.model.layers.quant.gguf import GGUFWeight  # noqa: E402
 from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight  # noqa: E402
-from pagedllm.model.layers.quant.gguf_q8 import GGUFQ8Weight  # noqa: E402
+from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight  # noqa: E402
 
 VARIANTS = ("fp32", "q-reg", "q-scratch", "a8-int", "a8-deq", "a8")
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", default="1,2,4,8,16,64,512")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--layer-type", default="Q4_1", choices=["Q4_1", "Q8_0"],
+    ap.add_argument("--layer-type", default="Q4_1", choices=["Q4_0", "Q4_1", "Q4_K", "Q8_0"],
                     help="block type of the 30 layers' weights (Q8_0: a Q8_0 model)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
             raw = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
             q = GGUFWeight.from_blocks(qtype, raw, (n, k))
             a8 = GGUFA8Weight.from_blocks(qtype, raw, (n, k))
-            engine = GGUFQ8Weight.from_blocks(raw, (n, k)) if qtype == T.Q8_0 else a8
+            engine = (GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
+                      if qtype in PANEL_TYPES else a8)
             weights.append((name, q, ops.pack_linear_weight(q.dequantize()), a8, engine))
     rows = []
     for m in [int(r) for r in args.rows.split(",")]:

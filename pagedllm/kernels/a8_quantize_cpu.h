@@ -1,5 +1,5 @@
 // Rows of x quantized per 32 values to int8, llama.cpp's q8 activations, for the GGUF kernels
-// with int8 activations (quant_gguf_a8_cpu.cpp; quant_q8_0_w8a8_cpu.cpp). Included inside each
+// with int8 activations (quant_gguf_a8_cpu.cpp; quant_a8_panels_cpu.cpp). Included inside each
 // file's anonymous namespace, after <immintrin.h>, <cstdint> and <vector>; needs AVX2.
 //
 // Block j of row m: d = max|x| / 127, q = round-half-even(x / d) in [-127, 127], x ~ d q.

@@ -7,7 +7,7 @@
 void register_quant_int(pybind11::module& m);  // quant_int_cpu.cpp
 void register_gguf_kernels(pybind11::module_& m);  // quant_gguf_cpu.cpp
 void register_gguf_a8_kernels(pybind11::module_& m);  // quant_gguf_a8_cpu.cpp
-void register_q8_0_kernels(pybind11::module_& m);  // quant_q8_0_w8a8_cpu.cpp
+void register_a8_panel_kernels(pybind11::module_& m);  // quant_a8_panels_cpu.cpp
 void register_decode_layers(pybind11::module_& m);  // decode_layers_cpu.cpp
 
 // The calling thread's OpenMP team shrinks to one thread and its idle workers exit: the
@@ -47,6 +47,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_quant_int(m);
   register_gguf_kernels(m);
   register_gguf_a8_kernels(m);
-  register_q8_0_kernels(m);
+  register_a8_panel_kernels(m);
   register_decode_layers(m);
 }

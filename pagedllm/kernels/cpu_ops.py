@@ -33,7 +33,7 @@ import torch
 logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).with_name(name) for name in
             ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "fused_cpu.cpp", "quant_gguf_cpu.cpp",
-             "quant_gguf_a8_cpu.cpp", "quant_q8_0_w8a8_cpu.cpp", "quant_int_cpu.cpp",
+             "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp", "quant_int_cpu.cpp",
              "decode_layers_cpu.cpp", "bindings.cpp")]
 
 

@@ -12,8 +12,8 @@
 //
 // A `LinearRef` is one linear layer's weight in the form its kernel takes: packed fp32
 // panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF rows with int8
-// activations (quant_gguf_a8_cpu.cpp) or Q8_0 panels with int8 activations
-// (quant_q8_0_w8a8_cpu.cpp); pagedllm/model/fused_decode.py builds them.
+// activations (quant_gguf_a8_cpu.cpp) or Q8_0 / Q4_0 / Q4_1 panels with int8 activations
+// (quant_a8_panels_cpu.cpp); pagedllm/model/fused_decode.py builds them.
 #include <torch/extension.h>
 #include <tuple>
 #include <vector>
@@ -22,7 +22,7 @@
 
 namespace {
 
-enum LinearKind : int64_t { kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2, kQ8Panels = 3 };
+enum LinearKind : int64_t { kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2, kA8Panels = 3 };
 
 struct LinearRef {
   int64_t kind, fmt, N, K, rows;  // rows: the kernel's in-register / int8 row limit
@@ -33,14 +33,14 @@ struct LinearRef {
             std::vector<torch::Tensor> t_, c10::optional<torch::Tensor> bias_)
       : kind(kind_), fmt(fmt_), N(N_), K(K_), rows(rows_), t(std::move(t_)), bias(std::move(bias_)) {
     const size_t want = kind == kPacked || kind == kGGUFRows ? 1 : kind == kGGUFPanels ? 5
-                        : kind == kQ8Panels ? 2 : 0;
+                        : kind == kA8Panels ? 3 : 0;
     TORCH_CHECK(want && t.size() == want, "LinearRef: kind ", kind, " takes ", want, " tensors");
   }
 
   torch::Tensor operator()(const torch::Tensor& x) const {
     if (kind == kPacked) return packed_linear(x, t[0], N, bias);
     torch::Tensor y = kind == kGGUFPanels ? gguf_linear(x, fmt, N, t[0], t[1], t[2], t[3], t[4], rows)
-                      : kind == kQ8Panels   ? q8_0_panel_linear(x, t[0], t[1], N)
+                      : kind == kA8Panels   ? a8_panel_linear(x, fmt, t[0], t[1], t[2], N)
                                             : gguf_a8_linear(x, fmt, t[0], K, rows);
     if (bias) y.add_(*bias);
     return y;

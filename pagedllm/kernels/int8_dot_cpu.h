@@ -1,5 +1,5 @@
 // Integer dot products of int8 activations with int8 weights, four k at a time, for the W8A8
-// kernels (quant_int_cpu.cpp: int8 per output channel; quant_q8_0_w8a8_cpu.cpp: GGUF Q8_0).
+// kernels (quant_int_cpu.cpp: int8 per output channel; quant_a8_panels_cpu.cpp: GGUF Q8_0).
 // Included inside each file's anonymous namespace, after <immintrin.h>, <cstdint> and
 // <cstring>, with kVW (floats per vector) defined.
 //

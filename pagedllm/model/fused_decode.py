@@ -22,10 +22,10 @@ import torch
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, cpu_decode_step
 from pagedllm.model.layers.linear import Linear
-from pagedllm.model.layers.quant import gguf, gguf_a8, gguf_q8
+from pagedllm.model.layers.quant import gguf, gguf_a8, gguf_a8_panels
 from pagedllm.model.layers.rotary import RopeBatch
 
-_PACKED, _GGUF_PANELS, _GGUF_ROWS, _Q8_PANELS = 0, 1, 2, 3
+_PACKED, _GGUF_PANELS, _GGUF_ROWS, _A8_PANELS = 0, 1, 2, 3
 
 
 def linear_ref(ops, linear: Linear):
@@ -40,8 +40,8 @@ def linear_ref(ops, linear: Linear):
         return ops.LinearRef(_GGUF_PANELS, code, n, k, gguf.IN_REGISTER_ROWS, tensors, bias)
     if type(q) is gguf_a8.GGUFA8Weight:
         return ops.LinearRef(_GGUF_ROWS, q.code, n, k, gguf_a8.INT_ROWS, [q.rows], bias)
-    if type(q) is gguf_q8.GGUFQ8Weight:
-        return ops.LinearRef(_Q8_PANELS, 0, n, k, 0, [q.codes, q.d], bias)
+    if type(q) is gguf_a8_panels.GGUFA8PanelWeight:
+        return ops.LinearRef(_A8_PANELS, q.code, n, k, 0, [q.codes, q.d, q.m], bias)
     return None
 
 

@@ -75,8 +75,9 @@ def test_greedy_equals_dense_reference(quantized_llm: LLM, smollm2_gguf: Path,
 @pytest.mark.slow
 def test_int8_activations_are_close_by_vllms_rule(quantized_llm: LLM, smollm2_gguf: Path,
                                                   private_cache: Path) -> None:
-    """--int8-activations: the blocks stay in the file's own layout (resident bytes = the
-    file's) and greedy outputs are close to the exact path by vLLM's logprob rule."""
+    """--int8-activations: the blocks stay quantized (Q4_1 / Q8_0 repacked into the integer
+    kernel's panels, resident bytes = the file's), greedy outputs are close to the exact path
+    by vLLM's logprob rule, and a sequence's outputs do not depend on its batch."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CACHE_DIR_ENV, str(private_cache))
         a8 = LLM(str(smollm2_gguf), kv_cache_memory=64 * 2**20, max_model_len=512,
@@ -91,7 +92,12 @@ def test_int8_activations_are_close_by_vllms_rule(quantized_llm: LLM, smollm2_gg
     want = quantized_llm.generate(PROMPTS, params, use_tqdm=False)
     same = [check_logprobs_close(g.outputs[0], w.outputs[0])
             for g, w in zip(got, want, strict=True)]
-    assert sum(same) >= 2 * 32, same  # and at least half the tokens identical
+    # prefill runs int8 activations too (llama.cpp's numerics), so the first divergence comes
+    # earlier than with decode-only int8: a quarter of the tokens identical at least
+    assert sum(same) >= 32, same
+    alone = [a8.generate([p], params, use_tqdm=False)[0] for p in PROMPTS[:2]]
+    for one, batched in zip(alone, got, strict=False):  # batch-invariant kernels
+        assert one.outputs[0].token_ids == batched.outputs[0].token_ids
 
 
 def test_quantization_name_is_validated() -> None:

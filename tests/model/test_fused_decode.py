@@ -63,13 +63,14 @@ def test_qwen3_layers_do_not_take_it(tiny_qwen3_dir: Path, make_llm) -> None:
     assert decoder(llm).fused_decode() is None  # q/k norms: the Python layers run
 
 
-def test_q8_0_panels_in_the_loop(tiny_llama_dir: Path, make_llm) -> None:
-    """Q8_0 weights with int8 activations (GGUFQ8Weight) run in the C++ loop too."""
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_a8_panels_in_the_loop(tiny_llama_dir: Path, make_llm, qtype: str) -> None:
+    """GGUF weights with int8 activations in panels (GGUFA8PanelWeight) run in the C++ loop."""
     import torch
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    from pagedllm.model.layers.quant.gguf_q8 import GGUFQ8Weight
+    from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight
 
     llm = make_llm(tiny_llama_dir, enable_prefix_caching=False)
     model = decoder(llm)
@@ -77,8 +78,8 @@ def test_q8_0_panels_in_the_loop(tiny_llama_dir: Path, make_llm) -> None:
         for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                     layer.mlp.down_proj):
             w = lin(torch.eye(lin.in_features)).T.contiguous().numpy()  # the dense weight
-            raw = quantize(w, GGMLQuantizationType.Q8_0)
-            lin.set_quantized(GGUFQ8Weight.from_blocks(raw, w.shape))
+            t = GGMLQuantizationType[qtype]
+            lin.set_quantized(GGUFA8PanelWeight.from_blocks(t, quantize(w, t), w.shape))
     check_fused_equals_layers(llm)
 
 

@@ -12,8 +12,8 @@ closeness with vLLM's logprob rule). Above `INT_ROWS` rows (prefill, big batches
 dequantizes the weights exactly and runs the fp32 micro-kernel, so prefill computes what the
 exact path computes. Embedding rows and `dequantize()` are exact (gguf-py's values).
 
-Q8_0 matrices load as `gguf_q8.GGUFQ8Weight` instead: repacked for integer dot products
-with int8 activations at every batch size (W8A8; its module says why).
+Q8_0, Q4_0 and Q4_1 matrices load as `gguf_a8_panels.GGUFA8PanelWeight` instead: repacked
+for integer dot products at every batch size (W8A8; its module says why).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from gguf import GGMLQuantizationType, ReaderTensor
 
 from pagedllm.kernels import cpu_ops
-from pagedllm.model.layers.quant import gguf_q8
+from pagedllm.model.layers.quant import gguf_a8_panels
 from pagedllm.model.layers.quant.base import QuantizedWeight
 from pagedllm.model.layers.quant.gguf import SPECS, checked_rows
 
@@ -94,15 +94,16 @@ class GGUFA8Weight(QuantizedWeight):
 
 def gguf_a8_weight(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> QuantizedWeight:
     """`gguf.gguf_weight`'s contract, for the int8-activation kernels: Q8_0 matrices in the
-    W8A8 panels of `gguf_q8`, the other block types in the file's rows."""
+    Q8_0 / Q4_0 / Q4_1 in the panels of `gguf_a8_panels`, the other block types in the file's
+    rows."""
     qtype = T(tensor.tensor_type)
     dims = [int(d) for d in tensor.shape]
     if len(dims) != 2:
         raise ValueError(f"GGUF tensor {tensor.name!r} has shape {dims}; only matrices can "
                          f"stay quantized")
     shape = (dims[1], dims[0])
-    if qtype == T.Q8_0 and gguf_q8.kernels() is not None:
-        return gguf_q8.GGUFQ8Weight.from_blocks(np.asarray(tensor.data), shape,
-                                                row_order=row_order, name=tensor.name)
+    if qtype in gguf_a8_panels.PANEL_TYPES and gguf_a8_panels.kernels() is not None:
+        return gguf_a8_panels.GGUFA8PanelWeight.from_blocks(
+            qtype, np.asarray(tensor.data), shape, row_order=row_order, name=tensor.name)
     return GGUFA8Weight.from_blocks(qtype, np.asarray(tensor.data), shape,
                                     row_order=row_order, name=tensor.name)

@@ -1,0 +1,232 @@
+// GGUF Q8_0, Q4_0 and Q4_1 weights with int8 activations (`--int8-activations` on a GGUF
+// model): integer dot products at every M, llama.cpp's q8_0 / q4_0 / q4_1 x q8 dot products
+// laid out as a GEMM. An int8 dot product does 4x (AVX2 maddubs) to 8x (AVX-512 VNNI vpdpbusd)
+// the multiply-adds of an fp32 FMA per instruction: a decode step reads the file's bytes with
+// a fraction of a per-row kernel's instructions, and large batches get past the fp32 path's
+// FMA ceiling (W8A8).
+//
+// The file's blocks are repacked once at load (pagedllm/model/layers/quant/gguf_a8_panels.py)
+// into panels of kNB output rows, no bigger than the file:
+//
+//   Q8_0  codes uint8 [P, K / 32, 8, kNB, 4]  codes 4t..4t+3 of block j of row p kNB + c,
+//                                             + 128 (u8) for VNNI's u8 x s8 vpdpbusd, else s8
+//   Q4_x  codes uint8 [P, K / 32, 4, kNB, 4]  byte b of lane (u, c): code 8u + b (low nibble)
+//                                             and code 8u + 4 + b (high nibble), u8 0..15
+//         d     fp16  [P, K / 32, kNB]        the block's scale (0 for rows past N)
+//         m     fp16  [P, K / 32, kNB]        Q4_1's offset (w = d c + m); empty otherwise
+//
+// x is quantized per 32 values (a8_quantize_cpu.h: x ~ dx q, q in [-127, 127]); per block
+//
+//   sum_i w_i x_i  ~  d dx (sum c q - z sum q)  (+ m dx sum q for Q4_1)
+//
+// with z = 8 for Q4_0 (w = d (c - 8)) and z = 128 for VNNI's offset Q8_0 codes. The inner sums
+// are exact in int32, the block sums run in fp32 in k order, the same instructions for a row
+// whatever M is: a row's result does not depend on the batch (batch-invariant). Not exact
+// against fp32: the activation rounding is the error (docs/benchmarks.md measures it).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#pragma GCC push_options
+#pragma GCC optimize("no-associative-math")  // the same k-ordered sums for every M
+
+namespace {
+#include "simd_cpu.h"
+
+#include "gguf_formats_cpu.h"
+#include "int8_dot_cpu.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PAGEDLLM_A8P_SIMD 1
+#include "a8_quantize_cpu.h"
+
+constexpr bool kVNNI = kXOffset;  // int8_dot_cpu.h's VNNI branch
+// rows of x per micro-kernel call: 2 x MR int32 and 2 x MR fp32 accumulators
+constexpr int kMRQ = kVW == 16 ? 6 : 2;
+
+// acc += u8 codes (lanes of 4) . the 4 s8 values of xquad, exact
+inline void dotu(acc8& acc, VI w, int32_t xquad) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  acc = _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(xquad));
+#elif defined(__AVX512BW__)
+  acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, _mm512_set1_epi32(xquad)), _mm512_set1_epi16(1)));
+#else
+  acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(xquad)), _mm256_set1_epi16(1)));
+#endif
+}
+
+#if defined(__AVX512F__)
+inline VI iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline VI nib_lo(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
+inline VI nib_hi(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
+inline V f16v(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+#else
+inline VI iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline VI nib_lo(VI v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
+inline VI nib_hi(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
+inline V f16v(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+
+template <int F> constexpr int kLaneGroups = F == kQ8_0 ? 8 : 4;  // 4-byte lane rows per block
+// what the codes' sum x q carries beyond sum w x / d: z sum q
+template <int F> constexpr int kZero = F == kQ4_0 ? 8 : (F == kQ8_0 && kVNNI) ? 128 : 0;
+
+// MR rows of quantized x over one panel.
+template <int F, int MR>
+__attribute__((noinline)) void micro(const int8_t* xq, int64_t K, const float* dx,
+                                     const int32_t* sq, const float* fq, int64_t nb,
+                                     const uint8_t* codes, const uint16_t* d, const uint16_t* mo,
+                                     float* y, int64_t ldy, int64_t ncols) {
+  constexpr int G = kLaneGroups<F>;
+  V acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();
+  for (int64_t j = 0; j < nb; ++j) {
+    acc8 dot[MR][2];
+    for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = zero8();
+    const uint8_t* wj = codes + j * G * kNB * 4;
+    const int8_t* xj = xq + 32 * j;
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const VI w0 = iload(wj + g * kNB * 4), w1 = iload(wj + g * kNB * 4 + kVW * 4);
+      for (int i = 0; i < MR; ++i) {
+        int32_t xa;
+        if constexpr (F == kQ8_0) {
+          std::memcpy(&xa, xj + i * K + 4 * g, 4);
+          if constexpr (kVNNI) {
+            dotu(dot[i][0], w0, xa);
+            dotu(dot[i][1], w1, xa);
+          } else {  // s8 codes: |x| x sign(w, x)
+            dot4(dot[i][0], xa, reinterpret_cast<const int8_t*>(wj + g * kNB * 4));
+            dot4(dot[i][1], xa, reinterpret_cast<const int8_t*>(wj + g * kNB * 4 + kVW * 4));
+          }
+        } else {
+          int32_t xb;
+          std::memcpy(&xa, xj + i * K + 8 * g, 4);
+          std::memcpy(&xb, xj + i * K + 8 * g + 4, 4);
+          dotu(dot[i][0], nib_lo(w0), xa);
+          dotu(dot[i][0], nib_hi(w0), xb);
+          dotu(dot[i][1], nib_lo(w1), xa);
+          dotu(dot[i][1], nib_hi(w1), xb);
+        }
+      }
+    }
+    const V d0 = f16v(d + j * kNB), d1 = f16v(d + j * kNB + kVW);
+    V m0 = vzero(), m1 = vzero();
+    if constexpr (F == kQ4_1) m0 = f16v(mo + j * kNB), m1 = f16v(mo + j * kNB + kVW);
+    for (int i = 0; i < MR; ++i) {
+      const V s = vset(dx[i * nb + j]);
+      VI a0 = dot[i][0], a1 = dot[i][1];
+      if constexpr (kZero<F> != 0) {
+        const VI z = iset(kZero<F> * sq[i * nb + j]);
+        a0 = isub(a0, z);
+        a1 = isub(a1, z);
+      }
+      acc[i][0] = vfma(vcvt(a0), vmul(d0, s), acc[i][0]);
+      acc[i][1] = vfma(vcvt(a1), vmul(d1, s), acc[i][1]);
+      if constexpr (F == kQ4_1) {  // + m dx sum q
+        const V f = vset(fq[i * nb + j]);
+        acc[i][0] = vfma(m0, f, acc[i][0]);
+        acc[i][1] = vfma(m1, f, acc[i][1]);
+      }
+    }
+  }
+  store_tile<MR>(acc, y, ldy, ncols);
+}
+
+template <int F, int MR>
+void micro_tail(int rows, const int8_t* xq, int64_t K, const float* dx, const int32_t* sq,
+                const float* fq, int64_t nb, const uint8_t* codes, const uint16_t* d,
+                const uint16_t* mo, float* y, int64_t ldy, int64_t ncols) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return micro<F, MR>(xq, K, dx, sq, fq, nb, codes, d, mo, y, ldy, ncols);
+    micro_tail<F, MR - 1>(rows, xq, K, dx, sq, fq, nb, codes, d, mo, y, ldy, ncols);
+  }
+}
+
+template <int F>
+void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const uint16_t* d,
+                 const uint16_t* mo, int64_t N, float* y) {
+  const int64_t K = qx.K, nb = qx.nblk, P = (N + kNB - 1) / kNB;
+  const int64_t codes_per_panel = nb * kLaneGroups<F> * kNB * 4;
+  const int8_t* xq = qx.q.data();
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * kNB, ncols = std::min<int64_t>(kNB, N - n0);
+      const uint8_t* pc = codes + p * codes_per_panel;
+      const uint16_t *pd = d + p * nb * kNB, *pm = mo ? mo + p * nb * kNB : nullptr;
+      int64_t m = 0;
+      for (; m + kMRQ <= M; m += kMRQ)
+        micro<F, kMRQ>(xq + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
+                       qx.f32.data() + m * nb, nb, pc, pd, pm, y + m * N + n0, N, ncols);
+      if (m < M)
+        micro_tail<F, kMRQ - 1>(static_cast<int>(M - m), xq + m * K, K, qx.d.data() + m * nb,
+                                qx.sum.data() + m * nb, qx.f32.data() + m * nb, nb, pc, pd, pm,
+                                y + m * N + n0, N, ncols);
+    }
+  });
+}
+#else
+#define PAGEDLLM_A8P_SIMD 0
+constexpr bool kVNNI = false;
+#endif
+
+// Bytes of one block's codes in the panel layout (Q8_0: 32, Q4_x: 16).
+int64_t code_bytes(int64_t fmt) {
+  TORCH_CHECK(fmt == kQ8_0 || fmt == kQ4_0 || fmt == kQ4_1, "a8_panel_linear: format ", fmt,
+              " has no panel kernel (Q8_0, Q4_0 and Q4_1 do)");
+  return fmt == kQ8_0 ? 32 : 16;
+}
+
+}  // namespace
+
+bool a8_panels_available() { return PAGEDLLM_A8P_SIMD; }
+int64_t q8_0_code_offset() { return kVNNI ? 128 : 0; }
+
+torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
+                              torch::Tensor m, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              "a8_panel_linear: x must be contiguous fp32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), nb = K / 32, P = (N + kNB - 1) / kNB;
+  const int64_t lanes = code_bytes(fmt) / 4;
+  TORCH_CHECK(K % 32 == 0, "a8_panel_linear: K=", K, " is not whole 32-value blocks");
+  TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.is_contiguous() &&
+                  codes.sizes() == torch::IntArrayRef({P, nb, lanes, kNB, 4}),
+              "a8_panel_linear: codes must be uint8 [", P, ", ", nb, ", ", lanes, ", ", kNB, ", 4]");
+  const std::vector<int64_t> scale_shape{P, nb, kNB};
+  TORCH_CHECK(d.dtype() == torch::kFloat16 && d.is_contiguous() && d.sizes() == torch::IntArrayRef(scale_shape),
+              "a8_panel_linear: d must be fp16 [", P, ", ", nb, ", ", kNB, "]");
+  TORCH_CHECK(fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
+                               m.sizes() == torch::IntArrayRef(scale_shape)),
+              "a8_panel_linear: Q4_1 needs m fp16 [", P, ", ", nb, ", ", kNB, "]");
+  auto y = torch::empty({M, N}, x.options());
+#if PAGEDLLM_A8P_SIMD
+  const QuantizedX qx = quantize_x(x.data_ptr<float>(), M, K);
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  float* yp = y.data_ptr<float>();
+  if (fmt == kQ8_0) linear_impl<kQ8_0>(qx, M, cp, dp, mp, N, yp);
+  else if (fmt == kQ4_0) linear_impl<kQ4_0>(qx, M, cp, dp, mp, N, yp);
+  else linear_impl<kQ4_1>(qx, M, cp, dp, mp, N, yp);
+#else
+  TORCH_CHECK(false, "a8_panel_linear needs AVX2 + FMA + F16C (built without them)");
+#endif
+  return y;
+}
+
+#pragma GCC pop_options
+
+void register_a8_panel_kernels(pybind11::module_& m) {
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("a8_panels_available", &a8_panels_available, nogil,
+        "whether the int8-activation panel kernels (Q8_0, Q4_0, Q4_1) are built (AVX2 + FMA + F16C)");
+  m.def("q8_0_code_offset", &q8_0_code_offset, nogil,
+        "what the panel layout adds to each Q8_0 code (128 for VNNI's u8 codes, else 0)");
+  m.def("a8_panel_linear", &a8_panel_linear, nogil,
+        "y = x @ W^T, W GGUF Q8_0 / Q4_0 / Q4_1 repacked into panels, x quantized per 32 "
+        "values, integer dot products");
+}

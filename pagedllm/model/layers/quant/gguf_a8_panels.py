@@ -1,0 +1,163 @@
+"""GGUF Q8_0, Q4_0 and Q4_1 weights with int8 activations, in panels: W8A8 at every batch size.
+
+With `--int8-activations` a GGUF file's matrices of these block types (SmolLM2: Q4_1 layers,
+a Q8_0 embedding and tied lm_head; the common Q4_0 / Q8_0 files) are repacked once at load
+into panels of `NB` output rows (pagedllm/kernels/quant_a8_panels_cpu.cpp draws the layout),
+four consecutive codes of a row in one 32-bit lane, where AVX-512 VNNI's `vpdpbusd` (or
+AVX2's `maddubs`) multiplies 4 codes by 4 int8 activations per lane. Each row of x is quantized
+per 32 values, as the row kernel of `gguf_a8` does for the other block types, and every batch
+size runs integer dot products: a decode step reads the file's bytes with a fraction of a
+per-row kernel's instructions, and large batches and prefill get past the fp32 path's FMA
+ceiling (the issue's W8A8 for Q8_0).
+
+Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block). Not exact: the
+activation rounding moves logits slightly (docs/benchmarks.md). Embedding rows and
+`dequantize()` are exact (gguf-py's values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+
+from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers.quant.base import QuantizedWeight
+from pagedllm.model.layers.quant.gguf import SPECS, checked_rows
+
+T = GGMLQuantizationType
+_BLOCK = 32
+# bytes before the codes in a file block: d (and Q4_1's m), fp16 each
+_HEADER = {T.Q8_0: 2, T.Q4_0: 2, T.Q4_1: 4}
+PANEL_TYPES = tuple(_HEADER)
+
+
+@cache
+def kernels():
+    """The compiled module when it has the panel kernels, else None."""
+    ops = cpu_ops.load()
+    if ops is None or not hasattr(ops, "a8_panels_available") or not ops.a8_panels_available():
+        return None
+    return ops
+
+
+def _codes(qtype: T, raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Per-value codes [N, K] of the file's blocks (int8 for Q8_0, 0..15 for Q4_x)."""
+    body = raw[:, :, _HEADER[qtype]:]
+    if qtype == T.Q8_0:
+        return body.contiguous().view(torch.int8).reshape(n, k)
+    # byte i of a Q4 block: value i in the low nibble, value i + 16 in the high one
+    return torch.cat([body & 15, body >> 4], dim=2).reshape(n, k)
+
+
+class GGUFA8PanelWeight(QuantizedWeight):
+    """A Q8_0 / Q4_0 / Q4_1 matrix in the int8-activation panels (module docstring).
+
+    codes uint8 [P, K / 32, 8 (Q8_0) or 4 (Q4_x), NB, 4], d and m fp16 [P, K / 32, NB]
+    (m: Q4_1 only, else empty).
+    """
+
+    def __init__(self, qtype: T, out_features: int, in_features: int, codes: torch.Tensor,
+                 d: torch.Tensor, m: torch.Tensor) -> None:
+        super().__init__(out_features, in_features)
+        self.qtype, self.code = qtype, SPECS[qtype].code
+        self.codes, self.d, self.m = codes, d, m
+        self.offset = int(kernels().q8_0_code_offset()) if qtype == T.Q8_0 else 0
+
+    @property
+    def format(self) -> str:  # type: ignore[override]
+        return f"gguf:{self.qtype.name}+a8"
+
+    @classmethod
+    def from_rows(cls, qtype: T, codes: torch.Tensor, d: torch.Tensor,
+                  m: torch.Tensor | None = None) -> GGUFA8PanelWeight:
+        """From codes [N, K] (int8 for Q8_0, 0..15 for Q4_x) and fp16 d (and Q4_1's m)
+        [N, K / 32] in row order."""
+        ops = kernels()
+        if ops is None:
+            raise RuntimeError("GGUF int8-activation panel kernels are not built on this machine")
+        n, k = codes.shape
+        nb_cols = int(ops.quant_panel_width())
+        p = -(-n // nb_cols)
+
+        def panels(t: torch.Tensor) -> torch.Tensor:  # [N, ...] -> [P, K / 32, ..., NB, ...]
+            t = torch.nn.functional.pad(t, (0,) * (2 * t.dim() - 1) + (p * nb_cols - n,))
+            t = t.view(p, nb_cols, *t.shape[1:])
+            return t.permute(0, 2, 3, 1, 4).contiguous() if t.dim() == 5 else \
+                t.permute(0, 2, 1).contiguous()
+
+        blocks = codes.view(n, k // _BLOCK, _BLOCK)
+        if qtype == T.Q8_0:  # lane g: codes 4g..4g+3, offset for VNNI's u8 x s8
+            lanes = (blocks.to(torch.int16) + int(ops.q8_0_code_offset())).to(torch.uint8)
+            lanes = lanes.view(n, k // _BLOCK, 8, 4)
+        else:  # lane u: codes 8u + b (low nibble), 8u + 4 + b (high)
+            pairs = blocks.to(torch.uint8).view(n, k // _BLOCK, 4, 2, 4)
+            lanes = pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)
+        empty = torch.empty(0, dtype=torch.float16)
+        return cls(qtype, n, k, panels(lanes), panels(d),
+                   panels(m) if qtype == T.Q4_1 else empty)
+
+    @classmethod
+    def from_blocks(cls, qtype: T, blocks: np.ndarray, shape: tuple[int, int],
+                    row_order: np.ndarray | None = None,
+                    name: str = "tensor") -> GGUFA8PanelWeight:
+        """Raw GGUF bytes ([N, K / 32 * block bytes] uint8) of a matrix of HF shape (N, K);
+        `row_order[i]` is the GGUF row that becomes row i."""
+        if qtype not in PANEL_TYPES:
+            raise ValueError(f"GGUF tensor {name!r}: {qtype.name} has no panel kernel "
+                             f"(supported: {', '.join(t.name for t in PANEL_TYPES)})")
+        raw = checked_rows(qtype, blocks, shape, row_order, name)
+        n, k = shape
+        blk = torch.from_numpy(np.require(raw, requirements=["C", "W"])).view(n, k // _BLOCK, -1)
+        half = blk[:, :, :_HEADER[qtype]].contiguous().view(torch.float16)
+        m = half[:, :, 1] if qtype == T.Q4_1 else None
+        return cls.from_rows(qtype, _codes(qtype, blk, n, k), half[:, :, 0], m)
+
+    def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(codes [T, K], d [T, K / 32], m [T, K / 32] or None) of rows `ids`, in row order."""
+        nb_cols = self.codes.shape[3]
+        p, c = ids // nb_cols, ids % nb_cols
+        lanes = self.codes[p, :, :, c, :]  # [T, K / 32, lanes, 4]
+        if self.qtype == T.Q8_0:
+            codes = (lanes.to(torch.int16) - self.offset).to(torch.int8)
+        else:
+            codes = torch.stack([lanes & 15, lanes >> 4], dim=3)  # [T, K / 32, 4, 2, 4]
+        m = self.m[p, :, c] if self.qtype == T.Q4_1 else None
+        return codes.reshape(len(ids), self.in_features), self.d[p, :, c], m
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels().a8_panel_linear(x, self.code, self.codes, self.d, self.m,
+                                         self.out_features)
+
+    def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Exact rows: d * code (Q8_0), d * (code - 8) (Q4_0), d * code + m (Q4_1), gguf-py's
+        roundings."""
+        ids = token_ids.reshape(-1).to(torch.long)
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.out_features):
+            raise IndexError(f"row ids must be in [0, {self.out_features})")
+        codes, d, m = self.rows(ids)
+        values = codes.view(len(ids), -1, _BLOCK).float()
+        if self.qtype == T.Q4_0:
+            values = values - 8
+        w = values * d.float().unsqueeze(-1)
+        if m is not None:
+            w = w + m.float().unsqueeze(-1)
+        return w.view(len(ids), self.in_features)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.embedding(torch.arange(self.out_features))
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + 2 * (self.d.numel() + self.m.numel())
+
+    @classmethod
+    def concat(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
+        rows = [p.rows(torch.arange(p.out_features)) for p in parts]  # type: ignore[attr-defined]
+        qtype = parts[0].qtype  # type: ignore[attr-defined]
+        m = torch.cat([r[2] for r in rows]) if qtype == T.Q4_1 else None
+        return cls.from_rows(qtype, torch.cat([r[0] for r in rows]),
+                             torch.cat([r[1] for r in rows]), m)

@@ -1,0 +1,107 @@
+"""GGUF Q8_0 / Q4_0 / Q4_1 with int8 activations in panels (`GGUFA8PanelWeight`, integer dot
+products at every M): exact values and rows, the product equal to its definition (x rounded
+per 32 values, then the exact weights), batch invariance, fusion, and clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from pagedllm.model.layers.quant import concat_quantized, gguf_a8_panels
+from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
+from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
+from tests.model.quant.test_gguf_a8 import quantized_x
+from tests.model.quant.test_gguf_formats import random_blocks
+
+BLOCK_BYTES = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels():
+    if gguf_a8_panels.kernels() is None:
+        pytest.fail("the int8-activation panel kernels did not build (cpu_ops.load() failed)")
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES)
+def test_values_rows_and_bytes_equal_the_file(qtype):
+    n, k = 45, 256  # 45 rows: a partial last panel
+    raw = random_blocks(qtype, n, k)
+    ref = dequantize(raw, qtype).reshape(n, k).astype(np.float32)
+    w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
+    assert w.shape == (n, k) and w.format == f"gguf:{qtype.name}+a8"
+    panel = w.codes.shape[3]
+    assert w.nbytes == -(-n // panel) * panel * (k // 32) * BLOCK_BYTES[qtype]  # + padding rows
+    np.testing.assert_array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
+    ids = torch.tensor([44, 0, 7, 31, 7])
+    np.testing.assert_array_equal(w.embedding(ids).numpy(), ref[ids.numpy()])
+    order = np.random.default_rng(3).permutation(n)
+    permuted = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k), row_order=order)
+    np.testing.assert_array_equal(permuted.dequantize().numpy(), ref[order])
+    with pytest.raises(IndexError, match=r"\[0, 45\)"):
+        w.embedding(torch.tensor([45]))
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 13, 64, 300])
+@pytest.mark.parametrize("n,k", [(70, 256), (33, 96), (512, 1536)])
+def test_product_equals_its_definition(qtype, m, n, k):
+    """y = quantized(x) @ W^T to fp32 rounding (integer sums exact, the per-block scale products
+    and the sum over blocks round) for partial panels and K of a few blocks, and close to the
+    exact product (the activation rounding is the only error)."""
+    raw = random_blocks(qtype, n, k, seed=m + n)
+    w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
+    x[0, : k // 2] = 0  # all-zero blocks (scale 0)
+    y = w.linear(x)
+    dense = w.dequantize().double()
+    ref = quantized_x(x).double() @ dense.T
+    tol = 2e-5 * ref.abs().max().item()
+    torch.testing.assert_close(y.double(), ref, rtol=2e-5, atol=tol)
+    exact = x.double() @ dense.T
+    assert (y.double() - exact).abs().max() < 0.02 * exact.abs().max()
+    # ... the same as the row kernel's int8 path (same definition, other summation order)
+    rows = GGUFA8Weight.from_blocks(qtype, raw, (n, k)).linear(x[:4].contiguous())
+    torch.testing.assert_close(y[:4], rows, rtol=2e-5, atol=tol)
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES)
+def test_rows_do_not_depend_on_the_batch(qtype):
+    raw = random_blocks(qtype, 100, 512, seed=9)
+    w = GGUFA8PanelWeight.from_blocks(qtype, raw, (100, 512))
+    x = torch.randn(67, 512, generator=torch.Generator().manual_seed(1))
+    y = w.linear(x)
+    for lo, hi in [(0, 1), (5, 8), (3, 16), (60, 67)]:
+        assert torch.equal(w.linear(x[lo:hi].contiguous()), y[lo:hi])
+
+
+@pytest.mark.parametrize("qtype", PANEL_TYPES)
+def test_concat_and_mixed_fusion(qtype):
+    raw = random_blocks(qtype, 90, 128, seed=5)
+    parts = [GGUFA8PanelWeight.from_blocks(qtype, raw[a:b], (b - a, 128))
+             for a, b in [(0, 37), (37, 90)]]
+    fused = concat_quantized(parts)
+    whole = GGUFA8PanelWeight.from_blocks(qtype, raw, (90, 128))
+    assert type(fused) is GGUFA8PanelWeight and fused.nbytes == whole.nbytes
+    x = torch.randn(5, 128)
+    assert torch.equal(fused.linear(x), whole.linear(x))
+    other = GGUFA8Weight.from_blocks(T.Q6_K, random_blocks(T.Q6_K, 16, 256), (16, 256))
+    x = torch.randn(5, 256)
+    left = GGUFA8PanelWeight.from_blocks(qtype, random_blocks(qtype, 16, 256), (16, 256))
+    mixed = concat_quantized([left, other])  # a panel q next to a Q6_K k: side by side
+    torch.testing.assert_close(mixed.linear(x), torch.cat([left.linear(x), other.linear(x)], 1))
+
+
+def test_bad_input_is_a_clear_error():
+    raw = random_blocks(T.Q8_0, 4, 64)
+    with pytest.raises(ValueError, match="bytes per row"):
+        GGUFA8PanelWeight.from_blocks(T.Q8_0, raw[:, :-2], (4, 64), name="x")
+    with pytest.raises(ValueError, match="Q6_K has no panel kernel"):
+        GGUFA8PanelWeight.from_blocks(T.Q6_K, random_blocks(T.Q6_K, 4, 256), (4, 256))
+    w = GGUFA8PanelWeight.from_blocks(T.Q8_0, raw, (4, 64))
+    with pytest.raises(RuntimeError, match="contiguous fp32"):
+        w.linear(torch.randn(2, 64).t())
+    with pytest.raises(RuntimeError, match="codes must be"):
+        w.linear(torch.randn(2, 32))
