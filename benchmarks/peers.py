@@ -25,7 +25,8 @@ Workloads (greedy, ignore_eos, `--threads` everywhere):
               allocated-but-unused KV slots sampled after every step;
   kv          pagedllm KV waste vs contiguous reservation, and concurrent sequences at a fixed
               KV budget;
-  perplexity  pagedllm's weight formats (--quantization none / gguf / int8 / int8 W8A8) on
+  perplexity  pagedllm's weight formats (--quantization none / gguf / gguf + int8
+              activations / int8 / int8 W8A8) on
               held-out text (pydoc_data.topics, benchmarks/perplexity.py).
 Every number comes with pagedllm's ratio to each peer. Writes `peers.json` and PNG plots to
 --out; --write-docs also copies the plots to docs/img/ and rewrites the "Peers" section of
@@ -505,7 +506,7 @@ class Run:
         a = self.args
         windows, window = (1, 64) if a.quick else (8, 512)
         self.res["perplexity"] = [ppl.measure(self.model_arg, fmt, windows, window, a.threads)
-                                  for fmt in ("none", "gguf", "int8", "w8a8")]
+                                  for fmt in ("none", "gguf", "gguf-a8", "int8", "w8a8")]
 
     # -------------------------------------------------------------- results
     def finish(self, argv: list[str]) -> dict:

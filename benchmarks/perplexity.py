@@ -1,6 +1,6 @@
 """Perplexity of pagedllm's weight formats on held-out text (`pydoc_data.topics`), one run.
 
-    python benchmarks/perplexity.py [--model M.gguf] [--formats none,gguf,int8,w8a8]
+    python benchmarks/perplexity.py [--model M.gguf] [--formats none,gguf,gguf-a8,int8,w8a8]
                                     [--windows 8]
 
 The text is cut into non-overlapping windows of `--window` tokens; each window is one
@@ -8,9 +8,11 @@ prefill through the engine's own model (paged KV cache, the real kernels of the 
 and every position's logits score the next token. The formats are `--quantization` values:
 `none` (dequantized fp32), `gguf` (the GGUF's blocks kept quantized: by construction the same
 weight values as none, so the same perplexity up to summation order), `int8` (weight-only
-int8 made at load), and `w8a8` (`--quantization int8 --int8-activations`: int8 weights and
-dynamic per-token int8 activations). A format the build does not offer is reported as
-unavailable.
+int8 made at load), `w8a8` (`--quantization int8 --int8-activations`: int8 weights and
+dynamic per-token int8 activations), and `gguf-a8` (the GGUF's blocks with
+`--int8-activations`: activations quantized per 32 values, llama.cpp's scheme; prefill runs
+int8 too for Q8_0 / Q4_0 / Q4_1 blocks, so the windows measure its error). A format the build
+does not offer is reported as unavailable.
 """
 
 from __future__ import annotations
@@ -69,8 +71,10 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
 
 def measure(model: str | None, fmt: str, windows: int, window: int, threads: int) -> dict:
     t0 = time.perf_counter()
-    # "w8a8": int8 weights and dynamic per-token int8 activations (--int8-activations)
-    quant, extra = ("int8", {"int8_activations": True}) if fmt == "w8a8" else (fmt, {})
+    # "w8a8": int8 weights and dynamic per-token int8 activations (--int8-activations);
+    # "gguf-a8": the GGUF's blocks with int8 activations
+    quant, extra = {"w8a8": ("int8", {"int8_activations": True}),
+                    "gguf-a8": ("gguf", {"int8_activations": True})}.get(fmt, (fmt, {}))
     try:
         llm = LLM(model, quantization=quant, max_model_len=window, num_threads=threads,
                   kv_cache_memory=2 * window * 64 * 1024, max_num_seqs=1, **extra)
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct Q4_1 GGUF")
-    ap.add_argument("--formats", default="none,gguf,int8,w8a8")
+    ap.add_argument("--formats", default="none,gguf,gguf-a8,int8,w8a8")
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)

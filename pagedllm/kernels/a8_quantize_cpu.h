@@ -1,6 +1,7 @@
 // Rows of x quantized per 32 values to int8, llama.cpp's q8 activations, for the GGUF kernels
 // with int8 activations (quant_gguf_a8_cpu.cpp; quant_a8_panels_cpu.cpp). Included inside each
-// file's anonymous namespace, after <immintrin.h>, <cstdint> and <vector>; needs AVX2.
+// file's anonymous namespace, after <ATen/Parallel.h>, <immintrin.h>, <cstdint> and <vector>;
+// needs AVX2.
 //
 // Block j of row m: d = max|x| / 127, q = round-half-even(x / d) in [-127, 127], x ~ d q.
 #pragma once
@@ -29,37 +30,40 @@ QuantizedX quantize_x(const float* x, int64_t M, int64_t K) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t j = 0; j < nb; ++j) {
-      const float* xp = x + m * K + 32 * j;
-      __m256 v[4];
-      __m256 amax = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(xp + 8 * i);
-        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+  // rows in parallel from 32 on (prefill); a decode step's few rows stay on this thread
+  at::parallel_for(0, M, 32, [&](int64_t m_begin, int64_t m_end) {
+    for (int64_t m = m_begin; m < m_end; ++m) {
+      for (int64_t j = 0; j < nb; ++j) {
+        const float* xp = x + m * K + 32 * j;
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; ++i) {
+          v[i] = _mm256_loadu_ps(xp + 8 * i);
+          amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
+        mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
+        const float amx = _mm_cvtss_f32(mx);
+        const float d = amx / 127.f, inv = amx > 0.f ? 127.f / amx : 0.f;
+        __m256i i32[4];
+        for (int i = 0; i < 4; ++i)
+          i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]), p16b = _mm256_packs_epi32(i32[2], i32[3]);
+        const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), perm);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx.q.data() + m * K + 32 * j), q8);
+        // |q| <= 127, so maddubs(1, q) sums pairs exactly (it treats q as signed)
+        const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
+        const int lo = sum4(_mm256_castsi256_si128(s32)), hi = sum4(_mm256_extracti128_si256(s32, 1));
+        qx.d[m * nb + j] = d;
+        qx.f[m * 2 * nb + 2 * j] = d * static_cast<float>(lo);
+        qx.f[m * 2 * nb + 2 * j + 1] = d * static_cast<float>(hi);
+        qx.f32[m * nb + j] = d * static_cast<float>(lo + hi);
+        qx.sum[m * nb + j] = lo + hi;
       }
-      __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
-      mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
-      const float amx = _mm_cvtss_f32(mx);
-      const float d = amx / 127.f, inv = amx > 0.f ? 127.f / amx : 0.f;
-      __m256i i32[4];
-      for (int i = 0; i < 4; ++i)
-        i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
-                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      const __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]), p16b = _mm256_packs_epi32(i32[2], i32[3]);
-      const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), perm);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx.q.data() + m * K + 32 * j), q8);
-      // |q| <= 127, so maddubs(1, q) sums pairs exactly (it treats q as signed)
-      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
-      const int lo = sum4(_mm256_castsi256_si128(s32)), hi = sum4(_mm256_extracti128_si256(s32, 1));
-      qx.d[m * nb + j] = d;
-      qx.f[m * 2 * nb + 2 * j] = d * static_cast<float>(lo);
-      qx.f[m * 2 * nb + 2 * j + 1] = d * static_cast<float>(hi);
-      qx.f32[m * nb + j] = d * static_cast<float>(lo + hi);
-      qx.sum[m * nb + j] = lo + hi;
     }
-  }
+  });
   return qx;
 }
 

@@ -204,6 +204,14 @@ def build(sources: list[Path], name: str):
     return mod
 
 
+def load_with(feature: str):
+    """The compiled module when it was built with `feature` (its `<feature>_available()`
+    says so: SIMD kernels that need instructions this target lacks report False), else None."""
+    ops = load()
+    probe = getattr(ops, f"{feature}_available", None)
+    return ops if probe is not None and probe() else None
+
+
 def fp32_ops(x):
     """The compiled module when `x` is an fp32 CPU tensor and kernels are available.
 

@@ -41,10 +41,7 @@ INT_ROWS = 12
 @cache
 def kernels():
     """The compiled module when it has the int8-activation GGUF kernels, else None."""
-    ops = cpu_ops.load()
-    if ops is None or not hasattr(ops, "gguf_a8_available") or not ops.gguf_a8_available():
-        return None
-    return ops
+    return cpu_ops.load_with("gguf_a8")
 
 
 class GGUFA8Weight(QuantizedWeight):

@@ -38,10 +38,7 @@ PANEL_TYPES = tuple(_HEADER)
 @cache
 def kernels():
     """The compiled module when it has the panel kernels, else None."""
-    ops = cpu_ops.load()
-    if ops is None or not hasattr(ops, "a8_panels_available") or not ops.a8_panels_available():
-        return None
-    return ops
+    return cpu_ops.load_with("a8_panels")
 
 
 def _codes(qtype: T, raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
