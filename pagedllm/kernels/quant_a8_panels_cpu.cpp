@@ -59,6 +59,19 @@ inline void dotu(acc8& acc, VI w, int32_t xquad) {
 #endif
 }
 
+// Without VNNI, maddubs' int16 pair sums of 4-bit codes (|c q + c' q'| <= 2 x 15 x 127) add up
+// in int16 over a whole block (8 x 3810 < 32767): one widening madd per block instead of one
+// per maddubs.
+#if defined(__AVX512BW__)
+inline VI pairs16(VI w, int32_t xquad) { return _mm512_maddubs_epi16(w, _mm512_set1_epi32(xquad)); }
+inline VI add16(VI a, VI b) { return _mm512_add_epi16(a, b); }
+inline VI widen16(VI s) { return _mm512_madd_epi16(s, _mm512_set1_epi16(1)); }
+#else
+inline VI pairs16(VI w, int32_t xquad) { return _mm256_maddubs_epi16(w, _mm256_set1_epi32(xquad)); }
+inline VI add16(VI a, VI b) { return _mm256_add_epi16(a, b); }
+inline VI widen16(VI s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
+#endif
+
 #if defined(__AVX512F__)
 inline VI iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline VI nib_lo(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
@@ -107,13 +120,20 @@ __attribute__((noinline)) void micro(const int8_t* xq, int64_t K, const float* d
           int32_t xb;
           std::memcpy(&xa, xj + i * K + 8 * g, 4);
           std::memcpy(&xb, xj + i * K + 8 * g + 4, 4);
-          dotu(dot[i][0], nib_lo(w0), xa);
-          dotu(dot[i][0], nib_hi(w0), xb);
-          dotu(dot[i][1], nib_lo(w1), xa);
-          dotu(dot[i][1], nib_hi(w1), xb);
+          if constexpr (kVNNI) {
+            dotu(dot[i][0], nib_lo(w0), xa);
+            dotu(dot[i][0], nib_hi(w0), xb);
+            dotu(dot[i][1], nib_lo(w1), xa);
+            dotu(dot[i][1], nib_hi(w1), xb);
+          } else {  // int16 sums in dot until the block ends (widened below)
+            dot[i][0] = add16(dot[i][0], add16(pairs16(nib_lo(w0), xa), pairs16(nib_hi(w0), xb)));
+            dot[i][1] = add16(dot[i][1], add16(pairs16(nib_lo(w1), xa), pairs16(nib_hi(w1), xb)));
+          }
         }
       }
     }
+    if constexpr (F != kQ8_0 && !kVNNI)
+      for (int i = 0; i < MR; ++i) dot[i][0] = widen16(dot[i][0]), dot[i][1] = widen16(dot[i][1]);
     const V d0 = f16v(d + j * kNB), d1 = f16v(d + j * kNB + kVW);
     V m0 = vzero(), m1 = vzero();
     if constexpr (F == kQ4_1) m0 = f16v(mo + j * kNB), m1 = f16v(mo + j * kNB + kVW);
