@@ -247,10 +247,15 @@ def gguf_weight(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> GG
     `row_order` reorders output rows (e.g. the inverse of llama.cpp's q/k rotary permutation).
     Raises `UnsupportedQuantTypeError` naming the tensor for block types without a kernel.
     """
-    qtype = T(tensor.tensor_type)
+    qtype, shape = matrix_type_and_shape(tensor)
+    return GGUFWeight.from_blocks(qtype, np.asarray(tensor.data), shape, row_order=row_order,
+                                  name=tensor.name)
+
+
+def matrix_type_and_shape(tensor: ReaderTensor) -> tuple[T, tuple[int, int]]:
+    """A 2-D GGUF tensor's block type and HF shape (N, K); a clear error for other ranks."""
     dims = [int(d) for d in tensor.shape]
     if len(dims) != 2:
         raise ValueError(f"GGUF tensor {tensor.name!r} has shape {dims}; only matrices can "
                          f"stay quantized")
-    return GGUFWeight.from_blocks(qtype, np.asarray(tensor.data), (dims[1], dims[0]),
-                                  row_order=row_order, name=tensor.name)
+    return T(tensor.tensor_type), (dims[1], dims[0])

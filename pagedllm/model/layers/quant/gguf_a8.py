@@ -28,7 +28,7 @@ from gguf import GGMLQuantizationType, ReaderTensor
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant import gguf_a8_panels
 from pagedllm.model.layers.quant.base import QuantizedWeight
-from pagedllm.model.layers.quant.gguf import SPECS, checked_rows
+from pagedllm.model.layers.quant.gguf import SPECS, checked_rows, matrix_type_and_shape
 
 T = GGMLQuantizationType
 
@@ -90,15 +90,9 @@ class GGUFA8Weight(QuantizedWeight):
 
 
 def gguf_a8_weight(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> QuantizedWeight:
-    """`gguf.gguf_weight`'s contract, for the int8-activation kernels: Q8_0 matrices in the
-    Q8_0 / Q4_0 / Q4_1 in the panels of `gguf_a8_panels`, the other block types in the file's
-    rows."""
-    qtype = T(tensor.tensor_type)
-    dims = [int(d) for d in tensor.shape]
-    if len(dims) != 2:
-        raise ValueError(f"GGUF tensor {tensor.name!r} has shape {dims}; only matrices can "
-                         f"stay quantized")
-    shape = (dims[1], dims[0])
+    """`gguf.gguf_weight`'s contract, for the int8-activation kernels: Q8_0 / Q4_0 / Q4_1
+    matrices in the panels of `gguf_a8_panels`, the other block types in the file's rows."""
+    qtype, shape = matrix_type_and_shape(tensor)
     if qtype in gguf_a8_panels.PANEL_TYPES and gguf_a8_panels.kernels() is not None:
         return gguf_a8_panels.GGUFA8PanelWeight.from_blocks(
             qtype, np.asarray(tensor.data), shape, row_order=row_order, name=tensor.name)
