@@ -48,16 +48,13 @@ constexpr bool kVNNI = kXOffset;  // int8_dot_cpu.h's VNNI branch
 // rows of x per micro-kernel call: 2 x MR int32 and 2 x MR fp32 accumulators
 constexpr int kMRQ = kVW == 16 ? 6 : 2;
 
-// acc += u8 codes (lanes of 4) . the 4 s8 values of xquad, exact
-inline void dotu(acc8& acc, VI w, int32_t xquad) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// acc += u8 codes (lanes of 4) . the 4 s8 values of xquad, exact. VNNI only: without it Q8_0
+// takes dot4's sign trick and the 4-bit codes the int16 sums below.
+inline void dotu(acc8& acc, VI w, int32_t xquad) {
   acc = _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(xquad));
-#elif defined(__AVX512BW__)
-  acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, _mm512_set1_epi32(xquad)), _mm512_set1_epi16(1)));
-#else
-  acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(xquad)), _mm256_set1_epi16(1)));
-#endif
 }
+#endif
 
 // Without VNNI, maddubs' int16 pair sums of 4-bit codes (|c q + c' q'| <= 2 x 15 x 127) add up
 // in int16 over a whole block (8 x 3810 < 32767): one widening madd per block instead of one

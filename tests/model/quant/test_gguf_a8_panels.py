@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
@@ -15,8 +16,6 @@ from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
 from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
 from tests.model.quant.test_gguf_a8 import quantized_x
 from tests.model.quant.test_gguf_formats import random_blocks
-
-BLOCK_BYTES = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,7 +32,8 @@ def test_values_rows_and_bytes_equal_the_file(qtype):
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
     assert w.shape == (n, k) and w.format == f"gguf:{qtype.name}+a8"
     panel = w.codes.shape[3]
-    assert w.nbytes == -(-n // panel) * panel * (k // 32) * BLOCK_BYTES[qtype]  # + padding rows
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    assert w.nbytes == -(-n // panel) * panel * (k // 32) * block_bytes  # + padding rows
     np.testing.assert_array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
     ids = torch.tensor([44, 0, 7, 31, 7])
     np.testing.assert_array_equal(w.embedding(ids).numpy(), ref[ids.numpy()])
