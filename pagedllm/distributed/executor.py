@@ -67,15 +67,36 @@ class TPExecutor(abc.ABC):
         self.group.destroy()
 
 
-def start_tensor_parallel(config: EngineConfig, ckpt) -> TPExecutor | None:
-    """The executor of a tensor_parallel_size > 1 engine (None for 1); refuses what TP does
-    not support yet with a ValueError before any process starts."""
+def weight_format_before_loading(config: EngineConfig) -> str | None:
+    """The weight format `config` will load, read without loading anything: --quantization
+    when given, else "gguf" for a local .gguf file (the default model is one), else the
+    `quant_method` of a local HF directory's config.json ("none" without one). None for a
+    Hub name (known once it is resolved, which may download it)."""
+    import json
+    from pathlib import Path
+
+    from pagedllm.loader.default_model import default_model_path
+
+    if config.quantization is not None:
+        return config.quantization
+    path = default_model_path() if config.model is None else Path(config.model).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return "gguf"
+    if (path / "config.json").is_file():
+        qc = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+        return qc.get("quant_method", "none") if qc else "none"
+    return None
+
+
+def check_tensor_parallel(config: EngineConfig, method: str | None) -> None:
+    """Raise ValueError for what tensor parallelism does not support yet: quantized weights
+    (`method`, None = not known yet), LoRA, speculative decoding. `pagedllm serve` runs it
+    with `weight_format_before_loading` before loading anything, the engine again with the
+    checkpoint's own format."""
     n = config.tensor_parallel_size
     if n == 1:
-        return None
-    layout = TPLayout.for_model(ckpt.config, 0, n)
-    method = config.quantization or ckpt.quantization
-    if method != "none":
+        return
+    if method not in (None, "none"):
         raise ValueError(f"tensor_parallel_size {n}: quantized weights ({method}) are not "
                          f"supported with tensor parallelism yet; pass --quantization none "
                          f"(quantization='none') to load them dequantized, or use "
@@ -86,6 +107,16 @@ def start_tensor_parallel(config: EngineConfig, ckpt) -> TPExecutor | None:
     if config.speculative_config is not None:
         raise ValueError(f"tensor_parallel_size {n}: speculative decoding is not supported "
                          "with tensor parallelism yet")
+
+
+def start_tensor_parallel(config: EngineConfig, ckpt) -> TPExecutor | None:
+    """The executor of a tensor_parallel_size > 1 engine (None for 1); refuses what TP does
+    not support yet with a ValueError before any process starts."""
+    n = config.tensor_parallel_size
+    if n == 1:
+        return None
+    layout = TPLayout.for_model(ckpt.config, 0, n)
+    check_tensor_parallel(config, config.quantization or ckpt.quantization)
     if config.distributed_executor_backend == "ray":
         from pagedllm.distributed.ray_executor import RayExecutor
 

@@ -44,6 +44,14 @@ def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
     return ckpt, name, defaults
 
 
+def weight_format(ckpt: Checkpoint, config: EngineConfig) -> str:
+    """The format the weights are held in once loaded (for the start-up log): int8 made at
+    load (W8A8 with int8 activations), else what the checkpoint yields."""
+    if config.quantization == "int8":
+        return "int8 (W8A8)" if config.int8_activations else "int8"
+    return ckpt.quantization
+
+
 def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
     """Construct on the meta device, allocate once on the target device, copy weights in.
 
@@ -68,7 +76,7 @@ def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
     model.eval()
     logger.info("loaded %s (%s, %.1fM parameters, %s on %s, weights %s) in %.1f s: "
                 "%.1f MiB of weights resident", ckpt.source.name, cls.__name__, n_params / 1e6,
-                config.torch_dtype, config.torch_device, ckpt.quantization,
+                config.torch_dtype, config.torch_device, weight_format(ckpt, config),
                 time.perf_counter() - t0, weight_bytes(model) / 2**20)
     return model
 

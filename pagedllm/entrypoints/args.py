@@ -11,19 +11,22 @@ import argparse
 import json
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from pagedllm.config import (
-    KV_CACHE_DTYPES,
-    PREEMPTION_MODES,
-    QUANTIZATION_METHODS,
-    EngineConfig,
-    parse_size,
-)
-from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.lora.request import LoRARequest
-from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
 from pagedllm.spec_decode.config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+
+# The flags' vocabularies, spelled out here so that building the parser (`--help`) imports
+# no torch; tests/entrypoints/test_cli_first_hour.py checks that they equal the engine's
+# (config.KV_CACHE_DTYPES, PREEMPTION_MODES, QUANTIZATION_METHODS, body_limit's default).
+KV_CACHE_DTYPES = ("int8", "fp8", "fp8_e4m3", "fp8_e5m2")
+PREEMPTION_MODES = ("recompute", "swap")
+QUANTIZATION_METHODS = ("none", "gguf", "awq", "gptq", "int8")
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -154,6 +157,8 @@ def human_int(text: str) -> int:
 
 
 def _size(text: str) -> int:
+    from pagedllm.config import parse_size
+
     try:
         return parse_size(text)
     except ValueError as e:
@@ -176,6 +181,8 @@ def _speculative_config(text: str) -> SpeculativeConfig | None:
 
 
 def _rope_scaling(text: str) -> dict | None:
+    from pagedllm.model.layers.rope_scaling import parse_rope_scaling
+
     try:
         return parse_rope_scaling(text)
     except ValueError as e:
@@ -273,6 +280,8 @@ def number_lora_modules(modules: list[LoRARequest] | None) -> list[LoRARequest]:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    from pagedllm.config import EngineConfig
+
     check_vllm_only_args(args)
     return EngineConfig(
         model=args.model_flag or args.model, dtype=args.dtype, device=args.device,

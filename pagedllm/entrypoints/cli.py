@@ -22,8 +22,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help shows every flag's default (but never the API key taken from the environment)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.dest == "api_key":
-            return action.help
+        if action.dest == "api_key" or "(default" in (action.help or ""):
+            return action.help  # never the env's key; a default the help already states
         return super()._get_help_string(action)
 
 
@@ -65,12 +65,22 @@ def _cli_lora(args):
     return LoRARequest("cli-adapter", 1, args.lora)
 
 
+def _refuse_early(config) -> None:
+    """Incompatible flags fail here, before the checkpoint, the kernels or any weight is
+    loaded (tensor parallelism with quantized weights, LoRA or speculative decoding)."""
+    from pagedllm.distributed.executor import check_tensor_parallel, weight_format_before_loading
+
+    if config.tensor_parallel_size > 1:
+        check_tensor_parallel(config, weight_format_before_loading(config))
+
+
 def _engine(args):
     from pagedllm.engine.llm import LLM
     from pagedllm.engine.llm_engine import LLMEngine
 
     lora = _cli_lora(args)
     config = engine_config_from_args(args)
+    _refuse_early(config)
     if config.data_parallel_size > 1:
         raise SystemExit("--data-parallel-size > 1 runs replicas behind `pagedllm serve` only")
     llm = LLM.__new__(LLM)
@@ -137,6 +147,7 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--max-request-body-bytes must be >= 1, got "
                          f"{args.max_request_body_bytes}")
     config = engine_config_from_args(args)
+    _refuse_early(config)
     if config.data_parallel_size > 1:
         if lora_modules or not limits.unbounded:
             raise SystemExit("pagedllm serve: error: --data-parallel-size > 1 does not support "
@@ -224,11 +235,13 @@ def cmd_plan(args) -> int:
             config.torch_kv_cache_dtype = torch.bfloat16
     memory = None if args.memory is None else _memory_bytes(args.memory)
     try:
-        result = plan_for_engine(load_config(model), config, memory_bytes=memory)
+        model_config = load_config(model)
+        result = plan_for_engine(model_config, config, memory_bytes=memory)
     except ValueError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    lines = result.lines()
+    archs = ", ".join(getattr(model_config, "architectures", None) or []) or "?"
+    lines = [f"model:              {model} ({archs})", *result.lines()]
     need = config.max_num_seqs * result.kv_bytes_per_seq
     verdict = "fits" if need <= result.kv_budget else "does NOT fit"
     lines.append(f"max_num_seqs {config.max_num_seqs} x max_model_len {result.max_model_len} "
@@ -281,15 +294,24 @@ def cmd_build_kernels(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from pagedllm.entrypoints.bench import run_benchmark
+    """Run one benchmark; without a name, list them (what `pagedllm bench` can run)."""
+    from pagedllm.entrypoints.bench import BENCHMARKS, run_benchmark
 
+    if args.benchmark is None:
+        sys.stdout.write("pagedllm bench NAME [flags]: run benchmarks/NAME of this checkout "
+                         "(`pagedllm bench NAME --help` for its flags)\n")
+        for name, b in BENCHMARKS.items():
+            sys.stdout.write(f"  {name:<11} {b.summary}\n")
+        return 0
     return run_benchmark(args.benchmark, args.bench_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pagedllm import __version__
     from pagedllm.entrypoints.bench import BENCHMARKS
 
     parser = argparse.ArgumentParser(prog="pagedllm", description=__doc__)
+    parser.add_argument("--version", "-V", action="version", version=f"pagedllm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -337,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     bk.set_defaults(func=cmd_build_kernels)
     bench = command("bench", "benchmarks like `vllm bench`: " + ", ".join(
         f"{k} ({v.summary})" for k, v in BENCHMARKS.items()))
-    bench.add_argument("benchmark", choices=list(BENCHMARKS))
+    bench.add_argument("benchmark", nargs="?", choices=list(BENCHMARKS),
+                       help="which benchmark (none: list them)")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER,
                        help="the benchmark's own flags (pagedllm bench NAME --help)")
     bench.set_defaults(func=cmd_bench)

@@ -1,14 +1,45 @@
 """LoRA / QLoRA fine-tuning on the serving model's own layers (`pagedllm finetune`); the
-adapter it writes is PEFT-format and served unchanged by `serve --lora-modules`."""
+adapter it writes is PEFT-format and served unchanged by `serve --lora-modules`.
 
-from pagedllm.finetune.config import FinetuneConfig
-from pagedllm.finetune.trainer import (
-    FinetuneResult,
-    FrozenBaseError,
-    NonFiniteLossError,
-    Trainer,
-    finetune,
-)
+Names are imported on first use (PEP 562): the CLI builds `finetune`'s flags from
+`finetune.cli` without importing torch."""
 
-__all__ = ["FinetuneConfig", "FinetuneResult", "FrozenBaseError", "NonFiniteLossError",
-           "Trainer", "finetune"]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "FinetuneConfig": "pagedllm.finetune.config",
+    "FinetuneResult": "pagedllm.finetune.trainer",
+    "FrozenBaseError": "pagedllm.finetune.trainer",
+    "NonFiniteLossError": "pagedllm.finetune.trainer",
+    "Trainer": "pagedllm.finetune.trainer",
+    "finetune": "pagedllm.finetune.trainer",
+}
+__all__ = [
+    "FinetuneConfig",
+    "FinetuneResult",
+    "FrozenBaseError",
+    "NonFiniteLossError",
+    "Trainer",
+    "finetune",
+]
+
+if TYPE_CHECKING:
+    from pagedllm.finetune.config import FinetuneConfig
+    from pagedllm.finetune.trainer import (
+        FinetuneResult,
+        FrozenBaseError,
+        NonFiniteLossError,
+        Trainer,
+        finetune,
+    )
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pagedllm.finetune' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

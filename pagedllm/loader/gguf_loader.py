@@ -301,6 +301,28 @@ def use_quantized(quantization: str | None) -> bool:
     return False
 
 
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def warn_int8_of_quantized(path: Path) -> None:
+    """`--quantization int8` quantizes float weights; a GGUF file whose matrices are already
+    block-quantized is dequantized and quantized again into more bytes and less exact
+    weights (SmolLM2's 4-bit file: 92 MiB as GGUF blocks, 318 MiB resident as int8). Allowed
+    (benchmarks/peers.py compares it) with a warning that gives the numbers."""
+    reader = open_gguf(path)
+    matrices = [t for t in reader.tensors if len(t.shape) == 2]
+    blocks = sorted({t.tensor_type.name for t in matrices} - set(_FLOAT_TYPES))
+    if not blocks:
+        return  # an F32 / F16 / BF16 file: int8 makes it smaller
+    file_mib = sum(int(t.n_bytes) for t in reader.tensors) / 2**20
+    int8_mib = sum(int(t.n_elements) for t in matrices) / 2**20
+    logger.warning(
+        "--quantization int8 quantizes float weights; %s already holds %s blocks (%.0f MiB): "
+        "they are dequantized and re-quantized to int8, at least %.0f MiB (1 byte per weight, "
+        "plus float embeddings and norms) and less exact than the file. Omit --quantization "
+        "to keep the GGUF blocks (the default)", path.name, "/".join(blocks), file_mib, int8_mib)
+
+
 def load_gguf_checkpoint(
     path: Path, cache_dir: Path | None = None, quantization: str | None = None,
     int8_activations: bool = False
@@ -309,6 +331,8 @@ def load_gguf_checkpoint(
     converting and caching what is missing first. `int8_activations`: the quantized weights
     stay in the file's layout for the int8-activation kernels (`quant.gguf_a8`)."""
     start = time.perf_counter()
+    if quantization == "int8":
+        warn_int8_of_quantized(path)
     quantized = use_quantized(quantization)
     entry = gguf_entry_dir(path, cache_dir)
     reader: GGUFReader | None = None
