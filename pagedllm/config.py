@@ -35,6 +35,7 @@ BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn,
                    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 # Weight formats (vLLM's names). None = auto: what the checkpoint holds (a GGUF file -> "gguf",
 # an HF config.json with quantization_config -> its method, else "none"). "none" dequantizes
 # every weight to `dtype` at load (the reference path); "int8" quantizes an fp32/bf16
@@ -90,6 +91,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # share full KV blocks of common prompt prefixes
     kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
+    # "fcfs" (arrival order) or "priority": waiting requests by (priority, arrival), lower
+    # first; the preemption victim is the lowest-priority, latest-arrived running request.
+    scheduling_policy: str = "fcfs"
     swap_space: float = 4.0  # GiB of CPU memory for swapped blocks (swap mode; 0 disables)
     chat_template: str | None = None  # Jinja text or a file; replaces the model's template
     revision: str | None = None       # Hub models: branch, tag or commit (default main)
@@ -140,6 +144,9 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}"
+                             f"; got {self.scheduling_policy!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; "
                              f"got {self.preemption_mode!r}")

@@ -54,8 +54,10 @@ class Request:
                  sampling_params: SamplingParams, *, eos_token_id: int | None,
                  prompt: str | None = None, group_id: str | None = None, index: int = 0,
                  arrival_time: float | None = None, cache_salt: str | None = None,
-                 lora: LoRAAdapter | None = None) -> None:
+                 lora: LoRAAdapter | None = None, priority: int = 0) -> None:
         self.request_id = request_id
+        self.priority = priority  # the priority scheduling policy: lower runs earlier
+        self.queue_order: int | None = None  # arrival order in the waiting queue (ties)
         self.group_id = group_id or request_id
         self.index = index  # which of the group's n samples this sequence is
         self.prompt = prompt
@@ -142,13 +144,14 @@ class Request:
         child = Request(request_id, self.prompt_token_ids, self.sampling_params,
                         eos_token_id=self.eos_token_id, prompt=self.prompt,
                         group_id=self.group_id, index=index, arrival_time=self.times.arrival,
-                        cache_salt=self.cache_salt, lora=self.lora)
+                        cache_salt=self.cache_salt, lora=self.lora, priority=self.priority)
         child.block_hashes = list(self.block_hashes)
         child.num_cached_tokens = self.num_cached_tokens
         child.output_token_ids = list(self.output_token_ids)
         child.all_token_ids = list(self.all_token_ids)
         child.status = self.status
         child.num_computed_tokens = self.num_computed_tokens
+        child.queue_order = self.queue_order
         child.forked = True
         child.max_tokens = self.max_tokens
         child.generators = [self.generators[index]]

@@ -31,6 +31,10 @@ a request of a sliding-window model needs its full-attention blocks plus, per sl
 only the blocks inside the window (the others went back to the pool), so admission and
 preemption see the memory long sequences really hold.
 
+With the "priority" policy (core/waiting_queue.py) the waiting queue is ordered by (priority,
+arrival), lower first, and the preemption victim is the running request with the highest
+priority value (the latest arrived among equals) instead of the most recently admitted.
+
 With LoRA (`max_loras`), a waiting request whose adapter would make the running batch hold more
 than `max_loras` distinct adapters is passed over (it keeps its place) until one drains.
 """
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.swap_manager import SwapManager
+from pagedllm.core.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
 
@@ -97,14 +102,15 @@ class Scheduler:
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
-                 swap_manager: SwapManager | None = None, max_loras: int | None = None) -> None:
+                 swap_manager: SwapManager | None = None, max_loras: int | None = None,
+                 policy: str = "fcfs") -> None:
         self.block_manager = block_manager
         self.swap_manager = swap_manager  # None: preempt by recompute only
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.max_loras = max_loras
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue(policy)
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.num_preemptions = 0
@@ -125,6 +131,20 @@ class Scheduler:
     @property
     def requests(self) -> list[Request]:
         return [*self.running, *self.swapped, *self.waiting]
+
+    def finish_requests(self, requests: list[Request], status: RequestStatus) -> None:
+        """`finish_request` for many: the waiting ones leave their queue in one pass (an
+        aborted 20,000-prompt call must not cost 20,000 scans of the queue)."""
+        waiting = [r for r in requests if r.status == RequestStatus.WAITING]
+        self.waiting.remove_many(waiting)
+        now = time.monotonic()
+        for r in waiting:
+            r.status = status
+            r.times.finished = now
+            self.block_manager.free(r)
+        for r in requests:
+            if not r.is_finished:
+                self.finish_request(r, status)
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Remove a request from whichever queue holds it and free its blocks."""
@@ -177,7 +197,12 @@ class Scheduler:
             if num_new > num_known and not bm.allocate_slots(req, num_new):
                 num_new = min(num_known, budget)  # no room for the drafts: never preempt for them
             while not bm.allocate_slots(req, num_new):
-                victim = self.running.pop()
+                j = self._victim_index()
+                victim = self.running.pop(j)
+                if j < i:  # (priority) already scheduled this step: take it back
+                    i -= 1
+                    k = next(k for k, s in enumerate(out.scheduled) if s.request is victim)
+                    budget += out.scheduled.pop(k).num_new_tokens
                 if self.preempt(victim):
                     out.swapped_out.append(victim)
                 out.preempted.append(victim)
@@ -224,6 +249,14 @@ class Scheduler:
         if self.swap_manager is not None:
             out.blocks_to_swap_out, out.blocks_to_swap_in = self.swap_manager.take_pending()
         return out
+
+    def _victim_index(self) -> int:
+        """Where in `running` the request to preempt is: the last admitted (fcfs), or the
+        one with the highest priority value, the latest arrived among equals."""
+        if not self.waiting.by_priority:
+            return len(self.running) - 1
+        return max(range(len(self.running)),
+                   key=lambda j: (self.running[j].priority, self.running[j].times.arrival, j))
 
     def _swap_in(self, out: SchedulerOutput, budget: int) -> int:
         """Move swapped requests back to the running batch, oldest first, while the budget,

@@ -23,6 +23,11 @@ class EngineOverloaded(RuntimeError):
         self.reason, self.retry_after = reason, retry_after
 
 
+class RequestNeverAdmittable(ValueError):
+    """The call brings more prompts or tokens than the waiting queue may ever hold: retrying
+    cannot help (HTTP 400 naming the limit, not 429)."""
+
+
 @dataclass
 class QueueLimits:
     """None means unbounded (the default, as in vLLM)."""
@@ -46,9 +51,20 @@ class QueueLimits:
         limit. Waiting sequences of one n > 1 request count once, as in the waiting gauge."""
         if self.unbounded:
             return
+        if self.max_num_queued_reqs is not None and len(prompt_lens) > self.max_num_queued_reqs:
+            raise RequestNeverAdmittable(
+                f"this request brings {len(prompt_lens)} prompts and at most "
+                f"{self.max_num_queued_reqs} may wait at once (--max-num-queued-reqs): it can "
+                "never be admitted; send fewer prompts per request")
+        if (self.max_num_queued_tokens is not None
+                and sum(prompt_lens) > self.max_num_queued_tokens):
+            raise RequestNeverAdmittable(
+                f"this request brings {sum(prompt_lens)} prompt tokens and at most "
+                f"{self.max_num_queued_tokens} may wait at once (--max-num-queued-tokens): it "
+                "can never be admitted; send fewer or shorter prompts per request")
         waiting = scheduler.waiting
         if self.max_num_queued_reqs is not None:
-            queued = len({r.group_id for r in waiting})
+            queued = waiting.num_groups
             if queued + len(prompt_lens) > self.max_num_queued_reqs:
                 raise EngineOverloaded(
                     f"server overloaded: {queued} requests are waiting, the limit is "

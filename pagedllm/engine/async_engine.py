@@ -29,7 +29,9 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from pagedllm.distributed.errors import EngineFatalError
 from pagedllm.engine.admission import EngineOverloaded, QueueLimits
@@ -39,7 +41,7 @@ from pagedllm.engine.stats import EngineStats
 from pagedllm.metrics import ServingMetrics
 from pagedllm.outputs import RequestOutput
 
-__all__ = ["AsyncEngine", "EngineDead", "EngineOverloaded", "EngineRequest",
+__all__ = ["AsyncEngine", "DuplicateRequestId", "EngineDead", "EngineOverloaded", "EngineRequest",
            "EngineShuttingDown", "QueueLimits", "RequestAborted", "RequestFailed",
            "RequestStream"]
 logger = logging.getLogger(__name__)
@@ -48,12 +50,29 @@ _IDLE_POLL_S = 0.005  # wait when requests exist but nothing could be scheduled
 _HEALTH_POLL_S = 1.0  # while idle, check this often that the engine's workers are alive
 
 
+ADD_SLICE = 256  # requests of one API call added between two engine steps
+
+
+@dataclass
+class AddJob:
+    """One API call's requests being added, `next` the first not yet added."""
+
+    requests: list[EngineRequest]
+    fut: asyncio.Future
+    added: list[str] = field(default_factory=list)
+    next: int = 0
+
+
 class EngineShuttingDown(RuntimeError):
     """The engine no longer accepts requests (shutdown started)."""
 
 
 class EngineDead(RuntimeError):
     """The engine thread died: nothing in flight will finish and nothing new is accepted."""
+
+
+class DuplicateRequestId(ValueError):
+    """A request id (e.g. from X-Request-Id) equals one still in flight."""
 
 
 class RequestFailed(RuntimeError):
@@ -75,6 +94,7 @@ class AsyncEngine:
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # event loop side only
         self._live: set[str] = set()  # engine thread side only
+        self._adding: deque[AddJob] = deque()  # engine thread side: calls being added
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -89,10 +109,19 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
         self._thread.start()
 
+    def stop_accepting(self) -> None:
+        """New requests are refused (EngineShuttingDown); those in flight go on."""
+        self.shutting_down = True
+
     def begin_shutdown(self) -> None:
         """Stop accepting requests and abort those in flight (thread- and signal-safe)."""
         self.shutting_down = True
         self._commands.put(("abort_all",))
+
+    @property
+    def num_in_flight(self) -> int:
+        """Engine requests whose outputs someone still waits for (event loop side)."""
+        return len(self._streams)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Abort everything, then stop and join the engine thread."""
@@ -109,6 +138,10 @@ class AsyncEngine:
         if self.dead is not None:
             raise EngineDead(f"engine is dead: {self.dead!r}")
         stream = RequestStream(self, requests)
+        taken = next((rid for rid in stream.request_ids if rid in self._streams), None)
+        if taken is not None or len(set(stream.request_ids)) != len(stream.request_ids):
+            raise DuplicateRequestId(f"request id {taken!r} is already in use by a request "
+                                     "in flight (ids must be unique)")
         for rid in stream.request_ids:
             self._streams[rid] = stream
         fut = asyncio.get_running_loop().create_future()
@@ -185,6 +218,9 @@ class AsyncEngine:
         self.dead = exc
         error = EngineDead(f"engine is dead: {exc!r}")
         self._dispatch_error(list(self._streams), error)
+        for job in self._adding:  # the thread is gone: nothing else touches these now
+            self._resolve(job.fut, error)
+        self._adding.clear()
         while True:
             try:
                 cmd = self._commands.get_nowait()
@@ -203,9 +239,10 @@ class AsyncEngine:
     def _loop_forever(self) -> None:
         eng = self.engine
         while True:
-            busy = eng.has_unfinished_requests()
+            busy = eng.has_unfinished_requests() or bool(self._adding)
             if not self._drain(block=not busy, timeout=None if busy else _HEALTH_POLL_S):
                 return
+            self._add_slice()
             if not eng.has_unfinished_requests():
                 if busy:  # aborts (client hang-ups) emptied it: the same idle check
                     self._check_idle()
@@ -263,34 +300,68 @@ class AsyncEngine:
         if kind == "add":
             self._add(cmd[1], cmd[2])
         elif kind == "abort":
+            self._cancel_adds(set(cmd[1]), None)
             ids = [rid for rid in cmd[1] if rid in self._live]
             self.engine.abort_request(ids)
             self._live.difference_update(ids)
         elif kind == "abort_all":
+            self._cancel_adds(set(), EngineShuttingDown("server is shutting down"))
             self._abort_live(RequestAborted("request aborted: server is shutting down"))
         elif kind == "stop":
             return False
         return True
 
     def _add(self, requests: list[EngineRequest], fut: asyncio.Future) -> None:
+        """Start adding one API call's requests: admission is checked for all of them now,
+        the adding itself goes ADD_SLICE requests per engine step (`_add_slice`)."""
         if self.shutting_down:
             self._call(self._resolve, fut, EngineShuttingDown("server is shutting down"))
             return
-        added: list[str] = []
-        error: BaseException | None = None
         try:
             self.limits.check(self.engine.scheduler, [self._prompt_len(r) for r in requests])
-            for r in requests:
+        except Exception as exc:  # EngineOverloaded, RequestNeverAdmittable
+            self._call(self._resolve, fut, exc)
+            return
+        self._adding.append(AddJob(requests, fut))
+
+    def _add_slice(self) -> None:
+        """Add the next ADD_SLICE requests of the oldest pending call (a 20,000-prompt call
+        must not keep every other request from stepping); resolve the call once all its
+        requests are in, or abort those added and fail it on the first invalid one."""
+        if not self._adding:
+            return
+        job = self._adding[0]
+        try:
+            for r in job.requests[job.next:job.next + ADD_SLICE]:
+                kwargs = {"priority": r.priority} if r.priority else {}
                 self.engine.add_request(r.prompt, r.params, request_id=r.request_id,
                                         arrival_time=r.arrival_time, cache_salt=r.cache_salt,
-                                        lora_request=r.lora_request)
-                added.append(r.request_id)
+                                        lora_request=r.lora_request, **kwargs)
+                job.added.append(r.request_id)
+                self._live.add(r.request_id)
         except Exception as exc:  # ValueError for bad input; anything else is ours
-            error = exc
-            self.engine.abort_request(added)
-            added = []
-        self._live.update(added)
-        self._call(self._resolve, fut, error)
+            self._adding.popleft()
+            self._drop(job.added)
+            self._call(self._resolve, job.fut, exc)
+            return
+        job.next += ADD_SLICE
+        if job.next >= len(job.requests):
+            self._adding.popleft()
+            self._call(self._resolve, job.fut, None)
+
+    def _drop(self, request_ids: list[str]) -> None:
+        self.engine.abort_request(request_ids)
+        self._live.difference_update(request_ids)
+
+    def _cancel_adds(self, request_ids: set[str], error: BaseException | None) -> None:
+        """Pending calls holding any of these ids (their client left, or shutdown) are
+        dropped with what they had added."""
+        for job in [j for j in self._adding if error is not None or
+                    not request_ids.isdisjoint(r.request_id for r in j.requests)]:
+            self._adding.remove(job)
+            self._drop(job.added)
+            if error is not None:
+                self._call(self._resolve, job.fut, error)
 
     def _prompt_len(self, r: EngineRequest) -> int:
         if self.limits.max_num_queued_tokens is None or not isinstance(r.prompt, str):

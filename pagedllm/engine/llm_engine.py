@@ -116,7 +116,8 @@ class LLMEngine:
             self.block_manager, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len, swap_manager=self.swap_manager,
-            max_loras=config.max_loras if self.lora else None)
+            max_loras=config.max_loras if self.lora else None,
+            policy=config.scheduling_policy)
         window = model_setup.attention_window(ckpt.config, self.model)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size,
                                                          self.eos_token_id)
@@ -184,16 +185,20 @@ class LLMEngine:
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
                     cache_salt: str | None = None,
-                    lora_request: LoRARequest | None = None) -> str:
+                    lora_request: LoRARequest | None = None, priority: int = 0) -> str:
         """Queue a request; raises ValueError (and queues nothing) on invalid input.
 
         Requests with different `cache_salt`s never share prefix-cache blocks (tenants), nor
         do requests with different LoRA adapters. `lora_request` None runs the base model.
+        `priority` (lower runs earlier) needs scheduling_policy "priority".
         """
         params = params or SamplingParams()
         request_id = request_id or str(next(self._ids))
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if priority and self.config.scheduling_policy != "priority":
+            raise ValueError(f"priority {priority} given but the scheduling policy is "
+                             f"{self.config.scheduling_policy!r} (--scheduling-policy priority)")
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
@@ -205,7 +210,7 @@ class LLMEngine:
         adapter = self.load_lora(lora_request) if lora_request is not None else None
         req = Request(request_id, token_ids, params, eos_token_id=self.eos_token_id,
                       prompt=text, arrival_time=arrival_time, cache_salt=cache_salt,
-                      lora=adapter)
+                      lora=adapter, priority=priority)
         if params.structured_outputs is not None:  # GrammarCompileError is a ValueError
             req.grammar = self.structured_output.grammar_for(params.structured_outputs)
         req.max_tokens = params.max_tokens or (self.config.max_model_len - len(token_ids))
@@ -232,15 +237,15 @@ class LLMEngine:
 
     def abort_request(self, request_ids: str | Sequence[str]) -> None:
         """Finish the requests as aborted and free their blocks (unknown ids are ignored)."""
+        unfinished = []
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
             seqs = self._requests.pop(rid, None)
             if seqs is None:
                 continue
-            for seq in seqs:
-                if not seq.is_finished:
-                    self.scheduler.finish_request(seq, RequestStatus.FINISHED_ABORTED)
+            unfinished.extend(seq for seq in seqs if not seq.is_finished)
             self.output_processor.groups.pop(rid, None)
             self.stats.on_finish("abort")
+        self.scheduler.finish_requests(unfinished, RequestStatus.FINISHED_ABORTED)
         self._update_gauges()
 
     def has_unfinished_requests(self) -> bool:

@@ -34,6 +34,7 @@ class EngineRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     cache_salt: str | None = None  # prefix-cache namespace (tenant isolation)
     lora_request: LoRARequest | None = None  # the adapter to run with (None: base model)
+    priority: int = 0  # --scheduling-policy priority: lower runs earlier
 
 
 def _merge(into: RequestOutput, new: RequestOutput) -> None:

@@ -69,7 +69,8 @@ class EngineStats:
         def num_requests(queue) -> int:
             return len({r.group_id for r in queue})
 
-        self.set_gauges(num_requests(scheduler.running), num_requests(scheduler.waiting),
+        # The waiting queue counts its groups as it changes (it can hold 20,000 requests).
+        self.set_gauges(num_requests(scheduler.running), scheduler.waiting.num_groups,
                         num_requests(scheduler.swapped), block_manager.usage)
         if self.max_lora:
             self.lora_running = requests_per_adapter(scheduler.running)

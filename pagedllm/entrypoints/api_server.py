@@ -1,14 +1,15 @@
-"""The OpenAI-compatible HTTP server: FastAPI app (routes, errors, auth) and `run_server`.
+"""The OpenAI-compatible HTTP server: FastAPI app (routes, errors; guard.py: auth, hosts,
+content type, shutdown) and `run_server` (http_server.py: timeouts, graceful shutdown).
 
 Errors always have OpenAI's shape {"error": {"message", "type", "param", "code"}}: invalid
 parameters and schema errors are 400 (not FastAPI's 422), an unknown model 404, a missing or
-wrong API key 401, and everything but /metrics and /version is 503 once shutdown began.
+wrong API key 401, a non-JSON POST 415, and everything but /metrics and /version is 503 once
+shutdown began.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import signal
 import socket
@@ -25,7 +26,10 @@ import pagedllm
 from pagedllm.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
 from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimitMiddleware
 from pagedllm.entrypoints.chat_page import add_chat_page
+from pagedllm.entrypoints.guard import GuardMiddleware, error_response
+from pagedllm.entrypoints.http_server import DrainingServer, bind_socket, timed_h11
 from pagedllm.entrypoints.lora_routes import add_lora_routes
+from pagedllm.entrypoints.prompt_inputs import PromptInputs
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -35,48 +39,20 @@ from pagedllm.entrypoints.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from pagedllm.entrypoints.server_options import ServerOptions
 from pagedllm.entrypoints.serving import APIError, ServingBase
 from pagedllm.entrypoints.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.serving_models import ServingModels
+from pagedllm.entrypoints.template_sandbox import TemplateSandbox
 from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics import CONTENT_TYPE
 
+__all__ = ["bind_socket", "build_app", "run_server", "with_disconnect"]
 logger = logging.getLogger(__name__)
 
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize")
-_OPEN_WHILE_SHUTTING_DOWN = ("/metrics", "/version")
 _DEAD_EXIT_DELAY_S = 1.0
-
-
-def _error(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-class GuardMiddleware:
-    """Pure ASGI (so streaming and disconnect detection are untouched): 503 while shutting
-    down, then the Bearer key on /v1/*, /tokenize and /detokenize."""
-
-    def __init__(self, app, engine: AsyncEngine, api_key: str | None) -> None:
-        self.app, self.engine = app, engine
-        self.api_key = api_key.encode() if api_key else None
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
-            err = None
-            if self.engine.shutting_down and not path.startswith(_OPEN_WHILE_SHUTTING_DOWN):
-                err = APIError(503, "server is shutting down", type="service_unavailable")
-            elif self.api_key is not None and path.startswith(_PROTECTED):
-                auth = dict(scope["headers"]).get(b"authorization", b"")
-                if not hmac.compare_digest(auth, b"Bearer " + self.api_key):
-                    err = APIError(401, "missing or invalid API key (send 'Authorization: "
-                                   "Bearer <key>')", type="authentication_error",
-                                   code="invalid_api_key")
-            if err is not None:
-                await _error(err)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+_error = error_response
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -107,29 +83,43 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES, *,
               tool_parser: str | None = None, enable_auto_tool_choice: bool = False,
               lora_modules: list[LoRARequest] | None = None, log_requests: bool = True,
-              metrics_vllm_compat: bool = False) -> FastAPI:
-    """The app; its lifespan starts and stops `engine`'s step thread. `lora_modules` are
-    served under their names (already validated by `engine`)."""
+              metrics_vllm_compat: bool = False,
+              options: ServerOptions | None = None) -> FastAPI:
+    """The app; its lifespan starts and stops `engine`'s step thread (and the template
+    sandbox with --trust-request-chat-template). `lora_modules` are served under their names
+    (already validated by `engine`)."""
+    opts = options or ServerOptions()
     names = served_model_names or [engine.model_name]
     served = ServingModels(engine, names, lora_modules)
-    completions = OpenAIServingCompletion(engine, names, served)
+    tokenizer = engine.engine.tokenizer
+    sandbox = (TemplateSandbox(tokenizer, opts.request_chat_template_timeout)
+               if opts.trust_request_chat_template else None)
+    inputs = PromptInputs(tokenizer, engine.engine.config.max_model_len, sandbox)
+    shared = {"inputs": inputs, "options": opts}
+    completions = OpenAIServingCompletion(engine, names, served, **shared)
     chat = OpenAIServingChat(engine, names, served, tool_parser=tool_parser,
-                             enable_auto_tool_choice=enable_auto_tool_choice)
-    base = ServingBase(engine, names, served)
+                             enable_auto_tool_choice=enable_auto_tool_choice, **shared)
+    base = ServingBase(engine, names, served, **shared)
     for serving in (completions, chat, base):
         serving.log_requests = log_requests
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if sandbox is not None:
+            await asyncio.to_thread(sandbox.start)
         engine.start(asyncio.get_running_loop())
         yield
         await asyncio.to_thread(engine.stop)
+        if sandbox is not None:
+            sandbox.close()
 
     app = FastAPI(title="pagedllm", version=pagedllm.__version__, lifespan=lifespan)
-    app.add_middleware(GuardMiddleware, engine=engine, api_key=api_key)
-    # Added last = outermost: an oversized body is refused before auth or parsing.
+    app.add_middleware(GuardMiddleware, engine=engine, api_key=api_key,
+                       allowed_hosts=opts.allowed_hosts)
+    # Added last = outermost: an oversized or stalled body is refused before auth or parsing.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_body_bytes,
-                       on_reject=lambda: engine.metrics.observe_rejected("body_too_large"))
+                       on_reject=lambda: engine.metrics.observe_rejected("body_too_large"),
+                       timeout_s=opts.timeout_request_body)
     add_chat_page(app)
 
     @app.exception_handler(APIError)
@@ -145,7 +135,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         # Unions report one error per member ("prompt.str", "prompt.list[int]"): name the field.
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
         param = loc[0] if loc else None
-        msg = f"{'.'.join(loc)}: {first.get('msg')}" if loc else str(first.get("msg"))
+        text = str(first.get("msg")).removeprefix("Value error, ")
+        msg = f"{'.'.join(loc)}: {text}" if loc else text
         return _error(APIError(400, msg, param=param))
 
     @app.exception_handler(StarletteHTTPException)
@@ -168,7 +159,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         logger.exception("unhandled error")
         return _error(APIError(500, f"internal error: {exc}", type="server_error"))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         if engine.dead is not None:
             return _error(APIError(503, f"engine is dead: {engine.dead!r}",
@@ -190,19 +181,21 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
-        return await with_disconnect(request, completions.create(body))
+        header_id = request.headers.get("x-request-id")
+        return await with_disconnect(request, completions.create(body, header_id))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-        return await with_disconnect(request, chat.create(body))
+        header_id = request.headers.get("x-request-id")
+        return await with_disconnect(request, chat.create(body, header_id))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
         base.check_model(body.model)
         if body.messages is not None:
-            ids = base.apply_chat_template(body.messages, body.add_generation_prompt)
+            ids = await base.apply_chat_template(body.messages, body.add_generation_prompt)
         elif body.prompt is not None:
-            ids = base.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = await base.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
             raise APIError(400, "either prompt or messages is required", param="prompt")
         return TokenizeResponse(count=len(ids), max_model_len=base.max_model_len,
@@ -218,51 +211,27 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
     return app
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, except that SIGTERM/SIGINT first mark the engine as shutting down
-    (new requests get 503) and abort in-flight requests, so connections close promptly."""
-
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine) -> None:
-        super().__init__(config)
-        self.engine = engine
-
-    def handle_exit(self, sig: int, frame) -> None:
-        if not self.engine.shutting_down:
-            logger.info("signal %d: shutting down, aborting in-flight requests", sig)
-            self.engine.begin_shutdown()
-        super().handle_exit(sig, frame)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind the listening socket (before the model loads, so a busy port fails fast);
-    OSError says which address is taken."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.set_inheritable(True)
-    return sock
-
-
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
                api_key: str | None, access_log: bool = True,
                max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
                sock: socket.socket | None = None, tool_parser: str | None = None,
                enable_auto_tool_choice: bool = False,
                lora_modules: list[LoRARequest] | None = None, log_requests: bool = True,
-               uvicorn_log_level: str = "info", metrics_vllm_compat: bool = False) -> int:
-    """Serve until SIGTERM/SIGINT (returns 0 after a graceful shutdown) or until the engine
-    thread dies (returns 1, so a supervisor restarts the process)."""
+               uvicorn_log_level: str = "info", metrics_vllm_compat: bool = False,
+               options: ServerOptions | None = None) -> int:
+    """Serve until SIGTERM/SIGINT (returns 0 after a graceful shutdown, http_server.py) or
+    until the engine thread dies (returns 1, so a supervisor restarts the process)."""
+    opts = options or ServerOptions()
     app = build_app(engine, served_model_names, api_key, max_request_body_bytes,
                     tool_parser=tool_parser, enable_auto_tool_choice=enable_auto_tool_choice,
                     lora_modules=lora_modules, log_requests=log_requests,
-                    metrics_vllm_compat=metrics_vllm_compat)
+                    metrics_vllm_compat=metrics_vllm_compat, options=opts)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,
-                            log_level=uvicorn_log_level, timeout_graceful_shutdown=30)
-    server = _Server(config, engine)
+                            log_level=uvicorn_log_level, timeout_graceful_shutdown=5,
+                            http=timed_h11(opts.timeout_request_header),
+                            timeout_keep_alive=opts.timeout_keep_alive,
+                            limit_concurrency=opts.limit_concurrency)
+    server = DrainingServer(config, engine, opts.shutdown_timeout)
 
     def on_dead(exc: BaseException) -> None:
         logger.critical("engine died (%r): shutting the server down", exc)

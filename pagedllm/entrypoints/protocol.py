@@ -12,11 +12,15 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+from pagedllm.entrypoints.json_hygiene import check_json_tree
 
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Strict as OpenAI is: "10" is not an int, true is not a token id; NaN / Infinity (which
+    # Python's JSON parser accepts) are refused by every float field.
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- errors
@@ -32,8 +36,19 @@ class ErrorResponse(OpenAIBaseModel):
 
 
 # -------------------------------------------------------------- requests
+class RequestBody(OpenAIBaseModel):
+    """A route's whole body: checked for depth and lone surrogates before validation."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hygiene(cls, data: Any) -> Any:
+        check_json_tree(data)
+        return data
+
+
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage (so far) in every chunk too
 
 
 class JsonSchemaFormat(OpenAIBaseModel):
@@ -48,7 +63,7 @@ class ResponseFormat(OpenAIBaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class SamplingFields(OpenAIBaseModel):
+class SamplingFields(RequestBody):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model_config = ConfigDict(extra="allow")
@@ -56,12 +71,14 @@ class SamplingFields(OpenAIBaseModel):
     UNSUPPORTED: ClassVar[dict[str, Any]] = {
         "prompt_logprobs": None, "use_beam_search": False, "length_penalty": 1.0,
         "truncate_prompt_tokens": None, "logits_processors": None,
-        "return_tokens_as_token_ids": False, "vllm_xargs": None, "kv_transfer_params": None}
+        "return_tokens_as_token_ids": False, "vllm_xargs": None, "kv_transfer_params": None,
+        "thinking_token_budget": None, "logprob_token_ids": None, "truncation_side": None,
+        "repetition_detection": None}
     # Declared below and ignored without a warning: they do not change the output (there is
     # one grammar backend; `prediction` only speeds up a server that implements it).
     IGNORED: ClassVar[tuple[str, ...]] = (
         "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
-        "priority", "request_id", "prediction", "guided_decoding_backend")
+        "prediction", "guided_decoding_backend")
 
     model: str | None = None
     n: int = 1
@@ -106,15 +123,22 @@ class SamplingFields(OpenAIBaseModel):
     return_tokens_as_token_ids: Any = False
     vllm_xargs: Any = None
     kv_transfer_params: Any = None
+    thinking_token_budget: Any = None
+    logprob_token_ids: Any = None
+    truncation_side: Any = None
+    repetition_detection: Any = None
     guided_decoding_backend: Any = None
     metadata: Any = None
     store: Any = None
     service_tier: Any = None
     prompt_cache_key: Any = None
     safety_identifier: Any = None
-    priority: Any = None
-    request_id: Any = None
     prediction: Any = None
+    # Implemented: scheduling priority (lower runs earlier; needs --scheduling-policy
+    # priority), the request's id (also the X-Request-Id header), token ids in the response.
+    priority: int = 0
+    request_id: str | None = None
+    return_token_ids: bool = False
 
 
 class CompletionRequest(SamplingFields):
@@ -201,7 +225,7 @@ class ChatCompletionRequest(SamplingFields):
     mm_processor_kwargs: Any = None
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -209,7 +233,7 @@ class TokenizeRequest(OpenAIBaseModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
 
@@ -233,12 +257,26 @@ class CompletionLogprobs(OpenAIBaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+def _drop_unset_ids(data: dict) -> dict:
+    """The `return_token_ids` fields appear only when asked for (None: not asked)."""
+    for key in ("prompt_token_ids", "token_ids"):
+        if key in data and data[key] is None:
+            del data[key]
+    return data
+
+
 class CompletionChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids (vLLM's shape)
+    token_ids: list[int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _ids(self, handler):
+        return _drop_unset_ids(handler(self))
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -276,6 +314,11 @@ class ChatChoice(OpenAIBaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # return_token_ids
+
+    @model_serializer(mode="wrap")
+    def _ids(self, handler):
+        return _drop_unset_ids(handler(self))
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -285,6 +328,11 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_token_ids: list[int] | None = None  # return_token_ids
+
+    @model_serializer(mode="wrap")
+    def _ids(self, handler):
+        return _drop_unset_ids(handler(self))
 
 
 class DeltaFunctionCall(OpenAIBaseModel):
@@ -323,6 +371,11 @@ class ChatChunkChoice(OpenAIBaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # return_token_ids: this chunk's
+
+    @model_serializer(mode="wrap")
+    def _ids(self, handler):
+        return _drop_unset_ids(handler(self))
 
 
 class ChatCompletionChunk(OpenAIBaseModel):
@@ -332,6 +385,11 @@ class ChatCompletionChunk(OpenAIBaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids: in the first chunk
+
+    @model_serializer(mode="wrap")
+    def _ids(self, handler):
+        return _drop_unset_ids(handler(self))
 
 
 class CompletionChunk(OpenAIBaseModel):

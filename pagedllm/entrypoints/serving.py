@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
-import reprlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import StreamingResponse
 
+from pagedllm.engine.admission import RequestNeverAdmittable
 from pagedllm.engine.async_engine import (
     AsyncEngine,
+    DuplicateRequestId,
     EngineDead,
     EngineOverloaded,
     EngineRequest,
@@ -27,6 +28,7 @@ from pagedllm.engine.async_engine import (
 )
 from pagedllm.engine.chat_template import MissingChatTemplateError, check_chat_template
 from pagedllm.entrypoints.errors import APIError
+from pagedllm.entrypoints.prompt_inputs import PromptInputs
 from pagedllm.entrypoints.protocol import (
     ChatMessage,
     PromptTokensDetails,
@@ -38,6 +40,7 @@ from pagedllm.entrypoints.request_fields import (
     logit_bias_of,
     structured_outputs_of,
 )
+from pagedllm.entrypoints.server_options import ServerOptions
 from pagedllm.entrypoints.serving_models import ModelNotFound, ServingModels
 from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
@@ -49,6 +52,7 @@ __all__ = ["APIError", "ServingBase", "SSEResponse", "make_usage", "random_id", 
 logger = logging.getLogger(__name__)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DONE = "data: [DONE]\n\n"
+MAX_REQUEST_ID_CHARS = 128
 
 
 def sse(payload: str) -> str:
@@ -63,8 +67,10 @@ class SSEResponse(StreamingResponse):
     """`text/event-stream` response that calls `on_close` however it ends (finished, client
     gone before or during the body, error), so an abandoned request is always aborted."""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None],
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={**SSE_HEADERS, **(headers or {})})
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
@@ -91,11 +97,14 @@ class ServingBase:
     log_requests = True  # one log line per accepted request (--disable-log-requests: off)
 
     def __init__(self, engine: AsyncEngine, served_model_names: list[str],
-                 models: ServingModels | None = None) -> None:
+                 models: ServingModels | None = None, inputs: PromptInputs | None = None,
+                 options: ServerOptions | None = None) -> None:
         self.engine = engine
         self.models = models or ServingModels(engine, served_model_names)
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len: int = engine.engine.config.max_model_len
+        self.inputs = inputs or PromptInputs(self.tokenizer, self.max_model_len)
+        self.options = options or ServerOptions()
         self.vocab_size: int = engine.engine.vocab_size
         self.max_logprobs: int = engine.engine.config.max_logprobs
         self.model_names = served_model_names
@@ -119,12 +128,20 @@ class ServingBase:
                            code="model_not_found") from None
 
     # ------------------------------------------------------------ prompts
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    async def encode(self, text: str, add_special_tokens: bool = True,
+                     param: str = "prompt") -> list[int]:
+        """Token ids of `text`, tokenized off the event loop (prompt_inputs.py)."""
+        return await self.inputs.encode(text, param, add_special_tokens)
 
-    def apply_chat_template(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                            *, tools: list[dict] | None = None, chat_template: str | None = None,
-                            chat_template_kwargs: dict | None = None) -> list[int]:
+    async def encode_many(self, texts: list[str], param: str = "prompt") -> list[list[int]]:
+        """Token ids of each text: every size checked first, then one worker-thread call."""
+        return await self.inputs.encode_many(texts, param)
+
+    async def apply_chat_template(self, messages: list[ChatMessage],
+                                  add_generation_prompt: bool = True, *,
+                                  tools: list[dict] | None = None,
+                                  chat_template: str | None = None,
+                                  chat_template_kwargs: dict | None = None) -> list[int]:
         """Token ids of the conversation; `tools` (OpenAI definitions) go to the template as
         `tools=`, or into a system message if the template has no place for them."""
         conv = [chat_message_dict(m) for m in messages]
@@ -136,16 +153,24 @@ class ServingBase:
                 check_chat_template(self.tokenizer)
             except MissingChatTemplateError as exc:
                 raise APIError(400, str(exc), param="messages") from None
-        try:
-            ids = self.tokenizer.apply_chat_template(
-                conv, add_generation_prompt=add_generation_prompt, tokenize=True,
-                tools=tools or None, chat_template=chat_template,
-                **(chat_template_kwargs or {}))
-        except Exception as exc:  # jinja errors: the template rejected the conversation
-            raise APIError(400, f"chat template failed: {exc}", param="messages") from exc
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
+        return await self.inputs.chat(conv, add_generation_prompt, tools=tools,
+                                      chat_template=chat_template,
+                                      chat_template_kwargs=chat_template_kwargs)
+
+    def request_id(self, prefix: str, req: SamplingFields, header: str | None
+                   ) -> tuple[str, str]:
+        """(API id, id echoed in X-Request-Id): the client's X-Request-Id header, else its
+        `request_id` field, else a random one; the engine's ids derive from the API id, so
+        a client id already in flight is a 400 (AsyncEngine.add_requests)."""
+        given = header if header is not None else req.request_id
+        if given is None:
+            api_id = random_id(prefix)
+            return api_id, api_id
+        if not (0 < len(given) <= MAX_REQUEST_ID_CHARS and given.isprintable()
+                and given.isascii()):
+            raise APIError(400, f"request id must be 1 to {MAX_REQUEST_ID_CHARS} printable "
+                           f"ASCII characters, got {len(given)} characters", param="request_id")
+        return f"{prefix}-{given}", given
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
@@ -197,11 +222,9 @@ class ServingBase:
 
     # ---------------------------------------------------------- submitting
     async def submit(self, requests: list[EngineRequest]) -> RequestStream:
-        if self.log_requests:
-            for r in requests:
-                prompt = (f"{len(r.prompt)} token ids" if isinstance(r.prompt, list)
-                          else reprlib.repr(r.prompt))
-                logger.info("request %s: prompt %s, %s", r.request_id, prompt, r.params)
+        if self.log_requests:  # one bounded line per API call: sizes, never contents
+            logger.info("request %s: %s, %s", requests[0].request_id,
+                        prompts_summary(requests), params_summary(requests[0].params))
         try:
             return await self.engine.add_requests(requests)
         except (EngineShuttingDown, EngineDead) as exc:
@@ -211,6 +234,10 @@ class ServingBase:
         except EngineOverloaded as exc:
             raise APIError(429, str(exc), type="rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(exc.retry_after)}) from exc
+        except RequestNeverAdmittable as exc:
+            raise APIError(400, str(exc), param="prompt", code="request_too_large") from exc
+        except DuplicateRequestId as exc:
+            raise APIError(400, str(exc), param="request_id") from exc
         except ValueError as exc:
             raise APIError(400, str(exc), param=_field_of(str(exc))) from exc
 
@@ -220,6 +247,29 @@ class ServingBase:
             s = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_str[token_id] = s
         return s
+
+
+def prompts_summary(requests: list[EngineRequest]) -> str:
+    sizes = [len(r.prompt) for r in requests]
+    unit = "token ids" if isinstance(requests[0].prompt, list) else "characters"
+    if len(sizes) == 1:
+        return f"prompt of {sizes[0]} {unit}"
+    return f"{len(sizes)} prompts of {sum(sizes)} {unit} in all"
+
+
+def params_summary(p: SamplingParams) -> str:
+    """What a log line may say about a request's sampling: numbers and sizes (a 4 MB stop
+    string made a 4 MB log line when the whole SamplingParams was logged)."""
+    stops = p.stop if isinstance(p.stop, list) else [p.stop] if p.stop else []
+    parts = [f"n={p.n}", f"max_tokens={p.max_tokens}", f"temperature={p.temperature}",
+             f"top_p={p.top_p}", f"top_k={p.top_k}", f"seed={p.seed}"]
+    if stops:
+        parts.append(f"stop={len(stops)} strings/{sum(len(x) for x in stops)} chars")
+    if p.logprobs is not None:
+        parts.append(f"logprobs={p.logprobs}")
+    if p.structured_outputs is not None:
+        parts.append("structured_outputs")
+    return "params " + " ".join(parts)
 
 
 def _pick(value, defaults: dict, name: str, fallback):

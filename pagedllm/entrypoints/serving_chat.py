@@ -32,7 +32,6 @@ from pagedllm.entrypoints.serving import (
     ServingBase,
     SSEResponse,
     make_usage,
-    random_id,
     sse,
     sse_error,
 )
@@ -48,13 +47,14 @@ from pagedllm.outputs import RequestOutput, SampleLogprobs
 
 class OpenAIServingChat(ServingBase):
     def __init__(self, engine, served_model_names: list[str], models=None, *,
-                 tool_parser: str | None = None,
-                 enable_auto_tool_choice: bool = False) -> None:
-        super().__init__(engine, served_model_names, models)
+                 tool_parser: str | None = None, enable_auto_tool_choice: bool = False,
+                 **shared) -> None:
+        super().__init__(engine, served_model_names, models, **shared)
         self.tool_parser = tool_parser
         self.enable_auto_tool_choice = enable_auto_tool_choice
 
-    async def create(self, req: ChatCompletionRequest) -> Response:
+    async def create(self, req: ChatCompletionRequest, header_id: str | None = None
+                     ) -> Response:
         lora = self.check_model(req.model)
         num_top = None
         if req.top_logprobs is not None:
@@ -68,23 +68,29 @@ class OpenAIServingChat(ServingBase):
         max_tokens = (req.max_tokens if req.max_completion_tokens is None
                       else req.max_completion_tokens)
         plan = plan_tools(req, self.tool_parser, self.enable_auto_tool_choice)
+        if plan.mode == "auto" and not req.parallel_tool_calls:
+            raise APIError(400, "parallel_tool_calls=false is not supported with tool_choice "
+                           '"auto" (the model may call several tools; use "required" or a '
+                           "named tool to get exactly one)", param="parallel_tool_calls")
         params = self.sampling_params(req, max_tokens, num_top, structured=plan.structured)
-        ids = self.apply_chat_template(req.messages, req.add_generation_prompt,
-                                       tools=plan.tools or None, chat_template=req.chat_template,
-                                       chat_template_kwargs=req.chat_template_kwargs)
+        api_id, echoed_id = self.request_id("chatcmpl", req, header_id)
+        ids = await self.apply_chat_template(
+            req.messages, req.add_generation_prompt, tools=plan.tools or None,
+            chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs)
         self.check_length(len(ids), max_tokens, "messages")
-        api_id = random_id("chatcmpl")
         stream = await self.submit([EngineRequest(api_id, ids, params, time.monotonic(),
                                                   cache_salt=req.cache_salt,
-                                                  lora_request=lora)])
+                                                  lora_request=lora, priority=req.priority)])
+        prompt_ids = ids if req.return_token_ids else None
+        headers = {"X-Request-Id": echoed_id}
+        model = self.response_model(lora)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            gen = self._stream(req, self.response_model(lora), plan, api_id, stream, len(ids),
-                               num_top, include_usage)
-            return SSEResponse(gen, on_close=stream.abort)
+            gen = self._stream(req, model, plan, api_id, stream, prompt_ids or [], len(ids),
+                               num_top)
+            return SSEResponse(gen, on_close=stream.abort, headers=headers)
         try:
-            return JSONResponse(await self._full(self.response_model(lora), plan, api_id, stream,
-                                                 len(ids), num_top))
+            return JSONResponse(await self._full(model, plan, api_id, stream, len(ids), num_top,
+                                                 prompt_ids), headers=headers)
         finally:
             stream.abort()
 
@@ -106,7 +112,8 @@ class OpenAIServingChat(ServingBase):
         return {"token": tok, "logprob": logprob, "bytes": list(tok.encode("utf-8"))}
 
     async def _full(self, model: str, plan: ToolPlan, api_id: str, stream: RequestStream,
-                    num_prompt: int, num_top: int | None) -> dict:
+                    num_prompt: int, num_top: int | None,
+                    prompt_ids: list[int] | None) -> dict:
         final: RequestOutput | None = None
         try:
             async for outs in stream:
@@ -125,27 +132,37 @@ class OpenAIServingChat(ServingBase):
                     finish = _tool_finish(finish)
             choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self._logprobs(c.token_ids, c.logprobs, num_top),
-                                      finish_reason=finish, stop_reason=c.stop_reason))
+                                      finish_reason=finish, stop_reason=c.stop_reason,
+                                      token_ids=list(c.token_ids) if prompt_ids else None))
         completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(
             id=api_id, model=model, choices=choices,
-            usage=make_usage(num_prompt, completion, final.num_cached_tokens)).model_dump()
+            usage=make_usage(num_prompt, completion, final.num_cached_tokens),
+            prompt_token_ids=prompt_ids).model_dump()
 
     async def _stream(self, req: ChatCompletionRequest, model: str, plan: ToolPlan, api_id: str,
-                      stream: RequestStream, num_prompt: int, num_top: int | None,
-                      include_usage: bool):
+                      stream: RequestStream, prompt_ids: list[int], num_prompt: int,
+                      num_top: int | None):
+        """`prompt_ids` non-empty: return_token_ids (prompt ids in the first chunk, each
+        chunk's token ids on its choice)."""
         created, n = int(time.time()), req.n
+        opts = req.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts and opts.continuous_usage_stats)
         done, tokens = [False] * n, [0] * n
         streamers = [plan.streamer() for _ in range(n)]
         cached = 0  # prompt tokens found in the prefix cache
 
-        def chunk(choice: ChatChunkChoice) -> str:
+        def chunk(choice: ChatChunkChoice, first_ids: list[int] | None = None) -> str:
+            usage = make_usage(num_prompt, sum(tokens), cached) if continuous else None
             return sse(ChatCompletionChunk(id=api_id, created=created, model=model,
-                                           choices=[choice]).model_dump_json())
+                                           choices=[choice], usage=usage,
+                                           prompt_token_ids=first_ids).model_dump_json())
 
         try:
             yield "".join(chunk(ChatChunkChoice(
-                index=i, delta=DeltaMessage(role="assistant", content=""))) for i in range(n))
+                index=i, delta=DeltaMessage(role="assistant", content="")),
+                prompt_ids if i == 0 and prompt_ids else None) for i in range(n))
             async for outs in stream:
                 events = []
                 cached = outs[-1].num_cached_tokens
@@ -162,13 +179,14 @@ class OpenAIServingChat(ServingBase):
                     events.append(chunk(ChatChunkChoice(
                         index=i, delta=delta,
                         logprobs=self._logprobs(c.delta_token_ids, c.delta_logprobs, num_top),
-                        finish_reason=finish, stop_reason=c.stop_reason)))
+                        finish_reason=finish, stop_reason=c.stop_reason,
+                        token_ids=list(c.delta_token_ids) if prompt_ids else None)))
                 if events:
                     yield "".join(events)
-        except RequestAborted:
-            yield "".join(chunk(ChatChunkChoice(index=i, delta=DeltaMessage(),
-                                                finish_reason="abort"))
-                          for i in range(n) if not done[i])
+        except RequestAborted as exc:  # shutdown ran out of time: an error event, not "abort"
+            yield sse_error(APIError(503, str(exc), type="service_unavailable"))
+            yield SSE_DONE
+            return
         except Exception as exc:  # engine failure: tell the client in-band, then end
             yield sse_error(APIError(500, f"engine error: {exc}", type="server_error"))
             yield SSE_DONE

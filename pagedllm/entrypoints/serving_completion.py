@@ -24,7 +24,6 @@ from pagedllm.entrypoints.serving import (
     ServingBase,
     SSEResponse,
     make_usage,
-    random_id,
     sse,
     sse_error,
 )
@@ -32,8 +31,8 @@ from pagedllm.outputs import RequestOutput, SampleLogprobs
 
 
 class OpenAIServingCompletion(ServingBase):
-    def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
-        """(text or None, token ids) per prompt."""
+    async def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        """(text or None, token ids) per prompt; at most --max-prompts-per-request."""
         p = req.prompt
         if isinstance(p, str):
             items: list = [p]
@@ -43,17 +42,23 @@ class OpenAIServingCompletion(ServingBase):
             items = [p]
         else:
             items = list(p)
+        limit = self.options.max_prompts_per_request
+        if len(items) > limit:
+            raise APIError(400, f"prompt holds {len(items)} prompts, the limit is {limit} per "
+                           "request (--max-prompts-per-request)", param="prompt",
+                           code="too_many_prompts")
+        texts = [item for item in items if isinstance(item, str)]
+        encoded = iter(await self.encode_many(texts) if texts else [])
         out = []
         for item in items:
             if isinstance(item, str):
-                out.append((item, self.encode(item)))
+                out.append((item, next(encoded)))
             else:
-                ids = [int(t) for t in item]
-                self.check_token_ids(ids, "prompt")
-                out.append((None, ids))
+                self.check_token_ids(item, "prompt")
+                out.append((None, list(item)))
         return out
 
-    async def create(self, req: CompletionRequest) -> Response:
+    async def create(self, req: CompletionRequest, header_id: str | None = None) -> Response:
         lora = self.check_model(req.model)
         if req.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
@@ -63,26 +68,28 @@ class OpenAIServingCompletion(ServingBase):
             raise APIError(400, "echo with logprobs is not supported (prompt logprobs are not "
                            "computed)", param="echo")
         params = self.sampling_params(req, req.max_tokens, req.logprobs)
-        prompts = self._prompts(req)
+        api_id, echoed_id = self.request_id("cmpl", req, header_id)
+        prompts = await self._prompts(req)
         for _, ids in prompts:
             self.check_length(len(ids), req.max_tokens, "prompt")
-        api_id = random_id("cmpl")
         now = time.monotonic()
-        requests = [EngineRequest(f"{api_id}-{i}", ids, params.clone(), now,
-                                  cache_salt=req.cache_salt, lora_request=lora)
+        requests = [EngineRequest(f"{api_id}-{i}", ids, params.clone() if i else params, now,
+                                  cache_salt=req.cache_salt, lora_request=lora,
+                                  priority=req.priority)
                     for i, (_, ids) in enumerate(prompts)]
         stream = await self.submit(requests)
         echo = [(t if t is not None else self.tokenizer.decode(ids)) if req.echo else ""
                 for t, ids in prompts]
+        prompt_ids = [ids for _, ids in prompts] if req.return_token_ids else None
         num_prompt = sum(len(ids) for _, ids in prompts)
+        headers = {"X-Request-Id": echoed_id}
+        model = self.response_model(lora)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            gen = self._stream(req, self.response_model(lora), api_id, stream, echo, num_prompt,
-                               include_usage)
-            return SSEResponse(gen, on_close=stream.abort)
+            gen = self._stream(req, model, api_id, stream, echo, num_prompt, prompt_ids)
+            return SSEResponse(gen, on_close=stream.abort, headers=headers)
         try:
-            return JSONResponse(await self._full(req, self.response_model(lora), api_id, stream,
-                                                 echo, num_prompt))
+            return JSONResponse(await self._full(req, model, api_id, stream, echo, num_prompt,
+                                                 prompt_ids), headers=headers)
         finally:
             stream.abort()
 
@@ -105,7 +112,8 @@ class OpenAIServingCompletion(ServingBase):
         return lp, offset
 
     async def _full(self, req: CompletionRequest, model: str, api_id: str,
-                    stream: RequestStream, echo: list[str], num_prompt: int) -> dict:
+                    stream: RequestStream, echo: list[str], num_prompt: int,
+                    prompt_ids: list[list[int]] | None) -> dict:
         final: dict[str, RequestOutput] = {}
         try:
             async for outs in stream:
@@ -120,7 +128,9 @@ class OpenAIServingCompletion(ServingBase):
                 lp, _ = self._logprobs(c.token_ids, c.logprobs, len(echo[p]))
                 choices.append(CompletionChoice(
                     index=p * req.n + c.index, text=echo[p] + c.text, logprobs=lp,
-                    finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                    prompt_token_ids=prompt_ids[p] if prompt_ids else None,
+                    token_ids=list(c.token_ids) if prompt_ids else None))
         usage = make_usage(num_prompt, completion_tokens,
                            sum(final[rid].num_cached_tokens for rid in stream.request_ids))
         return CompletionResponse(id=api_id, model=model, choices=choices,
@@ -128,22 +138,35 @@ class OpenAIServingCompletion(ServingBase):
 
     async def _stream(self, req: CompletionRequest, model: str, api_id: str,
                       stream: RequestStream, echo: list[str], num_prompt: int,
-                      include_usage: bool):
+                      prompt_ids: list[list[int]] | None):
         created, n = int(time.time()), req.n
+        opts = req.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = include_usage and bool(opts and opts.continuous_usage_stats)
         prompt_of = {rid: p for p, rid in enumerate(stream.request_ids)}
         num_choices = n * len(stream.request_ids)
         done = [False] * num_choices
         tokens = [0] * num_choices
+        started = [False] * num_choices  # return_token_ids: prompt ids go in the first chunk
         cached: dict[str, int] = {}  # request id -> prompt tokens found in the prefix cache
         offset = [len(echo[i // n]) for i in range(num_choices)]
 
         def chunk(choices: list[CompletionChoice]) -> str:
+            usage = (make_usage(num_prompt, sum(tokens), sum(cached.values()))
+                     if continuous else None)
             return sse(CompletionChunk(id=api_id, created=created, model=model,
-                                       choices=choices).model_dump_json())
+                                       choices=choices, usage=usage).model_dump_json())
+
+        def first_ids(i: int) -> list[int] | None:
+            if prompt_ids is None or started[i]:
+                return None
+            started[i] = True
+            return prompt_ids[i // n]
 
         try:
             if req.echo:
-                yield "".join(chunk([CompletionChoice(index=i, text=echo[i // n])])
+                yield "".join(chunk([CompletionChoice(index=i, text=echo[i // n],
+                                                      prompt_token_ids=first_ids(i))])
                               for i in range(num_choices))
             async for outs in stream:
                 events = []
@@ -160,12 +183,15 @@ class OpenAIServingCompletion(ServingBase):
                                                        offset[i])
                         events.append(chunk([CompletionChoice(
                             index=i, text=c.delta_text, logprobs=lp,
-                            finish_reason=c.finish_reason, stop_reason=c.stop_reason)]))
+                            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                            prompt_token_ids=first_ids(i),
+                            token_ids=list(c.delta_token_ids) if prompt_ids else None)]))
                 if events:
                     yield "".join(events)
-        except RequestAborted:
-            yield "".join(chunk([CompletionChoice(index=i, text="", finish_reason="abort")])
-                          for i in range(num_choices) if not done[i])
+        except RequestAborted as exc:  # shutdown ran out of time: an error event, not "abort"
+            yield sse_error(APIError(503, str(exc), type="service_unavailable"))
+            yield SSE_DONE
+            return
         except Exception as exc:  # engine failure: tell the client in-band, then end
             yield sse_error(APIError(500, f"engine error: {exc}", type="server_error"))
             yield SSE_DONE

@@ -70,13 +70,14 @@ def test_queue_limits_answer_429_and_admitted_requests_finish(server):
                 assert resp.status_code == 200
                 assert resp.json()["usage"]["completion_tokens"] >= 1
     asyncio.run(main())
-    # A prompt that alone passes the queued-token limit: 429 naming that limit.
+    # A prompt that alone passes the queued-token limit could never be admitted: retrying
+    # cannot help, so 400 naming that limit (not 429, which clients retry forever).
     r = httpx.post(f"{url}/v1/completions", json={"prompt": [5] * 700,
                                                   "max_tokens": 1})
-    assert "--max-num-queued-tokens" in assert_openai_error(r, 429)["message"]
+    err = assert_openai_error(r, 400)
+    assert "--max-num-queued-tokens" in err["message"] and err["code"] == "request_too_large"
     m = wait_idle(url)
     assert m['pagedllm:request_rejected_total{reason="queued_reqs"}'] == 1
-    assert m['pagedllm:request_rejected_total{reason="queued_tokens"}'] == 1
     assert m["pagedllm:kv_cache_usage_perc"] == 0
 
 
