@@ -13,6 +13,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from pagedllm.entrypoints.server_options import add_server_option_args
 from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import MAX_LOGPROBS
 from pagedllm.spec_decode.config import SpeculativeConfig
@@ -67,6 +68,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES,
                    help="when KV blocks run out: recompute (free the victim's blocks, prefill "
                    "again later) or swap (copy them to --swap-space CPU memory and back)")
+    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="order of waiting requests: fcfs (arrival) or priority (the request's "
+                   "`priority`, lower first, then arrival; preemption picks the "
+                   "lowest-priority running request)")
     g.add_argument("--swap-space", type=_gib, default=4.0,
                    help="CPU memory for swapped-out KV blocks with --preemption-mode swap: GiB, "
                    "or a size with a unit (512MiB); 0 disables (every preemption recomputes)")
@@ -228,6 +233,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    metavar="NAME=PATH", help="LoRA adapters served under their names (the "
                    "request's `model` picks one; needs --enable-lora); also vLLM's JSON form "
                    "'{\"name\": ..., \"path\": ...}'")
+    add_server_option_args(g)  # limits, timeouts, shutdown, hosts
 
 
 def _parallel_size(text: str) -> int:
@@ -292,6 +298,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         rope_theta=args.rope_theta, allow_long_max_model_len=args.allow_long_max_model_len,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+        scheduling_policy=args.scheduling_policy,
         generation_config=args.generation_config, quantization=args.quantization,
         int8_activations=args.int8_activations, max_logprobs=args.max_logprobs,
         enable_lora=args.enable_lora, max_loras=args.max_loras,

@@ -182,6 +182,7 @@ def cmd_serve(args) -> int:
 
 def _run(args, engine, names, sock, lora_modules) -> int:
     from pagedllm.entrypoints.api_server import run_server
+    from pagedllm.entrypoints.server_options import ServerOptions
 
     return run_server(engine, host=args.host, port=args.port,
                       served_model_names=names, api_key=args.api_key,
@@ -192,7 +193,8 @@ def _run(args, engine, names, sock, lora_modules) -> int:
                       lora_modules=lora_modules,
                       log_requests=not args.disable_log_requests,
                       uvicorn_log_level=args.uvicorn_log_level,
-                      metrics_vllm_compat=args.metrics_vllm_compat)
+                      metrics_vllm_compat=args.metrics_vllm_compat,
+                      options=ServerOptions.from_args(args))
 
 
 def _serve_data_parallel(args, config) -> int:
