@@ -50,6 +50,20 @@ def one_start(model: list[str], serve_args: list[str], log: Path) -> dict:
             "load_average": os.getloadavg()[0]}
 
 
+def step_table(runs: list[dict]) -> str:
+    """One row per start, one column per start-up step, each column as wide as its whole
+    name (a step named "checkpoint (config, tokenizer)" is not cut off)."""
+    names = list(dict.fromkeys(n for r in runs for n in r["steps_s"]))
+    widths = [max(len(n), 8) for n in names]
+    lines = [f"{'start':>6s} {'healthy s':>10s} {'CPU s':>7s} "
+             + " ".join(f"{n:>{w}s}" for n, w in zip(names, widths, strict=True))]
+    for i, r in enumerate(runs, 1):
+        lines.append(f"{i:6d} {r['seconds_to_healthy']:10.2f} {r['cpu_seconds_to_healthy']:7.2f} "
+                     + " ".join(f"{r['steps_s'].get(n, float('nan')):{w}.2f}"
+                                for n, w in zip(names, widths, strict=True)))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,12 +81,7 @@ def main() -> None:
             print(f"start {i + 1}: {r['seconds_to_healthy']:.2f} s to healthy "
                   f"({r['cpu_seconds_to_healthy']:.2f} CPU s, load average "
                   f"{r['load_average']:.1f})", flush=True)
-    names = list(runs[-1]["steps_s"])
-    print(f"{'start':>6s} {'healthy s':>10s} {'CPU s':>7s} "
-          + " ".join(f"{n[:22]:>22s}" for n in names))
-    for i, r in enumerate(runs, 1):
-        print(f"{i:6d} {r['seconds_to_healthy']:10.2f} {r['cpu_seconds_to_healthy']:7.2f} "
-              + " ".join(f"{r['steps_s'].get(n, float('nan')):22.2f}" for n in names))
+    print(step_table(runs))
     later = runs[1:] or runs
     res = {"machine": {"platform": platform.platform(), "python": sys.version.split()[0],
                        "cpus": os.cpu_count()},

@@ -55,14 +55,16 @@ class LLMEngine:
         if config.num_threads or config.tensor_parallel_size > 1:
             torch.set_num_threads(rank_threads(config))
         t_start = time.perf_counter()
+        if config.torch_device.type == "cpu":
+            # Compile (first run only) or load now, before the checkpoint (a GGUF file asks
+            # whether its kernels exist), the weight packing or a step: the build's minutes
+            # are charged to this step.
+            with startup.step("CPU kernels"):
+                cpu_ops.load()
         with startup.step("checkpoint (config, tokenizer)"):
             ckpt, self.model_name, self.sampling_defaults = model_setup.open_checkpoint(config)
         self.hf_config = ckpt.config
         self.tokenizer = ckpt.tokenizer
-        if config.torch_device.type == "cpu":
-            # Compile (first run only) or load now, not inside the weight packing or a step.
-            with startup.step("CPU kernels"):
-                cpu_ops.load()
         # Tensor parallelism: ranks 1..N-1 start loading their shards now (None for TP=1).
         self.executor = start_tensor_parallel(config, ckpt)
         if self.executor is not None:  # also when the rest of start-up raises

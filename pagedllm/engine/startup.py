@@ -3,10 +3,10 @@
 A first start compiles the CPU kernels and converts the GGUF file (minutes); later starts read
 both from their caches (seconds). Either way the log says which step runs and how long it took:
 
+    start-up: CPU kernels 0.05 s
     start-up: checkpoint (config, tokenizer) 1.62 s
     start-up: weights 0.41 s
     start-up: KV pool 2.00 GiB 0.55 s
-    start-up: CPU kernels 0.05 s
     start-up: warm-up forward pass 0.20 s
     start-up: engine ready in 3.10 s
 """
