@@ -23,3 +23,10 @@ def add_chat_page(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     async def chat_page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    # Browsers ask for /favicon.ico whatever the page says: an SVG icon (they accept it by
+    # its media type), so the log shows no 404 for every page load.
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml",
+                            headers={"Cache-Control": "max-age=86400"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 from server_harness import TINY_SERVER_ARGS, scrape, start_server, wait_idle
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it)
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 KEY = "chat-page-key"
@@ -37,10 +38,23 @@ def server(tmp_path_factory, tiny_model_path):
     srv.stop()
 
 
+def find_chromium() -> str:
+    """$PAGEDLLM_CHROMIUM, else the first Chromium on PATH; a missing browser fails the test
+    with what to install (not a skip: CI must run this test)."""
+    found = os.environ.get("PAGEDLLM_CHROMIUM") or next(
+        filter(None, map(shutil.which, CHROMIUM_NAMES)), None)
+    if not found:
+        pytest.fail(f"no Chromium on PATH (looked for {', '.join(CHROMIUM_NAMES)}): install "
+                    "Debian's `chromium` package (.ci/run does) or set PAGEDLLM_CHROMIUM to "
+                    "the browser's path", pytrace=False)
+    return found
+
+
 @pytest.fixture(scope="module")
 def page():
+    chromium = find_chromium()
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             yield browser.new_page(viewport={"width": 1100, "height": 700})
         finally:
@@ -65,6 +79,9 @@ def test_page_is_static_and_self_contained(server):
         r = httpx.get(f"{server.base_url}/static/{asset}", timeout=5)
         assert r.status_code == 200
         assert "http://" not in r.text and "https://" not in r.text  # nothing from a CDN
+    icon = httpx.get(f"{server.base_url}/favicon.ico", timeout=5)  # every browser asks
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert icon.text.startswith("<svg") and 'rel="icon" href="/favicon.ico"' in html
 
 
 def test_chat_streams_and_stop_aborts(server, page: Page):
@@ -125,6 +142,16 @@ def test_chat_streams_and_stop_aborts(server, page: Page):
                                 {"role": "user", "content": "Hello there"}]
     assert body["max_tokens"] == 30000 and body["temperature"] == 0
     assert page.is_enabled("#send") and page.is_disabled("#stop")
+
+
+def test_one_token_answer_says_1_token(server, page: Page):
+    """After the streaming test (same page, key saved): an answer of max_tokens 1."""
+    page.fill("#max_tokens", "1")
+    page.fill("#input", "Hi")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".msg.assistant:last-of-type[data-done='true']", timeout=30_000)
+    speed = page.text_content("#speed")
+    assert speed.startswith("1 token, "), speed
 
 
 def test_server_log_says_what_start_up_did(server):

@@ -97,7 +97,8 @@ function showSpeed(tokens, firstAt, startedAt, done) {
   const secs = (performance.now() - firstAt) / 1000;
   const rate = tokens > 1 && secs > 0 ? ((tokens - 1) / secs).toFixed(1) : "-";
   const ttft = ((firstAt - startedAt) / 1000).toFixed(2);
-  $("speed").textContent = `${tokens} tokens, ${rate} tokens/s, first token after ${ttft} s` +
+  const count = `${tokens} token${tokens === 1 ? "" : "s"}`;
+  $("speed").textContent = `${count}, ${rate} tokens/s, first token after ${ttft} s` +
     (done ? "" : " ...");
 }
 
