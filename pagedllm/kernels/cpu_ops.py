@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).with_name(name) for name in
             ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "fused_cpu.cpp", "quant_gguf_cpu.cpp",
              "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp", "quant_int_cpu.cpp",
-             "decode_layers_cpu.cpp", "bindings.cpp")]
+             "decode_layers_cpu.cpp", "varlen_attention_cpu.cpp", "bindings.cpp")]
 
 
 def _march() -> str:
@@ -77,26 +77,46 @@ def build_jobs() -> int:
 class BuildProgress:
     """Says what a start is doing while torch compiles (first start, or sources changed): a
     line once the load has taken `announce_after` seconds (a cached load takes far less),
-    one every `every` seconds after that, and the elapsed time at the end."""
+    then every `every` seconds the translation units compiled so far out of `units` (torch's
+    ninja writes `<unit>.o` into `directory` as each one finishes), the elapsed time and an
+    estimate of the time left; the elapsed time at the end."""
 
-    def __init__(self, directory: Path, every: float = 20.0, announce_after: float = 1.0) -> None:
+    def __init__(self, directory: Path, every: float = 20.0, announce_after: float = 1.0,
+                 units: list[str] | None = None) -> None:
         self.directory, self.every, self.announce_after = directory, every, announce_after
+        self.units = list(units or [])
         self.announced = False
         self._done = threading.Event()
         self._t0 = time.perf_counter()
+        self._wall0 = time.time()
 
     def __enter__(self) -> BuildProgress:
         threading.Thread(target=self._beat, name="pagedllm-kernel-build", daemon=True).start()
         return self
 
+    def units_done(self) -> int:
+        """Units whose object file was written since this build started."""
+        objects = (self.directory / f"{unit}.o" for unit in self.units)
+        return sum(o.is_file() and o.stat().st_mtime >= self._wall0 for o in objects)
+
+    def status(self) -> str:
+        elapsed = self.elapsed
+        if not self.units:
+            return f"{elapsed:.0f} s so far"
+        done, total = self.units_done(), len(self.units)
+        text = f"{done}/{total} units compiled, {elapsed:.0f} s so far"
+        if 0 < done < total:  # the rate so far, with every parallel job in it
+            text += f", ~{elapsed / done * (total - done):.0f} s left (estimate)"
+        return text
+
     def _beat(self) -> None:
         if self._done.wait(self.announce_after):
             return
         self.announced = True
-        logger.info("building CPU kernels (one time, cached in %s; %d parallel jobs, "
-                    "-march=%s) ...", self.directory, build_jobs(), _march())
+        logger.info("building CPU kernels (one time, cached in %s; %d units, %d parallel jobs, "
+                    "-march=%s) ...", self.directory, len(self.units), build_jobs(), _march())
         while not self._done.wait(self.every):
-            logger.info("still building CPU kernels: %.0f s so far", self.elapsed)
+            logger.info("still building CPU kernels: %s", self.status())
 
     @property
     def cached(self) -> bool:
@@ -194,14 +214,33 @@ def build(sources: list[Path], name: str):
     directory = build_dir(name)
     directory.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MAX_JOBS", str(build_jobs()))
-    with BuildProgress(directory) as progress:
+    with BuildProgress(directory, units=[p.stem for p in sources]) as progress:
         mod = load_ext(name=name, sources=[str(p) for p in sources],
                        extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
                        extra_ldflags=["-fopenmp"], build_directory=str(directory),
                        verbose=False)
-    logger.info("CPU kernels %s in %.1f s", "loaded from cache" if progress.cached
-                else "built", progress.elapsed)
+    if progress.cached:
+        logger.info("CPU kernels loaded from cache in %.1f s", progress.elapsed)
+    else:
+        times = sorted(unit_seconds(directory).items(), key=lambda kv: -kv[1])
+        logger.info("CPU kernels built in %.1f s (%d units; slowest: %s)", progress.elapsed,
+                    len(sources), ", ".join(f"{u} {t:.0f} s" for u, t in times[:3]))
     return mod
+
+
+def unit_seconds(directory: Path) -> dict[str, float]:
+    """Compile seconds of each unit in the last build of `directory`, from ninja's log
+    (`start end mtime output hash` per line, milliseconds; the last line of an output wins)."""
+    seconds: dict[str, float] = {}
+    try:
+        lines = (directory / ".ninja_log").read_text().splitlines()
+    except OSError:
+        return seconds
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) >= 4 and parts[3].endswith(".o") and parts[0].isdigit():
+            seconds[parts[3][:-2]] = (int(parts[1]) - int(parts[0])) / 1000
+    return seconds
 
 
 def load_with(feature: str):

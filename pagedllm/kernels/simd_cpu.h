@@ -1,5 +1,6 @@
 // SIMD vocabulary and the fp32 panel micro-kernel shared by the GGUF kernels
-// (quant_gguf_cpu.cpp: weights in panels; quant_gguf_a8_cpu.cpp: weights in GGUF rows).
+// (quant_gguf_cpu.cpp: weights in panels; quant_gguf_a8_cpu.cpp: weights in GGUF rows) and the
+// varlen attention kernel (varlen_attention_cpu.cpp: max, floor, 2^n and the reductions).
 // Included inside each file's anonymous namespace, after <immintrin.h>, <cstdint> and
 // <cstring>, under that file's `#pragma GCC optimize` (no FMA contraction, no reassociation):
 // every definition here is internal to the file that includes it.
@@ -32,6 +33,12 @@ inline VI isrl4(VI a) { return _mm512_srli_epi32(a, 4); }
 inline VI isll4(VI a) { return _mm512_slli_epi32(a, 4); }
 inline VI isrlv(VI a, VI s) { return _mm512_srlv_epi32(a, s); }
 inline VI lanes_times(int b) { return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(b)); }
+inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
+inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
+inline V vfloor(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline V vpow2(V n) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)); }
+inline float hmax(V a) { return _mm512_reduce_max_ps(a); }
+inline float hsum(V a) { return _mm512_reduce_add_ps(a); }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGEDLLM_GGUF_SIMD 1
 constexpr int kVW = 8, kMR = 6;
@@ -56,6 +63,20 @@ inline VI isrl4(VI a) { return _mm256_srli_epi32(a, 4); }
 inline VI isll4(VI a) { return _mm256_slli_epi32(a, 4); }
 inline VI isrlv(VI a, VI s) { return _mm256_srlv_epi32(a, s); }
 inline VI lanes_times(int b) { return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(b)); }
+inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
+inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
+inline V vfloor(V a) { return _mm256_floor_ps(a); }
+inline V vpow2(V n) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)); }
+inline float hmax(V a) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+inline float hsum(V a) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+}
 #else
 #define PAGEDLLM_GGUF_SIMD 0
 constexpr int kVW = 8, kMR = 1;

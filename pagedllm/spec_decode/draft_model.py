@@ -118,8 +118,7 @@ class DraftModel:
         to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
         meta = AttentionMetadata(
             slot_mapping=to(slots), num_decodes=len(reqs), decode_block_tables=to(table),
-            decode_seq_lens=to(pos + 1), sliding_window=None, prefill_block_tables=None,
-            prefill_token_index=None, prefill_query_valid=None, prefill_mask=None)
+            decode_seq_lens=to(pos + 1), sliding_window=None, prefill_block_tables=None)
         hidden = self.model(to(np.asarray(tokens, np.int64)), to(pos), int(pos.max()),
                             self.cache.layer_caches, meta)
         return self.model.compute_logits(hidden)

@@ -119,8 +119,7 @@ class DecodeGraphs:
         return AttentionMetadata(
             slot_mapping=self.slots[:b], num_decodes=b, decode_block_tables=bt,
             decode_seq_lens=lens, sliding_window=self.sliding_window,
-            prefill_block_tables=None, prefill_token_index=None, prefill_query_valid=None,
-            prefill_mask=None, varlen=VarlenBatch(bt, lens, self.query_start[:b + 1], 1))
+            prefill_block_tables=None, varlen=VarlenBatch(bt, lens, self.query_start[:b + 1], 1))
 
     def capture(self, warmup: int = 2) -> None:
         """Warm up and capture every bucket, largest first (its pool serves the others)."""

@@ -56,17 +56,6 @@ class BatchInputs:
     host: HostBatch | None = None
 
 
-def _key_mask(seq_lens: np.ndarray, q_pos: np.ndarray, width: int,
-              window: int | None) -> np.ndarray:
-    """mask[b, i, j] = key j visible to the query at absolute position q_pos[b, i]."""
-    j = np.arange(width)[None, None, :]
-    qp = q_pos[:, :, None]
-    mask = j <= np.minimum(qp, (seq_lens - 1)[:, None, None])
-    if window is not None:
-        mask &= j > qp - window
-    return mask
-
-
 def _is_prefill(s: ScheduledRequest) -> bool:
     """More than one known token to compute (draft tokens do not count)."""
     return s.num_new_tokens - s.num_spec_tokens > 1
@@ -98,8 +87,7 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
                  layout: KVGroupLayout | None = None) -> BatchInputs:
     """`tables` keeps block tables across steps (only changes are copied); without it they
     are built from the requests' block lists. `layout`: the KV groups (None: one). On the
-    Triton backend (CUDA) the batch gets `meta.varlen` (per KV group) and no
-    [P, 1, max_q, L] prefill mask (the kernel masks by position)."""
+    Triton backend (CUDA) the batch also gets `meta.varlen` (per KV group)."""
     order = sorted(scheduled, key=_is_prefill)
     n = len(order)
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
@@ -139,29 +127,20 @@ def inputs_from_host(host: HostBatch, block_size: int, device: torch.device,
     nd = int(cu[nr])  # their tokens: the decode rows
     varlen = triton_ops.enabled_for(device)
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    dec_bt = dec_lens = pre_bt = pre_idx = pre_valid = pre_mask = None
+    dec_bt = dec_lens = pre_bt = pre_qs = pre_lens = None
     if nd:  # decodes need no mask from here: the attention's torch path derives it
         width_blocks = int(-(-seq_lens[:nr].max() // block_size))
         dec_bt = to(bt[req_idx[:nd], :width_blocks])
         dec_lens = to(positions[:nd] + 1)
-    if nr < n:
-        p_q = q_lens[nr:]
-        max_q = int(p_q.max())
+    if nr < n:  # packed prefill rows: offsets from the first of them, lengths after the step
         width_blocks = int(-(-seq_lens[nr:].max() // block_size))
         pre_bt = to(bt[nr:, :width_blocks])
-        ar = np.arange(max_q)[None, :]
-        valid = ar < p_q[:, None]
-        pre_idx = to(np.where(valid, cu[nr:-1, None] + ar, 0))
-        pre_valid = to(valid)
-        q_pos = starts[nr:, None] + ar
-        if not varlen:
-            pre_mask = to(_key_mask(seq_lens[nr:], q_pos, width_blocks * block_size,
-                                    sliding_window)[:, None])   # [P, 1, max_q, L]
+        pre_qs = to(cu[nr:] - cu[nr])
+        pre_lens = to(seq_lens[nr:])
     meta = AttentionMetadata(
         slot_mapping=to(slots), num_decodes=nd, decode_block_tables=dec_bt,
         decode_seq_lens=dec_lens, sliding_window=sliding_window,
-        prefill_block_tables=pre_bt, prefill_token_index=pre_idx,
-        prefill_query_valid=pre_valid, prefill_mask=pre_mask,
+        prefill_block_tables=pre_bt, prefill_query_start=pre_qs, prefill_seq_lens=pre_lens,
         varlen=VarlenBatch(to(bt), to(seq_lens), to(cu.astype(np.int32)),
                            int(q_lens.max())) if varlen else None)
     if host.group_tables:

@@ -39,8 +39,7 @@ def _decode_meta(bt, lens, block_size, slots, window):
     return AttentionMetadata(
         slot_mapping=slots, num_decodes=len(lens), decode_block_tables=bt,
         decode_seq_lens=seq, sliding_window=window,
-        prefill_block_tables=None, prefill_token_index=None, prefill_query_valid=None,
-        prefill_mask=None)
+        prefill_block_tables=None)
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -167,16 +166,11 @@ def test_quantized_prefill_and_decode_batch(dtype, kernels, monkeypatch):
     k_scale.view(-1, kvh)[slots] = 0
     t = len(slots)
     q = torch.randn(t, h, d)
-    width = bt.shape[1] * block_size
-    key_pos = torch.arange(width)
     dec_seq = torch.tensor(lens[:2])
-    q_pos = torch.arange(11, 16)
     meta = AttentionMetadata(
         slot_mapping=slots, num_decodes=2, decode_block_tables=bt[:2],
         decode_seq_lens=dec_seq, sliding_window=None, prefill_block_tables=bt[2:],
-        prefill_token_index=torch.arange(2, t)[None],
-        prefill_query_valid=torch.ones(1, 5, dtype=torch.bool),
-        prefill_mask=(key_pos[None, :] <= q_pos[:, None])[None, None])
+        prefill_query_start=torch.tensor([0, 5]), prefill_seq_lens=torch.tensor([16]))
     scale = d ** -0.5
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, scale, k_scale,
                           v_scale).view(t, h, d)

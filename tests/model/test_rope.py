@@ -13,6 +13,7 @@ from transformers import LlamaConfig, PhiConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from pagedllm.config import EngineConfig
+from pagedllm.model.layers.attention import AttentionMetadata
 from pagedllm.model.layers.rope_scaling import (
     apply_rope_overrides,
     parse_rope_scaling,
@@ -127,10 +128,14 @@ def test_dynamic_uses_each_sequence_length() -> None:
 def test_sequence_lengths_per_request() -> None:
     """decodes d0 (pos 17), d1 (pos 4) | prefill chunks p0 (pos 5..7), p1 (pos 0..1)."""
     positions = torch.tensor([17, 4, 5, 6, 7, 0, 1])
-    meta = SimpleNamespace(prefill_token_index=torch.tensor([[2, 3, 4], [5, 6, 0]]),
-                           prefill_query_valid=torch.tensor([[True] * 3, [True, True, False]]))
+    meta = AttentionMetadata(
+        slot_mapping=positions, num_decodes=2, decode_block_tables=None, decode_seq_lens=None,
+        sliding_window=None, prefill_block_tables=None,
+        prefill_query_start=torch.tensor([0, 3, 5]), prefill_seq_lens=torch.tensor([8, 2]))
     assert sequence_lengths(positions, meta).tolist() == [18, 5, 8, 8, 8, 2, 2]
-    decodes_only = SimpleNamespace(prefill_token_index=None, prefill_query_valid=None)
+    decodes_only = AttentionMetadata(
+        slot_mapping=positions[:2], num_decodes=2, decode_block_tables=None,
+        decode_seq_lens=None, sliding_window=None, prefill_block_tables=None)
     assert sequence_lengths(positions[:2], decodes_only).tolist() == [18, 5]
 
 

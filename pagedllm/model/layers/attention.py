@@ -3,12 +3,15 @@
 The runner orders the batch decodes first, then prefill chunks::
 
     tokens:  [d0 d1 ... d(D-1) | p0 p0 p0 p0 | p1 p1 | ...]
-              one per decode      q_len tokens per prefill request
+              one per decode      q_len tokens per prefill request, packed (varlen):
+                                  prefill_query_start = [0, 4, 6, ...]
 
 For every token its K/V is first written to its slot (`slot_mapping`); then each request
-attends to its whole context (cached + new) gathered through its block table. Decodes need
+attends to its whole context (cached + new) read through its block table. Decodes need
 no causal mask (one query, every key in the past); prefill queries see keys up to their own
-position (`ctx_start + i`). Queries of the G = heads / kv_heads heads sharing a KV head are
+position (`ctx_start + i`). On CPU the prefill rows of all sequences go to one C++ varlen
+kernel (kernels/varlen_attention_cpu.cpp: flash-style, tiled, nothing padded to the longest
+prompt); without it, one SDPA call per sequence. Queries of the G = heads / kv_heads heads sharing a KV head are
 stacked along the query axis so K/V are never repeated. Scale is 1/sqrt(head_dim); the
 softmax runs in fp32 (inputs are fp32 on CPU; on CUDA the fused SDPA kernels accumulate and
 normalise in fp32).
@@ -59,9 +62,10 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor | None       # [D] int64 context length incl. the new token
     sliding_window: int | None
     prefill_block_tables: torch.Tensor | None  # [P, max_blocks_p]
-    prefill_token_index: torch.Tensor | None   # [P, max_q] flat index into tokens (pad -> 0)
-    prefill_query_valid: torch.Tensor | None   # [P, max_q] bool
-    prefill_mask: torch.Tensor | None          # [P, 1, max_q, Lp] bool, True = attend
+    # Packed prefill rows (varlen): sequence p's rows are nd + qs[p] .. nd + qs[p + 1] - 1 of
+    # the batch, its length after this step prefill_seq_lens[p] (cached + new tokens).
+    prefill_query_start: torch.Tensor | None = None   # [P + 1] int64, from 0
+    prefill_seq_lens: torch.Tensor | None = None      # [P] int64
     # [D, 1, 1, Ld] bool, True = attend: only the torch decode path needs it (the C++ kernel
     # reads seq_lens), so the first layer on that path builds it and the others reuse it.
     decode_key_mask: torch.Tensor | None = None
@@ -79,25 +83,29 @@ class AttentionMetadata:
 
     def for_window(self, window: int | None) -> AttentionMetadata:
         """This step's metadata for a layer that sees only the last `window` keys of each
-        query (None: this metadata). Built by the first layer of that window, reused after.
-
-        A prefill row's visible keys are a contiguous run ending at the query; keeping the
-        last `window` of them is the sliding-window mask (key j > q_pos - window)::
-
-            full:      1 1 1 1 1 1 0 0        (query at position 5)
-            window 3:  0 0 0 1 1 1 0 0
-        """
+        query (None: this metadata); the kernels and the torch path mask by position, so only
+        the window changes. Built by the first layer of that window, reused after."""
         if window is None or window == self.sliding_window:
             return self
         if window not in self._windowed:
-            mask = self.prefill_mask
-            if mask is not None:
-                visible_after = mask.flip(-1).cumsum(-1).flip(-1)
-                mask = mask & (visible_after <= window)
             both = window if self.sliding_window is None else min(window, self.sliding_window)
-            self._windowed[window] = replace(self, sliding_window=both, prefill_mask=mask,
-                                             decode_key_mask=None, _windowed={}, groups=None)
+            self._windowed[window] = replace(self, sliding_window=both, decode_key_mask=None,
+                                             _windowed={}, groups=None)
         return self._windowed[window]
+
+    def sequence_lengths(self, positions: torch.Tensor) -> torch.Tensor:
+        """[T] the length each token's sequence reaches in this step (its last position + 1).
+
+            tokens:     d0   d1  | p0 p0 p0 | p1 p1
+            positions:  17    4  |  5  6  7 |  0  1
+            lengths:    18    5  |  8  8  8 |  2  2
+        """
+        lengths = positions + 1
+        if self.prefill_seq_lens is None:
+            return lengths
+        q_lens = self.prefill_query_start.diff()
+        prefill = self.prefill_seq_lens.repeat_interleave(q_lens)
+        return torch.cat([lengths[:self.num_decodes], prefill.to(lengths.dtype)])
 
     def decode_mask(self, width: int) -> torch.Tensor:
         """The decodes' key mask over `width` gathered keys (block table width x block size)."""
@@ -161,6 +169,45 @@ def _use_cpu_kernel(q: torch.Tensor, cache: torch.Tensor) -> bool:
     return cache.dtype in _KERNEL_DTYPES and cpu_ops.fp32_ops(q) is not None
 
 
+def _use_varlen_kernel(q: torch.Tensor, cache: torch.Tensor, softcap: float | None) -> bool:
+    """The C++ varlen kernel (kernels/varlen_attention_cpu.cpp) runs fp32 CPU queries over a
+    cache it reads, head sizes a multiple of its vector width; softcap is supported."""
+    if not _use_cpu_kernel(q, cache):
+        return False
+    ops = cpu_ops.load_with("varlen_attention")
+    return ops is not None and q.shape[-1] % ops.varlen_attention_head_multiple() == 0
+
+
+def _prefill_torch(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                   v_scale: torch.Tensor | None, meta: AttentionMetadata, scale: float,
+                   softcap: float | None) -> None:
+    """The prefill rows without the C++ kernel (bf16 / fp16, CUDA without Triton, no kernels):
+    one SDPA call per sequence over its own keys, nothing padded to the longest sequence.
+    Sequence p's query i (position L - n + i) sees keys max(0, pos - window + 1) .. pos."""
+    _, h, d = q.shape
+    kvh = k_cache.shape[2]
+    g = h // kvh
+    bs = k_cache.shape[1]
+    starts = meta.prefill_query_start.tolist()
+    lens = meta.prefill_seq_lens.tolist()
+    for p, length in enumerate(lens):
+        a, b = starts[p], starts[p + 1]
+        n = b - a
+        table = meta.prefill_block_tables[p:p + 1, :-(-length // bs)]
+        k = _gather(k_cache, table, k_scale, q.dtype)[..., :length, :]     # [1, kvh, L, d]
+        v = _gather(v_cache, table, v_scale, q.dtype)[..., :length, :]
+        qp = q[a:b].view(n, kvh, g, d).permute(1, 2, 0, 3).reshape(1, kvh, g * n, d)
+        q_pos = torch.arange(length - n, length, device=q.device)[:, None]
+        keys = torch.arange(length, device=q.device)[None, :]
+        mask = keys <= q_pos
+        if meta.sliding_window:
+            mask &= keys > q_pos - meta.sliding_window
+        mask = mask[None, None].expand(1, g, n, length).reshape(1, 1, g * n, length)
+        o = _sdpa(qp, k, v, mask, scale, softcap)                          # [1, kvh, g*n, d]
+        out[a:b] = o.view(kvh, g, n, d).permute(2, 0, 1, 3).reshape(n, h, d)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float,
@@ -203,17 +250,15 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out[:nd] = _sdpa(qd, kd, vd, meta.decode_mask(kd.shape[2]), scale,
                          softcap).reshape(nd, h, d)
     if meta.prefill_block_tables is not None:
-        idx = meta.prefill_token_index
-        p, mq = idx.shape
-        qp = q[idx]                                          # [P, mq, H, d]
-        qp = qp.view(p, mq, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(p, kvh, g * mq, d)
-        kp = _gather(k_cache, meta.prefill_block_tables, k_scale, q.dtype)
-        vp = _gather(v_cache, meta.prefill_block_tables, v_scale, q.dtype)
-        mask = meta.prefill_mask.unsqueeze(2).expand(p, 1, g, mq, -1).reshape(p, 1, g * mq, -1)
-        op = _sdpa(qp, kp, vp, mask, scale, softcap)               # [P, kvh, g*mq, d]
-        op = op.view(p, kvh, g, mq, d).permute(0, 3, 1, 2, 4).reshape(p, mq, h, d)
-        valid = meta.prefill_query_valid
-        out[idx[valid]] = op[valid]
+        if _use_varlen_kernel(q, k_cache, softcap):
+            qp = q[nd:] if q.stride(2) == 1 and q.stride(1) == d else q[nd:].contiguous()
+            cpu_ops.load().paged_varlen_attention(
+                out[nd:], qp, k_cache, v_cache, k_scale, v_scale,
+                meta.prefill_block_tables, meta.prefill_seq_lens, meta.prefill_query_start,
+                scale, meta.sliding_window or 0, softcap or 0.0)
+        else:
+            _prefill_torch(out[nd:], q[nd:], k_cache, v_cache, k_scale, v_scale, meta, scale,
+                           softcap)
     return out.view(t, h * d)
 
 

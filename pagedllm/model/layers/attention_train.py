@@ -38,15 +38,12 @@ class CausalBatchMetadata:
     def seq_len(self) -> int:
         return self.key_valid.shape[1]
 
-    # What `rotary.sequence_lengths` reads (dynamic NTK): each row's flat token indices.
-    @property
-    def prefill_token_index(self) -> torch.Tensor:
-        b, n = self.key_valid.shape
-        return torch.arange(b * n, device=self.key_valid.device).view(b, n)
-
-    @property
-    def prefill_query_valid(self) -> torch.Tensor:
-        return self.key_valid
+    def sequence_lengths(self, positions: torch.Tensor) -> torch.Tensor:
+        """[B * n] what `AttentionMetadata.sequence_lengths` gives (dynamic NTK RoPE): each
+        real token's row length (its last real position + 1); padding keeps position + 1."""
+        lengths = (positions + 1).view(self.key_valid.shape)
+        last = lengths.masked_fill(~self.key_valid, 0).amax(1, keepdim=True)
+        return torch.where(self.key_valid, last, lengths).reshape(-1)
 
     def for_window(self, window: int | None) -> CausalBatchMetadata:
         """The same batch for a layer that sees only the last `window` keys (Gemma 3)."""

@@ -166,16 +166,6 @@ class RopeBatch:
 
 
 def sequence_lengths(positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """[T] the length each token's sequence reaches in this step (its last position + 1).
-
-        tokens:     d0   d1  | p0 p0 p0 | p1 p1
-        positions:  17    4  |  5  6  7 |  0  1
-        lengths:    18    5  |  8  8  8 |  2  2
-    """
-    lengths = positions + 1
-    index = meta.prefill_token_index
-    if index is not None:
-        valid = meta.prefill_query_valid
-        last = lengths[index].masked_fill(~valid, 0).amax(1)          # [P]
-        lengths = lengths.index_put((index[valid],), last[:, None].expand_as(index)[valid])
-    return lengths
+    """[T] the length each token's sequence reaches in this step (its last position + 1);
+    the metadata knows its batch layout (attention.AttentionMetadata.sequence_lengths)."""
+    return meta.sequence_lengths(positions)
