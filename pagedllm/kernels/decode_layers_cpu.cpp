@@ -14,7 +14,8 @@
 // panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF rows with int8
 // activations (quant_gguf_a8_cpu.cpp) or Q8_0 / Q4_0 / Q4_1 panels with int8 activations
 // (quant_a8_panels_cpu.cpp); pagedllm/model/fused_decode.py builds them.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
+#include "torch_lite_cpu.h"
 #include <tuple>
 #include <vector>
 

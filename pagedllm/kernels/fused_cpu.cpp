@@ -7,7 +7,7 @@
 //   silu_mul        silu(gate) * up over fused [gate | up] rows        (new tensor)
 // Arithmetic follows HF Llama's fp32 formulas; each row is processed the same way whatever
 // the batch, so results do not depend on batch composition.
-#include <torch/extension.h>
+#include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <cstdint>

@@ -12,7 +12,7 @@
 // position in the batch, or MR: results are bit-identical across batch compositions
 // (batch-invariant). Reassociation is switched off for this file so that stays true under
 // -ffast-math.
-#include <torch/extension.h>
+#include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdint>

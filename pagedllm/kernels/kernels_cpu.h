@@ -1,7 +1,7 @@
 // The C++ CPU kernels' entry points (defined in the .cpp files beside this one): the
 // declarations bindings.cpp binds to Python and decode_layers_cpu.cpp calls directly.
 #pragma once
-#include <torch/extension.h>
+#include "torch_lite_cpu.h"
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor block_tables,

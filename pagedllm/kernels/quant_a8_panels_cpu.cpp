@@ -23,7 +23,8 @@
 // are exact in int32, the block sums run in fp32 in k order, the same instructions for a row
 // whatever M is: a row's result does not depend on the batch (batch-invariant). Not exact
 // against fp32: the activation rounding is the error (docs/benchmarks.md measures it).
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
+#include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>

@@ -18,7 +18,8 @@
 // Large M (prefill): 16 weight rows at a time are dequantized exactly (the values
 // gguf.quants.dequantize gives) into an fp32 panel and the fp32 micro-kernel of
 // simd_cpu.h runs over it, so a prefill computes what the exact path computes.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
+#include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>

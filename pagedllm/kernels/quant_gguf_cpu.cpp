@@ -21,7 +21,8 @@
 // Small M (decoding): the codes are dequantized inside the micro-kernel, in registers, reading
 // the quantized bytes once. Large M: a panel is dequantized once into a thread-local fp32
 // scratch of K x NB floats (in L2) and every row block runs the fp32 micro-kernel over it.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
+#include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>

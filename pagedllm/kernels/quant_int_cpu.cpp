@@ -21,7 +21,8 @@
 // accumulates exact int32 dot products: AVX-512 VNNI vpdpbusd (u8 x s8, x offset by +128 and
 // corrected with 128 * colsum), else AVX2 maddubs + madd (|x| x sign(w, x), llama.cpp's trick
 // against maddubs' saturation). Integer sums are exact, so it is batch-invariant too.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
+#include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
