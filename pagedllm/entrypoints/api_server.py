@@ -142,7 +142,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(APIError(exc.status_code, str(exc.detail), type=kind))
+        # e.g. Allow on a 405
+        return _error(APIError(exc.status_code, str(exc.detail), type=kind,
+                               headers=getattr(exc, "headers", None)))
 
     # Engine failures of one request are answered here, not by the catch-all below
     # (Starlette re-raises what reaches that one, which can drop the keep-alive connection).

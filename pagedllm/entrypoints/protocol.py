@@ -84,7 +84,7 @@ class SamplingFields(RequestBody):
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)  # what a generator takes
     stop: str | list[str] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -9,6 +9,7 @@ only through `AsyncEngine`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -199,6 +200,9 @@ class ServingBase:
         """400 for unimplemented fields; `structured` overrides the request's own constraint
         (tool_choice required / named)."""
         check_request_fields(req)
+        for name in ("stop_token_ids", "allowed_token_ids"):
+            if getattr(req, name):
+                self.check_token_ids(getattr(req, name), name)
         if structured is None:
             structured = structured_outputs_of(req)
         # Unset fields: the model's generation_config.json defaults, else OpenAI's.
@@ -226,6 +230,7 @@ class ServingBase:
             logger.info("request %s: %s, %s", requests[0].request_id,
                         prompts_summary(requests), params_summary(requests[0].params))
         try:
+            await self._compile_grammar(requests[0].params)
             return await self.engine.add_requests(requests)
         except (EngineShuttingDown, EngineDead) as exc:
             raise APIError(503, str(exc), type="service_unavailable") from exc
@@ -240,6 +245,14 @@ class ServingBase:
             raise APIError(400, str(exc), param="request_id") from exc
         except ValueError as exc:
             raise APIError(400, str(exc), param=_field_of(str(exc))) from exc
+
+    async def _compile_grammar(self, params: SamplingParams) -> None:
+        """Compile the request's output constraint in a worker thread (cached), so that the
+        engine thread only copies it: a huge JSON schema took seconds to compile there, and
+        no other request stepped meanwhile. GrammarCompileError is the caller's 400."""
+        manager = getattr(self.engine.engine, "structured_output", None)
+        if params.structured_outputs is not None and manager is not None:
+            await asyncio.to_thread(manager.compiler.template, params.structured_outputs)
 
     def token_str(self, token_id: int) -> str:
         s = self._token_str.get(token_id)

@@ -6,6 +6,7 @@ choices that gained tokens; each choice's finish_reason appears in its last chun
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.responses import JSONResponse, Response
@@ -73,10 +74,16 @@ class OpenAIServingCompletion(ServingBase):
         for _, ids in prompts:
             self.check_length(len(ids), req.max_tokens, "prompt")
         now = time.monotonic()
-        requests = [EngineRequest(f"{api_id}-{i}", ids, params.clone() if i else params, now,
+
+        def engine_requests() -> list[EngineRequest]:
+            return [EngineRequest(f"{api_id}-{i}", ids, params.clone() if i else params, now,
                                   cache_salt=req.cache_salt, lora_request=lora,
                                   priority=req.priority)
                     for i, (_, ids) in enumerate(prompts)]
+
+        # A params copy per prompt is ~40 us: 20,000 of them off the event loop.
+        requests = (engine_requests() if len(prompts) == 1
+                    else await asyncio.to_thread(engine_requests))
         stream = await self.submit(requests)
         echo = [(t if t is not None else self.tokenizer.decode(ids)) if req.echo else ""
                 for t, ids in prompts]

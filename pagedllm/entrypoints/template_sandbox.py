@@ -31,7 +31,7 @@ class TemplateRenderError(ValueError):
 
 class TemplateSandbox:
     def __init__(self, tokenizer, timeout_s: float = 2.0, max_output_bytes: int = 4 * 2**20,
-                 max_memory_bytes: int = 512 * 2**20) -> None:
+                 max_memory_bytes: int = 256 * 2**20) -> None:
         self.timeout_s, self.max_output_bytes = timeout_s, max_output_bytes
         self.max_memory_bytes = max_memory_bytes
         self._tokenizer = pickle.dumps(tokenizer)

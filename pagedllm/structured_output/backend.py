@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 
 import llguidance
@@ -88,6 +89,7 @@ class GrammarCompiler:
         self.cache_size = cache_size
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self._cache: OrderedDict[tuple, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -99,16 +101,24 @@ class GrammarCompiler:
 
     def grammar(self, params: StructuredOutputsParams) -> RequestGrammar:
         """A fresh matcher for `params`; raises GrammarCompileError with the backend's message."""
+        return RequestGrammar(self.template(params).deep_copy())
+
+    def template(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
+        """The compiled initial matcher of `params` (cached). Thread-safe: the server compiles
+        a request's spec in a worker thread before the engine thread adds the request, so a
+        slow compile (a huge JSON schema: seconds) never stalls the engine's steps."""
         key = params.cache_key()
-        template = self._cache.get(key)
-        if template is None:
-            template = self._compile(params)
+        with self._lock:
+            template = self._cache.get(key)
+            if template is not None:
+                self._cache.move_to_end(key)
+                return template
+        template = self._compile(params)  # outside the lock: lookups go on meanwhile
+        with self._lock:
             self._cache[key] = template
             if len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(key)
-        return RequestGrammar(template.deep_copy())
+        return template
 
     def _compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
         try:
