@@ -106,8 +106,10 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
     # with quantization="int8": W8A8 (dynamic per-token int8 x); a GGUF model kept quantized:
-    # its int8-activation kernels (model/layers/quant/gguf_a8.py)
-    int8_activations: bool = False
+    # its int8-activation kernels (model/layers/quant/gguf_a8.py). None = auto: on where the
+    # CPU kernels' int8 dot products are VNNI's (kernels/cpu_features.py), resolved by
+    # `resolve_int8_activations` once the checkpoint's kind is known; False = exact path.
+    int8_activations: bool | None = None
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
     enforce_eager: bool = False  # no CUDA graphs for decode steps (worker/cuda_graphs.py)
     tensor_parallel_size: int = 1  # ranks each holding 1/N of every layer (distributed/)
@@ -182,6 +184,21 @@ class EngineConfig:
         validate_generation_config(self.generation_config)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+
+    def resolve_int8_activations(self, gguf: bool) -> None:
+        """Settle int8_activations=None (auto) for a GGUF (`gguf`) or float checkpoint: on
+        where it applies (a GGUF model kept quantized, or --quantization int8) on a CPU whose
+        kernels have fast int8 dot products; off everywhere else."""
+        if self.int8_activations is not None:
+            return
+        applies = (self.quantization == "int8"
+                   or (gguf and self.quantization in (None, "gguf")))
+        if not applies or self.torch_device.type != "cpu":
+            self.int8_activations = False
+            return
+        from pagedllm.kernels import cpu_features
+
+        self.int8_activations = cpu_features.default_int8_activations()
 
     def finalize(self, model_max_len: int, derivation: str = "") -> None:
         """Resolve defaults that depend on the model's context length (`rope_max_len`)."""

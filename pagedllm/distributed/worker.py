@@ -57,9 +57,10 @@ class TPWorker:
         from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
 
         cfg = self.config
+        model_setup.resolve_int8_activations(cfg)
         ckpt = load_checkpoint(cfg.model, quantization=cfg.quantization,
                                revision=cfg.revision, download_dir=cfg.download_dir,
-                               tokenizer=cfg.tokenizer)
+                               tokenizer=cfg.tokenizer, int8_activations=cfg.int8_activations)
         apply_rope_overrides(ckpt.config, cfg.rope_scaling, cfg.rope_theta)
         cfg.finalize(*rope_max_len(ckpt.config))
         if cfg.torch_device.type == "cpu":

@@ -14,6 +14,7 @@ from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.engine.chat_template import resolve_chat_template
 from pagedllm.engine.generation_config import sampling_defaults
 from pagedllm.loader import Checkpoint, load_checkpoint
+from pagedllm.loader.default_model import resolve_model
 from pagedllm.model.layers.quant import hf_checkpoint
 from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
 from pagedllm.model.models.llama import model_dims
@@ -30,6 +31,7 @@ def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
     front): --chat-template applied to its tokenizer, RoPE overrides applied to its config,
     the context-length defaults resolved. Also the served model name and the SamplingParams
     defaults from generation_config.json (vLLM's --generation-config)."""
+    resolve_int8_activations(config)
     ckpt = load_checkpoint(config.model, quantization=config.quantization,
                            revision=config.revision, download_dir=config.download_dir,
                            tokenizer=config.tokenizer,
@@ -42,6 +44,13 @@ def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
     apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
     config.finalize(*rope_max_len(ckpt.config))
     return ckpt, name, defaults
+
+
+def resolve_int8_activations(config: EngineConfig) -> None:
+    """int8_activations=None (auto) settled for the model `config` names (a GGUF file or
+    not), before anything is loaded: every rank and front calls this with the same answer."""
+    config.resolve_int8_activations(
+        gguf=resolve_model(config.model, config.revision, config.download_dir).is_file())
 
 
 def weight_format(ckpt: Checkpoint, config: EngineConfig) -> str:

@@ -89,10 +89,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="weight format: gguf, awq, gptq (kept quantized in memory), int8 "
                    "(weight-only int8 made at load), none (dequantize to --dtype, the "
                    "reference); None = what the checkpoint holds")
-    g.add_argument("--int8-activations", action="store_true",
+    g.add_argument("--int8-activations", action=argparse.BooleanOptionalAction, default=None,
                    help="int8 activations and integer dot products (close, not exact): with "
-                   "--quantization int8 W8A8 (per-token scales; faster for big batches); on a "
-                   "GGUF model llama.cpp's scheme (per-32 scales; faster decoding)")
+                   "--quantization int8 W8A8 (per-token scales); on a GGUF model llama.cpp's "
+                   "scheme (per-32 scales). Default: on where the CPU kernels have VNNI "
+                   "(AVX-512 VNNI, AMX CPUs), else off; --no-int8-activations: the exact path")
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="most sequences in one batch")
     g.add_argument("--max-num-batched-tokens", type=human_int, default=None,

@@ -13,6 +13,7 @@
 #pragma once
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr const char* kInt8DotIsa = "avx512_vnni";
 constexpr bool kXOffset = true;
 constexpr int kMR8 = 8;
 typedef __m512i acc8;
@@ -21,6 +22,7 @@ inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
   acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(xquad), _mm512_loadu_si512(w));
 }
 #elif defined(__AVX512BW__)
+constexpr const char* kInt8DotIsa = "avx512bw";
 constexpr bool kXOffset = false;
 constexpr int kMR8 = 6;
 typedef __m512i acc8;
@@ -33,6 +35,7 @@ inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
   acc = _mm512_add_epi32(acc, _mm512_madd_epi16(p, _mm512_set1_epi16(1)));
 }
 #elif defined(__AVX2__)
+constexpr const char* kInt8DotIsa = "avx2";
 constexpr bool kXOffset = false;
 constexpr int kMR8 = 4;
 typedef __m256i acc8;
@@ -44,6 +47,7 @@ inline void dot4(acc8& acc, int32_t xquad, const int8_t* w) {
   acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 #else
+constexpr const char* kInt8DotIsa = "scalar";
 constexpr bool kXOffset = false;
 constexpr int kMR8 = 4;
 struct acc8 { int32_t v[kVW]; };

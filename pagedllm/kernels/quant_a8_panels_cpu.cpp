@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #pragma GCC push_options
@@ -202,6 +203,10 @@ int64_t code_bytes(int64_t fmt) {
 }  // namespace
 
 bool a8_panels_available() { return PAGEDLLM_A8P_SIMD; }
+// The instructions of this build's int8 dot products (int8_dot_cpu.h): "avx512_vnni" (vpdpbusd),
+// "avx512bw" or "avx2" (maddubs pair sums), "scalar". The engine turns int8 activations on by
+// default where they are VNNI's (pagedllm/kernels/cpu_features.py).
+std::string int8_dot_isa() { return kInt8DotIsa; }
 int64_t q8_0_code_offset() { return kVNNI ? 128 : 0; }
 
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
@@ -242,6 +247,8 @@ void register_a8_panel_kernels(pybind11::module_& m) {
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("a8_panels_available", &a8_panels_available, nogil,
         "whether the int8-activation panel kernels (Q8_0, Q4_0, Q4_1) are built (AVX2 + FMA + F16C)");
+  m.def("int8_dot_isa", &int8_dot_isa,
+        "instructions of the int8 dot products: avx512_vnni, avx512bw, avx2 or scalar");
   m.def("q8_0_code_offset", &q8_0_code_offset, nogil,
         "what the panel layout adds to each Q8_0 code (128 for VNNI's u8 codes, else 0)");
   m.def("a8_panel_linear", &a8_panel_linear, nogil,

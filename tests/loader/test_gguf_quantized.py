@@ -12,6 +12,7 @@ from gguf import GGUFReader
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineConfig
 from pagedllm.engine.model_setup import weight_bytes
+from pagedllm.kernels import cpu_features
 from pagedllm.loader import CACHE_DIR_ENV, UnsupportedModelError, load_checkpoint
 from pagedllm.loader.cache import gguf_entry_dir
 from pagedllm.model.layers.quant import gguf as gguf_quant
@@ -35,7 +36,7 @@ def quantized_llm(smollm2_gguf: Path, private_cache: Path) -> LLM:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CACHE_DIR_ENV, str(private_cache))
         return LLM(str(smollm2_gguf), kv_cache_memory=64 * 2**20, max_model_len=512,
-                   num_threads=1)
+                   num_threads=1, int8_activations=False)
 
 
 @pytest.mark.slow
@@ -70,6 +71,20 @@ def test_greedy_equals_dense_reference(quantized_llm: LLM, smollm2_gguf: Path,
     for g, w in zip(got, want, strict=True):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids, g.prompt
     assert (gguf_entry_dir(smollm2_gguf, private_cache) / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_default_path_follows_the_kernels_isa(smollm2_gguf: Path, private_cache: Path) -> None:
+    """With no flag, int8 activations are on exactly where the kernels' int8 dot products are
+    VNNI's (kernels/cpu_features.py); elsewhere the exact path stays the default."""
+    vnni = cpu_features.int8_dot_isa() == "avx512_vnni"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_DIR_ENV, str(private_cache))
+        llm = LLM(str(smollm2_gguf), kv_cache_memory=16 * 2**20, max_model_len=128,
+                  num_threads=1)
+    assert llm.llm_engine.config.int8_activations is vnni
+    fmt = llm.llm_engine.model.model.layers[0].mlp.down_proj.quant.format
+    assert fmt == ("gguf:Q4_1+a8" if vnni else "gguf:Q4_1")
 
 
 @pytest.mark.slow

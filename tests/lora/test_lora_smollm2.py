@@ -20,7 +20,7 @@ def test_smollm2_adapter_greedy_matches_peft(tmp_path, hf_reference) -> None:
     except ModelNotFoundError as exc:
         pytest.skip(str(exc))
     llm = LLM(kv_cache_memory=64 * 2**20, max_model_len=512, num_threads=1, enable_lora=True,
-              max_loras=2, max_lora_rank=8)
+              max_loras=2, max_lora_rank=8, int8_activations=False)  # the exact path: peft's
     hf_dir = hf_reference_dir(None)
     adapter = make_peft_adapter(hf_dir, tmp_path / "smol_lora", r=8, targets=ALL_LINEARS,
                                 std=0.05, seed=3)

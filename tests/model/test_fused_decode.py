@@ -84,7 +84,8 @@ def test_a8_panels_in_the_loop(tiny_llama_dir: Path, make_llm, qtype: str) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [{}, {"int8_activations": True}], ids=["gguf", "gguf-a8"])
+@pytest.mark.parametrize("extra", [{"int8_activations": False}, {"int8_activations": True}],
+                         ids=["gguf", "gguf-a8"])
 def test_smollm2_fused_equals_layers(extra: dict) -> None:
     from pagedllm import LLM
 

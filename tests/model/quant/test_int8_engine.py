@@ -40,7 +40,7 @@ def generate(llm):
 
 def test_int8_weight_only_matches_hf_on_dequantized_weights(tiny_llama_dir, int8_reference_dir,
                                                              make_llm, hf_reference):
-    llm = make_llm(tiny_llama_dir, quantization="int8")
+    llm = make_llm(tiny_llama_dir, quantization="int8", int8_activations=False)
     model = llm.llm_engine.model
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv.quant, Int8Weight) and not qkv.quant.w8a8
@@ -68,7 +68,7 @@ def check_logprobs_close(a, b) -> int:
 def test_w8a8_is_close_by_vllms_rule(tiny_llama_dir, make_llm):
     w8a8 = make_llm(tiny_llama_dir, quantization="int8", int8_activations=True)
     assert w8a8.llm_engine.model.model.layers[0].mlp.down_proj.quant.w8a8
-    weight_only = make_llm(tiny_llama_dir, quantization="int8")
+    weight_only = make_llm(tiny_llama_dir, quantization="int8", int8_activations=False)
     same = [check_logprobs_close(a, b)
             for a, b in zip(generate(w8a8), generate(weight_only), strict=True)]
     assert min(same) >= 1  # (the tiny random model's x8 weights make near-ties common)
@@ -86,7 +86,8 @@ def test_smollm2_int8_is_close_to_fp32_by_vllms_rule():
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=TOP)
     outs = {}
     for name, extra in {"fp32": {}, "int8": {"quantization": "int8"}}.items():
-        llm = LLM(None, num_threads=2, kv_cache_memory=64 * 2**20, max_model_len=256, **extra)
+        llm = LLM(None, num_threads=2, kv_cache_memory=64 * 2**20, max_model_len=256,
+                  int8_activations=False, **extra)
         outs[name] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
     same = [check_logprobs_close(a, b) for a, b in zip(outs["int8"], outs["fp32"], strict=True)]

@@ -1,0 +1,56 @@
+"""What this CPU and this build of the kernels can do, read once and logged at start-up.
+
+The kernels are compiled for one target (`-march=native`, or `PAGEDLLM_CPU_MARCH`), so the
+instructions a kernel runs are a property of the build, not only of the CPU: an AVX2 build
+(`PAGEDLLM_CPU_MARCH=x86-64-v3`) on an AVX-512 VNNI machine runs AVX2 code. The engine's
+defaults follow the build:
+
+    int8 dot products (int8_dot_cpu.h)   int8 activations by default
+    avx512_vnni (vpdpbusd)               on  (GGUF models kept quantized, --quantization int8)
+    avx512bw / avx2 (maddubs pairs)      off (the exact path; --int8-activations turns it on)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_FLAG = re.compile(r"^(avx2|avx512\w*|avx_vnni\w*|amx\w*|fma|f16c)$")
+
+# The int8 dot-product ISAs whose int8-activation kernels beat the exact path at every batch
+# size on the machines measured (docs/benchmarks.md): VNNI's vpdpbusd.
+FAST_INT8_DOT = ("avx512_vnni",)
+
+
+@functools.cache
+def cpu_flags() -> tuple[str, ...]:
+    """The vector / matrix ISA flags of this CPU (/proc/cpuinfo), sorted; () if unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return tuple(sorted({f for f in line.split(":", 1)[-1].split() if _FLAG.match(f)}))
+
+
+def int8_dot_isa() -> str | None:
+    """The instructions of the compiled kernels' int8 dot products ("avx512_vnni",
+    "avx512bw", "avx2" or "scalar"), None without the C++ kernels."""
+    from pagedllm.kernels import cpu_ops
+
+    ops = cpu_ops.load()
+    return None if ops is None else ops.int8_dot_isa()
+
+
+def default_int8_activations() -> bool:
+    """Whether int8 activations are the default here: the build's dot products are VNNI's."""
+    isa = int8_dot_isa()
+    on = isa in FAST_INT8_DOT
+    logger.info("CPU %s; int8 dot products: %s -> int8 activations %s by default",
+                " ".join(cpu_flags()) or "(flags unknown)", isa or "none (no C++ kernels)",
+                "on" if on else "off")
+    return on
