@@ -36,11 +36,9 @@ def load_config(model_or_config: str) -> SimpleNamespace:
     """A config.json path, a directory holding one, or a .gguf file (metadata only)."""
     path = Path(model_or_config)
     if path.suffix == ".gguf":
-        from gguf import GGUFReader
+        from pagedllm.loader.gguf_loader import gguf_config, open_gguf
 
-        from pagedllm.loader.gguf_loader import gguf_config
-
-        reader = GGUFReader(str(path))
+        reader = open_gguf(path, vocabulary=False)  # a plan needs no vocabulary
         # The engine keeps GGUF blocks quantized: its weights are the file's tensor bytes.
         return SimpleNamespace(**gguf_config(reader).to_dict(),
                                weight_bytes=sum(int(t.n_bytes) for t in reader.tensors))

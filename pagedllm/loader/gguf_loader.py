@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, ReaderTensor
+from gguf import GGUFReader, GGUFValueType, ReaderField, ReaderTensor
 from gguf.quants import dequantize
 from transformers import (
     AutoConfig,
@@ -273,10 +273,56 @@ def _entry_meta(entry: Path) -> tuple[Any, PreTrainedTokenizerBase]:
             AutoTokenizer.from_pretrained(entry, local_files_only=True))
 
 
-def open_gguf(path: Path) -> GGUFReader:
-    """`GGUFReader` of ``path``; a file that is not GGUF, or is truncated, is a clear error."""
+class _NoVocabularyReader(GGUFReader):
+    """A `GGUFReader` without the metadata arrays longer than `SKIP_ABOVE` entries: the
+    tokenizer's vocabulary, scores, merges and token types (262k entries each in Gemma 3,
+    which gguf-py parses one part per entry: 20-35 s on 2 cores). Its tensors and scalar
+    metadata are GGUFReader's own, for starts that take the tokenizer from the conversion
+    cache. The skipped fields are absent from `fields`."""
+
+    SKIP_ABOVE = 1024
+
+    def _build_fields(self, offs: int, count: int) -> int:
+        if self.byte_order == "S":  # a big-endian file: parse everything, as gguf-py does
+            return super()._build_fields(offs, count)
+        view = memoryview(self.data)
+        for _ in range(count):
+            orig_offs = offs
+            kv_klen, kv_kdata = self._get_str(offs)
+            offs += int(kv_klen.nbytes + kv_kdata.nbytes)
+            raw_kv_type = self._get(offs, np.uint32)
+            offs += int(raw_kv_type.nbytes)
+            if raw_kv_type[0] == GGUFValueType.ARRAY:
+                item_type, n = struct.unpack_from("<IQ", view, offs)
+                end = self._skip_array(view, offs + 12, item_type, n)
+                if end is not None:
+                    offs = end
+                    continue
+            size, parts, idxs, types = self._get_field_parts(offs, raw_kv_type[0])
+            self._push_field(ReaderField(orig_offs, str(bytes(kv_kdata), encoding="utf-8"),
+                                         [kv_klen, kv_kdata, raw_kv_type, *parts],
+                                         [i + 3 for i in idxs], types), skip_sum=True)
+            offs += size
+        return offs
+
+    def _skip_array(self, view: memoryview, offs: int, item_type: int, n: int) -> int | None:
+        """The offset after an array of `n` strings or scalars, None to parse it instead."""
+        if n <= self.SKIP_ABOVE:
+            return None
+        if item_type == GGUFValueType.STRING:
+            unpack = struct.Struct("<Q").unpack_from
+            for _ in range(n):
+                offs += 8 + unpack(view, offs)[0]
+            return offs
+        scalar = self.gguf_scalar_to_np.get(GGUFValueType(item_type))
+        return None if scalar is None else offs + n * np.dtype(scalar).itemsize
+
+
+def open_gguf(path: Path, vocabulary: bool = True) -> GGUFReader:
+    """`GGUFReader` of ``path``; a file that is not GGUF, or is truncated, is a clear error.
+    ``vocabulary=False``: without the long metadata arrays (`_NoVocabularyReader`)."""
     try:
-        return GGUFReader(path)
+        return GGUFReader(path) if vocabulary else _NoVocabularyReader(path)
     except (ValueError, IndexError, KeyError, OSError, struct.error) as exc:
         size = path.stat().st_size if path.exists() else 0
         raise UnsupportedModelError(
@@ -309,7 +355,7 @@ def warn_int8_of_quantized(path: Path) -> None:
     block-quantized is dequantized and quantized again into more bytes and less exact
     weights (SmolLM2's 4-bit file: 92 MiB as GGUF blocks, 318 MiB resident as int8). Allowed
     (benchmarks/peers.py compares it) with a warning that gives the numbers."""
-    reader = open_gguf(path)
+    reader = open_gguf(path, vocabulary=False)
     matrices = [t for t in reader.tensors if len(t.shape) == 2]
     blocks = sorted({t.tensor_type.name for t in matrices} - set(_FLOAT_TYPES))
     if not blocks:
@@ -337,8 +383,11 @@ def load_gguf_checkpoint(
     entry = gguf_entry_dir(path, cache_dir)
     reader: GGUFReader | None = None
     if not entry.is_dir():
+        logger.info("first start with %s: converting its config and tokenizer once (cached "
+                    "in %s) ...", path.name, entry)
         reader = open_gguf(path)
-        logger.info("read GGUF %s in %.2fs", path.name, time.perf_counter() - start)
+        logger.info("read GGUF %s (metadata and vocabulary) in %.2fs", path.name,
+                    time.perf_counter() - start)
         config = gguf_config(reader)
         phase = time.perf_counter()
         tokenizer = gguf_tokenizer(path, reader)
@@ -354,7 +403,7 @@ def load_gguf_checkpoint(
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
     if quantized:
         config, tokenizer = _entry_meta(entry)
-        reader = reader or open_gguf(path)
+        reader = reader or open_gguf(path, vocabulary=False)  # the tokenizer is cached
         gguf_config(reader)  # the file's architecture is still supported
     if quantized:
         logger.info("loaded %s quantized (config and tokenizer from %s) in %.2fs", path.name,
