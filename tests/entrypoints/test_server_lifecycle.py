@@ -1,4 +1,5 @@
-"""API key, graceful SIGTERM (in-flight requests aborted, exit 0), and 503 while shutting down."""
+"""API key, SIGTERM with --shutdown-timeout 0 (in-flight requests aborted with an error event,
+exit 0), and 503 while shutting down. The draining shutdown: test_server_shutdown.py."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ KEY = "sk-test-123"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_path):
     """Key from the environment; the module's last test stops it with SIGTERM."""
-    srv = start_server(tmp_path_factory, tiny_model_path, TINY_SERVER_ARGS,
+    srv = start_server(tmp_path_factory, tiny_model_path,
+                       [*TINY_SERVER_ARGS, "--shutdown-timeout", "0"],
                        env={"PAGEDLLM_API_KEY": KEY})
     yield srv
     srv.stop()
@@ -60,7 +62,7 @@ def test_api_key_required(server):
     assert httpx.post(f"{url}/tokenize", json={"prompt": "x"}, headers=headers).status_code == 200
 
 
-def test_sigterm_aborts_in_flight_and_exits_0(server):
+def test_sigterm_without_drain_ends_streams_with_an_error_event_and_exits_0(server):
     body = {"prompt": "long", "max_tokens": 900, "temperature": 0, "ignore_eos": True,
             "stream": True}
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -72,8 +74,8 @@ def test_sigterm_aborts_in_flight_and_exits_0(server):
         server.proc.terminate()  # SIGTERM
         events = parse_sse("".join(f"{line}\n\n" for line in lines if line))
     assert events[-1] == "[DONE]"
-    finishes = [c["finish_reason"] for e in events[:-1] for c in e["choices"]]
-    assert finishes[-1] == "abort"
+    assert events[-2]["error"]["type"] == "service_unavailable"  # not finish_reason "abort"
+    assert all(c["finish_reason"] is None for e in events[:-2] for c in e["choices"])
     assert server.terminate(timeout=30) == 0
     assert time.monotonic() - t0 < 15
     assert "Traceback" not in server.log()
