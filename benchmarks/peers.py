@@ -56,17 +56,21 @@ from benchmarks.peers_lib import report, vllm  # noqa: E402
 from pagedllm.entrypoints.launcher import ServerProcess, free_port  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
-# "pagedllm" runs the default path (a GGUF's weights stay quantized); "pagedllm-fp32" the same
-# engine with --quantization none (weights dequantized to fp32, the path before issue 12).
+# "pagedllm" runs the default flags (a GGUF's weights stay quantized; int8 activations where the
+# kernels have VNNI, kernels/cpu_features.py); "pagedllm-exact" the GGUF blocks with fp32
+# activations (--no-int8-activations); "pagedllm-fp32" --quantization none (weights
+# dequantized to fp32, the path before issue 12).
 ENGINES = ("pagedllm", "pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm",
-           "pagedllm-int8", "pagedllm-w8a8", "pagedllm-a8")
+           "pagedllm-int8", "pagedllm-w8a8", "pagedllm-a8", "pagedllm-exact")
 FP32 = {"quantization": "none"}
 # pagedllm's int8 paths: engine args added to the default run's (--quantization int8 [W8A8])
-PAGED_VARIANTS = {"pagedllm-int8": {"quantization": "int8"},
+PAGED_VARIANTS = {"pagedllm-int8": {"quantization": "int8", "int8_activations": False},
                   "pagedllm-w8a8": {"quantization": "int8", "int8_activations": True},
-                  "pagedllm-a8": {"int8_activations": True}}  # GGUF blocks, int8 activations
+                  "pagedllm-a8": {"int8_activations": True},  # GGUF blocks, int8 activations
+                  "pagedllm-exact": {"int8_activations": False}}  # GGUF blocks, fp32 act.
 # pagedllm servers besides the default one, with their extra flags
-PAGED_SERVERS = {"pagedllm-fp32": ["--quantization=none"], "pagedllm-a8": ["--int8-activations"]}
+PAGED_SERVERS = {"pagedllm-fp32": ["--quantization=none"], "pagedllm-a8": ["--int8-activations"],
+                 "pagedllm-exact": ["--no-int8-activations"]}
 SECTIONS = ("offline", "prefill", "serving", "block-sweep", "kv", "perplexity")
 
 

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 PEERS = ("pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm", "pagedllm-int8",
-         "pagedllm-w8a8", "pagedllm-a8")
+         "pagedllm-w8a8", "pagedllm-a8", "pagedllm-exact")
 NAMES = {"pagedllm": "pagedllm", "pagedllm-fp32": "pagedllm fp32", "hf": "HF transformers",
          "llama.cpp": "llama.cpp", "llama-cpp-python": "llama-cpp-python", "vllm": "vLLM (CPU)",
          "pagedllm-int8": "pagedllm int8", "pagedllm-w8a8": "pagedllm W8A8",
-         "pagedllm-a8": "pagedllm GGUF+a8"}
+         "pagedllm-a8": "pagedllm GGUF+a8", "pagedllm-exact": "pagedllm GGUF exact"}
 SERVING_METRICS = (("output_throughput", None, "output tok/s"),
                    ("ttft_ms", "median", "TTFT median (ms)"), ("ttft_ms", "p99", "TTFT p99 (ms)"),
                    ("tpot_ms", "median", "TPOT median (ms)"), ("tpot_ms", "p99", "TPOT p99 (ms)"))

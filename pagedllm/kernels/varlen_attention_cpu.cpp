@@ -11,10 +11,20 @@
 //
 // Work item = (sequence, KV head, tile of kQT query positions). A tile's rows are its
 // positions x the G query heads of that KV head (GQA: each K/V chunk is loaded once for all G
-// heads). Keys stream in chunks of kKC: the chunk's K is transposed into a [d][kKC] buffer and V
-// copied into [kKC][d] (both dequantized for an 8-bit cache, scale folded in), the scores of a
-// row are kKC-wide vector FMAs, then the running max m, sum l and accumulator rescale of the
-// online softmax, then O += P V. Items are handed out dynamically: causal tiles differ in cost.
+// heads), in blocks of kVW rows held in the lanes of a vector ("rows in lanes"):
+//
+//   qt [d][kVW]   the block's queries, transposed once per tile (times the scale)
+//   s[j]          one vector per key of the chunk: row r's score in lane r
+//                 s[j] += qt[c] * K[j][c]   (a broadcast of one K value per FMA)
+//   m, l          running max and sum per lane; p[j] = e^(s[j] - m) never leaves registers
+//   ot [d][kVW]   ot[c] = ot[c] * alpha + sum_j V[j][c] * p[j]
+//
+// so K and V are read in the cache's own row layout (no transposition), the online softmax has
+// no horizontal reductions, and the causal / window mask is a compare of key and row positions,
+// needed only in the chunks that cross a row's first or last visible key. Keys stream in
+// chunks of kKC starting at multiples of kKC, so a row's result does not depend on how its
+// sequence was split into tiles, prefill chunks or blocks (lanes compute independently).
+// Items are handed out dynamically: causal tiles differ in cost.
 #include <torch/extension.h>
 #include <immintrin.h>
 
@@ -32,14 +42,25 @@ namespace {
 #include "simd_cpu.h"
 
 #if PAGEDLLM_GGUF_SIMD
-constexpr int64_t kKC = kVW;  // keys per chunk: one vector of scores per query row
+constexpr int64_t kKC = kVW;  // keys per chunk
 constexpr int64_t kQT = 16;   // query positions per tile
-constexpr int64_t kRB = 4;    // query rows sharing each K vector in the score loop
-constexpr int64_t kOB = 4;    // accumulator vectors held in registers across a chunk's keys
+
+// Lane masks: AVX-512 mask registers, AVX2 all-ones / all-zeros lanes.
+#if defined(__AVX512F__)
+using M = __mmask16;
+inline M vle(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
+inline M mand(M a, M b) { return static_cast<M>(a & b); }
+inline V vsel(M m, V x, V y) { return _mm512_mask_blend_ps(m, y, x); }
+#else
+using M = __m256;
+inline M vle(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
+inline M mand(M a, M b) { return _mm256_and_ps(a, b); }
+inline V vsel(M m, V x, V y) { return _mm256_blendv_ps(y, x, m); }
+#endif
 
 // e^x for the x <= 0 the softmax feeds it (a score minus its running max): Cody-Waite
 // reduction x = n ln2 + r and Cephes' expf polynomial for e^r (relative error ~1e-7); x below
-// -87 gives ~1e-38, so the first chunk's rescale of an empty accumulator is harmless.
+// -87 gives ~1e-38.
 inline V vexp_le0(V x) {
   x = vmax(x, vset(-87.f));
   const V n = vfloor(vfma(x, vset(1.44269504088896341f), vset(0.5f)));
@@ -55,126 +76,116 @@ inline V vexp_le0(V x) {
   return vmul(p, vpow2(n));
 }
 
-inline float exp_le0(float x) {
-  float v[kVW];
-  vstore(v, vexp_le0(vset(x)));
-  return v[0];
-}
-
 struct Layout {
   int64_t H, kvh, d, bs, max_blocks, q_stride;
   float scale, softcap;
   int64_t window;
 };
 
-// The K (transposed, [d][kKC]) and V ([kKC][d]) rows of keys c0 .. c0 + nk - 1 of one sequence
-// and KV head `hk`, as fp32 with their scales applied; keys nk .. kKC - 1 are zero (the caller
-// masks them).
+// K and V rows [kKC][d] of keys c0 .. c0 + nk - 1 of one sequence and KV head `hk`, fp32 with
+// their scales applied; rows nk .. kKC - 1 are zero (the caller masks them).
 template <typename T>
 void load_chunk(const T* kc, const T* vc, const uint16_t* ks, const uint16_t* vs,
                 const int64_t* table, const Layout& lo, int64_t hk, int64_t c0, int64_t nk,
-                float* kt, float* vb, float* row) {
+                float* kb, float* vb) {
   const int64_t d = lo.d;
   for (int64_t j = 0; j < kKC; ++j) {
+    float* kr = kb + j * d;
+    float* vr = vb + j * d;
     if (j >= nk) {
-      for (int64_t c = 0; c < d; ++c) kt[c * kKC + j] = 0.f;
-      std::fill(vb + j * d, vb + (j + 1) * d, 0.f);
+      std::fill(kr, kr + d, 0.f);
+      std::fill(vr, vr + d, 0.f);
       continue;
     }
     const int64_t pos = c0 + j;
     const int64_t at = (table[pos / lo.bs] * lo.bs + pos % lo.bs) * lo.kvh + hk;
     if constexpr (std::is_same_v<T, float>) {
-      (void)ks, (void)vs, (void)row;
-      const float* k = kc + at * d;
-      for (int64_t c = 0; c < d; ++c) kt[c * kKC + j] = k[c];
-      std::copy(vc + at * d, vc + (at + 1) * d, vb + j * d);
+      (void)ks, (void)vs;
+      std::memcpy(kr, kc + at * d, d * sizeof(float));
+      std::memcpy(vr, vc + at * d, d * sizeof(float));
     } else {
       const float k_mul = Row<T>::kMul * half_to_float(ks[at]);
-      Row<T>::load(kc + at * d, row, d);
-      for (int64_t c = 0; c < d; ++c) kt[c * kKC + j] = row[c] * k_mul;
       const float v_mul = Row<T>::kMul * half_to_float(vs[at]);
-      Row<T>::load(vc + at * d, vb + j * d, d);
-      for (int64_t c = 0; c < d; ++c) vb[j * d + c] *= v_mul;
+      Row<T>::load(kc + at * d, kr, d);
+      Row<T>::load(vc + at * d, vr, d);
+      for (int64_t c = 0; c < d; ++c) {
+        kr[c] *= k_mul;
+        vr[c] *= v_mul;
+      }
     }
   }
 }
 
-// S[r] = q_r . K (a vector over the chunk's keys) for rows r0 .. r0 + RB - 1.
-template <int RB>
-__attribute__((noinline)) void scores(const float* qs, int64_t d, const float* kt, float* s) {
-  V acc[RB];
-  for (int i = 0; i < RB; ++i) acc[i] = vzero();
-  for (int64_t c = 0; c < d; ++c) {
-    const V k = vload(kt + c * kKC);
-#pragma GCC unroll 8
-    for (int i = 0; i < RB; ++i) acc[i] = vfma(vset(qs[i * d + c]), k, acc[i]);
-  }
-  for (int i = 0; i < RB; ++i) vstore(s + i * kKC, acc[i]);
-}
-
-// o = o * alpha + sum_j p[j] v_j over the chunk's keys, kOB vectors of o held in registers.
-__attribute__((noinline)) void accumulate(float* o, float alpha, const float* p,
-                                          const float* vb, int64_t d) {
-  const V a = vset(alpha);
-  for (int64_t c0 = 0; c0 < d; c0 += kOB * kVW) {
-    const int nb = static_cast<int>(std::min<int64_t>(kOB, (d - c0) / kVW));
-    V acc[kOB];
-    for (int b = 0; b < nb; ++b) acc[b] = vmul(vload(o + c0 + b * kVW), a);
-    for (int64_t j = 0; j < kKC; ++j) {
-      const V pj = vset(p[j]);
-      const float* v = vb + j * d + c0;
-      for (int b = 0; b < nb; ++b) acc[b] = vfma(pj, vload(v + b * kVW), acc[b]);
-    }
-    for (int b = 0; b < nb; ++b) vstore(o + c0 + b * kVW, acc[b]);
-  }
-}
-
-// One tile (rows r = qi * G + g: query position pos0 + qi, head hk * G + g) against one chunk:
-// scores, soft-capping, the causal / window mask, the online-softmax update of m and l, and the
-// accumulator. qs [R][d] holds the queries times the scale; s is scratch [R][kKC].
-struct Tile {
-  const float* qs;
-  float* acc;
-  float* m;
-  float* l;
-  float* s;
+// One block of kVW rows (rows in lanes) against one chunk of keys; the block's online-softmax
+// state is m, l (one lane per row) and ot [d][kVW]. `mask`: the chunk crosses some row's first
+// or last visible key (or holds fewer than kKC keys), so lanes are masked by position.
+struct BlockState {
+  const float* qt;   // [d][kVW] queries x scale
+  V qpos, qlo;       // each row's position, and its first visible key (window; else 0)
+  float* m;          // [kVW]
+  float* l;          // [kVW]
+  float* ot;         // [d][kVW]
 };
 
-void attend_chunk(const Tile& t, int64_t R, int64_t G, int64_t pos0, int64_t c0, int64_t nk,
-                  const float* kt, const float* vb, const Layout& lo) {
-  const int64_t d = lo.d;
-  int64_t r = 0;
-  for (; r + kRB <= R; r += kRB) scores<kRB>(t.qs + r * d, d, kt, t.s + r * kKC);
-  for (; r < R; ++r) scores<1>(t.qs + r * d, d, kt, t.s + r * kKC);
-  for (r = 0; r < R; ++r) {
-    float* sr = t.s + r * kKC;
-    V s = vload(sr);
-    if (lo.softcap > 0.f) {
-      for (int64_t j = 0; j < kKC; ++j) sr[j] = std::tanh(sr[j] / lo.softcap) * lo.softcap;
-      s = vload(sr);
+// D: the head size as a compile-time constant (64, 128, 256), so K[j][c] and V[j][c] are one
+// base register plus constant offsets (with a run-time d, GCC juggled kKC row pointers through
+// vector registers: half the loop's instructions); 0 for any other size.
+template <int64_t D>
+__attribute__((noinline)) void attend_block(const BlockState& b, const float* kb,
+                                            const float* vb, int64_t c0, int64_t nk,
+                                            bool mask, const Layout& lo) {
+  const int64_t d = D > 0 ? D : lo.d;
+  V s[kKC];
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < kKC; ++j) s[j] = vzero();
+  for (int64_t c = 0; c < d; ++c) {
+    const V q = vload(b.qt + c * kVW);
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < kKC; ++j) s[j] = vfma(q, vset(kb[j * d + c]), s[j]);
+  }
+  if (lo.softcap > 0.f) {
+    float t[kVW];
+    for (int64_t j = 0; j < kKC; ++j) {
+      vstore(t, s[j]);
+      for (int i = 0; i < kVW; ++i) t[i] = std::tanh(t[i] / lo.softcap) * lo.softcap;
+      s[j] = vload(t);
     }
-    // Visible keys of this row: c0 + j <= qpos, inside the window, loaded (j < nk).
-    const int64_t qpos = pos0 + r / G;
-    const int64_t hi = std::min(nk, qpos - c0 + 1);
-    const int64_t first = lo.window > 0 ? std::max<int64_t>(0, qpos - lo.window + 1 - c0) : 0;
-    if (hi <= first) continue;
-    const bool partial = first > 0 || hi < kKC;
-    if (partial) {
-      for (int64_t j = 0; j < kKC; ++j) sr[j] = j >= first && j < hi ? sr[j] : -1e30f;
-      s = vload(sr);
+  }
+  M vis[kKC];
+  const V m_old = vload(b.m);
+  V mx = m_old;
+  if (mask) {
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < kKC; ++j) {
+      const V key = vset(static_cast<float>(j < nk ? c0 + j : INT32_MAX));
+      vis[j] = mand(vle(key, b.qpos), vle(b.qlo, key));
+      s[j] = vsel(vis[j], s[j], vset(-1e30f));
     }
-    const float mx = std::max(t.m[r], hmax(s));
-    V p = vexp_le0(vsub(s, vset(mx)));
-    if (partial) {  // masked lanes are e^(-1e30 - mx) ~ 1e-38 and must not count at all
-      vstore(sr, p);
-      for (int64_t j = 0; j < kKC; ++j) sr[j] = j >= first && j < hi ? sr[j] : 0.f;
-      p = vload(sr);
+  }
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < kKC; ++j) mx = vmax(mx, s[j]);
+  const V alpha = vexp_le0(vsub(m_old, mx));
+  V sum = vzero();
+#pragma GCC unroll 16
+  for (int64_t j = 0; j < kKC; ++j) {
+    s[j] = vexp_le0(vsub(s[j], mx));
+    if (mask) s[j] = vsel(vis[j], s[j], vzero());  // a row with nothing visible yet: p = 0
+    sum = vadd(sum, s[j]);
+  }
+  vstore(b.m, mx);
+  vstore(b.l, vfma(vload(b.l), alpha, sum));
+  // Four columns at a time: four independent FMA chains (one would wait on each FMA's latency).
+  for (int64_t c = 0; c < d; c += 4) {
+    V o[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) o[i] = vmul(vload(b.ot + (c + i) * kVW), alpha);
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < kKC; ++j) {
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) o[i] = vfma(vset(vb[j * d + c + i]), s[j], o[i]);
     }
-    const float alpha = exp_le0(t.m[r] - mx);
-    t.m[r] = mx;
-    t.l[r] = t.l[r] * alpha + hsum(p);
-    vstore(sr, p);
-    accumulate(t.acc + r * d, alpha, sr, vb, d);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) vstore(b.ot + (c + i) * kVW, o[i]);
   }
 }
 
@@ -192,40 +203,63 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
     }
   }
   const int64_t items = static_cast<int64_t>(tile_seq.size()) * lo.kvh;
+  const int64_t max_blocks = (kQT * G + kVW - 1) / kVW;
 #pragma omp parallel
   {
-    const int64_t r_max = kQT * G;
-    std::vector<float> qs(r_max * d), acc(r_max * d), m(r_max), l(r_max), s(r_max * kKC);
-    std::vector<float> kt(d * kKC), vb(kKC * d), row(d);
-    const Tile tile{qs.data(), acc.data(), m.data(), l.data(), s.data()};
+    std::vector<float> qt(max_blocks * d * kVW), ot(max_blocks * d * kVW);
+    std::vector<float> m(max_blocks * kVW), l(max_blocks * kVW), qpos(max_blocks * kVW);
+    std::vector<float> kb(kKC * d), vb(kKC * d);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < items; ++w) {
       const int64_t ti = w / lo.kvh, hk = w % lo.kvh;
       const int64_t p = tile_seq[ti], row0 = tile_row[ti];
       const int64_t nq = std::min(kQT, qstart[p + 1] - row0);
-      const int64_t R = nq * G;
+      const int64_t R = nq * G, nb = (R + kVW - 1) / kVW;
       const int64_t pos0 = lens[p] - (qstart[p + 1] - qstart[p]) + (row0 - qstart[p]);
-      for (int64_t r = 0; r < R; ++r) {
-        const float* src = q + (row0 + r / G) * lo.q_stride + (hk * G + r % G) * d;
-        for (int64_t c = 0; c < d; ++c) qs[r * d + c] = src[c] * lo.scale;
+      // Row r = qi * G + g (position pos0 + qi, head hk * G + g) sits in lane r % kVW of block
+      // r / kVW; lanes past the last row repeat it (computed, never written out).
+      for (int64_t r = 0; r < nb * kVW; ++r) {
+        const int64_t rr = std::min(r, R - 1);
+        const float* src = q + (row0 + rr / G) * lo.q_stride + (hk * G + rr % G) * d;
+        float* dst = qt.data() + (r / kVW) * d * kVW + r % kVW;
+        for (int64_t c = 0; c < d; ++c) dst[c * kVW] = src[c] * lo.scale;
+        qpos[r] = static_cast<float>(pos0 + rr / G);
       }
-      std::fill(acc.begin(), acc.begin() + R * d, 0.f);
-      std::fill(m.begin(), m.begin() + R, -1e30f);
-      std::fill(l.begin(), l.begin() + R, 0.f);
-      // Chunks start at multiples of kKC whatever the tile, so a row's result does not depend
-      // on how its sequence was split into tiles or prefill chunks.
+      std::fill(ot.begin(), ot.begin() + nb * d * kVW, 0.f);
+      std::fill(m.begin(), m.begin() + nb * kVW, -1e30f);
+      std::fill(l.begin(), l.begin() + nb * kVW, 0.f);
       const int64_t k_end = pos0 + nq;  // one past the last key any row sees
       const int64_t k_first = lo.window > 0 ? std::max<int64_t>(0, pos0 - lo.window + 1) : 0;
       const int64_t* table = bt + p * lo.max_blocks;
       for (int64_t c0 = k_first / kKC * kKC; c0 < k_end; c0 += kKC) {
         const int64_t nk = std::min(kKC, k_end - c0);
-        load_chunk<T>(kc, vc, ks, vs, table, lo, hk, c0, nk, kt.data(), vb.data(), row.data());
-        attend_chunk(tile, R, G, pos0, c0, nk, kt.data(), vb.data(), lo);
+        load_chunk<T>(kc, vc, ks, vs, table, lo, hk, c0, nk, kb.data(), vb.data());
+        for (int64_t bi = 0; bi < nb; ++bi) {
+          const float* qp = qpos.data() + bi * kVW;
+          const int64_t lo_pos = static_cast<int64_t>(qp[0]);
+          const int64_t hi_pos = static_cast<int64_t>(qp[kVW - 1]);
+          if (c0 > hi_pos) continue;  // every key after every row of the block
+          if (lo.window > 0 && c0 + nk - 1 < lo_pos - lo.window + 1) continue;  // before
+          const bool mask = nk < kKC || c0 + kKC - 1 > lo_pos ||
+                            (lo.window > 0 && c0 < hi_pos - lo.window + 1);
+          const V pos = vload(qp);
+          const V first = lo.window > 0 ? vsub(pos, vset(static_cast<float>(lo.window - 1)))
+                                        : vset(-1.f);
+          const BlockState b{qt.data() + bi * d * kVW, pos, first, m.data() + bi * kVW,
+                             l.data() + bi * kVW, ot.data() + bi * d * kVW};
+          switch (d) {
+            case 64: attend_block<64>(b, kb.data(), vb.data(), c0, nk, mask, lo); break;
+            case 128: attend_block<128>(b, kb.data(), vb.data(), c0, nk, mask, lo); break;
+            case 256: attend_block<256>(b, kb.data(), vb.data(), c0, nk, mask, lo); break;
+            default: attend_block<0>(b, kb.data(), vb.data(), c0, nk, mask, lo);
+          }
+        }
       }
       for (int64_t r = 0; r < R; ++r) {
         float* dst = out + (row0 + r / G) * H * d + (hk * G + r % G) * d;
+        const float* src = ot.data() + (r / kVW) * d * kVW + r % kVW;
         const float inv = 1.f / l[r];
-        for (int64_t c = 0; c < d; ++c) dst[c] = acc[r * d + c] * inv;
+        for (int64_t c = 0; c < d; ++c) dst[c] = src[c * kVW] * inv;
       }
     }
   }
