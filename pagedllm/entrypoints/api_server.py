@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 import pagedllm
 from pagedllm.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
@@ -29,6 +29,13 @@ from pagedllm.entrypoints.chat_page import add_chat_page
 from pagedllm.entrypoints.guard import GuardMiddleware, error_response
 from pagedllm.entrypoints.http_server import DrainingServer, bind_socket, timed_h11
 from pagedllm.entrypoints.lora_routes import add_lora_routes
+from pagedllm.entrypoints.openapi_spec import (
+    GET_ERRORS,
+    HEALTH,
+    METRICS,
+    POST_ERRORS,
+    without_422,
+)
 from pagedllm.entrypoints.prompt_inputs import PromptInputs
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -53,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 _DEAD_EXIT_DELAY_S = 1.0
 _error = error_response
+_ALWAYS_GET = {k: v for k, v in GET_ERRORS.items() if k != 401}
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -161,37 +169,37 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         logger.exception("unhandled error")
         return _error(APIError(500, f"internal error: {exc}", type="server_error"))
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.api_route("/health", methods=["GET", "HEAD"], responses=HEALTH, response_class=Response)
     async def health() -> Response:
         if engine.dead is not None:
             return _error(APIError(503, f"engine is dead: {engine.dead!r}",
                                    type="service_unavailable"))
         return Response(status_code=200)
 
-    @app.get("/version")
+    @app.get("/version", responses=_ALWAYS_GET)
     async def version() -> dict:
         return {"version": pagedllm.__version__}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=METRICS)
     async def metrics() -> Response:
         return Response(engine.metrics.render(vllm_compat=metrics_vllm_compat),
                         media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=GET_ERRORS)
     async def models() -> dict:
         return ModelList(data=served.cards(base.max_model_len)).model_dump()
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=POST_ERRORS)
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
         header_id = request.headers.get("x-request-id")
         return await with_disconnect(request, completions.create(body, header_id))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=POST_ERRORS)
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
         header_id = request.headers.get("x-request-id")
         return await with_disconnect(request, chat.create(body, header_id))
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=POST_ERRORS)
     async def tokenize(body: TokenizeRequest) -> dict:
         base.check_model(body.model)
         if body.messages is not None:
@@ -203,13 +211,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         return TokenizeResponse(count=len(ids), max_model_len=base.max_model_len,
                                 tokens=ids).model_dump()
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=POST_ERRORS)
     async def detokenize(body: DetokenizeRequest) -> dict:
         base.check_model(body.model)
         base.check_token_ids(body.tokens, "tokens")
         return DetokenizeResponse(prompt=base.tokenizer.decode(body.tokens)).model_dump()
 
     add_lora_routes(app, served)
+    without_422(app)
     return app
 
 

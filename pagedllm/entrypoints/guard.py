@@ -4,8 +4,9 @@
    resolves to 127.0.0.1 sends its own Host);
 2. anything but /metrics and /version once shutdown began (503 + Retry-After; /health too, so
    load balancers stop sending);
-3. a POST whose Content-Type is not JSON (415: a browser sends a cross-site form POST as
-   text/plain without a CORS preflight, JSON needs one);
+3. a POST to a JSON route whose Content-Type is not JSON (415: a browser sends a cross-site
+   form POST as
+   text/plain without a CORS preflight, JSON needs one; other paths keep their 404 / 405);
 4. /v1/*, /tokenize and /detokenize without the API key (401).
 
 Pure ASGI, so streaming and disconnect detection are untouched.
@@ -22,6 +23,8 @@ from pagedllm.entrypoints.errors import APIError
 
 PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 OPEN_WHILE_SHUTTING_DOWN = ("/metrics", "/version")
+JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
+                         "/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
 SHUTDOWN_RETRY_AFTER_S = 5
 
 
@@ -70,7 +73,8 @@ class GuardMiddleware:
         if self.engine.shutting_down and not path.startswith(OPEN_WHILE_SHUTTING_DOWN):
             return APIError(503, "server is shutting down", type="service_unavailable",
                             headers={"Retry-After": str(SHUTDOWN_RETRY_AFTER_S)})
-        if scope["method"] == "POST" and not is_json(headers.get(b"content-type", b"")):
+        if (scope["method"] == "POST" and path in JSON_ROUTES
+                and not is_json(headers.get(b"content-type", b""))):
             got = headers.get(b"content-type", b"").decode("latin-1")[:100] or "none"
             return APIError(415, f"Content-Type must be application/json, got {got!r}",
                             code="unsupported_media_type")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.responses import PlainTextResponse
 
+from pagedllm.entrypoints.openapi_spec import POST_ERRORS
 from pagedllm.entrypoints.protocol import OpenAIBaseModel
 from pagedllm.entrypoints.serving import APIError
 from pagedllm.entrypoints.serving_models import ModelNotFound, ServingModels
@@ -26,7 +27,7 @@ def add_lora_routes(app: FastAPI, models: ServingModels) -> None:
         if why is not None:
             raise APIError(404, why, type="not_found_error")
 
-    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/load_lora_adapter", responses=POST_ERRORS)
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> PlainTextResponse:
         check_allowed()
         if not body.lora_name or not body.lora_path:
@@ -38,7 +39,7 @@ def add_lora_routes(app: FastAPI, models: ServingModels) -> None:
                            param="lora_path") from exc
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
-    @app.post("/v1/unload_lora_adapter")
+    @app.post("/v1/unload_lora_adapter", responses=POST_ERRORS)
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> PlainTextResponse:
         check_allowed()
         try:
