@@ -113,9 +113,11 @@ class DPEngine:
     # ------------------------------------------------------------ requests
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None, lora_request=None) -> str:
+                    cache_salt: str | None = None, lora_request=None, priority: int = 0) -> str:
         if lora_request is not None:
             raise ValueError("LoRA adapters are not supported with data parallelism yet")
+        if priority:
+            raise ValueError("priority scheduling is not supported with data parallelism yet")
         if request_id is None or request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is missing or already in use")
         token_ids = (self.tokenizer.encode(prompt) if isinstance(prompt, str)
