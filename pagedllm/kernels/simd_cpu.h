@@ -1,6 +1,6 @@
 // SIMD vocabulary and the fp32 panel micro-kernel shared by the GGUF kernels
 // (quant_gguf_cpu.cpp: weights in panels; quant_gguf_a8_cpu.cpp: weights in GGUF rows) and the
-// varlen attention kernel (varlen_attention_cpu.cpp: max, floor, 2^n and the reductions).
+// varlen attention kernel (varlen_attention_cpu.cpp: max, floor and 2^n for its exp).
 // Included inside each file's anonymous namespace, after <immintrin.h>, <cstdint> and
 // <cstring>, under that file's `#pragma GCC optimize` (no FMA contraction, no reassociation):
 // every definition here is internal to the file that includes it.
@@ -37,8 +37,6 @@ inline V vmax(V a, V b) { return _mm512_max_ps(a, b); }
 inline V vsub(V a, V b) { return _mm512_sub_ps(a, b); }
 inline V vfloor(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 inline V vpow2(V n) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23)); }
-inline float hmax(V a) { return _mm512_reduce_max_ps(a); }
-inline float hsum(V a) { return _mm512_reduce_add_ps(a); }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGEDLLM_GGUF_SIMD 1
 constexpr int kVW = 8, kMR = 6;
@@ -67,16 +65,6 @@ inline V vmax(V a, V b) { return _mm256_max_ps(a, b); }
 inline V vsub(V a, V b) { return _mm256_sub_ps(a, b); }
 inline V vfloor(V a) { return _mm256_floor_ps(a); }
 inline V vpow2(V n) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)); }
-inline float hmax(V a) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-inline float hsum(V a) {
-  __m128 m = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
-}
 #else
 #define PAGEDLLM_GGUF_SIMD 0
 constexpr int kVW = 8, kMR = 1;
