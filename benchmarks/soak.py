@@ -15,6 +15,12 @@ invariant check must report no violation.
 Reports per minute: completed / aborted / rejected / errors and p50 / p99 latency of the
 completed requests; RSS at start and end; writes benchmarks/results/soak.json and a PNG
 (RSS and latency over time).
+
+`--hostile 0.1` (issue #28): the second half of the run sends that fraction of hostile
+requests among the normal ones (a 2 MB prompt, 1,000 prompts in one request, a 3,000-property
+JSON schema, a request chat template, deep nesting, NaN, a lone surrogate, wrong types); the
+report compares the normal requests' p50 / p99 latency of the two halves (same server, same
+run) and counts hostile answers that were 5xx (must be 0).
 """
 
 from __future__ import annotations
@@ -52,11 +58,37 @@ def gauges(url: str) -> dict[str, float]:
     return out
 
 
+def hostile_bodies() -> list[tuple[str, bytes]]:
+    """(path, raw JSON body) of each hostile kind; all but two are refused with a 4xx."""
+    deep: dict = {"type": "string"}
+    for _ in range(100):
+        deep = {"type": "object", "properties": {"a": deep}}
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"}
+                                               for i in range(3000)}}
+    msg = [{"role": "user", "content": "hi"}]
+    bodies = [
+        ("/v1/completions", {"prompt": "word " * 400_000, "max_tokens": 1}),
+        ("/v1/completions", {"prompt": [[28, 29]] * 1000, "max_tokens": 1}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 4,
+                             "structured_outputs": {"json": schema}}),
+        ("/v1/chat/completions", {"messages": msg, "chat_template": "{% for i in range("
+                                  "12000) %}{% for j in range(12000) %}{% endfor %}{% endfor %}"}),
+        ("/v1/completions", {"prompt": "x", "structured_outputs": {"json": deep}}),
+        ("/v1/completions", {"prompt": "a\ud800b"}),
+        ("/v1/completions", {"prompt": [True, False]}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": "10"}),
+    ]
+    out = [(path, json.dumps(body).encode()) for path, body in bodies]
+    out.append(("/v1/completions", b'{"prompt": "x", "temperature": NaN}'))
+    return out
+
+
 class Traffic:
     def __init__(self, url: str, args, texts: list[str]) -> None:
         self.url, self.args, self.texts = url, args, texts
         self.records: list[dict] = []
         self.t0 = time.monotonic()
+        self.hostile = hostile_bodies() if args.hostile else []
 
     def body(self, rng: random.Random, chat: bool, stream: bool) -> tuple[str, dict]:
         text = rng.choice(self.texts)
@@ -69,7 +101,22 @@ class Traffic:
                                             **common}
         return "/v1/completions", {"prompt": prompt, **common}
 
+    async def one_hostile(self, c: httpx.AsyncClient, rng: random.Random) -> None:
+        path, raw = rng.choice(self.hostile)
+        start = time.monotonic()
+        try:
+            r = await c.post(path, content=raw, headers={"Content-Type": "application/json"})
+            outcome = "hostile_5xx" if r.status_code >= 500 else "hostile_answered"
+        except httpx.HTTPError as exc:
+            outcome = f"hostile_{type(exc).__name__}"
+        self.records.append({"t": start - self.t0, "latency": time.monotonic() - start,
+                             "outcome": outcome, "stream": False, "chat": False})
+
     async def one(self, c: httpx.AsyncClient, rng: random.Random) -> None:
+        second_half = time.monotonic() - self.t0 >= self.args.duration / 2
+        if self.hostile and second_half and rng.random() < self.args.hostile:
+            await self.one_hostile(c, rng)
+            return
         chat, stream = rng.random() < 0.5, rng.random() < 0.5
         path, body = self.body(rng, chat, stream)
         hang = rng.random() < self.args.disconnect
@@ -147,6 +194,8 @@ def main() -> None:
     ap.add_argument("--kv-cache-memory", default="512MiB")
     ap.add_argument("--sample-every", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hostile", type=float, default=0.0,
+                    help="fraction of hostile requests in the second half of the run")
     ap.add_argument("--out", default="benchmarks/results/soak.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -211,7 +260,20 @@ def main() -> None:
             "p50_s": percentile(lat, 0.5), "p99_s": percentile(lat, 0.99)})
     totals = {k: sum(m[k] for m in minutes) for k in ("completed", "aborted", "rejected",
                                                        "errors")}
-    result = {"args": vars(args), "totals": totals, "minutes": minutes, "samples": samples,
+    halves = []
+    for name, lo, hi in (("first half (normal only)", 0, args.duration / 2),
+                         (f"second half ({args.hostile:.0%} hostile)", args.duration / 2,
+                          args.duration)):
+        lat = [r["latency"] for r in recs if lo <= r["t"] < hi and r["outcome"] == "completed"]
+        halves.append({"half": name, "completed": len(lat), "p50_s": percentile(lat, 0.5),
+                       "p99_s": percentile(lat, 0.99),
+                       "hostile_sent": sum(r["outcome"].startswith("hostile") and lo <= r["t"]
+                                           < hi for r in recs),
+                       "hostile_5xx_or_failed": sum(r["outcome"].startswith("hostile")
+                                                    and r["outcome"] != "hostile_answered"
+                                                    and lo <= r["t"] < hi for r in recs)})
+    result = {"args": vars(args), "totals": totals, "minutes": minutes, "halves": halves,
+              "samples": samples,
               "rss_mib": {"first": samples[0]["rss_mib"] if samples else None,
                           "final": final_rss},
               "leaked_blocks": leaked, "num_blocks": num_blocks,
@@ -227,6 +289,12 @@ def main() -> None:
         p99 = f"{m['p99_s']:.2f}" if m["p99_s"] is not None else "-"
         print(f"| {m['minute']} | {m['completed']} | {m['aborted']} | {m['rejected']} | "
               f"{m['errors']} | {p50} | {p99} |")
+    if args.hostile:
+        print("| half | completed normal | p50 (s) | p99 (s) | hostile sent | hostile 5xx "
+              "or failed |\n|---|---|---|---|---|---|")
+        for h in halves:
+            print(f"| {h['half']} | {h['completed']} | {h['p50_s'] or 0:.2f} | "
+                  f"{h['p99_s'] or 0:.2f} | {h['hostile_sent']} | {h['hostile_5xx_or_failed']} |")
     print(f"totals {totals}; RSS {result['rss_mib']['first']:.0f} -> {final_rss:.0f} MiB; "
           f"leaked blocks {leaked} of {num_blocks}; invariant checks "
           f"{result['invariant_checks']:.0f}, violations {result['invariant_violations']:.0f}")

@@ -254,6 +254,9 @@ def test_conversation_with_tool_calls_and_tool_results(server):
      "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice"),
+    # auto mode cannot hold the model to one call: refused, not silently ignored (#28)
+    ({"tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": False},
+     "parallel_tool_calls"),
 ])
 def test_bad_tool_requests_are_400(server, body, param):
     r = _post(server, "chat/completions", {"messages": MSGS, **body})
@@ -278,6 +281,10 @@ def test_bad_tool_requests_are_400(server, body, param):
     ("chat/completions", "continue_final_message", True),
     ("chat/completions", "prompt_logprobs", 2),
     ("chat/completions", "response_format", {"type": "structural_tag"}),
+    ("completions", "thinking_token_budget", 8),
+    ("completions", "logprob_token_ids", [3]),
+    ("completions", "truncation_side", "left"),
+    ("chat/completions", "repetition_detection", {"max_pattern_size": 4}),
 ])
 def test_unimplemented_fields_are_400_naming_them(server, path, field, value):
     body = {"prompt": "x"} if path == "completions" else {"messages": MSGS}
