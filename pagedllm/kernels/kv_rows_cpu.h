@@ -3,7 +3,7 @@
 // Each value is stored as value / scale with a float16 scale per token per KV head
 // (pagedllm/model/layers/kv_quant.py).
 #pragma once
-#include <ATen/ATen.h>
+#include "torch_lite_cpu.h"
 #include <c10/util/Float8_e4m3fn.h>
 #include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>

@@ -25,7 +25,8 @@
 // chunks of kKC starting at multiples of kKC, so a row's result does not depend on how its
 // sequence was split into tiles, prefill chunks or blocks (lanes compute independently).
 // Items are handed out dynamically: causal tiles differ in cost.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // register_varlen_attention(m): pybind11, Tensor casters
+#include "torch_lite_cpu.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -345,7 +346,7 @@ int64_t varlen_attention_head_multiple() { return kVW; }
 
 void register_varlen_attention(pybind11::module_& m) {
   m.def("paged_varlen_attention", &paged_varlen_attention,
-        py::call_guard<py::gil_scoped_release>(),
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
         "paged attention over packed sequences (prefill chunks): causal, windowed, fp32 softmax");
   m.def("varlen_attention_available", &varlen_attention_available,
         "whether this build has paged_varlen_attention (AVX2 + FMA + F16C or AVX-512)");
