@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import platform
 import random
 import statistics
@@ -27,6 +28,15 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+
+
+def prompt_lengths(args: argparse.Namespace, rng: random.Random) -> list[int]:
+    """--input-len for every prompt, or (--input-len-max) lengths log-uniform between the
+    two: as many prompts of 16-32 tokens as of 1,000-2,000 per doubling, so most are short."""
+    if getattr(args, "input_len_max", None) is None:  # namespaces built by other scripts
+        return [args.input_len] * args.num_prompts
+    lo, hi = math.log(args.input_len), math.log(args.input_len_max)
+    return [round(math.exp(rng.uniform(lo, hi))) for _ in range(args.num_prompts)]
 
 
 @dataclass
@@ -95,7 +105,7 @@ async def run_one(base_url: str, args: argparse.Namespace) -> dict:
             model = (await client.get(f"{base_url}/v1/models")).json()["data"][0]["id"]
         rng = random.Random(args.seed)
         prompts = [[rng.randrange(args.token_id_low, args.vocab_size)
-                    for _ in range(args.input_len)] for _ in range(args.num_prompts)]
+                    for _ in range(n)] for n in prompt_lengths(args, rng)]
         url = f"{base_url}/v1/completions"
         for _ in range(args.warmup):
             warm = await one_request(client, url, model, prompts[0], 8)
@@ -163,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default=None)
     p.add_argument("--num-prompts", type=int, default=256)
     p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--input-len-max", type=int, default=None,
+                   help="mixed prompt lengths: each prompt's length drawn log-uniformly "
+                   "(long-tailed: most short, a few long) from --input-len to this")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--request-rate", type=float, default=float("inf"),

@@ -56,11 +56,12 @@ def retry_disconnects(counter: list[int]):
 
 
 def load(base_url: str, *, concurrency: int, num_prompts: int, input_len: int,
-         output_len: int, seed: int = 0) -> dict:
-    """One `benchmarks/serving.py` run at a fixed concurrency (all requests queued at once)."""
+         output_len: int, seed: int = 0, input_len_max: int | None = None) -> dict:
+    """One `benchmarks/serving.py` run at a fixed concurrency (all requests queued at once);
+    `input_len_max`: prompt lengths long-tailed between input_len and it."""
     args = argparse.Namespace(
         api_key=None, model=None, num_prompts=num_prompts, input_len=input_len,
-        output_len=output_len, max_concurrency=concurrency, request_rate=float("inf"),
+        input_len_max=input_len_max, output_len=output_len, max_concurrency=concurrency, request_rate=float("inf"),
         vocab_size=32000, token_id_low=100, warmup=1, seed=seed)
     resent = [0]
     with retry_disconnects(resent):
