@@ -25,8 +25,10 @@ def check_request_fields(req: SamplingFields) -> None:
         if value is not None and value != neutral:
             raise APIError(400, f"{name} is not supported by this server", param=name)
     extra = sorted(req.model_extra or ())
-    if extra:
-        logger.warning("ignoring unknown request fields: %s", ", ".join(extra))
+    if extra:  # bounded: field names are the client's text too
+        names = ", ".join(extra)
+        shown = names if len(names) <= 200 else f"{names[:200]}... ({len(extra)} fields)"
+        logger.warning("ignoring unknown request fields: %s", shown)
 
 
 def logit_bias_of(req: SamplingFields) -> dict[int, float] | None:

@@ -112,6 +112,19 @@ def test_prompt_over_the_byte_bound_is_refused_without_tokenizing(server):
     assert "max_model_len is 1024" in err["message"]
 
 
+@pytest.mark.parametrize(("template", "says"), [
+    ("{{ 'a' * 5000000 }}", "the limit is"),             # output over 4 MiB
+    ("{% for x in %}", "chat template failed"),           # syntax error
+    ("{{ raise_exception('no') }}", "no"),                # the template refuses
+])
+def test_trusted_request_template_limits(server, template, says):
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+        "messages": MSG, "max_tokens": 1, "chat_template": template})
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["param"] == "chat_template" and says in err["message"], err
+
+
 def test_trusted_request_template_renders(server):
     r = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
         "messages": MSG, "max_tokens": 2, "return_token_ids": True,
