@@ -27,7 +27,7 @@ def _use_path(path: str, monkeypatch) -> None:
         if cpu_ops.load_with("varlen_attention") is None:
             pytest.skip("this CPU has no AVX2+FMA+F16C / AVX-512: no varlen kernel")
         return
-    monkeypatch.setattr(attn, "_use_varlen_kernel", lambda q, c, s: False)
+    monkeypatch.setattr(attn, "_use_varlen_kernel", lambda q, c: False)
 
 
 def _layout(ctx: list[int], new: list[int], block_size: int, kvh: int, d: int,

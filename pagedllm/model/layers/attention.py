@@ -10,9 +10,9 @@ For every token its K/V is first written to its slot (`slot_mapping`); then each
 attends to its whole context (cached + new) read through its block table. Decodes need
 no causal mask (one query, every key in the past); prefill queries see keys up to their own
 position (`ctx_start + i`). On CPU the prefill rows of all sequences go to one C++ varlen
-kernel (kernels/varlen_attention_cpu.cpp: flash-style, tiled, nothing padded to the longest
-prompt); without it, one SDPA call per sequence. Queries of the G = heads / kv_heads heads sharing a KV head are
-stacked along the query axis so K/V are never repeated. Scale is 1/sqrt(head_dim); the
+kernel (kernels/varlen_attention_cpu.cpp: flash-style, nothing padded to the longest prompt);
+without it, one SDPA call per sequence. Queries of the G = heads / kv_heads heads sharing a KV
+head are stacked along the query axis so K/V are never repeated. Scale is 1/sqrt(head_dim); the
 softmax runs in fp32 (inputs are fp32 on CPU; on CUDA the fused SDPA kernels accumulate and
 normalise in fp32).
 
@@ -169,9 +169,9 @@ def _use_cpu_kernel(q: torch.Tensor, cache: torch.Tensor) -> bool:
     return cache.dtype in _KERNEL_DTYPES and cpu_ops.fp32_ops(q) is not None
 
 
-def _use_varlen_kernel(q: torch.Tensor, cache: torch.Tensor, softcap: float | None) -> bool:
+def _use_varlen_kernel(q: torch.Tensor, cache: torch.Tensor) -> bool:
     """The C++ varlen kernel (kernels/varlen_attention_cpu.cpp) runs fp32 CPU queries over a
-    cache it reads, head sizes a multiple of its vector width; softcap is supported."""
+    cache it reads (soft-capping included), head sizes a multiple of its vector width."""
     if not _use_cpu_kernel(q, cache):
         return False
     ops = cpu_ops.load_with("varlen_attention")
@@ -250,7 +250,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out[:nd] = _sdpa(qd, kd, vd, meta.decode_mask(kd.shape[2]), scale,
                          softcap).reshape(nd, h, d)
     if meta.prefill_block_tables is not None:
-        if _use_varlen_kernel(q, k_cache, softcap):
+        if _use_varlen_kernel(q, k_cache):
             qp = q[nd:] if q.stride(2) == 1 and q.stride(1) == d else q[nd:].contiguous()
             cpu_ops.load().paged_varlen_attention(
                 out[nd:], qp, k_cache, v_cache, k_scale, v_scale,
