@@ -9,6 +9,8 @@
    text/plain without a CORS preflight, JSON needs one; other paths keep their 404 / 405);
 4. /v1/*, /tokenize and /detokenize without the API key (401).
 
+Every response echoes the client's X-Request-Id header, errors included.
+
 Pure ASGI, so streaming and disconnect detection are untouched.
 """
 
@@ -58,6 +60,9 @@ class GuardMiddleware:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             err = self._check(scope)
+            request_id = dict(scope["headers"]).get(b"x-request-id")
+            if request_id is not None:
+                send = _echoing(send, request_id)
             if err is not None:
                 await error_response(err)(scope, receive, send)
                 return
@@ -85,3 +90,16 @@ class GuardMiddleware:
                                 "Bearer <key>')", type="authentication_error",
                                 code="invalid_api_key")
         return None
+
+
+def _echoing(send, request_id: bytes):
+    """`send` that adds the client's X-Request-Id to a response that does not carry one
+    (errors too; the generation routes set the id they used)."""
+    async def wrapped(message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            if not any(k.lower() == b"x-request-id" for k, _ in headers):
+                headers.append((b"x-request-id", request_id[:256]))
+                message = {**message, "headers": headers}
+        await send(message)
+    return wrapped
