@@ -61,8 +61,9 @@ def test_duplicate_request_id_in_flight_is_400_then_reusable(server):
 
     async def main() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            body = {"prompt": "dup", "max_tokens": 1000, "ignore_eos": True, "stream": True,
-                    "request_id": "same"}
+            # 8 prompts x 1000 tokens, one sequence at a time: in flight for seconds
+            body = {"prompt": [[5, 6]] * 8, "max_tokens": 1000, "ignore_eos": True,
+                    "stream": True, "request_id": "same"}
             async with c.stream("POST", "/v1/completions", json=body) as first:
                 lines = first.aiter_lines()  # kept: a dropped iterator closes the stream
                 await anext(lines)
