@@ -41,9 +41,11 @@ from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    TokenizeRequest,
+)
+from pagedllm.entrypoints.protocol_responses import (
     DetokenizeResponse,
     ModelList,
-    TokenizeRequest,
     TokenizeResponse,
 )
 from pagedllm.entrypoints.server_options import ServerOptions

@@ -32,8 +32,10 @@ from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.prompt_inputs import PromptInputs
 from pagedllm.entrypoints.protocol import (
     ChatMessage,
-    PromptTokensDetails,
     SamplingFields,
+)
+from pagedllm.entrypoints.protocol_responses import (
+    PromptTokensDetails,
     UsageInfo,
 )
 from pagedllm.entrypoints.request_fields import (

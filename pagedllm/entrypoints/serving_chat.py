@@ -13,11 +13,13 @@ from starlette.responses import JSONResponse, Response
 
 from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
 from pagedllm.entrypoints.protocol import (
+    ChatCompletionRequest,
+)
+from pagedllm.entrypoints.protocol_responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     ChatCompletionResponse,
     ChatLogprobs,
     ChatTokenLogprob,

@@ -13,10 +13,12 @@ from starlette.responses import JSONResponse, Response
 
 from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
 from pagedllm.entrypoints.protocol import (
+    CompletionRequest,
+)
+from pagedllm.entrypoints.protocol_responses import (
     CompletionChoice,
     CompletionChunk,
     CompletionLogprobs,
-    CompletionRequest,
     CompletionResponse,
 )
 from pagedllm.entrypoints.serving import (

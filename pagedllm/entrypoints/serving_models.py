@@ -17,7 +17,9 @@ import itertools
 import os
 
 from pagedllm.engine.async_engine import AsyncEngine
-from pagedllm.entrypoints.protocol import ModelCard
+from pagedllm.entrypoints.protocol_responses import (
+    ModelCard,
+)
 from pagedllm.lora.request import LoRARequest
 
 RUNTIME_UPDATE_ENV = "PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING"

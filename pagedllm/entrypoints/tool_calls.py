@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
-    DeltaFunctionCall,
-    DeltaToolCall,
     FunctionCall,
     ToolCall,
+)
+from pagedllm.entrypoints.protocol_responses import (
+    DeltaFunctionCall,
+    DeltaToolCall,
 )
 from pagedllm.entrypoints.tool_parsers import TOOL_PARSERS, ParsedToolCall, ParseResult, ToolParser
 from pagedllm.structured_output.params import StructuredOutputsParams
