@@ -13,7 +13,7 @@
 // quantize_into_cache is the write side: quantize new tokens' K or V and store values and
 // scales at their slots (one call per layer instead of ~15 small torch ops); it computes
 // exactly what kv_quant.quantize does.
-#include <torch/extension.h>
+#include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
