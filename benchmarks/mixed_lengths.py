@@ -39,9 +39,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/mixed_lengths.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # No prefix caching: every round re-runs the same prompts, which would otherwise be hits.
     llm = LLM(args.model, max_num_seqs=max(args.short + 1, 8),
               max_num_batched_tokens=max(2048, args.long + args.short * args.short_len),
-              **json.loads(args.engine_args))
+              enable_prefix_caching=False, **json.loads(args.engine_args))
     vocab = llm.llm_engine.vocab_size
     gen = torch.Generator().manual_seed(0)
 
