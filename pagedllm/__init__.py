@@ -5,8 +5,9 @@ The public names are imported on first use (PEP 562), so that `import pagedllm` 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from pagedllm.lazy_exports import lazy_getattr
 
 __version__ = "0.1.0"
 _EXPORTS = {
@@ -38,12 +39,7 @@ if TYPE_CHECKING:
     from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'pagedllm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

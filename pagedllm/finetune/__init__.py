@@ -6,8 +6,9 @@ Names are imported on first use (PEP 562): the CLI builds `finetune`'s flags fro
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from pagedllm.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "FinetuneConfig": "pagedllm.finetune.config",
@@ -37,9 +38,4 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'pagedllm.finetune' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())

@@ -5,8 +5,9 @@ free of torch."""
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from pagedllm.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "AdapterError": "pagedllm.lora.adapter",
@@ -22,9 +23,4 @@ if TYPE_CHECKING:
     from pagedllm.lora.request import LoRARequest
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'pagedllm.lora' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
