@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from pagedllm.errors import ModelLoadError
 from pagedllm.lora.targets import EMBEDDING, LINEAR, LM_HEAD, NORM, ModuleSpec, peft_matches
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<mod>.+)\.lora_(?P<ab>A|B)(?:\.[^.]+)?\.weight$")
 
 
-class AdapterError(ValueError):
+class AdapterError(ModelLoadError):
     """An adapter that cannot be served correctly on this base model."""
 
 

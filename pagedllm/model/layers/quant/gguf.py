@@ -24,6 +24,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
 from gguf.quants import Q4_K
 
+from pagedllm.errors import ModelLoadError
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant.base import QuantizedWeight
 
@@ -57,7 +58,7 @@ DENSE_TYPES = (T.F32, T.F16, T.BF16)
 IN_REGISTER_ROWS = 12
 
 
-class UnsupportedQuantTypeError(ValueError):
+class UnsupportedQuantTypeError(ModelLoadError):
     """A GGUF tensor's block type has no quantized kernel."""
 
 
