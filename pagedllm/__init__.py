@@ -19,6 +19,7 @@ _EXPORTS = {
     "RequestOutput": "pagedllm.outputs",
     "CompletionOutput": "pagedllm.outputs",
     "Logprob": "pagedllm.outputs",
+    "PagedLLMError": "pagedllm.errors",
 }
 __all__ = [
     "LLM",
@@ -29,11 +30,13 @@ __all__ = [
     "RequestOutput",
     "CompletionOutput",
     "Logprob",
+    "PagedLLMError",
 ]
 
 if TYPE_CHECKING:
     from pagedllm.engine.llm import LLM
     from pagedllm.engine.llm_engine import LLMEngine
+    from pagedllm.errors import PagedLLMError
     from pagedllm.lora.request import LoRARequest
     from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
     from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams

@@ -19,10 +19,10 @@ from pagedllm.core.kv_groups import NULL_BLOCK
 from pagedllm.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from pagedllm.core.block_manager import BlockManager
+    from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 
 
-def _error(message: str) -> AssertionError:
+def _error(message: str) -> BlockInvariantError:
     from pagedllm.core.block_manager import BlockInvariantError
 
     return BlockInvariantError(message)

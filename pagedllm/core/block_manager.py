@@ -46,9 +46,10 @@ from pagedllm.core.kv_groups import (
 )
 from pagedllm.core.prefix_cache import BlockHash, PrefixCache, extra_keys, update_block_hashes
 from pagedllm.core.request import Request
+from pagedllm.errors import InvariantError
 
 
-class BlockInvariantError(AssertionError):
+class BlockInvariantError(InvariantError):
     """The block accounting is inconsistent (a bug, never a user error)."""
 
 

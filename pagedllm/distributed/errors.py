@@ -1,11 +1,9 @@
-"""Errors of the distributed layer."""
+"""Errors of the distributed layer (`EngineFatalError`, its base, is in pagedllm/errors.py:
+the engine catches it without importing this layer)."""
 
 from __future__ import annotations
 
-
-class EngineFatalError(RuntimeError):
-    """The engine cannot go on (a worker or replica it needs is gone): the server fails every
-    request in flight, answers /health with 503 and exits non-zero."""
+from pagedllm.errors import EngineFatalError
 
 
 class WorkerDied(EngineFatalError):

@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.errors import EngineError, InvalidRequestError
 
 
-class EngineOverloaded(RuntimeError):
+class EngineOverloaded(EngineError):
     """The waiting queue is full; retry after `retry_after` seconds. `reason` labels the
     rejection metric ("queued_reqs" or "queued_tokens")."""
 
@@ -23,7 +24,7 @@ class EngineOverloaded(RuntimeError):
         self.reason, self.retry_after = reason, retry_after
 
 
-class RequestNeverAdmittable(ValueError):
+class RequestNeverAdmittable(InvalidRequestError):
     """The call brings more prompts or tokens than the waiting queue may ever hold: retrying
     cannot help (HTTP 400 naming the limit, not 429)."""
 

@@ -33,11 +33,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pagedllm.distributed.errors import EngineFatalError
 from pagedllm.engine.admission import EngineOverloaded, QueueLimits
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.request_stream import EngineRequest, RequestAborted, RequestStream
 from pagedllm.engine.stats import EngineStats
+from pagedllm.errors import EngineError, EngineFatalError, InvalidRequestError
 from pagedllm.metrics import ServingMetrics
 from pagedllm.outputs import RequestOutput
 
@@ -63,19 +63,19 @@ class AddJob:
     next: int = 0
 
 
-class EngineShuttingDown(RuntimeError):
+class EngineShuttingDown(EngineError):
     """The engine no longer accepts requests (shutdown started)."""
 
 
-class EngineDead(RuntimeError):
+class EngineDead(EngineError):
     """The engine thread died: nothing in flight will finish and nothing new is accepted."""
 
 
-class DuplicateRequestId(ValueError):
+class DuplicateRequestId(InvalidRequestError):
     """A request id (e.g. from X-Request-Id) equals one still in flight."""
 
 
-class RequestFailed(RuntimeError):
+class RequestFailed(EngineError):
     """The engine hit an error while handling this request (others are unaffected)."""
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pagedllm.errors import InvalidRequestError
+
 NO_TEMPLATE_HINT = (
     "the model has no chat template (base models usually do not); pass one with "
     "--chat-template FILE_OR_JINJA (offline: LLM(model, chat_template=...) or "
     "LLM.chat(..., chat_template=...)), or use the completions API with a plain prompt")
 
 
-class MissingChatTemplateError(ValueError):
+class MissingChatTemplateError(InvalidRequestError):
     """Chat was asked of a model that has no chat template and none was given."""
 
     def __init__(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pagedllm.errors import EngineError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from pagedllm.engine.async_engine import AsyncEngine
 
 
-class RequestAborted(RuntimeError):
+class RequestAborted(EngineError):
     """The engine aborted the request (shutdown) before it finished."""
 
 

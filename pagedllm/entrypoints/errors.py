@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pagedllm.entrypoints.protocol import ErrorInfo, ErrorResponse
+from pagedllm.errors import PagedLLMError
 
 MAX_MESSAGE_CHARS = 2000  # messages quote request values; a 4 MB model name is not echoed
 
 
-class APIError(Exception):
+class APIError(PagedLLMError):
     """An error answered as {"error": {"message", "type", "param", "code"}} with `status`."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",

@@ -10,10 +10,12 @@ recurse) and visits each value once, so it costs O(body size).
 
 from __future__ import annotations
 
+from pagedllm.errors import InvalidRequestError
+
 MAX_JSON_DEPTH = 64  # objects/arrays inside each other; real requests nest a handful deep
 
 
-class BadRequestBody(ValueError):
+class BadRequestBody(InvalidRequestError):
     """The body nests too deeply or holds a string that is not valid Unicode text."""
 
     def __init__(self, message: str, path: str) -> None:

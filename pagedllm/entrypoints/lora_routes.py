@@ -8,7 +8,8 @@ from starlette.responses import PlainTextResponse
 from pagedllm.entrypoints.openapi_spec import POST_ERRORS
 from pagedllm.entrypoints.protocol import OpenAIBaseModel
 from pagedllm.entrypoints.serving import APIError
-from pagedllm.entrypoints.serving_models import ModelNotFound, ServingModels
+from pagedllm.entrypoints.serving_models import ServingModels
+from pagedllm.errors import ModelNotFoundError
 
 
 class LoadLoRAAdapterRequest(OpenAIBaseModel):
@@ -44,7 +45,7 @@ def add_lora_routes(app: FastAPI, models: ServingModels) -> None:
         check_allowed()
         try:
             models.unload(body.lora_name)
-        except ModelNotFound:
+        except ModelNotFoundError:
             raise APIError(404, f"the LoRA adapter {body.lora_name!r} is not loaded",
                            type="not_found_error", param="lora_name",
                            code="model_not_found") from None

@@ -44,7 +44,8 @@ from pagedllm.entrypoints.request_fields import (
     structured_outputs_of,
 )
 from pagedllm.entrypoints.server_options import ServerOptions
-from pagedllm.entrypoints.serving_models import ModelNotFound, ServingModels
+from pagedllm.entrypoints.serving_models import ServingModels
+from pagedllm.errors import ModelNotFoundError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedllm.structured_output.backend import GrammarCompileError
@@ -125,7 +126,7 @@ class ServingBase:
         """The LoRA adapter `model` names (None: the base model); 404 for unknown names."""
         try:
             return self.models.resolve(model)
-        except ModelNotFound:
+        except ModelNotFoundError:
             raise APIError(404, f"The model `{model}` does not exist; this server serves "
                            f"{', '.join(self.models.all_names())}.", param="model",
                            code="model_not_found") from None

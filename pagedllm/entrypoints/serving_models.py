@@ -20,13 +20,10 @@ from pagedllm.engine.async_engine import AsyncEngine
 from pagedllm.entrypoints.protocol_responses import (
     ModelCard,
 )
+from pagedllm.errors import ModelNotFoundError
 from pagedllm.lora.request import LoRARequest
 
 RUNTIME_UPDATE_ENV = "PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING"
-
-
-class ModelNotFound(LookupError):
-    """No base model name or adapter of this name is served."""
 
 
 class ServingModels:
@@ -45,12 +42,12 @@ class ServingModels:
         return self.engine.engine.lora is not None
 
     def resolve(self, model: str | None) -> LoRARequest | None:
-        """The adapter `model` names (None: the base model); raises ModelNotFound."""
+        """The adapter `model` names (None: the base model); raises ModelNotFoundError."""
         if model is None or model in self.base_names:
             return None
         lora = self.loras.get(model)
         if lora is None:
-            raise ModelNotFound(model)
+            raise ModelNotFoundError(f"no base model or LoRA adapter named {model!r} is served")
         return lora
 
     def all_names(self) -> list[str]:
@@ -87,6 +84,6 @@ class ServingModels:
         """Stop serving `name` (requests already running keep their adapter)."""
         lora = self.loras.pop(name, None)
         if lora is None:
-            raise ModelNotFound(name)
+            raise ModelNotFoundError(f"no LoRA adapter named {name!r} is loaded")
         self.engine.engine.lora.remove(lora.lora_int_id)
         return lora

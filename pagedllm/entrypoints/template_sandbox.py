@@ -20,12 +20,14 @@ import pickle
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from pagedllm.errors import InvalidRequestError
+
 logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 120.0  # spawning imports transformers: slow on a loaded 2-core machine
 
 
-class TemplateRenderError(ValueError):
+class TemplateRenderError(InvalidRequestError):
     """The template failed, ran past its time, memory or output limit."""
 
 

@@ -20,13 +20,14 @@ import math
 import torch
 from torch import nn
 
+from pagedllm.errors import InvalidInputError
 from pagedllm.lora.adapter import AdapterConfig
 from pagedllm.lora.targets import EMBEDDING, LINEAR, LM_HEAD, NORM, ModuleSpec, model_module_specs
 
 logger = logging.getLogger(__name__)
 
 
-class TargetError(ValueError):
+class TargetError(InvalidInputError):
     """target_modules that cannot train a servable adapter (refused before training)."""
 
 

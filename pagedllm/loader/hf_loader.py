@@ -16,8 +16,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer
 
+from pagedllm.errors import ModelNotFoundError
 from pagedllm.loader.checkpoint import Checkpoint
-from pagedllm.loader.errors import ModelNotFoundError
 from pagedllm.model.layers.quant import hf_checkpoint
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from pagedllm.loader.errors import ModelNotFoundError
+from pagedllm.errors import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from pagedllm.errors import ModelLoadError
 from pagedllm.model.models.gemma3 import Gemma3ForCausalLM
 from pagedllm.model.models.llama import LlamaForCausalLM
 from pagedllm.model.models.qwen3 import Qwen3ForCausalLM
@@ -17,8 +18,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 }
 
 
-class UnsupportedArchitectureError(ValueError):
-    pass
+class UnsupportedArchitectureError(ModelLoadError):
+    """The checkpoint's architectures name no model class in MODEL_REGISTRY."""
 
 
 def get_model_class(architectures: list[str] | None) -> type[nn.Module]:

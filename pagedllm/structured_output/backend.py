@@ -17,6 +17,7 @@ import llguidance
 import llguidance.hf
 import numpy as np
 
+from pagedllm.errors import InvalidRequestError
 from pagedllm.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 _COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-class GrammarCompileError(ValueError):
+class GrammarCompileError(InvalidRequestError):
     """The backend cannot compile a request's schema / regex / grammar (its message)."""
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 from pagedllm.core.request import Request, RequestStatus
+from pagedllm.errors import InvariantError
 from pagedllm.sampling_params import SamplingParams
 
 BS = 4
@@ -272,6 +273,9 @@ def test_detects_computed_tokens_beyond_blocks() -> None:
         pool.check()
 
 
-def test_invariant_error_is_an_assertion_not_a_user_error() -> None:
-    assert issubclass(BlockInvariantError, AssertionError)
+def test_invariant_error_is_a_bug_not_a_user_error_nor_an_assertion() -> None:
+    # A ValueError would be answered as bad input (400); an AssertionError would read as a
+    # failed test assertion. It is pagedllm's InvariantError, which the idle check reports.
+    assert issubclass(BlockInvariantError, InvariantError)
     assert not issubclass(BlockInvariantError, ValueError)
+    assert not issubclass(BlockInvariantError, AssertionError)

@@ -22,9 +22,9 @@ from multiprocessing.connection import Listener, wait
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.dp.launch import ProcessReplicas, RayReplicas
 from pagedllm.distributed.dp.router import PrefixAffinityRouter
-from pagedllm.distributed.errors import EngineFatalError
 from pagedllm.engine.model_setup import open_checkpoint
 from pagedllm.engine.stats import EngineStats
+from pagedllm.errors import EngineError, EngineFatalError
 from pagedllm.outputs import CompletionOutput, RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -34,7 +34,7 @@ _STEP_WAIT_S = 0.005
 _START_TIMEOUT_S = 600.0
 
 
-class ReplicaDied(RuntimeError):
+class ReplicaDied(EngineError):
     """The data-parallel replica serving a request died."""
 
 
