@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pagedllm import LLM  # noqa: E402
-from pagedllm.core.scheduler import ScheduledRequest  # noqa: E402
+from pagedllm.core.scheduler_output import ScheduledRequest  # noqa: E402
 from pagedllm.worker.input_batch import build_inputs  # noqa: E402
 
 

@@ -99,8 +99,8 @@ class Request:
         self.grammar = None  # structured_output.RequestGrammar of a constrained request
         # Speculative decoding (spec_decode/): draft tokens proposed to follow all_token_ids,
         # verified by the next step (none while prefilling), and the proposer's own state.
-        self.spec_token_ids: list[int] = []
-        self.spec_state = None  # spec_decode.adaptive.SpecState
+        self.draft_token_ids: list[int] = []
+        self.draft_state = None  # spec_decode.adaptive.DraftState
 
     # ------------------------------------------------------------ block table
     @property
@@ -133,11 +133,35 @@ class Request:
     def generator(self) -> torch.Generator | None:
         return self.generators[0]
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, logprobs: dict[int, Logprob] | None = None,
+                     now: float | None = None) -> None:
+        """Add a generated token (with its logprobs entry when they were asked for; `now`
+        stamps the first / last token times)."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         if self.grammar is not None:
             self.grammar.accept(token_id)  # the matcher advances with every accepted token
+        if logprobs is not None and self.logprobs is not None:
+            self.logprobs.append(logprobs)
+            self.cumulative_logprob += logprobs[token_id].logprob
+        if now is not None:
+            if self.times.first_token is None:
+                self.times.first_token = now
+            self.times.last_token = now
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drop the output tokens after the first `num_output_tokens` (a stop string ended
+        the sequence inside a speculative run); only for a sequence that stops there."""
+        drop = self.num_output_tokens - num_output_tokens
+        if drop <= 0:
+            return
+        if self.logprobs is not None:
+            for tok, entry in zip(self.output_token_ids[-drop:], self.logprobs[-drop:],
+                                  strict=True):
+                self.cumulative_logprob -= entry[tok].logprob
+            del self.logprobs[-drop:]
+        del self.output_token_ids[-drop:]
+        del self.all_token_ids[-drop:]
 
     def fork(self, request_id: str, index: int) -> Request:
         """A sibling sample sharing everything computed so far (blocks are shared by the caller)."""

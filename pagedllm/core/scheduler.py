@@ -24,7 +24,7 @@ request is admitted, and no waiting request is admitted while one is still swapp
 With prefix caching, a request admitted from the waiting queue first takes the cached blocks
 holding the longest prefix of its tokens: `num_computed_tokens` starts at hits x block_size
 and only the rest is prefilled (a resumed request usually finds its own blocks again). After
-each forward pass the newly full blocks are registered in the cache (`update_computed`).
+each forward pass the newly full blocks are registered in the cache (`update_from_output`).
 
 Blocks are counted over every KV group (core/kv_groups.py) by `BlockManager.allocate_slots`:
 a request of a sliding-window model needs its full-attention blocks plus, per sliding group,
@@ -44,57 +44,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.runner_output import RunnerOutput
+from pagedllm.core.scheduler_output import (
+    ScheduledRequest,
+    SchedulerOutput,
+    StepUpdate,
+    StopStringHit,
+)
+from pagedllm.core.stop_checks import stop_status
 from pagedllm.core.swap_manager import SwapManager
 from pagedllm.core.waiting_queue import WaitingQueue
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # query tokens this step, draft tokens included
-    # Speculative decoding: the last `num_spec_tokens` query tokens are the request's first
-    # draft tokens (`request.spec_token_ids`); their KV counts as computed only once accepted.
-    num_spec_tokens: int = 0
-
-    @property
-    def samples(self) -> bool:
-        """True when this step computes the request's last known token, so it samples."""
-        req = self.request
-        return (req.num_computed_tokens + self.num_new_tokens
-                == req.num_tokens + self.num_spec_tokens)
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    # (device block, CPU block) and (CPU block, device block) pairs; the runner executes
-    # swap-outs, then swap-ins, then blocks_to_copy, all before the forward pass.
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)   # by recompute or swap
-    swapped_out: list[Request] = field(default_factory=list)  # the preempted by swap
-    swapped_in: list[Request] = field(default_factory=list)
-    # Tokens of the requests admitted this step, and how many of them the prefix cache had.
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        """Nothing to run and no blocks to move (a step whose requests were all swapped out
-        still has its swap-outs to execute)."""
-        return not (self.scheduled or self.blocks_to_swap_out or self.blocks_to_swap_in
-                    or self.blocks_to_copy)
 
 
 class Scheduler:
@@ -120,10 +84,6 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
-
-    def add_running(self, request: Request) -> None:
-        """Append a forked n > 1 sibling that already holds (shared) blocks to the running queue."""
-        self.running.append(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -168,6 +128,7 @@ class Scheduler:
         if victim in self.running:
             self.running.remove(victim)
         victim.num_preemptions += 1
+        victim.draft_token_ids = []  # proposed again once it decodes
         self.num_preemptions += 1
         if self.swap_manager is not None and self.swap_manager.swap_out(victim):
             # Older victims of the same step go in front: the oldest is swapped in first.
@@ -192,7 +153,7 @@ class Scheduler:
             req = self.running[i]
             num_known = req.num_tokens - req.num_computed_tokens
             # A decoding request verifies its draft tokens in the same pass (1 + k queries).
-            num_drafts = len(req.spec_token_ids) if num_known == 1 else 0
+            num_drafts = len(req.draft_token_ids) if num_known == 1 else 0
             num_new = min(num_known + num_drafts, budget)
             if num_new > num_known and not bm.allocate_slots(req, num_new):
                 num_new = min(num_known, budget)  # no room for the drafts: never preempt for them
@@ -274,10 +235,79 @@ class Scheduler:
             budget -= num_new
         return budget
 
-    def update_computed(self, out: SchedulerOutput) -> None:
-        """After the forward pass: the scheduled tokens' KV is now in the cache; blocks it
-        filled are registered in the prefix cache. Draft tokens are left out: the
-        speculative decoder commits the accepted ones once they are appended."""
-        for s in out.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens - s.num_spec_tokens
+    # ------------------------------------------------------- apply a result
+    def update_from_output(self, sched: SchedulerOutput, out: RunnerOutput) -> StepUpdate:
+        """Apply one step's result; the only place that does. The scheduled tokens' KV is
+        now computed (draft tokens excepted) and filled blocks enter the prefix cache; each
+        sampling request gets its tokens appended (an n > 1 request first fans out into n
+        sequences), its accepted drafts committed and its rejected draft slots given back;
+        stop tokens, finished grammars and length limits finish and free it (core/
+        stop_checks.py). Stop strings are the output processor's: `apply_stop_strings`."""
+        for s in sched.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens
             self.block_manager.cache_full_blocks(s.request)
+        update = StepUpdate()
+        now = time.monotonic()
+        for st in out.sampled:
+            req = st.request
+            if st.error is not None:
+                update.errors[req.group_id] = st.error
+                continue
+            seqs = ([req] * len(st.token_ids) if st.num_drafts or len(st.token_ids) == 1
+                    else self._fan_out(req, update))
+            for i, (seq, tok) in enumerate(zip(seqs, st.token_ids, strict=True)):
+                seq.append_token(tok, None if st.logprobs is None else st.logprobs[i], now)
+                update.appended[seq] = update.appended.get(seq, 0) + 1
+                if (stop := stop_status(seq, tok, self.max_model_len)) is not None:
+                    self.finish_request(seq, stop[0])
+                    seq.stop_reason = stop[1]
+                    if st.num_drafts:
+                        break  # a stop inside the accepted run: the rest is dropped
+            if st.num_drafts:
+                self._commit_drafts(req, st.num_accepted)
+        return update
+
+    def _commit_drafts(self, req: Request, num_accepted: int) -> None:
+        """The accepted drafts' KV is valid (the sampled token's is not computed yet); the
+        slots of the rejected ones go back to the pool::
+
+            position   4  5  6  7 | 8  9  10 11 | 12    7: last token, 8..12: drafts d0..d4
+            after      computed   | d0 e        |       d0 accepted, e sampled at 9
+            blocks     [   b1    ]  [    b2     ]  [b3]  b3 holds only rejected slots: freed
+        """
+        req.draft_token_ids = []
+        if req.is_finished:
+            return
+        req.num_computed_tokens += num_accepted
+        self.block_manager.trim_slots(req, req.num_tokens)
+        self.block_manager.cache_full_blocks(req)
+
+    def _fan_out(self, parent: Request, update: StepUpdate) -> list[Request]:
+        """Fork a just-prefilled n > 1 request into n running sequences sharing its blocks."""
+        parent.forked = True
+        children = [parent]
+        for i in range(1, parent.sampling_params.n):
+            child = parent.fork(f"{parent.group_id}-{i}", i)
+            self.block_manager.fork(parent, child)
+            self.running.append(child)
+            update.forked.append(child)
+            children.append(child)
+        parent.generators = parent.generators[:1]
+        return children
+
+    def apply_stop_strings(self, hits: list[StopStringHit], update: StepUpdate) -> None:
+        """Stop each sequence at the token that completed its stop string: later tokens of
+        its run are dropped; a stop string overrides a length or grammar stop of that token."""
+        for hit in hits:
+            req = hit.request
+            dropped = req.num_output_tokens - hit.num_output_tokens
+            req.truncate_output(hit.num_output_tokens)
+            update.appended[req] -= dropped
+            if not req.is_finished:
+                self.finish_request(req, RequestStatus.FINISHED_STOPPED)
+            req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, hit.stop
+
+    def set_draft_tokens(self, drafts: list[tuple[Request, list[int]]]) -> None:
+        """The proposer's draft tokens, verified by the next step of each request."""
+        for req, tokens in drafts:
+            req.draft_token_ids = tokens

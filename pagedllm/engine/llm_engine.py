@@ -136,11 +136,10 @@ class LLMEngine:
             with startup.step("CUDA graphs"):
                 self.runner.graphs = cuda_graphs.for_engine(self.model, self.cache, config,
                                                             window, self.lora is not None)
-        self.output_processor = OutputProcessor(self.tokenizer, self.scheduler,
-                                                self.block_manager, config.max_model_len)
         # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
         self.faults = FaultInjector.from_env(self.tokenizer)
-        self.output_processor.faults = self.runner.faults = self.faults
+        self.runner.faults = self.faults
+        self.output_processor = OutputProcessor(self.tokenizer, faults=self.faults)
         self.stats = EngineStats(max_lora=config.max_loras if self.lora else 0,
                                  spec_decode=self.spec.new_stats() if self.spec else None)
         self._ids = itertools.count()
@@ -275,31 +274,40 @@ class LLMEngine:
             if self.executor is not None:  # the ranks are out of step: nothing can go on
                 raise WorkerDied(f"tensor-parallel step failed: {exc!r}") from exc
             raise
-        self.scheduler.update_computed(sched)
         t2 = time.perf_counter()
-        touched = self.output_processor.process(result.sampled)
+        update = self.scheduler.update_from_output(sched, result)
+        processed = self.output_processor.process(update)
+        self.scheduler.apply_stop_strings(processed.stop_strings, update)
+        self.scheduler.finish_requests(processed.to_abort, RequestStatus.FINISHED_ABORTED)
         if self.spec is not None:
-            self.spec.update(self.scheduler, sched, result.sampled, self.stats.spec_decode)
+            self.scheduler.set_draft_tokens(
+                self.spec.propose(result, self.scheduler.running, self.block_manager))
         outputs = []
-        for gid in touched:
+        for gid in processed.touched:
             if final_only and not self.output_processor.groups[gid].finished:
                 continue
-            out = self.output_processor.make_output(gid, kind=kind)
-            if out.finished:
-                self._requests.pop(gid, None)
-                self.stats.on_finish("error" if out.error is not None
-                                     else out.outputs[0].finish_reason or "abort")
-            outputs.append(out)
+            outputs.append(self._output(gid, kind))
         t3 = time.perf_counter()
-        self.stats.on_step(sched, result, self.block_manager.usage, len(self.scheduler.running),
-                           len(self.scheduler.waiting),
+        self.stats.on_step(sched, result, update.num_tokens, self.block_manager.usage,
+                           len(self.scheduler.running), len(self.scheduler.waiting),
                            {"schedule": (t1 - t0) * 1e3, **result.timings_ms,
-                            "output": (t3 - t2) * 1e3}, outputs,
-                           swapped=len(self.scheduler.swapped))
+                            "output": (t3 - t2) * 1e3}, swapped=len(self.scheduler.swapped))
         self._update_gauges()
         if self.debug_steps:
             logger.info(self.stats.step_line())
         return outputs
+
+    def _output(self, group_id: str, kind: RequestOutputKind) -> RequestOutput:
+        """The group's output; a finished group leaves the engine (a group whose output
+        could not be built is finished with an error: its sequences are aborted)."""
+        out = self.output_processor.make_output(group_id, kind=kind)
+        if out.finished:
+            seqs = self._requests.pop(group_id, [])
+            self.scheduler.finish_requests([s for s in seqs if not s.is_finished],
+                                           RequestStatus.FINISHED_ABORTED)
+            self.stats.on_finish("error" if out.error is not None
+                                 else out.outputs[0].finish_reason or "abort")
+        return out
 
     def check_health(self) -> None:
         """Raise WorkerDied if a tensor-parallel worker is gone (the server polls it)."""

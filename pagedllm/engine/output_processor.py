@@ -1,35 +1,28 @@
-"""After each forward pass: append sampled tokens, fan out n > 1 samples, detokenize, check
-stop conditions, free finished requests, and build `RequestOutput`s per request group.
+"""After the scheduler applied a step's tokens (`Scheduler.update_from_output`): detokenize
+them incrementally, find stop strings, and build `RequestOutput`s per request group.
 
-Stop conditions, in order, for each new token (vLLM v1 semantics): once `min_tokens` are
-generated, EOS (unless ignore_eos) and `stop_token_ids` (their text is not added to the
-output unless include_stop_str_in_output); then a stop string in the text; then
-`max_tokens` or `max_model_len` reached (finish reason "length"). A constrained request whose
-grammar is complete (only EOS could follow) stops there, as if it had sampled EOS.
-
-A fault while handling one request (a detokenizer or stop-check error, a non-finite logits
-row) finishes only that request: its sequences are aborted, their blocks freed, and its
-output carries `error`; the other requests of the step are unaffected.
+Only detokenization is decided here. Stop tokens, finished grammars and length limits are the
+scheduler's (core/stop_checks.py); a stop string found here is handed back as a
+`StopStringHit` (`Scheduler.apply_stop_strings` applies it), and a fault while handling one
+request (a detokenizer error, a non-finite logits row reported by the runner) fails only that
+request: its sequences are handed back to be aborted, its output carries `error`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
-from pagedllm.core.block_manager import BlockManager
-from pagedllm.core.request import Request, RequestStatus
-from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.request import Request
+from pagedllm.core.scheduler_output import StepUpdate, StopStringHit
+from pagedllm.core.stop_checks import is_stop_token
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
 from pagedllm.outputs import (
     CompletionOutput,
-    Logprob,
     RequestMetrics,
     RequestOutput,
     RequestOutputKind,
 )
-from pagedllm.worker.model_runner import SampledTokens
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +42,21 @@ class RequestGroup:
         return all(s.is_finished for s in self.seqs)
 
 
+@dataclass
+class ProcessedStep:
+    """The output processor's verdict on one step (applied by the scheduler)."""
+
+    touched: set[str]  # group ids whose output changed
+    stop_strings: list[StopStringHit]
+    to_abort: list[Request]  # every sequence of a group that failed
+
+
 class OutputProcessor:
-    def __init__(self, tokenizer, scheduler: Scheduler, block_manager: BlockManager,
-                 max_model_len: int) -> None:
+    def __init__(self, tokenizer, faults=None) -> None:
         self.tokenizer = tokenizer
-        self.scheduler = scheduler
-        self.block_manager = block_manager
-        self.max_model_len = max_model_len
         self.groups: dict[str, RequestGroup] = {}
         self._token_text: dict[int, str] = {}  # Logprob.decoded_token cache (bounded by vocab)
-        self.faults = None  # FaultInjector in tests (engine/fault_injection.py), else None
+        self.faults = faults  # FaultInjector in tests (engine/fault_injection.py), else None
 
     def add(self, request: Request) -> None:
         request.detokenizer = self._detokenizer(request)
@@ -72,55 +70,54 @@ class OutputProcessor:
             include_stop_str_in_output=p.include_stop_str_in_output, min_tokens=p.min_tokens)
 
     # ---------------------------------------------------------------- tokens
-    def process(self, sampled: list[SampledTokens]) -> set[str]:
-        """Apply this step's tokens; return the group ids that changed."""
-        now = time.monotonic()
-        touched: set[str] = set()
-        for st in sampled:
-            req = st.request
-            touched.add(req.group_id)
+    def process(self, update: StepUpdate) -> ProcessedStep:
+        """Detokenize the tokens the scheduler appended this step."""
+        for child in update.forked:
+            child.detokenizer = self._detokenizer(child)
+            self.groups[child.group_id].seqs.append(child)
+        step = ProcessedStep(set(update.errors), [], [])
+        for group_id, error in update.errors.items():
+            step.to_abort += self._fail(group_id, ValueError(error))
+        for seq, num_new in update.appended.items():
+            step.touched.add(seq.group_id)
+            if seq.group_id in update.errors or self.groups[seq.group_id].error is not None:
+                continue
             try:
-                self._apply(st, now)
+                hit = self._detokenize(seq, num_new)
             except Exception as exc:  # noqa: BLE001 - contain it to this request
-                self._fail(req.group_id, exc)
-        return touched
+                step.to_abort += self._fail(seq.group_id, exc)
+            else:
+                if hit is not None:
+                    step.stop_strings.append(hit)
+        return step
 
-    def _apply(self, st: SampledTokens, now: float) -> None:
-        req = st.request
-        if st.error is not None:
-            raise ValueError(st.error)
+    def _detokenize(self, seq: Request, num_new: int) -> StopStringHit | None:
+        """Feed the sequence's `num_new` newest tokens to its detokenizer, in order; the text
+        of a stop token goes in only with include_stop_str_in_output."""
         if self.faults is not None:
-            self.faults.on_output(req.group_id)
-        if st.num_drafts:  # speculative decoding: accepted drafts + one, in order
-            targets = [req] * len(st.token_ids)
-        else:
-            targets = [req] if len(st.token_ids) == 1 else self._fan_out(req)
-        for i, (seq, tok) in enumerate(zip(targets, st.token_ids, strict=True)):
-            seq.append_token(tok)
-            if st.logprobs is not None:
-                self._add_logprobs(seq, tok, st.logprobs[i])
-            if seq.times.first_token is None:
-                seq.times.first_token = now
-            seq.times.last_token = now
-            self._check_stop(seq, tok)
-            if st.num_drafts and seq.is_finished:
-                del st.token_ids[i + 1:]  # a stop inside the accepted run: drop the rest
-                break
+            self.faults.on_output(seq.group_id)
+        first = seq.num_output_tokens - num_new
+        new = seq.output_token_ids[first:]
+        if seq.logprobs is not None:
+            for entry in seq.logprobs[first:]:
+                for tid, lp in entry.items():
+                    lp.decoded_token = self._decoded(tid)
+        p = seq.sampling_params
+        for i, tok in enumerate(new):
+            if (is_stop_token(seq, tok, first + i + 1)
+                    and not p.include_stop_str_in_output):
+                continue
+            stop = seq.detokenizer.update([tok])
+            if stop is not None:
+                return StopStringHit(seq, stop, first + i + 1)
+        return None
 
-    def _fail(self, group_id: str, exc: BaseException) -> None:
-        """Finish every sequence of the group as aborted (freeing its blocks), keep the error."""
+    def _fail(self, group_id: str, exc: BaseException) -> list[Request]:
+        """Keep the error for the group's output; its unfinished sequences are to be aborted."""
         logger.error("request %s failed in the engine: %r", group_id, exc, exc_info=exc)
         group = self.groups[group_id]
         group.error = exc
-        for seq in group.seqs:
-            if not seq.is_finished:
-                self.scheduler.finish_request(seq, RequestStatus.FINISHED_ABORTED)
-
-    def _add_logprobs(self, seq: Request, tok: int, entry: dict[int, Logprob]) -> None:
-        for tid, lp in entry.items():
-            lp.decoded_token = self._decoded(tid)
-        seq.logprobs.append(entry)
-        seq.cumulative_logprob += entry[tok].logprob
+        return [seq for seq in group.seqs if not seq.is_finished]
 
     def _decoded(self, token_id: int) -> str:
         """The token's own text, as vLLM's Logprob.decoded_token (special tokens included)."""
@@ -129,44 +126,6 @@ class OutputProcessor:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_text[token_id] = text
         return text
-
-    def _fan_out(self, parent: Request) -> list[Request]:
-        """Fork a just-prefilled n > 1 request into n sequences sharing its blocks."""
-        group = self.groups[parent.group_id]
-        parent.forked = True
-        children = [parent]
-        for i in range(1, parent.sampling_params.n):
-            child = parent.fork(f"{parent.group_id}-{i}", i)
-            child.detokenizer = self._detokenizer(child)
-            self.block_manager.fork(parent, child)
-            self.scheduler.add_running(child)
-            group.seqs.append(child)
-            children.append(child)
-        parent.generators = parent.generators[:1]
-        return children
-
-    def _check_stop(self, seq: Request, tok: int) -> None:
-        """vLLM v1 order: stop tokens (EOS unless ignore_eos, stop_token_ids; both only after
-        min_tokens) end the sequence and their text is left out unless
-        include_stop_str_in_output; then stop strings; then max_tokens / max_model_len."""
-        p = seq.sampling_params
-        is_eos = not p.ignore_eos and tok == seq.eos_token_id
-        token_stop = seq.num_output_tokens >= p.min_tokens and (
-            is_eos or tok in p.stop_token_ids)
-        stop_str = None
-        if not token_stop or p.include_stop_str_in_output:
-            stop_str = seq.detokenizer.update([tok])
-        status = None
-        if token_stop:
-            status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, None if is_eos else tok
-        elif stop_str is not None:
-            status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
-        elif seq.grammar is not None and seq.grammar.is_terminated:
-            status, seq.stop_reason = RequestStatus.FINISHED_STOPPED, None
-        elif seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
-            status = RequestStatus.FINISHED_LENGTH
-        if status is not None:
-            self.scheduler.finish_request(seq, status)
 
     # --------------------------------------------------------------- outputs
     def make_output(self, group_id: str, *,

@@ -88,12 +88,19 @@ class EngineStats:
         reason), as the server's request_success_total counts."""
         self.finished[reason] += 1
 
-    def on_step(self, sched, result, kv_usage: float, running: int, waiting: int,
-                timings_ms: dict[str, float], outputs, swapped: int = 0) -> None:
+    def on_step(self, sched, result, num_generated: int, kv_usage: float, running: int,
+                waiting: int, timings_ms: dict[str, float], swapped: int = 0) -> None:
+        """Count one step: `sched` and `result` are its SchedulerOutput and RunnerOutput,
+        `num_generated` the tokens the requests kept."""
         self.num_steps += 1
         decodes = sum(1 for s in sched.scheduled
-                      if s.num_new_tokens - s.num_spec_tokens == 1)
-        self.generation_tokens_total += sum(len(s.token_ids) for s in result.sampled)
+                      if s.num_new_tokens - s.num_draft_tokens == 1)
+        self.generation_tokens_total += num_generated
+        if self.spec_decode is not None:
+            self.spec_decode.begin_step()
+            for st in result.sampled:
+                if st.num_drafts:
+                    self.spec_decode.record(st.num_drafts, st.num_accepted)
         self.num_preemptions_total += len(sched.preempted)
         self.swapped_out_blocks_total += len(sched.blocks_to_swap_out)
         self.swapped_in_blocks_total += len(sched.blocks_to_swap_in)

@@ -27,8 +27,8 @@ def required_acceptance(min_rate: float, batch_size: int) -> float:
 
 
 @dataclass
-class SpecState:
-    """Per-request speculation state (on `Request.spec_state`)."""
+class DraftState:
+    """Per-request speculation state (on `Request.draft_state`)."""
 
     acceptance: float | None = 1.0  # None: retrying after a back-off (the next one decides)
     skip: int = 0       # decode steps left without proposals

@@ -1,19 +1,13 @@
-"""`SpecDecoder`: the engine's one object for speculative decoding.
+"""`SpecDecoder`: the engine's one object for speculative decoding, a proposer.
 
 Hooks (one each):
-  * scheduler    reads `Request.spec_token_ids`: a decoding request schedules 1 + k query
-                 tokens (`ScheduledRequest.num_spec_tokens`); their KV is not yet computed
+  * scheduler    reads `Request.draft_token_ids`: a decoding request schedules 1 + k query
+                 tokens (`ScheduledRequest.num_draft_tokens`); `update_from_output` commits
+                 the accepted drafts' KV and gives back the rejected slots
   * model runner `mirror` (draft model only) after the forward pass; `Verifier.sample`
                  samples every verified position and picks the accepted drafts
-  * engine step  `update` after the output processor appended the emitted tokens: commit
-                 the accepted drafts' KV, give back the rejected slots, count, propose anew
-
-KV of one verification of k = 5 drafts, one accepted (block size 4)::
-
-    position   4  5  6  7 | 8  9  10 11 | 12        7: the last token, 8..12: drafts d0..d4
-    query      .  .  .  t | d0 d1 d2 d3 | d4        (slots for 7..12 were allocated)
-    after      computed   | d0 e        |           d0 accepted, e = the token sampled at 9
-    blocks     [   b1    ]  [    b2     ]  [b3]     b3 holds only rejected slots: given back
+  * engine step  `propose` after the step's result is applied: learn from the verifications,
+                 then propose the next drafts (`Scheduler.set_draft_tokens`)
 """
 
 from __future__ import annotations
@@ -23,8 +17,8 @@ import logging
 from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
-from pagedllm.core.scheduler import Scheduler, SchedulerOutput
-from pagedllm.spec_decode.adaptive import SpecState, num_to_propose, required_acceptance
+from pagedllm.core.runner_output import RunnerOutput
+from pagedllm.spec_decode.adaptive import DraftState, num_to_propose, required_acceptance
 from pagedllm.spec_decode.config import SpeculativeConfig
 from pagedllm.spec_decode.draft_model import DraftModel
 from pagedllm.spec_decode.ngram import NgramProposer
@@ -51,61 +45,44 @@ class SpecDecoder:
     def new_stats(self) -> SpecDecodeStats:
         return SpecDecodeStats(self.config.num_speculative_tokens)
 
-    def update(self, scheduler: Scheduler, sched: SchedulerOutput, sampled,
-               stats: SpecDecodeStats | None) -> None:
-        """After a step's tokens are appended (the engine step's hook, see the module doc)."""
-        bm = scheduler.block_manager
-        if stats is not None:
-            stats.begin_step()
-        for req in sched.preempted:
-            req.spec_token_ids = []
-        for st in sampled:
-            if st.num_drafts:
-                self._commit(st.request, st.num_drafts, st.num_accepted, bm, stats)
-        decoding = [r for r in scheduler.running if r.num_tokens - r.num_computed_tokens == 1]
+    def propose(self, out: RunnerOutput, running: list[Request], bm: BlockManager
+                ) -> list[tuple[Request, list[int]]]:
+        """Draft tokens for the decoding requests of `running`, after `out` was applied:
+        each verification updates its request's acceptance rate (adaptive.py) first. Requests
+        that did not run this step keep their drafts (they are not in the result)."""
+        for st in out.sampled:
+            if st.num_drafts and st.request.draft_state is not None:
+                st.request.draft_state.record(st.num_drafts, st.num_accepted)
+                logger.debug("%s: %d of %d drafts accepted", st.request.request_id,
+                             st.num_accepted, st.num_drafts)
+        decoding = [r for r in running if r.num_tokens - r.num_computed_tokens == 1]
         limit = self.config.disable_by_batch_size
         if limit is not None and len(decoding) > limit:
-            for req in decoding:
-                req.spec_token_ids = []
-            return
-        stepped = {id(st.request) for st in sampled}
+            return [(req, []) for req in decoding]
+        stepped = {id(st.request) for st in out.sampled}
         threshold = required_acceptance(self.config.min_acceptance_rate, len(decoding))
-        self._propose([r for r in decoding if id(r) in stepped or r.spec_state is None], bm,
-                      threshold)
+        return self._propose([r for r in decoding if id(r) in stepped or r.draft_state is None],
+                             bm, threshold)
 
-    def _commit(self, req: Request, num_drafts: int, num_accepted: int, bm: BlockManager,
-                stats: SpecDecodeStats | None) -> None:
-        if stats is not None:
-            stats.record(num_drafts, num_accepted)
-        state = req.spec_state
-        if state is not None:
-            state.record(num_drafts, num_accepted)
-        logger.debug("%s: %d of %d drafts accepted %s", req.request_id, num_accepted,
-                     num_drafts, req.spec_token_ids[:num_drafts])
-        req.spec_token_ids = []
-        if req.is_finished:
-            return
-        # The scheduler counted the last token; the accepted drafts' KV is valid too.
-        req.num_computed_tokens += num_accepted
-        bm.trim_slots(req, req.num_tokens)
-        bm.cache_full_blocks(req)
-
-    def _propose(self, requests: list[Request], bm: BlockManager, threshold: float) -> None:
+    def _propose(self, requests: list[Request], bm: BlockManager, threshold: float
+                 ) -> list[tuple[Request, list[int]]]:
+        drafts: list[tuple[Request, list[int]]] = []
         todo, ks = [], []
         for req in requests:
-            if req.spec_state is None:
-                req.spec_state = SpecState()
+            if req.draft_state is None:
+                req.draft_state = DraftState()
             k = num_to_propose(self.config, req.num_output_tokens, req.max_tokens,
                                req.num_tokens, self.max_model_len)
             if self.draft is not None and req.sampling_params.n > 1:
                 k = 0  # forked siblings share a partial block: copy-on-write would race
-            if k == 0 or not req.spec_state.may_propose(threshold, self.config.backoff_steps):
-                req.spec_token_ids = []
+            if k == 0 or not req.draft_state.may_propose(threshold, self.config.backoff_steps):
+                drafts.append((req, []))
                 continue
             todo.append(req)
-            ks.append(req.spec_state.num_drafts(k))
+            ks.append(req.draft_state.num_drafts(k))
         if self.ngram is not None:
-            for req, k in zip(todo, ks, strict=True):
-                req.spec_token_ids = self.ngram.propose(req.all_token_ids, k)
+            drafts += [(req, self.ngram.propose(req.all_token_ids, k))
+                       for req, k in zip(todo, ks, strict=True)]
         elif todo:
-            self.draft.propose(todo, ks, bm)
+            drafts += zip(todo, self.draft.propose(todo, ks, bm), strict=True)
+        return drafts

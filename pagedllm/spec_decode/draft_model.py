@@ -29,7 +29,7 @@ from pagedllm.engine import model_setup
 from pagedllm.loader import load_checkpoint
 from pagedllm.model.layers.attention import AttentionMetadata
 from pagedllm.model.layers.sampler import make_generator
-from pagedllm.spec_decode.adaptive import SpecState
+from pagedllm.spec_decode.adaptive import DraftState
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import BatchInputs
 
@@ -68,16 +68,19 @@ class DraftModel:
                    batch.meta)
 
     @torch.inference_mode()
-    def propose(self, requests: list[Request], ks: list[int], bm: BlockManager) -> None:
-        """Set `spec_token_ids` (and the draft probabilities of sampling requests) of each
-        decoding request: up to ks[i] tokens, fewer only when no block is free for them."""
-        todo = []
-        for req, k in zip(requests, ks, strict=True):
-            req.spec_token_ids = []
+    def propose(self, requests: list[Request], ks: list[int], bm: BlockManager
+                ) -> list[list[int]]:
+        """The draft tokens of each decoding request (its draft probabilities go to its
+        `draft_state` when it samples): up to ks[i] tokens, none when no block is free for
+        them."""
+        todo, index = [], []
+        for i, (req, k) in enumerate(zip(requests, ks, strict=True)):
             if k > 0 and bm.allocate_slots(req, k):
                 todo.append((req, k))
+                index.append(i)
+        result: list[list[int]] = [[] for _ in requests]
         if not todo:
-            return
+            return result
         drafts: list[list[int]] = [[] for _ in todo]
         probs: list[list[torch.Tensor]] = [[] for _ in todo]
         for j in range(max(k for _, k in todo)):
@@ -91,10 +94,11 @@ class DraftModel:
                 if q is not None:
                     probs[i].append(q)
         for i, (req, _) in enumerate(todo):
-            req.spec_token_ids = drafts[i]
-            if req.spec_state is None:
-                req.spec_state = SpecState()
-            req.spec_state.draft_probs = torch.stack(probs[i]) if probs[i] else None
+            result[index[i]] = drafts[i]
+            if req.draft_state is None:
+                req.draft_state = DraftState()
+            req.draft_state.draft_probs = torch.stack(probs[i]) if probs[i] else None
+        return result
 
     def _draw(self, req: Request, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         p = req.sampling_params

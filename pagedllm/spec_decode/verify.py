@@ -86,7 +86,7 @@ class Verifier:
         emitted: dict[int, int] = {}
         rejection = []
         for s in specs:
-            state = s.request.spec_state
+            state = s.request.draft_state
             if (state is not None and state.draft_probs is not None
                     and not s.request.sampling_params.is_greedy):
                 rejection.append(s)
@@ -121,7 +121,7 @@ class Verifier:
         for i, s in enumerate(specs):
             n = len(s.drafts)
             target[i, :n + 1] = probs[s.first_row:s.first_row + n + 1]
-            draft[i, :n] = s.request.spec_state.draft_probs[:n].to(dev)
+            draft[i, :n] = s.request.draft_state.draft_probs[:n].to(dev)
             drafts[i, :n] = torch.tensor(s.drafts, dtype=torch.int64)
         num = torch.tensor([len(s.drafts) for s in specs], dtype=torch.int64, device=dev)
         gens = [s.request.generator or self.sampler.generator for s in specs]

@@ -24,7 +24,7 @@ from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.request import Request
-from pagedllm.core.scheduler import ScheduledRequest
+from pagedllm.core.scheduler_output import ScheduledRequest
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pagedllm.core.kv_groups import KVGroupLayout
-from pagedllm.core.scheduler import ScheduledRequest
+from pagedllm.core.scheduler_output import ScheduledRequest
 from pagedllm.kernels import triton as triton_ops
 from pagedllm.model.layers.attention import AttentionMetadata, VarlenBatch
 from pagedllm.worker.persistent_batch import PersistentBatch
@@ -58,14 +58,14 @@ class BatchInputs:
 
 def _is_prefill(s: ScheduledRequest) -> bool:
     """More than one known token to compute (draft tokens do not count)."""
-    return s.num_new_tokens - s.num_spec_tokens > 1
+    return s.num_new_tokens - s.num_draft_tokens > 1
 
 
 def _query_tokens(s: ScheduledRequest, start: int) -> list[int]:
     """The request's tokens from `start` on, then its scheduled draft tokens."""
     toks = s.request.all_token_ids[start:start + s.num_new_tokens]
-    if s.num_spec_tokens:
-        toks = toks + s.request.spec_token_ids[:s.num_spec_tokens]
+    if s.num_draft_tokens:
+        toks = toks + s.request.draft_token_ids[:s.num_draft_tokens]
     return toks
 
 

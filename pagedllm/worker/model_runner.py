@@ -12,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 
 from pagedllm.core.request import Request
-from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.core.runner_output import RunnerOutput, SampledTokens
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.layers.sampler import (
     Sampler,
@@ -41,26 +41,6 @@ from pagedllm.worker.input_batch import build_inputs
 from pagedllm.worker.persistent_batch import PersistentBatch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SampledTokens:
-    """Tokens sampled for one request this step (n of them when an n>1 request fans out)."""
-
-    request: Request
-    token_ids: list[int]
-    logprobs: list[dict[int, Logprob]] | None = None
-    error: str | None = None  # e.g. a non-finite logits row: only this request fails
-    # Speculative decoding: `num_drafts` draft tokens were verified; `token_ids` are the
-    # `num_accepted` accepted ones, then the token sampled after them.
-    num_drafts: int = 0
-    num_accepted: int = 0
-
-
-@dataclass
-class RunnerOutput:
-    sampled: list[SampledTokens] = field(default_factory=list)
-    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -111,8 +91,8 @@ class ModelRunner:
             if not s.samples:
                 continue
             req = s.request
-            if s.num_spec_tokens:
-                drafts = req.spec_token_ids[:s.num_spec_tokens]
+            if s.num_draft_tokens:
+                drafts = req.draft_token_ids[:s.num_draft_tokens]
                 specs.append(SpecRows(req, len(rows), drafts))
                 rows.extend(draft_rows(req, drafts))
                 row_index.extend(range(int(last) - len(drafts), int(last) + 1))

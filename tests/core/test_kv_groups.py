@@ -19,7 +19,9 @@ import pytest
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 from pagedllm.core.kv_groups import NULL_BLOCK, KVGroup, KVGroupLayout
 from pagedllm.core.request import Request, RequestStatus
-from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.core.runner_output import RunnerOutput, SampledTokens
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.core.swap_manager import SwapManager
 from pagedllm.sampling_params import SamplingParams
 
@@ -106,11 +108,11 @@ class GroupHarness:
         self.peak_used = max(self.peak_used, self.bm.num_usable_blocks - self.bm.num_free_blocks)
         self.fake_forward(out)
         sampled = [s.request for s in out.scheduled if s.samples]
-        self.sched.update_computed(out)
-        for req in sampled:
-            req.append_token(FAKE_TOKEN + len(req.output_token_ids) % 3)
-            if req.num_output_tokens >= req.max_tokens:
-                self.sched.finish_request(req, RequestStatus.FINISHED_LENGTH)
+        update = self.sched.update_from_output(out, RunnerOutput([   # n > 1 fans out
+            SampledTokens(req, [FAKE_TOKEN + len(req.output_token_ids) % 3]
+                          * (1 if req.forked else req.sampling_params.n))
+            for req in sampled]))
+        self.all += update.forked
         self.check()
         self.steps.append(out)
         return out
@@ -200,14 +202,9 @@ def test_pressure_with_forks_preemption_and_swap(swap_blocks) -> None:
             parents.append(req)
     while h.sched.has_unfinished():
         h.step()
-        for p in [p for p in parents if p.num_output_tokens == 1 and not p.forked]:
-            p.forked = True
-            child = p.fork(f"{p.request_id}-1", 1)
-            h.bm.fork(p, child)
-            h.sched.add_running(child)
-            h.all.append(child)
-            h.check()
         assert len(h.steps) < 3000
+    assert all(p.forked for p in parents)
+    assert len(h.all) == 14 + len(parents)
     assert h.sched.num_preemptions > 0
     if swap_blocks:
         assert h.sched.num_swap_outs > 0

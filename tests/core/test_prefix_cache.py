@@ -10,6 +10,7 @@ from pagedllm.core import prefix_cache
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 from pagedllm.core.prefix_cache import hash_block_tokens, update_block_hashes
 from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.runner_output import RunnerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.sampling_params import SamplingParams
 
@@ -343,7 +344,7 @@ def test_scheduler_resumes_a_preempted_request_from_its_own_cached_blocks() -> N
     while req.num_computed_tokens < req.num_tokens:   # chunked prefill: 8 + 8 + 2
         out = sched.schedule()
         chunks.append(out.scheduled[0].num_new_tokens)
-        sched.update_computed(out)
+        sched.update_from_output(out, RunnerOutput())
         bm.check_invariants([req])
     assert chunks == [8, 8, 2] and req.num_cached_blocks == 4
     req.append_token(5)
@@ -355,7 +356,7 @@ def test_scheduler_resumes_a_preempted_request_from_its_own_cached_blocks() -> N
     assert req.block_ids[:4] == held[:4] and out.scheduled[0].num_new_tokens == 3
     assert (out.prefix_cache_queries, out.prefix_cache_hits) == (19, 16)
     assert req.num_cached_tokens == 0               # first admission found nothing
-    sched.update_computed(out)
+    sched.update_from_output(out, RunnerOutput())
     bm.check_invariants([req])
     with pytest.raises(ValueError, match="only a running request can be preempted"):
         sched.preempt(Request("w", [1], SamplingParams(), eos_token_id=None))

@@ -16,7 +16,9 @@ import pytest
 
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request, RequestStatus
-from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.core.runner_output import RunnerOutput, SampledTokens
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.core.swap_manager import SwapManager
 from pagedllm.sampling_params import SamplingParams
 
@@ -78,12 +80,14 @@ class Harness:
         self.check()
         self.fake_forward(out)
         self.sampled = [s.request for s in out.scheduled if s.samples]
-        self.sched.update_computed(out)
-        for req in self.sampled:                       # the fake model's outputs
-            assert req.num_computed_tokens == req.num_tokens
-            req.append_token(FAKE_TOKEN)
-            if req.num_output_tokens >= req.max_tokens:
-                self.sched.finish_request(req, RequestStatus.FINISHED_LENGTH)
+        update = self.sched.update_from_output(out, RunnerOutput([  # the fake model's outputs
+            SampledTokens(req, [FAKE_TOKEN] * (1 if req.forked else req.sampling_params.n))
+            for req in self.sampled]))
+        self.all += update.forked                      # an n > 1 request fanned out
+        assert update.appended == dict.fromkeys(self.sampled + update.forked, 1)
+        for req in self.sampled:
+            assert req.is_finished or req.num_computed_tokens == req.num_tokens - 1
+            assert req.is_finished == (req.num_output_tokens >= req.max_tokens)
         self.check()
         self.steps.append(out)
         return out
@@ -190,16 +194,11 @@ def test_max_num_seqs(max_num_seqs: int) -> None:
 
 def test_max_num_seqs_caps_each_step_after_a_fan_out() -> None:
     h = Harness(budget=64, max_num_seqs=2)
-    parent = h.add("p", 6, max_tokens=5, n=3)
-    h.step()
-    # What the output processor does when an n = 3 request has sampled its first tokens.
+    h.add("p", 6, max_tokens=5, n=3)
     h.max_running = 3
-    for i in (1, 2):
-        child = parent.fork(f"p-{i}", i)
-        h.bm.fork(parent, child)
-        h.sched.add_running(child)
-        h.all.append(child)
-    h.check()
+    h.step()                                         # its prompt; it fans out into 3
+    assert [r.request_id for r in h.all] == ["p", "p-1", "p-2"]
+    assert all(r.output_token_ids == [FAKE_TOKEN] for r in h.all)
     out = h.step()
     assert h.plan(out) == [("p", 1), ("p-1", 1)]    # p-2 waits, holding its blocks
     assert out.blocks_to_copy                        # the shared partial block was copied

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from pagedllm import SamplingParams
-from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.core.scheduler_output import SchedulerOutput
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 MAX_MODEL_LEN = 256

@@ -16,7 +16,7 @@ import pytest
 
 from pagedllm import SamplingParams
 from pagedllm.core.request import RequestStatus
-from pagedllm.worker.model_runner import RunnerOutput, SampledTokens
+from pagedllm.core.runner_output import RunnerOutput, SampledTokens
 
 BS = 4
 MAX_MODEL_LEN = 64

@@ -10,7 +10,7 @@ import torch
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 from pagedllm.core.request import Request
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.spec_decode.adaptive import SpecState, num_to_propose, required_acceptance
+from pagedllm.spec_decode.adaptive import DraftState, num_to_propose, required_acceptance
 from pagedllm.spec_decode.config import SpeculativeConfig
 from pagedllm.spec_decode.ngram import NgramProposer
 from pagedllm.spec_decode.rejection import num_matching, rejection_sample
@@ -102,7 +102,7 @@ def test_rejection_sampler_padding_and_identical_q():
 
 
 def test_backoff_and_limits():
-    st = SpecState()
+    st = DraftState()
     st.record(4, 0)
     st.record(4, 0)  # EMA 1 -> 0.5 -> 0.25 < 0.5: back off 2 steps
     assert st.num_drafts(4) == 1
