@@ -1,0 +1,35 @@
+"""What the model runner hands back for one step: the contract between `ModelRunner.execute`
+and `Scheduler.update_from_output` (vLLM v1's `ModelRunnerOutput`).
+
+It lives in core/ so the scheduler can be driven, and unit-tested, with runner outputs made by
+hand: nothing here knows about tensors or models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedllm.core.request import Request
+from pagedllm.outputs import Logprob
+
+
+@dataclass
+class SampledTokens:
+    """Tokens sampled for one request this step (n of them when an n > 1 request fans out).
+
+    With speculative decoding `num_drafts` draft tokens were verified; `token_ids` are then the
+    `num_accepted` accepted drafts followed by the token sampled after them.
+    """
+
+    request: Request
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]] | None = None
+    error: str | None = None  # e.g. a non-finite logits row: only this request fails
+    num_drafts: int = 0
+    num_accepted: int = 0
+
+
+@dataclass
+class RunnerOutput:
+    sampled: list[SampledTokens] = field(default_factory=list)
+    timings_ms: dict[str, float] = field(default_factory=dict)
