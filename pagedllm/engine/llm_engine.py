@@ -123,22 +123,23 @@ class LLMEngine:
         window = model_setup.attention_window(ckpt.config, self.model)
         self.structured_output = StructuredOutputManager(self.tokenizer, self.vocab_size,
                                                          self.eos_token_id)
-        self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
-                                  device=config.torch_device, sliding_window=window,
-                                  seed=config.seed, lora=self.lora,
-                                  structured_output=self.structured_output)
-        self.runner.workers = self.executor
-        if self.spec is not None and self.spec.draft is not None:
-            self.spec.draft.allocate(self.num_blocks)
-            self.runner.draft = self.spec.draft
+        draft = self.spec.draft if self.spec is not None else None
+        if draft is not None:
+            draft.allocate(self.num_blocks)
+        graphs = None
         if (config.torch_device.type == "cuda" and not config.enforce_eager
                 and self.spec is None and config.tensor_parallel_size == 1):
             with startup.step("CUDA graphs"):
-                self.runner.graphs = cuda_graphs.for_engine(self.model, self.cache, config,
-                                                            window, self.lora is not None)
+                graphs = cuda_graphs.for_engine(self.model, self.cache, config, window,
+                                                self.lora is not None)
         # Test-only fault injection (None unless $PAGEDLLM_TEST_FAULTS is set).
         self.faults = FaultInjector.from_env(self.tokenizer)
-        self.runner.faults = self.faults
+        self.runner = ModelRunner(self.model, self.cache, vocab_size=self.vocab_size,
+                                  device=config.torch_device, sliding_window=window,
+                                  seed=config.seed, lora=self.lora,
+                                  structured_output=self.structured_output,
+                                  workers=self.executor, draft=draft, graphs=graphs,
+                                  faults=self.faults)
         self.output_processor = OutputProcessor(self.tokenizer, faults=self.faults)
         self.stats = EngineStats(max_lora=config.max_loras if self.lora else 0,
                                  spec_decode=self.spec.new_stats() if self.spec else None)

@@ -84,7 +84,7 @@ class SamplingMetadata:
     min_tokens_stop_ids: dict[int, set[int]]  # row -> ids banned until min_tokens reached
     generators: dict[int, torch.Generator]  # row -> generator of a seeded random row
     max_num_logprobs: int | None  # None: no row wants logprobs
-    # Set by the model runner: the constrained rows' grammar bitmask, other restrictions.
+    # The constrained rows' grammar bitmask, other restrictions (logit bias, bad words, ...).
     grammar: GrammarBitmask | None = None
     constraints: TokenConstraints | None = None
 
@@ -92,9 +92,11 @@ class SamplingMetadata:
     def build(
         cls, rows: list[SamplingRow], vocab_size: int, device: torch.device | str,
         penalty_state: tuple[torch.Tensor, torch.Tensor] | None = None,
+        grammar: GrammarBitmask | None = None, constraints: TokenConstraints | None = None,
     ) -> SamplingMetadata:
         """`penalty_state`: (output counts, prompt mask) kept incrementally by the caller
-        (worker/persistent_batch.py); without it they are built from the rows' token lists."""
+        (worker/persistent_batch.py); without it they are built from the rows' token lists.
+        `grammar` / `constraints`: the logits processors' masks for these rows."""
         ps = [r.params for r in rows]
         greedy = [p.is_greedy for p in ps]
 
@@ -150,6 +152,8 @@ class SamplingMetadata:
                 if r.generator is not None and not greedy[i]
             },
             max_num_logprobs=max(wants) if wants else None,
+            grammar=grammar,
+            constraints=constraints,
         )
 
 
