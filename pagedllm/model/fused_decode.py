@@ -7,9 +7,9 @@ kernels in the same order (results equal to the bit; tests/model/test_fused_deco
 
 `FusedDecode.build(model)` returns None when a layer has anything the C++ loop does not do:
 another layer type (q/k norms, Gemma's extra norms), LoRA or tensor parallelism on a linear
-layer, a weight format without a C++ reference (AWQ, GPTQ, int8), no CPU kernels, or
-PAGEDLLM_FUSED_DECODE=0 in the environment (to measure the difference). The
-model asks `applies(x, meta, kv_caches)` each step: only decode-only steps (every row one
+layer, a weight format without a C++ reference (each format answers `fused_ref`; AWQ, GPTQ
+and int8 have none), no CPU kernels, or PAGEDLLM_FUSED_DECODE=0 in the environment (to
+measure the difference). The model asks `applies(x, meta, kv_caches)` each step: only decode-only steps (every row one
 token of its own sequence) on fp32 CPU tensors with one KV group take the fused path.
 """
 
@@ -21,28 +21,7 @@ import torch
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, cpu_decode_step
-from pagedllm.model.layers.linear import Linear
-from pagedllm.model.layers.quant import gguf, gguf_a8, gguf_a8_panels
 from pagedllm.model.layers.rotary import RopeBatch
-
-_PACKED, _GGUF_PANELS, _GGUF_ROWS, _A8_PANELS = 0, 1, 2, 3
-
-
-def linear_ref(ops, linear: Linear):
-    """The C++ `LinearRef` of a linear layer, or None when the C++ loop cannot run it."""
-    if linear.lora is not None or linear.parallel is not None:
-        return None
-    n, k, bias, q = linear.out_features, linear.in_features, linear.bias, linear.quant
-    if q is None and linear.packed is not None:
-        return ops.LinearRef(_PACKED, 0, n, k, 0, [linear.packed], bias)
-    if type(q) is gguf.GGUFWeight:
-        code, _, *tensors = q.kernel_args()
-        return ops.LinearRef(_GGUF_PANELS, code, n, k, gguf.IN_REGISTER_ROWS, tensors, bias)
-    if type(q) is gguf_a8.GGUFA8Weight:
-        return ops.LinearRef(_GGUF_ROWS, q.code, n, k, gguf_a8.INT_ROWS, [q.rows], bias)
-    if type(q) is gguf_a8_panels.GGUFA8PanelWeight:
-        return ops.LinearRef(_A8_PANELS, q.code, n, k, 0, [q.codes, q.d, q.m], bias)
-    return None
 
 
 class FusedDecode:
@@ -68,8 +47,8 @@ class FusedDecode:
             attn, mlp = layer.self_attn, layer.mlp
             if type(layer) is not layer_type or type(attn) is not attention_type:
                 return None
-            linears = [linear_ref(ops, m) for m in (attn.qkv_proj, attn.o_proj,
-                                                    mlp.gate_up_proj, mlp.down_proj)]
+            linears = [m.fused_ref(ops) for m in (attn.qkv_proj, attn.o_proj,
+                                                  mlp.gate_up_proj, mlp.down_proj)]
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if any(r is None for r in linears) or norms[0].eps != norms[1].eps:
                 return None

@@ -66,7 +66,7 @@ def test_greedy_equals_dense_reference(quantized_llm: LLM, smollm2_gguf: Path,
         mp.setenv(CACHE_DIR_ENV, str(private_cache))
         dense = LLM(str(smollm2_gguf), kv_cache_memory=64 * 2**20, max_model_len=512,
                     num_threads=1, quantization="none")
-    assert dense.llm_engine.model.lm_head.quant is None
+    assert dense.llm_engine.model.lm_head.method.format.startswith("dense")
     want = dense.generate(PROMPTS, params, use_tqdm=False)
     for g, w in zip(got, want, strict=True):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids, g.prompt

@@ -32,7 +32,7 @@ def test_packed_linear_matches_torch(m, k, n, bias):
     b = torch.randn(n, generator=g) if bias else None
     x = torch.randn(m, k, generator=g)
     layer = _linear(w, b)
-    assert layer.packed is not None and layer.weight.numel() == 0
+    assert layer.method.format == "dense:packed" and layer.weight.numel() == 0
     ref = F.linear(x.double(), w.double(), b.double() if bias else None)
     out = layer(x)
     assert out.shape == (m, n) and out.dtype == torch.float32
@@ -61,15 +61,14 @@ def test_packed_linear_keeps_leading_dims_and_accepts_views():
 
 def _dense(layer: Linear) -> torch.Tensor:
     """Unpack [P, K, NB] panels back to the [N, K] weight."""
-    p, k, nb = layer.packed.shape
-    return layer.packed.transpose(1, 2).reshape(p * nb, k)[:layer.out_features]
+    return layer.method.unpacked()
 
 
 def test_torch_fallback_without_kernels(monkeypatch):
     monkeypatch.setattr(cpu_ops, "load", lambda: None)
     w, b, x = torch.randn(10, 8), torch.randn(10), torch.randn(4, 8)
     layer = _linear(w, b)
-    assert layer.packed is None and layer.weight_t is not None
+    assert layer.method.format == "dense:transposed"
     torch.testing.assert_close(layer(x), F.linear(x, w, b))
 
 

@@ -148,6 +148,9 @@ class LlamaForCausalLM(nn.Module):
 
         A linear layer's weight may come as a `QuantizedWeight`: it is adopted as is (fused
         projections from their parts, in q, k, v / gate, up order) instead of being copied.
+        That is the one check on what a weight is here: a dense tensor is copied into a
+        parameter (or a slice of one), a quantized one becomes the layer's method; from then
+        on the layer's method answers for it (`Linear.finalize` picks the dense layouts).
         """
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
@@ -162,11 +165,12 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
+            quantized = isinstance(tensor, QuantizedWeight)
             for frag, (fused, shard) in _STACKED.items():
                 if f".{frag}." in name:
                     target = name.replace(frag, fused)
                     param = params[target]
-                    if isinstance(tensor, QuantizedWeight):
+                    if quantized:
                         quant_parts.setdefault(target, {})[shard] = tensor
                         loaded.add(f"{target}:{shard}")
                         break
@@ -181,7 +185,7 @@ class LlamaForCausalLM(nn.Module):
             else:
                 if name not in params:
                     raise ValueError(f"checkpoint has unexpected weight {name!r}")
-                if isinstance(tensor, QuantizedWeight):
+                if quantized:
                     self._module_of(modules, name).set_quantized(tensor)
                 else:
                     params[name].copy_(tensor)

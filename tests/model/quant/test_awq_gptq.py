@@ -62,7 +62,7 @@ def test_engine_matches_hf_on_the_dequantized_weights(quantized_pair, make_llm, 
 def test_none_dequantizes_and_mismatched_choice_is_refused(quantized_pair, make_llm):
     name, qdir, _ = quantized_pair
     dense = make_llm(qdir, quantization="none")
-    assert dense.llm_engine.model.model.layers[0].mlp.down_proj.quant is None
+    assert dense.llm_engine.model.model.layers[0].mlp.down_proj.method.format.startswith("dense")
     other = "gptq" if CASES[name][0] == "awq" else "awq"
     with pytest.raises(ValueError, match="does not match"):
         make_llm(qdir, quantization=other)

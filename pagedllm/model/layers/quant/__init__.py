@@ -1,14 +1,17 @@
-"""Quantized weights that stay quantized in memory (one `QuantizedWeight` subclass per format).
+"""Weight formats of a linear layer: one `LinearMethod` class per format (base.py says the
+contract). dense.py holds the float layouts; each quantized format is a `QuantizedWeight`
+subclass in its own file (gguf, gguf_a8, gguf_a8_panels, int8, int4 with awq and gptq).
 
 Loaders yield a `QuantizedWeight` in place of a dense tensor for a linear layer's weight;
-`Linear.set_quantized` takes it and runs its `linear` instead of the dense kernel. The model
-code does not change per format (see base.py for the contract).
+`Linear.set_quantized` makes it the layer's method. The model code does not change per format:
+the method runs the kernel, reports its bytes and its form in the C++ decode loop.
 """
 
 from pagedllm.model.layers.quant.base import (
+    LinearMethod,
     QuantizedWeight,
     StackedQuantizedWeight,
     concat_quantized,
 )
 
-__all__ = ["QuantizedWeight", "StackedQuantizedWeight", "concat_quantized"]
+__all__ = ["LinearMethod", "QuantizedWeight", "StackedQuantizedWeight", "concat_quantized"]

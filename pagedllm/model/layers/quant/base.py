@@ -1,13 +1,23 @@
-"""The contract every quantized weight format implements.
+"""The contract of a linear layer's weight: a `LinearMethod` per format, `QuantizedWeight` for
+the formats that stay quantized in memory.
 
-A `QuantizedWeight` is the weight of one linear layer, logically a float matrix
-W[out_features, in_features] (HF layout, y = x @ W^T), held in whatever packed layout its
-kernel wants (repacked once at load time). Loaders hand these to the model in place of dense
-tensors; `Linear.set_quantized` adopts one; fused projections (q|k|v, gate|up) are built from
-per-projection parts with `concat_quantized`, which stacks them along the output dimension.
+`Linear` holds one `LinearMethod`: it owns the weight's layout and the kernel that multiplies
+by it, and answers three questions, so that model code never asks which format it holds:
+
+    apply(x[..., K], bias)  ->  y[..., N]    (the kernel call; y in x's dtype)
+    nbytes                                   (what the weight occupies: start-up log, plan)
+    fused_ref(ops, bias)    ->  ops.LinearRef or None   (its form in the C++ decode loop,
+                                                          model/fused_decode.py)
+
+The dense layouts are in dense.py; each quantized format is one `QuantizedWeight` subclass in
+its own file. A `QuantizedWeight` is logically a float matrix W[out_features, in_features]
+(HF layout, y = x @ W^T) held in whatever packed layout its kernel wants (repacked once at
+load time). Loaders hand these to the model in place of dense tensors; `Linear.set_quantized`
+adopts one; fused projections (q|k|v, gate|up) are built from per-projection parts with
+`concat_quantized`, which stacks them along the output dimension.
 
     Linear.forward(x[..., K])  ->  qweight.linear(x[M, K] fp32, contiguous)  ->  y[M, N] fp32
-                                   (+ bias, added by Linear)
+                                   (+ bias, added by `apply`)
 
 `dequantize()` is the reference every kernel is tested against, and `nbytes` is what the
 weight really occupies in memory (start-up log, KV budget, `pagedllm plan`).
@@ -22,11 +32,19 @@ from typing import ClassVar
 import torch
 
 
-class QuantizedWeight(abc.ABC):
-    """One linear layer's weight in a quantized format (see the module docstring)."""
+class LinearMethod(abc.ABC):
+    """One linear layer's weight in one layout, and the kernel that multiplies by it.
 
-    #: the name of the format, e.g. "gguf:Q4_1", "awq", "gptq", "int8"
-    format: ClassVar[str] = "quantized"
+    The bias stays a parameter of the layer (checkpoints name it there) and is handed to
+    `apply` and `fused_ref`; a method may be shared by two layers (a tied lm_head adopts the
+    embedding's quantized table), so it holds nothing of one layer but the weight.
+    """
+
+    #: the name of the format, e.g. "dense:packed", "gguf:Q4_1", "awq", "gptq", "int8"
+    format: ClassVar[str] = "linear"
+    #: True when the method's storage is the layer's own `weight` parameter (counted with
+    #: the parameters); False when the method holds its weight apart (counted by `nbytes`)
+    uses_layer_weight: ClassVar[bool] = False
 
     def __init__(self, out_features: int, in_features: int) -> None:
         self.out_features = int(out_features)
@@ -38,6 +56,36 @@ class QuantizedWeight(abc.ABC):
         return (self.out_features, self.in_features)
 
     @abc.abstractmethod
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """y = x @ W^T (+ bias) for x [..., in_features]: [..., out_features] in x's dtype."""
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes this weight occupies in memory (packed data, scales, zeros, ...)."""
+
+    def fused_ref(self, ops, bias: torch.Tensor | None):
+        """This weight as the C++ decode loop takes it (`ops.LinearRef`, kinds in
+        kernels/decode_layers_cpu.cpp), or None when the loop has no kernel for it."""
+        return None
+
+
+class QuantizedWeight(LinearMethod):
+    """One linear layer's weight in a quantized format (see the module docstring)."""
+
+    format: ClassVar[str] = "quantized"
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
+            out = self.linear(x)  # the common case: one kernel call, no reshapes
+            return out if bias is None else out + bias
+        lead = x.shape[:-1]
+        out = self.linear(x.reshape(-1, self.in_features).float().contiguous())
+        if bias is not None:
+            out = out + bias
+        return out.view(*lead, self.out_features).to(x.dtype)
+
+    @abc.abstractmethod
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """y = x @ W^T for a contiguous float32 x of shape [M, in_features]; returns
         [M, out_features] float32 (no bias)."""
@@ -45,11 +93,6 @@ class QuantizedWeight(abc.ABC):
     @abc.abstractmethod
     def dequantize(self) -> torch.Tensor:
         """The dense float32 weight [out_features, in_features] (the kernels' reference)."""
-
-    @property
-    @abc.abstractmethod
-    def nbytes(self) -> int:
-        """Bytes this weight occupies in memory (packed data, scales, zeros, ...)."""
 
     @classmethod
     def concat(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:

@@ -56,6 +56,8 @@ DENSE_TYPES = (T.F32, T.F16, T.BF16)
 # 1.2-1.7x faster than the scratch from 1 to 9 rows, level at 12-16, the scratch ahead from
 # 24). Decode batches up to 12 and speculative verification (1 + k rows) stay in registers.
 IN_REGISTER_ROWS = 12
+#: the panel layout's kind in the C++ decode loop (LinearKind in kernels/decode_layers_cpu.cpp)
+FUSED_KIND = 1
 
 
 class UnsupportedQuantTypeError(ModelLoadError):
@@ -216,6 +218,11 @@ class GGUFWeight(QuantizedWeight):
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         return kernels().gguf_linear(x, *self._linear_args)
+
+    def fused_ref(self, ops, bias: torch.Tensor | None):
+        code, _, *tensors = self.kernel_args()
+        return ops.LinearRef(FUSED_KIND, code, self.out_features, self.in_features,
+                             IN_REGISTER_ROWS, tensors, bias)
 
     def dequantize(self) -> torch.Tensor:
         return kernels().gguf_dequantize(*self.kernel_args())

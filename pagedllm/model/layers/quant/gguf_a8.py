@@ -36,6 +36,8 @@ T = GGMLQuantizationType
 # kernel over weights dequantized 16 rows at a time (benchmarks/quant_kernels.py measures the
 # crossing).
 INT_ROWS = 12
+#: the row layout's kind in the C++ decode loop (LinearKind in kernels/decode_layers_cpu.cpp)
+FUSED_KIND = 2
 
 
 @cache
@@ -69,6 +71,10 @@ class GGUFA8Weight(QuantizedWeight):
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         return kernels().gguf_a8_linear(x, self.code, self.rows, self.in_features, INT_ROWS)
+
+    def fused_ref(self, ops, bias: torch.Tensor | None):
+        return ops.LinearRef(FUSED_KIND, self.code, self.out_features, self.in_features,
+                             INT_ROWS, [self.rows], bias)
 
     def dequantize(self) -> torch.Tensor:
         return self.embedding(torch.arange(self.out_features))

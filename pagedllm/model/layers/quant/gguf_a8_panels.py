@@ -33,6 +33,8 @@ _BLOCK = 32
 # bytes before the codes in a file block: d (and Q4_1's m), fp16 each
 _HEADER = {T.Q8_0: 2, T.Q4_0: 2, T.Q4_1: 4}
 PANEL_TYPES = tuple(_HEADER)
+#: the panels' kind in the C++ decode loop (LinearKind in kernels/decode_layers_cpu.cpp)
+FUSED_KIND = 3
 
 
 @cache
@@ -128,6 +130,10 @@ class GGUFA8PanelWeight(QuantizedWeight):
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         return kernels().a8_panel_linear(x, self.code, self.codes, self.d, self.m,
                                          self.out_features)
+
+    def fused_ref(self, ops, bias: torch.Tensor | None):
+        return ops.LinearRef(FUSED_KIND, self.code, self.out_features, self.in_features, 0,
+                             [self.codes, self.d, self.m], bias)
 
     def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Exact rows: d * code (Q8_0), d * (code - 8) (Q4_0), d * code + m (Q4_1), gguf-py's
