@@ -22,6 +22,7 @@ from torch import nn
 
 from pagedllm.errors import InvalidInputError
 from pagedllm.lora.adapter import AdapterConfig
+from pagedllm.lora.layer import install
 from pagedllm.lora.targets import EMBEDDING, LINEAR, LM_HEAD, NORM, ModuleSpec, model_module_specs
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,8 @@ def resolve_targets(model: nn.Module, target_modules) -> tuple[list[str], list[M
 
 
 class TrainableLoRA(nn.Module):
-    """Linear.lora during training: `add_delta(x, out)` = out + the targeted deltas."""
+    """The trainable delta of one target linear, installed on the model as the `lora` of a
+    `pagedllm.lora.layer.LoRALinear`: `add_delta(x, out)` = out + the targeted deltas."""
 
     def __init__(self, linear: nn.Module, subs: list[ModuleSpec], r: int,
                  scales: list[float], dropout: float, generator: torch.Generator) -> None:
@@ -116,7 +118,8 @@ class TrainableLoRA(nn.Module):
 
 def attach_lora(model: nn.Module, matched: list[ModuleSpec], cfg: AdapterConfig,
                 dropout: float, seed: int) -> dict[str, tuple[TrainableLoRA, int]]:
-    """Hook a TrainableLoRA into every target linear; returns HF name -> (module, index)."""
+    """Wrap every target linear in a LoRALinear with a TrainableLoRA (in place, on the
+    model); returns HF name -> (TrainableLoRA, index of the HF projection in it)."""
     modules = dict(model.named_modules())
     gen = torch.Generator().manual_seed(seed)
     by_target: dict[str, list[ModuleSpec]] = {}
@@ -129,7 +132,7 @@ def attach_lora(model: nn.Module, matched: list[ModuleSpec], cfg: AdapterConfig,
         device = next(iter(linear.parameters())).device
         lora = TrainableLoRA(linear, subs, cfg.r, [cfg.scale(s.name) for s in subs], dropout,
                              gen).to(device)
-        linear.lora = lora
+        install(model, target, lora)
         for i, s in enumerate(subs):
             index[s.name] = (lora, i)
     return index

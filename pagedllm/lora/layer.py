@@ -1,4 +1,13 @@
-"""The batched LoRA delta of one target linear, and the per-step row -> slot mapping.
+"""LoRA as a wrapper layer: `LoRALinear` in place of each target linear, the batched delta
+of its adapter slots, and the per-step row -> slot mapping.
+
+    parent.qkv_proj = LoRALinear(base_layer=Linear, lora=LinearLoRA)     (installed once)
+    LoRALinear(x) = lora.add_delta(x, base_layer(x))
+
+`install` puts the wrapper in place of the linear on its parent module (the serving
+`LoRAManager` for every target at its construction; finetune for the trained targets), so
+`Linear` knows nothing of LoRA and the parameter names of the base gain a `.base_layer` (as
+in PEFT and vLLM).
 
 Every target linear holds `max_loras` preallocated slots, rank-padded and stacked:
 
@@ -23,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -60,7 +70,8 @@ class LoRAStepState:
 
 
 class LinearLoRA:
-    """Stacked adapter slots of one target linear; `add_delta` is its hook in Linear."""
+    """Stacked adapter slots of one target linear; `add_delta` is what its `LoRALinear`
+    adds to the base output."""
 
     def __init__(self, state: LoRAStepState, in_features: int, out_features: int,
                  num_subs: int, max_loras: int, max_rank: int, device: torch.device,
@@ -114,3 +125,36 @@ class LinearLoRA:
             torch.mm(xs[lo:hi] @ self.a_t[s], self.b_s[s], out=d[lo:hi])
         o2.index_add_(0, m.rows, d)
         return out
+
+
+class LoRALinear(nn.Module):
+    """A target linear with adapter deltas: `lora.add_delta(x, base_layer(x))`.
+
+    `lora` is any object with `add_delta(x, out) -> out + delta`: the serving slots
+    (`LinearLoRA`) or a trainable adapter (finetune's `TrainableLoRA`, an nn.Module whose
+    parameters then belong to the model). The delta lands after `base_layer`'s tensor-parallel
+    collective; tensor parallelism with LoRA is refused (distributed/executor.py). The C++
+    decode loop has no delta, so `fused_ref` is None and the Python layers run.
+    """
+
+    def __init__(self, base_layer: nn.Module, lora) -> None:
+        super().__init__()
+        self.base_layer = base_layer
+        self.lora = lora
+        self.in_features = base_layer.in_features
+        self.out_features = base_layer.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lora.add_delta(x, self.base_layer(x))
+
+    def fused_ref(self, ops) -> None:
+        return None
+
+
+def install(model: nn.Module, name: str, lora) -> LoRALinear:
+    """Wrap the linear `name` of `model` in a `LoRALinear` in place (on its parent)."""
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    wrapper = LoRALinear(getattr(parent, leaf), lora)
+    setattr(parent, leaf, wrapper)
+    return wrapper

@@ -1,6 +1,7 @@
 """LoRAManager: adapters loaded into a CPU LRU cache, copied into device slots on demand,
-and the per-step row -> slot mapping that the target linears read.
+and the per-step row -> slot mapping that the LoRALinear wrappers (layer.py) read.
 
+    construction ──▶ every target linear wrapped in a LoRALinear (layer.py) on the model
     add_request ──load()──▶ CPU cache (max_cpu_loras, LRU by use)   request.lora = adapter
     each step   ──step(order)──▶ slots (max_loras, LRU; a slot the step needs is never evicted)
                                  mapping set for the forward pass only (a scoped context)
@@ -24,7 +25,7 @@ from torch import nn
 
 from pagedllm.lora.adapter import LoRAAdapter, load_adapter
 from pagedllm.lora.config import LoRAConfig
-from pagedllm.lora.layer import LinearLoRA, LoRAMapping, LoRAStepState
+from pagedllm.lora.layer import LinearLoRA, LoRAMapping, LoRAStepState, install
 from pagedllm.lora.request import LoRARequest
 from pagedllm.lora.targets import PACKED, model_module_specs
 
@@ -32,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 class LoRAManager:
-    """Owns the slots of every target linear of `model` (attached as `linear.lora`)."""
+    """Owns the slots of every target linear of `model`, each installed on the model as a
+    `LoRALinear` wrapping that linear (the model's modules are changed in place)."""
 
     def __init__(self, model: nn.Module, config: LoRAConfig, device: torch.device,
                  dtype: torch.dtype) -> None:
@@ -43,13 +45,14 @@ class LoRAManager:
         self.specs = model_module_specs(model)
         self.state = LoRAStepState()
         self.layers: dict[str, LinearLoRA] = {}
-        for name, mod in model.named_modules():
+        for name, mod in list(model.named_modules()):
             leaf = name.rpartition(".")[2]
             if isinstance(mod, Linear) and leaf != "lm_head":
-                mod.lora = LinearLoRA(self.state, mod.in_features, mod.out_features,
-                                      len(PACKED.get(leaf, (leaf,))), config.max_loras,
-                                      config.max_lora_rank, device, dtype)
-                self.layers[name] = mod.lora
+                slots = LinearLoRA(self.state, mod.in_features, mod.out_features,
+                                   len(PACKED.get(leaf, (leaf,))), config.max_loras,
+                                   config.max_lora_rank, device, dtype)
+                install(model, name, slots)
+                self.layers[name] = slots
         self._cache: OrderedDict[int, LoRAAdapter] = OrderedDict()
         self._lock = threading.Lock()  # load() may run on a server thread
         self._slots: OrderedDict[str, int] = OrderedDict()  # weights hash -> slot, LRU first

@@ -78,9 +78,10 @@ def test_nf4_linear_forward_backward() -> None:
 
 def test_qlora_loss_falls(ft_config) -> None:
     trainer = Trainer(ft_config(qlora=True, target_modules="all-linear"))
-    linears = [m for n, m in trainer.model.named_modules() if n.endswith(("qkv_proj", "down_proj"))]
-    assert linears and all(isinstance(m.quant, NF4Weight) for m in linears)
+    linears = [m for n, m in trainer.model.named_modules()  # wrapped by their LoRALinear
+               if n.endswith(("qkv_proj.base_layer", "down_proj.base_layer"))]
+    assert linears and all(isinstance(m.method, NF4Weight) for m in linears)
     dense_bytes = sum(4 * m.in_features * m.out_features for m in linears)
-    assert sum(m.quant.nbytes for m in linears) < dense_bytes / 7
+    assert sum(m.method.nbytes for m in linears) < dense_bytes / 7
     result = trainer.train()
     assert result.losses[-1] < result.losses[0] / 3, result.losses

@@ -35,11 +35,12 @@ def test_base_frozen_bit_identical(trained, tiny_llama_dir) -> None:
     for name, w in before.items():
         assert not after[name].requires_grad and after[name].grad is None, name
         assert torch.equal(after[name], w), name
-    # ... and equal to the checkpoint on disk (q/k/v rows of the fused qkv_proj).
+    # ... and equal to the checkpoint on disk (q/k/v rows of the fused qkv_proj, wrapped by
+    # its LoRALinear as `base_layer`).
     disk = load_file(str(tiny_llama_dir / "model.safetensors"))
     p = "model.layers.1.self_attn."
     fused = torch.cat([disk[p + f"{x}_proj.weight"] for x in "qkv"])
-    assert torch.equal(after[p + "qkv_proj.weight"], fused)
+    assert torch.equal(after[p + "qkv_proj.base_layer.weight"], fused)
     assert torch.equal(after["lm_head.weight"], disk["lm_head.weight"])
     assert all(p.requires_grad for p in trainer.params)
 

@@ -51,3 +51,33 @@ def test_fused_delta_matches_per_row_loop() -> None:
         torch.testing.assert_close(got, want)
     state.mapping = None
     torch.testing.assert_close(lin.add_delta(x, base.clone()), base)
+
+
+def test_wrapper_adds_the_delta_to_the_base_layer() -> None:
+    """`install` puts a LoRALinear in place of the linear on its parent; its output is the
+    base layer's plus the slots' delta, and the base layer is the same module, unchanged."""
+    from torch import nn
+
+    from pagedllm.lora.layer import LoRALinear, install
+    from pagedllm.model.layers.linear import Linear
+
+    gen = torch.Generator().manual_seed(1)
+    model = nn.Module()
+    model.block = nn.Module()
+    base = model.block.proj = Linear(6, 5, bias=True)
+    base.weight.data.normal_(generator=gen)
+    base.bias.data.normal_(generator=gen)
+    base.finalize()
+    state = LoRAStepState()
+    slots = LinearLoRA(state, 6, 5, 1, max_loras=2, max_rank=2, device=torch.device("cpu"),
+                       dtype=torch.float32)
+    slots.set(1, [SubDelta(0, 1, 0, torch.randn(2, 6, generator=gen),
+                           torch.randn(5, 2, generator=gen))])
+    wrapper = install(model, "block.proj", slots)
+    assert model.block.proj is wrapper and isinstance(wrapper, LoRALinear)
+    assert wrapper.base_layer is base and (wrapper.in_features, wrapper.out_features) == (6, 5)
+    x = torch.randn(4, 6, generator=gen)
+    torch.testing.assert_close(wrapper(x), base(x))  # no mapping: the base model
+    state.mapping = LoRAMapping.build(np.array([1, -1, 1, 1]), torch.device("cpu"))
+    torch.testing.assert_close(wrapper(x), slots.add_delta(x, base(x)))
+    assert not torch.equal(wrapper(x)[0], base(x)[0]) and torch.equal(wrapper(x)[1], base(x)[1])

@@ -132,3 +132,19 @@ def test_lora_request_errors(engines, make_llm, tiny_llama_dir, adapters) -> Non
     with pytest.raises(ValueError, match="LoRA is not enabled"):
         plain.generate(["a"], lora_request=lora(adapters, "llama_r4_qv"))
     assert not plain.llm_engine.has_unfinished_requests()
+
+
+def test_lora_is_a_wrapper_installed_on_the_model(engines) -> None:
+    """The manager replaced each target linear (every one but lm_head) on its parent with a
+    LoRALinear around the untouched Linear; the C++ decode loop stays off (no delta there)."""
+    from pagedllm.lora.layer import LoRALinear
+    from pagedllm.model.layers.linear import Linear
+
+    model = engines["llama"].llm_engine.model
+    layer = model.model.layers[0]
+    for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                layer.mlp.down_proj):
+        assert type(lin) is LoRALinear and type(lin.base_layer) is Linear
+        assert lin.fused_ref(None) is None
+    assert type(model.lm_head) is Linear
+    assert model.model.fused_decode() is None

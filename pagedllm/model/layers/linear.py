@@ -11,6 +11,8 @@ layer holds: the method answers `apply`, `nbytes` and `fused_ref` (quant/base.py
 Tensor parallelism (pagedllm/distributed/sharding.py) loads each rank's shard of the weight
 and sets `parallel`: the collective that completes the layer's output (all-reduce after a
 row-parallel o_proj / down_proj, all-gather of a vocab-parallel lm_head); None otherwise.
+LoRA wraps the layer from outside (pagedllm/lora/layer.py `LoRALinear`): this layer knows
+nothing of it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ class Linear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(out_features), requires_grad=False)
                      if bias else None)
         self.method: LinearMethod | None = None  # set by set_quantized() or finalize()
-        self.lora = None  # pagedllm.lora.layer.LinearLoRA when LoRA is on: adds adapter deltas
         # Training (pagedllm.finetune) keeps the HF layout: F.linear has a backward for x.
         self.keep_dense = False
         self.parallel = None  # distributed.sharding hook: completes a tensor-parallel output
@@ -76,12 +77,10 @@ class Linear(nn.Module):
     def fused_ref(self, ops):
         """This layer in the C++ decode loop (model/fused_decode.py), or None when it cannot
         run there (no kernel for its format, or a tensor-parallel collective)."""
-        if self.lora is not None or self.parallel is not None or self.method is None:
+        if self.parallel is not None or self.method is None:
             return None
         return self.method.fused_ref(ops, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(x, self.bias)
-        if self.lora is not None:
-            out = self.lora.add_delta(x, out)
         return out if self.parallel is None else self.parallel(out)
