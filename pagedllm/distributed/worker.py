@@ -50,25 +50,13 @@ class TPWorker:
         self.window: int | None = None
 
     def load(self) -> None:
-        """Load the checkpoint's shard of this rank (same steps as the engine's start-up)."""
-        from pagedllm.engine import model_setup
-        from pagedllm.kernels import cpu_ops
-        from pagedllm.loader import load_checkpoint
-        from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
+        """Load this rank's shard: the engine's own start-up (engine/rank_builder.py)."""
+        from pagedllm.engine.rank_builder import build_rank, prepare_checkpoint
 
-        cfg = self.config
-        model_setup.resolve_int8_activations(cfg)
-        ckpt = load_checkpoint(cfg.model, quantization=cfg.quantization,
-                               revision=cfg.revision, download_dir=cfg.download_dir,
-                               tokenizer=cfg.tokenizer, int8_activations=cfg.int8_activations)
-        apply_rope_overrides(ckpt.config, cfg.rope_scaling, cfg.rope_theta)
-        cfg.finalize(*rope_max_len(ckpt.config))
-        if cfg.torch_device.type == "cpu":
-            cpu_ops.load()
-        layout = TPLayout.for_model(ckpt.config, self.rank, cfg.tensor_parallel_size)
-        self.model = model_setup.build_model(ckpt, cfg, tp=(layout, self.group))
-        self.kv_spec = model_setup.kv_spec_for(layout.model_config(ckpt.config), cfg)
-        self.window = model_setup.attention_window(ckpt.config, self.model)
+        ckpt = prepare_checkpoint(self.config)
+        layout = TPLayout.for_model(ckpt.config, self.rank, self.config.tensor_parallel_size)
+        parts = build_rank(self.config, ckpt, tp=(layout, self.group))
+        self.model, self.kv_spec, self.window = parts.model, parts.kv_spec, parts.window
 
     def allocate_cache(self, num_blocks: int, num_swap_blocks: int) -> None:
         self.cache = CacheEngine(self.kv_spec, num_blocks, self.config.torch_device,

@@ -10,13 +10,10 @@ import torch
 from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
-from pagedllm.core.kv_groups import KVGroupLayout
-from pagedllm.engine.chat_template import resolve_chat_template
-from pagedllm.engine.generation_config import sampling_defaults
-from pagedllm.loader import Checkpoint, load_checkpoint
+from pagedllm.engine.plan import kv_layout
+from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
 from pagedllm.model.layers.quant import hf_checkpoint
-from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
 
@@ -24,26 +21,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
 GiB = 2**30
-
-
-def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
-    """The checkpoint of `config.model` as every engine front sees it (LLMEngine, the DP
-    front): --chat-template applied to its tokenizer, RoPE overrides applied to its config,
-    the context-length defaults resolved. Also the served model name and the SamplingParams
-    defaults from generation_config.json (vLLM's --generation-config)."""
-    resolve_int8_activations(config)
-    ckpt = load_checkpoint(config.model, quantization=config.quantization,
-                           revision=config.revision, download_dir=config.download_dir,
-                           tokenizer=config.tokenizer,
-                           int8_activations=config.int8_activations)
-    if config.chat_template is not None:
-        ckpt.tokenizer.chat_template = resolve_chat_template(config.chat_template)
-    name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
-    defaults = sampling_defaults(config.generation_config,
-                                 ckpt.source if ckpt.source.is_dir() else None)
-    apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
-    config.finalize(*rope_max_len(ckpt.config))
-    return ckpt, name, defaults
 
 
 def resolve_int8_activations(config: EngineConfig) -> None:
@@ -142,24 +119,9 @@ def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:
     """The KV cache's shape; its group layout frees sliding layers' out-of-window blocks
     unless `disable_hybrid_kv_cache_manager` (then every layer keeps all its KV)."""
     _, kv_heads, head_dim = model_dims(hf_config)
-    n = hf_config.num_hidden_layers
-    # Tensor-parallel ranks rebuild the batch from rank 0's arrays, which carry one table.
-    single = config.disable_hybrid_kv_cache_manager or config.tensor_parallel_size > 1
-    layout = (KVGroupLayout.single(n) if single
-              else KVGroupLayout.from_windows(layer_windows(hf_config)))
-    return KVCacheSpec(num_layers=n, num_kv_heads=kv_heads, head_dim=head_dim,
+    return KVCacheSpec(num_layers=hf_config.num_hidden_layers, num_kv_heads=kv_heads, head_dim=head_dim,
                        dtype=config.torch_kv_cache_dtype, block_size=config.block_size,
-                       layout=layout)
-
-
-def kv_specs(hf_config, config: EngineConfig, tp=None) -> tuple[KVCacheSpec, KVCacheSpec]:
-    """(this rank's KV pool, the pool blocks are planned for). Under tensor parallelism the
-    plan is the rank holding the most KV heads, so every rank fits the same block count."""
-    if tp is None:
-        spec = kv_spec_for(hf_config, config)
-        return spec, spec
-    spec = kv_spec_for(tp[0].model_config(hf_config), config)
-    return spec, dataclasses.replace(spec, num_kv_heads=tp[0].max_local_kv_heads)
+                       layout=kv_layout(config, layer_windows(hf_config)))
 
 
 def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None) -> int:

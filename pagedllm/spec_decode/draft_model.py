@@ -22,10 +22,10 @@ import logging
 import numpy as np
 import torch
 
-from pagedllm.config import EngineConfig, KVCacheSpec
+from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
-from pagedllm.engine import model_setup
+from pagedllm.engine.rank_builder import build_rank
 from pagedllm.loader import load_checkpoint
 from pagedllm.model.layers.attention import AttentionMetadata
 from pagedllm.model.layers.sampler import make_generator
@@ -50,8 +50,10 @@ class DraftModel:
         draft_config = dataclasses.replace(
             config, model=path, quantization=None, speculative_config=None, enable_lora=False)
         draft_config.finalize(config.max_model_len)
-        self.model = model_setup.build_model(ckpt, draft_config)
-        self.kv_spec: KVCacheSpec = model_setup.kv_spec_for(ckpt.config, draft_config)
+        # The target's start-up (engine/rank_builder.py) on the draft's own checkpoint: the
+        # target's RoPE overrides and trained length do not apply to it.
+        parts = build_rank(draft_config, ckpt)
+        self.model, self.kv_spec = parts.model, parts.kv_spec
         self.device = config.torch_device
         self.block_size = config.block_size
         self.generator = make_generator(config.seed + 1, self.device)

@@ -258,7 +258,7 @@ def test_eos_finishes_with_stop(llm, monkeypatch) -> None:
     full = tokens(llm, "Hello", SamplingParams(temperature=0.0, max_tokens=32))
     eos = full[4]
     # Make that token the model's EOS (the random model never picks the real one, id 1).
-    monkeypatch.setattr(llm.llm_engine, "eos_token_id", eos)
+    monkeypatch.setattr(llm.llm_engine.intake, "eos_token_id", eos)
     out = gen(llm, "Hello", SamplingParams(temperature=0.0, max_tokens=32))[0].outputs[0]
     assert out.token_ids == full[:full.index(eos) + 1]
     assert out.finish_reason == "stop" and out.stop_reason is None

@@ -124,7 +124,7 @@ def test_dynamic_rope_turns_prefix_caching_off(tiny_llama_dir, make_llm) -> None
     llm = make_llm(tiny_llama_dir, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     engine = llm.llm_engine
     assert not engine.block_manager.enable_caching
-    assert not engine.config.enable_prefix_caching
+    assert not engine.plan.prefix_caching and engine.config.enable_prefix_caching  # as asked
 
 
 @pytest.mark.parametrize(("argv", "enabled"), [

@@ -22,7 +22,7 @@ from multiprocessing.connection import Listener, wait
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.dp.launch import ProcessReplicas, RayReplicas
 from pagedllm.distributed.dp.router import PrefixAffinityRouter
-from pagedllm.engine.model_setup import open_checkpoint
+from pagedllm.engine.rank_builder import open_checkpoint
 from pagedllm.engine.stats import EngineStats
 from pagedllm.errors import EngineError, EngineFatalError
 from pagedllm.outputs import CompletionOutput, RequestOutput

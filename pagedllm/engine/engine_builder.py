@@ -1,0 +1,150 @@
+"""Start-up of an engine: `EngineConfig` -> every part `LLMEngine` steps with.
+
+    checkpoint (tokenizer, HF config)      rank_builder.open_checkpoint
+    TP ranks 1..N-1 start loading          distributed/executor.start_tensor_parallel
+    this rank's model, KV spec, window     rank_builder.build_rank
+    cross-feature decisions                plan.resolve_plan (logged once)
+    KV budget -> blocks                    model_setup (+ plan.split_kv_budget for a draft)
+    KV pool, block manager, scheduler      worker/cache_engine, core/
+    LoRA, structured output, proposer      their own packages, constructed with what they need
+    runner, output processor, stats        worker/model_runner, engine/
+
+Each part is constructed with its collaborators; nothing is wired in afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pagedllm.config import EngineConfig, KVCacheSpec
+from pagedllm.core.block_manager import BlockManager
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.swap_manager import SwapManager
+from pagedllm.distributed.executor import TPExecutor, start_tensor_parallel
+from pagedllm.distributed.worker import rank_threads
+from pagedllm.engine import model_setup, startup
+from pagedllm.engine.fault_injection import FaultInjector
+from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.plan import EnginePlan, resolve_plan, split_kv_budget
+from pagedllm.engine.rank_builder import build_rank, open_checkpoint
+from pagedllm.engine.stats import EngineStats
+from pagedllm.lora.manager import LoRAManager
+from pagedllm.spec_decode.decoder import SpecDecoder
+from pagedllm.structured_output.manager import StructuredOutputManager
+from pagedllm.worker import cuda_graphs, gpu_memory
+from pagedllm.worker.cache_engine import CacheEngine
+from pagedllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    """Everything one engine runs with, built once by `build_engine`."""
+
+    tokenizer: object
+    hf_config: object
+    model_name: str
+    sampling_defaults: dict
+    vocab_size: int
+    eos_token_id: int | None
+    plan: EnginePlan
+    model: nn.Module
+    kv_spec: KVCacheSpec
+    num_blocks: int
+    num_swap_blocks: int
+    cache: CacheEngine
+    block_manager: BlockManager
+    swap_manager: SwapManager | None
+    scheduler: Scheduler
+    lora: LoRAManager | None
+    structured_output: StructuredOutputManager
+    speculator: SpecDecoder | None
+    executor: TPExecutor | None
+    runner: ModelRunner
+    output_processor: OutputProcessor
+    faults: FaultInjector | None
+    stats: EngineStats
+
+
+def build_engine(config: EngineConfig, owner: object) -> EngineParts:
+    """Build the parts of an engine for `config`. `owner` is the object whose lifetime the
+    tensor-parallel workers follow (they are shut down when it is collected)."""
+    if config.num_threads or config.tensor_parallel_size > 1:
+        torch.set_num_threads(rank_threads(config))
+    with startup.step("checkpoint (config, tokenizer)"):
+        ckpt, model_name, defaults = open_checkpoint(config)
+    hf, tokenizer = ckpt.config, ckpt.tokenizer
+    executor = start_tensor_parallel(config, ckpt)  # ranks 1..N-1 load while this one does
+    if executor is not None:  # also when the rest of start-up raises
+        weakref.finalize(owner, executor.shutdown)
+    rank = build_rank(config, ckpt, tp=executor.shard if executor is not None else None)
+    plan = resolve_plan(config, hf, rank.kv_spec.groups)
+    eos = getattr(hf, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) else eos
+    eos = eos if eos is not None else tokenizer.eos_token_id
+    lora = (LoRAManager(rank.model, config.lora_config, config.torch_device, config.torch_dtype)
+            if config.lora_config else None)
+    speculator = None
+    if config.speculative_config is not None:
+        with startup.step(f"speculative decoding ({config.speculative_config.method})"):
+            speculator = SpecDecoder(config.speculative_config, config, hf.vocab_size)
+    budget = model_setup.kv_budget_bytes(config, _gpu_peak(config, rank, hf.vocab_size))
+    draft_kv = speculator.draft_kv_spec if speculator is not None else None
+    budget = split_kv_budget(budget, rank.plan_kv_spec.bytes_per_block,
+                             draft_kv.bytes_per_block if draft_kv is not None else None)
+    num_blocks = model_setup.plan_num_blocks(rank.plan_kv_spec, budget, config.max_model_len,
+                                             model_dtype=config.torch_dtype,
+                                             chunk=config.max_num_batched_tokens)
+    num_swap = model_setup.plan_swap_blocks(rank.plan_kv_spec, config)
+    if executor is not None:
+        executor.start(num_blocks, num_swap)
+    with startup.step(f"KV pool {num_blocks * rank.kv_spec.bytes_per_block / 2**30:.2f} GiB"):
+        cache = CacheEngine(rank.kv_spec, num_blocks, config.torch_device,
+                            num_swap_blocks=num_swap)
+    bm = BlockManager(num_blocks, config.block_size, enable_caching=plan.prefix_caching,
+                      layout=rank.kv_spec.groups)
+    swap = SwapManager(num_swap, bm) if config.preemption_mode == "swap" else None
+    scheduler = Scheduler(bm, max_num_seqs=config.max_num_seqs,
+                          max_num_batched_tokens=config.max_num_batched_tokens,
+                          max_model_len=config.max_model_len, swap_manager=swap,
+                          max_loras=config.max_loras if lora else None,
+                          policy=config.scheduling_policy)
+    structured = StructuredOutputManager(tokenizer, hf.vocab_size, eos)
+    draft = speculator.draft if speculator is not None else None
+    if draft is not None:
+        draft.allocate(num_blocks)
+    graphs = None
+    if plan.cuda_graphs:
+        with startup.step("CUDA graphs"):
+            graphs = cuda_graphs.for_engine(rank.model, cache, config, rank.window,
+                                            lora is not None)
+    faults = FaultInjector.from_env(tokenizer)  # test-only: None unless the env var is set
+    runner = ModelRunner(rank.model, cache, vocab_size=hf.vocab_size,
+                         device=config.torch_device, sliding_window=rank.window,
+                         seed=config.seed, lora=lora, structured_output=structured,
+                         workers=executor, draft=draft, graphs=graphs, faults=faults)
+    stats = EngineStats(max_lora=config.max_loras if lora else 0,
+                        spec_decode=speculator.new_stats() if speculator else None)
+    return EngineParts(
+        tokenizer=tokenizer, hf_config=hf, model_name=model_name, sampling_defaults=defaults,
+        vocab_size=hf.vocab_size, eos_token_id=eos, plan=plan, model=rank.model,
+        kv_spec=rank.kv_spec, num_blocks=num_blocks, num_swap_blocks=num_swap, cache=cache,
+        block_manager=bm, swap_manager=swap, scheduler=scheduler, lora=lora,
+        structured_output=structured, speculator=speculator, executor=executor,
+        runner=runner, output_processor=OutputProcessor(tokenizer, faults=faults),
+        faults=faults, stats=stats)
+
+
+def _gpu_peak(config: EngineConfig, rank, vocab_size: int) -> int | None:
+    """On CUDA without --kv-cache-memory: weights + profiled activation peak + memory
+    outside torch (worker/gpu_memory.py); the budget is utilization x total minus it."""
+    if config.torch_device.type != "cuda" or config.kv_cache_memory is not None:
+        return None
+    peak = gpu_memory.profile(rank.model, rank.kv_spec, config, vocab_size)
+    return peak.weights + peak.activation_peak + peak.non_torch

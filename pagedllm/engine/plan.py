@@ -1,0 +1,78 @@
+"""Every rule where one feature changes another, decided once per engine.
+
+`resolve_plan(config, hf_config)` looks at what was asked for (`EngineConfig`) and what the
+model is (its HF config) and returns a frozen `EnginePlan`; each decision that overrides the
+user's request is logged once, here. The start-up code reads the plan and never decides a
+cross-feature question itself:
+
+    rule                                              decided by
+    prefix caching off with dynamic NTK RoPE          resolve_plan
+    prefix caching off when every layer is sliding    resolve_plan (blocks leave the window)
+    one KV group under tensor parallelism             single_kv_group (ranks share one table)
+    CUDA graphs only without speculation and TP       resolve_plan
+    a block holds target + draft KV                   split_kv_budget
+    int8 activations auto                             EngineConfig.resolve_int8_activations
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.model.layers.rope_scaling import rope_parameters
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """The cross-feature decisions of one engine (see the module doc)."""
+
+    prefix_caching: bool
+    single_kv_group: bool
+    cuda_graphs: bool
+
+
+def single_kv_group(config: EngineConfig) -> bool:
+    """Every layer in one KV group (sliding layers keep all their blocks): asked for with
+    --disable-hybrid-kv-cache-manager, and always under tensor parallelism, whose ranks
+    rebuild the batch from rank 0's arrays, which carry one block table."""
+    return config.disable_hybrid_kv_cache_manager or config.tensor_parallel_size > 1
+
+
+def kv_layout(config: EngineConfig, windows: list[int | None]) -> KVGroupLayout:
+    """The KV group layout of a model whose layers have these sliding windows."""
+    if single_kv_group(config):
+        return KVGroupLayout.single(len(windows))
+    return KVGroupLayout.from_windows(windows)
+
+
+def resolve_plan(config: EngineConfig, hf_config, layout: KVGroupLayout) -> EnginePlan:
+    """The plan for `config` on the model of `hf_config` whose KV is laid out as `layout`."""
+    caching = config.enable_prefix_caching
+    if caching and rope_parameters(hf_config).get("rope_type") == "dynamic":
+        logger.warning("prefix caching disabled: with dynamic NTK RoPE a key's rotation "
+                       "depends on the length its sequence had when it was computed")
+        caching = False
+    if caching and layout.groups[0].window is not None:
+        logger.warning("prefix caching disabled: every layer has a sliding window whose "
+                       "out-of-window blocks are freed (%s); pass "
+                       "--disable-hybrid-kv-cache-manager to keep them and cache prefixes",
+                       layout.describe())
+        caching = False
+    graphs = (config.torch_device.type == "cuda" and not config.enforce_eager
+              and config.speculative_config is None and config.tensor_parallel_size == 1)
+    return EnginePlan(prefix_caching=caching, single_kv_group=single_kv_group(config),
+                      cuda_graphs=graphs)
+
+
+def split_kv_budget(budget: int, own_bytes_per_block: int,
+                    draft_bytes_per_block: int | None) -> int:
+    """The target pool's share of the KV budget: with a draft model a block id holds the
+    target's KV and the draft's (spec_decode/draft_model.py), so both pools get the same
+    number of blocks."""
+    if draft_bytes_per_block is None:
+        return budget
+    return budget * own_bytes_per_block // (own_bytes_per_block + draft_bytes_per_block)

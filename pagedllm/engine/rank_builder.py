@@ -1,0 +1,85 @@
+"""One start-up for every rank: engine config -> checkpoint -> model -> KV spec.
+
+The same two calls start the engine (rank 0), every tensor-parallel rank > 0
+(distributed/worker.py) and the speculative draft model (spec_decode/draft_model.py)::
+
+    ckpt  = prepare_checkpoint(config)     int8 auto settled, RoPE overrides, max_model_len
+    parts = build_rank(config, ckpt, tp)   the model (this rank's shard), its KV spec, window
+
+so what one of them loads, the others load the same way. The fronts (LLMEngine, the data-
+parallel router) open the checkpoint with `open_checkpoint`, which adds what serving needs.
+`pagedllm plan` reads the KV spec through the same `model_setup.kv_spec_for`, no weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from torch import nn
+
+from pagedllm.config import EngineConfig, KVCacheSpec
+from pagedllm.engine import model_setup, startup
+from pagedllm.engine.chat_template import resolve_chat_template
+from pagedllm.engine.generation_config import sampling_defaults
+from pagedllm.kernels import cpu_ops
+from pagedllm.loader import Checkpoint, load_checkpoint
+from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
+
+
+@dataclass
+class RankParts:
+    """What one rank runs: its model (shard), the KV spec of its pool, the pool's planning
+    spec (under TP the rank with the most KV heads, so every rank fits the same block
+    count) and the model-wide sliding window the runner applies."""
+
+    model: nn.Module
+    kv_spec: KVCacheSpec
+    plan_kv_spec: KVCacheSpec
+    window: int | None
+
+
+def prepare_checkpoint(config: EngineConfig) -> Checkpoint:
+    """The checkpoint `config` names (the CPU kernels loaded first), with int8 activations
+    settled (auto: by the CPU and the file), --rope-scaling / --rope-theta applied to its
+    config and max_model_len resolved against its trained length (`config.finalize`)."""
+    if config.torch_device.type == "cpu":
+        # Compiled on a first start (minutes), else loaded from the cache; before the
+        # checkpoint, whose GGUF reader asks which kernels exist: the build is charged here.
+        with startup.step("CPU kernels"):
+            cpu_ops.load()
+    model_setup.resolve_int8_activations(config)
+    ckpt = load_checkpoint(config.model, quantization=config.quantization,
+                           revision=config.revision, download_dir=config.download_dir,
+                           tokenizer=config.tokenizer,
+                           int8_activations=config.int8_activations)
+    apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
+    config.finalize(*rope_max_len(ckpt.config))
+    return ckpt
+
+
+def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
+    """The checkpoint of `config.model` as every engine front sees it (LLMEngine, the DP
+    front): --chat-template applied to its tokenizer, RoPE overrides applied to its config,
+    the context-length defaults resolved. Also the served model name and the SamplingParams
+    defaults from generation_config.json (vLLM's --generation-config)."""
+    ckpt = prepare_checkpoint(config)
+    if config.chat_template is not None:
+        ckpt.tokenizer.chat_template = resolve_chat_template(config.chat_template)
+    name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
+    defaults = sampling_defaults(config.generation_config,
+                                 ckpt.source if ckpt.source.is_dir() else None)
+    return ckpt, name, defaults
+
+
+def build_rank(config: EngineConfig, ckpt: Checkpoint, tp=None) -> RankParts:
+    """Build this rank's model from `ckpt` (`tp` = (TPLayout, TPGroup) for a shard) and
+    the spec of its KV pool."""
+    with startup.step("weights"):
+        model = model_setup.build_model(ckpt, config, tp=tp)
+    model_config = ckpt.config if tp is None else tp[0].model_config(ckpt.config)
+    spec = model_setup.kv_spec_for(model_config, config)
+    plan_spec = (spec if tp is None
+                 else dataclasses.replace(spec, num_kv_heads=tp[0].max_local_kv_heads))
+    return RankParts(model=model, kv_spec=spec, plan_kv_spec=plan_spec,
+                     window=model_setup.attention_window(ckpt.config, model))
