@@ -17,7 +17,7 @@ from pagedllm.lora.config import LoRAConfig
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
-from pagedllm.spec_decode.config import SpeculativeConfig
+from pagedllm.speculative.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks each holding 1/N of every layer (distributed/)
     data_parallel_size: int = 1    # engine replicas behind one API server (distributed/dp/)
     distributed_executor_backend: str | None = None  # "mp" | "ray"; None = mp
-    # Speculative decoding (spec_decode/): a SpeculativeConfig, its dict or JSON text.
+    # Speculative decoding (speculative/): a SpeculativeConfig, its dict or JSON text.
     speculative_config: SpeculativeConfig | dict | str | None = None
     # Keep sliding-window layers' KV for the whole sequence, like full attention (vLLM's
     # flag): no per-group block tables, no freeing of blocks that leave the window.

@@ -79,7 +79,7 @@ _HISTOGRAMS = [
     ("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS),
     ("request_queue_time_seconds", "Arrival to first scheduled.", REQUEST_BUCKETS),
 ]
-# Speculative decoding (vLLM's names), from EngineStats.spec_decode (zero while it is off).
+# Speculative decoding (vLLM's names), from EngineStats.speculative (zero while it is off).
 _SPEC = [
     ("spec_decode_num_drafts_total", "Verifications of draft tokens (one per speculating "
      "request per step).", "num_drafts"),
@@ -142,7 +142,7 @@ class SpecDecodeCollector(Collector):
         self.model_name, self.stats = model_name, stats
 
     def collect(self) -> Iterator[Metric]:
-        sd = self.stats().spec_decode
+        sd = self.stats().speculative
         for name, doc, attr in _SPEC:
             family = CounterMetricFamily(f"pagedllm:{name}", doc, labels=["model_name"])
             family.add_metric([self.model_name], float(getattr(sd, attr) if sd else 0))

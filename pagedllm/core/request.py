@@ -97,10 +97,10 @@ class Request:
             0.0 if sampling_params.logprobs is not None else None)
         self.detokenizer = None  # set by the output processor
         self.grammar = None  # structured_output.RequestGrammar of a constrained request
-        # Speculative decoding (spec_decode/): draft tokens proposed to follow all_token_ids,
+        # Speculative decoding (speculative/): draft tokens proposed to follow all_token_ids,
         # verified by the next step (none while prefilling), and the proposer's own state.
         self.draft_token_ids: list[int] = []
-        self.draft_state = None  # spec_decode.adaptive.DraftState
+        self.draft_state = None  # speculative.adaptive.DraftState
 
     # ------------------------------------------------------------ block table
     @property

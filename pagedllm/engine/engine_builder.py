@@ -34,7 +34,7 @@ from pagedllm.engine.plan import EnginePlan, resolve_plan, split_kv_budget
 from pagedllm.engine.rank_builder import build_rank, open_checkpoint
 from pagedllm.engine.stats import EngineStats
 from pagedllm.lora.manager import LoRAManager
-from pagedllm.spec_decode.decoder import SpecDecoder
+from pagedllm.speculative.speculator import Speculator
 from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.worker import cuda_graphs, gpu_memory
 from pagedllm.worker.cache_engine import CacheEngine
@@ -64,7 +64,7 @@ class EngineParts:
     scheduler: Scheduler
     lora: LoRAManager | None
     structured_output: StructuredOutputManager
-    speculator: SpecDecoder | None
+    speculator: Speculator | None
     executor: TPExecutor | None
     runner: ModelRunner
     output_processor: OutputProcessor
@@ -93,7 +93,7 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     speculator = None
     if config.speculative_config is not None:
         with startup.step(f"speculative decoding ({config.speculative_config.method})"):
-            speculator = SpecDecoder(config.speculative_config, config, hf.vocab_size)
+            speculator = Speculator(config.speculative_config, config, hf.vocab_size)
     budget = model_setup.kv_budget_bytes(config, _gpu_peak(config, rank, hf.vocab_size))
     draft_kv = speculator.draft_kv_spec if speculator is not None else None
     budget = split_kv_budget(budget, rank.plan_kv_spec.bytes_per_block,
@@ -130,7 +130,7 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
                          seed=config.seed, lora=lora, structured_output=structured,
                          workers=executor, draft=draft, graphs=graphs, faults=faults)
     stats = EngineStats(max_lora=config.max_loras if lora else 0,
-                        spec_decode=speculator.new_stats() if speculator else None)
+                        speculative=speculator.new_stats() if speculator else None)
     return EngineParts(
         tokenizer=tokenizer, hf_config=hf, model_name=model_name, sampling_defaults=defaults,
         vocab_size=hf.vocab_size, eos_token_id=eos, plan=plan, model=rank.model,

@@ -38,17 +38,17 @@ class FaultInjector:
 
     @classmethod
     def from_env(cls, tokenizer) -> FaultInjector | None:
-        spec = os.environ.get(ENV)
-        if not spec:
+        markers_text = os.environ.get(ENV)
+        if not markers_text:
             return None
         markers = {}
-        for item in spec.split(";"):
+        for item in markers_text.split(";"):
             kind, _, marker = item.partition("=")
             if kind not in KINDS or not marker:
                 raise ValueError(f"{ENV}: expected KIND=MARKER with KIND in {KINDS}, got "
                                  f"{item!r}")
             markers[kind] = marker
-        logger.warning("%s is set: test fault injection is ON (%s)", ENV, spec)
+        logger.warning("%s is set: test fault injection is ON (%s)", ENV, markers_text)
         return cls(markers, tokenizer)
 
     def register(self, group_id: str, prompt_token_ids: list[int]) -> None:

@@ -71,7 +71,7 @@ def resolve_plan(config: EngineConfig, hf_config, layout: KVGroupLayout) -> Engi
 def split_kv_budget(budget: int, own_bytes_per_block: int,
                     draft_bytes_per_block: int | None) -> int:
     """The target pool's share of the KV budget: with a draft model a block id holds the
-    target's KV and the draft's (spec_decode/draft_model.py), so both pools get the same
+    target's KV and the draft's (speculative/draft_model.py), so both pools get the same
     number of blocks."""
     if draft_bytes_per_block is None:
         return budget

@@ -1,7 +1,7 @@
 """One start-up for every rank: engine config -> checkpoint -> model -> KV spec.
 
 The same two calls start the engine (rank 0), every tensor-parallel rank > 0
-(distributed/worker.py) and the speculative draft model (spec_decode/draft_model.py)::
+(distributed/worker.py) and the speculative draft model (speculative/draft_model.py)::
 
     ckpt  = prepare_checkpoint(config)     int8 auto settled, RoPE overrides, max_model_len
     parts = build_rank(config, ckpt, tp)   the model (this rank's shard), its KV spec, window

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from pagedllm.spec_decode.stats import SpecDecodeStats
+from pagedllm.speculative.stats import SpeculativeStats
 
 
 @dataclass
@@ -54,13 +54,13 @@ class EngineStats:
     max_lora: int = 0
     lora_running: tuple[tuple[str, int], ...] = ()
     lora_waiting: tuple[tuple[str, int], ...] = ()
-    spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters (None: off)
+    speculative: SpeculativeStats | None = None  # speculative decoding's counters (None: off)
 
     def cleared(self) -> EngineStats:
         """Fresh counters and gauges that keep what describes the engine (max_lora), e.g.
         after the warm-up pass, so /metrics starts at zero."""
-        return EngineStats(max_lora=self.max_lora, spec_decode=self.spec_decode
-                           and self.spec_decode.cleared())
+        return EngineStats(max_lora=self.max_lora, speculative=self.speculative
+                           and self.speculative.cleared())
 
     def observe_queues(self, scheduler, block_manager) -> None:
         """Set the gauges from the scheduler's queues and the block pool. Queue gauges count
@@ -96,11 +96,11 @@ class EngineStats:
         decodes = sum(1 for s in sched.scheduled
                       if s.num_new_tokens - s.num_draft_tokens == 1)
         self.generation_tokens_total += num_generated
-        if self.spec_decode is not None:
-            self.spec_decode.begin_step()
+        if self.speculative is not None:
+            self.speculative.begin_step()
             for st in result.sampled:
                 if st.num_drafts:
-                    self.spec_decode.record(st.num_drafts, st.num_accepted)
+                    self.speculative.record(st.num_drafts, st.num_accepted)
         self.num_preemptions_total += len(sched.preempted)
         self.swapped_out_blocks_total += len(sched.blocks_to_swap_out)
         self.swapped_in_blocks_total += len(sched.blocks_to_swap_in)
@@ -130,7 +130,7 @@ class EngineStats:
                 f"swap_in_blocks={r.swap_in_blocks} {t} "
                 f"kv_usage={100 * r.kv_usage:.1f}% "
                 f"prefix_cache_hit_rate={100 * self.prefix_cache_hit_rate:.1f}%"
-                + (f" {self.spec_decode.step_line()}" if self.spec_decode else ""))
+                + (f" {self.speculative.step_line()}" if self.speculative else ""))
 
 
 def requests_per_adapter(queue) -> tuple[tuple[str, int], ...]:

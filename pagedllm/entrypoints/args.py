@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pagedllm.entrypoints.server_options import add_server_option_args
 from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import MAX_LOGPROBS
-from pagedllm.spec_decode.config import SpeculativeConfig
+from pagedllm.speculative.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from pagedllm.config import EngineConfig

@@ -22,7 +22,7 @@ from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_generator
 from pagedllm.model.layers.token_constraints import TokenConstraints
-from pagedllm.spec_decode.verify import DraftGrammar, Verifier, add_draft_counts
+from pagedllm.speculative.verify import DraftGrammar, Verifier, add_draft_counts
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import build_inputs
 from pagedllm.worker.persistent_batch import PersistentBatch
@@ -54,7 +54,7 @@ class ModelRunner:
         self.structured_output = structured_output  # StructuredOutputManager or None
         self.lora = lora
         self.workers = workers  # distributed.executor.TPExecutor under tensor parallelism
-        self.draft = draft  # spec_decode DraftModel
+        self.draft = draft  # speculative.draft_model.DraftModel
         self.graphs = graphs  # cuda_graphs.DecodeGraphs (CUDA, not --enforce-eager)
         self.faults = faults  # FaultInjector in tests (engine/fault_injection.py)
 

@@ -2,7 +2,7 @@
 
 A request sampling this step gets one row on the hidden state of its last query token, or n
 rows on the same logits when an n > 1 request has just finished its prompt, or k + 1 rows
-when it verifies k draft tokens (spec_decode/verify.py). `plan_sampling` lays the rows out,
+when it verifies k draft tokens (speculative/verify.py). `plan_sampling` lays the rows out,
 `collect` turns the sampler's rows back into one `SampledTokens` per request.
 """
 
@@ -16,7 +16,7 @@ from pagedllm.core.request import Request
 from pagedllm.core.runner_output import SampledTokens
 from pagedllm.model.layers.sampler import SamplingRow
 from pagedllm.outputs import Logprob
-from pagedllm.spec_decode.verify import SpecRows, draft_rows
+from pagedllm.speculative.verify import VerifyRows, draft_rows
 
 
 @dataclass
@@ -27,7 +27,7 @@ class SamplingPlan:
     rows: list[SamplingRow] = field(default_factory=list)
     row_index: list[int] = field(default_factory=list)
     owners: list[tuple[Request, int]] = field(default_factory=list)
-    verifying: list[SpecRows] = field(default_factory=list)  # requests verifying drafts
+    verifying: list[VerifyRows] = field(default_factory=list)  # requests verifying drafts
 
     @property
     def row_requests(self) -> list[Request]:
@@ -43,7 +43,7 @@ def plan_sampling(batch) -> SamplingPlan:
         req, last = s.request, int(last)
         if s.num_draft_tokens:
             drafts = req.draft_token_ids[:s.num_draft_tokens]
-            plan.verifying.append(SpecRows(req, len(plan.rows), drafts))
+            plan.verifying.append(VerifyRows(req, len(plan.rows), drafts))
             plan.rows.extend(draft_rows(req, drafts))
             plan.row_index.extend(range(last - len(drafts), last + 1))
             plan.owners.append((req, len(drafts) + 1))

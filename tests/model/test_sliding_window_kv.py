@@ -121,5 +121,5 @@ def test_ngram_speculation_with_freeing(tiny_gemma3_dir, make_llm, hf_reference)
     repetitive = [LONG[:20] * 4, LONG[:9] * 7]   # n-gram proposals find matches
     assert_matches_hf(llm, tiny_gemma3_dir, hf_reference, [*repetitive, LONG])
     assert seen["freed_entries"] > 0
-    spec = llm.llm_engine.stats.spec_decode
+    spec = llm.llm_engine.stats.speculative
     assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens < spec.num_draft_tokens

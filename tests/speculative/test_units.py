@@ -1,4 +1,4 @@
-"""Units of spec_decode/: the config's validation, n-gram lookup, the rejection sampler's
+"""Units of speculative/: the config's validation, n-gram lookup, the rejection sampler's
 output distribution (against the target's, chi-square), adaptive back-off, and trimming a
 request's draft slots in the block manager."""
 
@@ -10,10 +10,10 @@ import torch
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 from pagedllm.core.request import Request
 from pagedllm.sampling_params import SamplingParams
-from pagedllm.spec_decode.adaptive import DraftState, num_to_propose, required_acceptance
-from pagedllm.spec_decode.config import SpeculativeConfig
-from pagedllm.spec_decode.ngram import NgramProposer
-from pagedllm.spec_decode.rejection import num_matching, rejection_sample
+from pagedllm.speculative.adaptive import DraftState, num_to_propose, required_acceptance
+from pagedllm.speculative.config import SpeculativeConfig
+from pagedllm.speculative.ngram import NgramProposer
+from pagedllm.speculative.rejection import num_matching, rejection_sample
 
 
 def chi2_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:

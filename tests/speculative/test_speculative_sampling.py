@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pagedllm import SamplingParams
-from tests.spec_decode.test_units import chi2_pvalue
+from tests.speculative.test_units import chi2_pvalue
 
 N = 400
 T = 1.5
@@ -60,6 +60,6 @@ def test_emitted_tokens_follow_the_target_distribution(tiny_llama_dir, close_dra
         c = o.outputs[0]
         assert all(t in entry and entry[t].logprob <= 0 for t, entry in
                    zip(c.token_ids, c.logprobs, strict=True))
-    sd = llm.llm_engine.stats.spec_decode
+    sd = llm.llm_engine.stats.speculative
     if method is not None:  # the verified positions really came from speculation
         assert sd.num_drafts >= N // 2 and 0 < sd.num_accepted_tokens < sd.num_draft_tokens

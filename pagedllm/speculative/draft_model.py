@@ -29,7 +29,7 @@ from pagedllm.engine.rank_builder import build_rank
 from pagedllm.loader import load_checkpoint
 from pagedllm.model.layers.attention import AttentionMetadata
 from pagedllm.model.layers.sampler import make_generator
-from pagedllm.spec_decode.adaptive import DraftState
+from pagedllm.speculative.adaptive import DraftState
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import BatchInputs
 

@@ -31,6 +31,6 @@ def test_greedy_identical_with_ngram():
     spec = LLM(**common, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     got = spec.generate(PROMPTS, sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    sd = spec.llm_engine.stats.spec_decode
+    sd = spec.llm_engine.stats.speculative
     assert sd.num_accepted_tokens > 10, sd
     spec.llm_engine.check_idle()

@@ -2,9 +2,9 @@
 (rewrite a held-out paragraph with a name changed; edit a function of the standard library)
 and a chat workload (open questions), single stream and 8 streams.
 
-    python benchmarks/spec_decode.py                      # SmolLM2-135M-Instruct, n-gram k=4
-    python benchmarks/spec_decode.py --quick              # fewer prompts, shorter outputs
-    python benchmarks/spec_decode.py --speculative-config '{"method": "draft_model", ...}'
+    python benchmarks/speculative.py                      # SmolLM2-135M-Instruct, n-gram k=4
+    python benchmarks/speculative.py --quick              # fewer prompts, shorter outputs
+    python benchmarks/speculative.py --speculative-config '{"method": "draft_model", ...}'
 
 Greedy decoding, so both engines emit the same tokens. Each cell alternates the engines
 (base, spec, base, spec, ... `--rounds` times) and reports the median of the per-round
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pagedllm import LLM, SamplingParams
 
-logger = logging.getLogger("benchmarks.spec_decode")
+logger = logging.getLogger("benchmarks.speculative")
 
 NAMES = [("Python", "Cobra"), ("function", "routine"), ("object", "thing"),
          ("module", "package"), ("statement", "command"), ("value", "datum"),
@@ -77,7 +77,7 @@ def chat_prompts(n: int) -> list[list[dict]]:
 def timed(llm: LLM, prompts: list[list[int]], streams: int, max_tokens: int) -> dict:
     """Generate for all prompts, `streams` at a time; output tokens per second."""
     sp = SamplingParams(temperature=0, max_tokens=max_tokens)
-    sd = llm.llm_engine.stats.spec_decode
+    sd = llm.llm_engine.stats.speculative
     before = (sd.num_drafts, sd.num_draft_tokens, sd.num_accepted_tokens) if sd else None
     n_out, t0 = 0, time.perf_counter()
     outs = []

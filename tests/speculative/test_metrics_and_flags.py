@@ -12,7 +12,7 @@ from pagedllm import SamplingParams
 from pagedllm.engine.stats import EngineStats
 from pagedllm.entrypoints.args import add_engine_args, engine_config_from_args
 from pagedllm.metrics import ServingMetrics
-from pagedllm.spec_decode.stats import SpecDecodeStats
+from pagedllm.speculative.stats import SpeculativeStats
 
 
 def _values(text: str) -> dict:
@@ -21,11 +21,11 @@ def _values(text: str) -> dict:
 
 
 def test_spec_series_exported_from_the_engine_stats():
-    sd = SpecDecodeStats(3)
+    sd = SpeculativeStats(3)
     sd.record(3, 2)
     sd.record(3, 0)
     sd.record(2, 1)
-    stats = EngineStats(spec_decode=sd)
+    stats = EngineStats(speculative=sd)
     text = ServingMetrics("m", lambda: stats).render(vllm_compat=True)
     v = _values(text)
     assert v[("pagedllm:spec_decode_num_drafts_total", None)] == 3
@@ -63,6 +63,6 @@ def test_llm_kwarg_and_debug_line(tiny_llama_dir, make_llm, caplog):
     caplog.set_level("INFO", logger="pagedllm.engine.llm_engine")
     llm.generate([[41] * 6], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                  use_tqdm=False)
-    lines = [r.getMessage() for r in caplog.records if "spec_drafts=" in r.getMessage()]
-    assert lines and any("spec_accepted=" in line and "spec_accepted=0" not in line
+    lines = [r.getMessage() for r in caplog.records if " drafts=" in r.getMessage()]
+    assert lines and any("accepted_drafts=" in line and "accepted_drafts=0" not in line
                          for line in lines)

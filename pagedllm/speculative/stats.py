@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class SpecDecodeStats:
+class SpeculativeStats:
     num_speculative_tokens: int
     num_drafts: int = 0           # verifications (one per speculating request per step)
     num_draft_tokens: int = 0     # draft tokens verified
@@ -43,9 +43,9 @@ class SpecDecodeStats:
         """Tokens emitted per verification (accepted drafts + the one sampled token)."""
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
-    def cleared(self) -> SpecDecodeStats:
-        return SpecDecodeStats(self.num_speculative_tokens)
+    def cleared(self) -> SpeculativeStats:
+        return SpeculativeStats(self.num_speculative_tokens)
 
     def step_line(self) -> str:
-        return (f"spec_drafts={self.last_drafts} spec_draft_tokens={self.last_draft_tokens} "
-                f"spec_accepted={self.last_accepted}")
+        return (f"drafts={self.last_drafts} draft_tokens={self.last_draft_tokens} "
+                f"accepted_drafts={self.last_accepted}")

@@ -23,11 +23,11 @@ import torch
 
 from pagedllm.core.request import Request
 from pagedllm.model.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
-from pagedllm.spec_decode.rejection import num_matching, rejection_sample
+from pagedllm.speculative.rejection import num_matching, rejection_sample
 
 
 @dataclass
-class SpecRows:
+class VerifyRows:
     """One speculating request's rows in the step's sampling batch."""
 
     request: Request
@@ -43,7 +43,7 @@ def draft_rows(req: Request, drafts: list[int]) -> list[SamplingRow]:
             for j in range(len(drafts) + 1)]
 
 
-def add_draft_counts(counts: torch.Tensor, specs: list[SpecRows]) -> None:
+def add_draft_counts(counts: torch.Tensor, specs: list[VerifyRows]) -> None:
     """Penalty counts [rows, V] (a copy) of row j += the drafts before position j."""
     rows = [s.first_row + j for s in specs for j in range(1, len(s.drafts) + 1)
             for _ in range(j)]
@@ -75,7 +75,7 @@ class Verifier:
         self.sampler = sampler
         self.vocab_size = vocab_size
 
-    def sample(self, logits: torch.Tensor, md: SamplingMetadata, specs: list[SpecRows]
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata, specs: list[VerifyRows]
                ) -> tuple[SamplerOutput, list[int], dict[int, int]]:
         """(sampler output with the final token of every row, the same as a list, number
         of tokens each speculating request emits, by first row)."""
@@ -109,7 +109,7 @@ class Verifier:
             result = SamplerOutput(ids, lp)
         return result, tokens, emitted
 
-    def _rejection(self, logits: torch.Tensor, md: SamplingMetadata, specs: list[SpecRows],
+    def _rejection(self, logits: torch.Tensor, md: SamplingMetadata, specs: list[VerifyRows],
                    tokens: list[int], emitted: dict[int, int]) -> None:
         probs = self.sampler.probs(logits, md)
         k = max(len(s.drafts) for s in specs)

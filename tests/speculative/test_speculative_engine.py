@@ -76,11 +76,11 @@ def test_greedy_ngram_identical(tiny_llama_dir, make_llm, baseline, k):
     got = tokens(run(llm, prompts, params))
     assert got == want
     st = llm.llm_engine.stats
-    assert st.spec_decode.num_accepted_tokens > 0  # speculation really happened
-    assert st.spec_decode.num_accepted_tokens < st.spec_decode.num_draft_tokens
+    assert st.speculative.num_accepted_tokens > 0  # speculation really happened
+    assert st.speculative.num_accepted_tokens < st.speculative.num_draft_tokens
     assert st.num_preemptions_total > 0 and st.prefix_cache_hits > 0
     if k > 1:
-        assert st.spec_decode.accepted_per_pos[1] > 0
+        assert st.speculative.accepted_per_pos[1] > 0
 
 
 @pytest.mark.parametrize("draft", ["close", "other", "same"])
@@ -98,7 +98,7 @@ def test_greedy_draft_model_identical(tiny_llama_dir, close_draft_dir, other_dra
     assert llm.llm_engine.num_blocks == 40
     got = tokens(run(llm, prompts, params))
     assert got == want
-    sd = llm.llm_engine.stats.spec_decode
+    sd = llm.llm_engine.stats.speculative
     assert sd.num_drafts > 0
     if draft == "same":  # the target as its own draft: every greedy draft is right
         assert sd.num_accepted_tokens == sd.num_draft_tokens
@@ -115,7 +115,7 @@ def test_seeded_sampling_identical_with_ngram(tiny_llama_dir, make_llm, baseline
     want = tokens(run(baseline, prompts, params, check_every_step=False))
     llm = make_llm(tiny_llama_dir, **PRESSURE, speculative_config=ngram(3))
     assert tokens(run(llm, prompts, params)) == want
-    assert llm.llm_engine.stats.spec_decode.num_accepted_tokens > 0
+    assert llm.llm_engine.stats.speculative.num_accepted_tokens > 0
 
 
 def test_sampling_parameters_apply_to_every_emitted_token(tiny_llama_dir, make_llm,
@@ -155,12 +155,12 @@ def test_sampling_parameters_apply_to_every_emitted_token(tiny_llama_dir, make_l
                 for t in we:
                     assert ge[t].logprob == pytest.approx(we[t].logprob, abs=1e-4)
                     assert ge[t].rank == we[t].rank
-    assert llm.llm_engine.stats.spec_decode.num_accepted_tokens > 0
+    assert llm.llm_engine.stats.speculative.num_accepted_tokens > 0
     assert got[2].outputs[0].finish_reason == "stop" and len(got[2].outputs[0].token_ids) >= 8
     # The grammar-constrained request on its own: its drafts are verified and accepted too.
     solo = make_llm(tiny_llama_dir, **PRESSURE, speculative_config=ngram(4))
     assert tokens(run(solo, prompts[-1:], params[-1:])) == tokens(want[-1:])
-    assert solo.llm_engine.stats.spec_decode.num_accepted_tokens > 0
+    assert solo.llm_engine.stats.speculative.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
@@ -196,5 +196,5 @@ def test_fuzzed_run_keeps_block_invariants(tiny_llama_dir, close_draft_dir, make
         eng.step()
         eng.check_invariants()
     eng.check_idle()
-    assert eng.stats.spec_decode.num_accepted_tokens > 0
+    assert eng.stats.speculative.num_accepted_tokens > 0
     assert eng.stats.num_preemptions_total > 0

@@ -1,4 +1,4 @@
-"""`SpecDecoder`: the engine's one object for speculative decoding, a proposer.
+"""`Speculator`: the engine's one object for speculative decoding, a proposer.
 
 Hooks (one each):
   * scheduler    reads `Request.draft_token_ids`: a decoding request schedules 1 + k query
@@ -18,16 +18,16 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
 from pagedllm.core.runner_output import RunnerOutput
-from pagedllm.spec_decode.adaptive import DraftState, num_to_propose, required_acceptance
-from pagedllm.spec_decode.config import SpeculativeConfig
-from pagedllm.spec_decode.draft_model import DraftModel
-from pagedllm.spec_decode.ngram import NgramProposer
-from pagedllm.spec_decode.stats import SpecDecodeStats
+from pagedllm.speculative.adaptive import DraftState, num_to_propose, required_acceptance
+from pagedllm.speculative.config import SpeculativeConfig
+from pagedllm.speculative.draft_model import DraftModel
+from pagedllm.speculative.ngram import NgramProposer
+from pagedllm.speculative.stats import SpeculativeStats
 
 logger = logging.getLogger(__name__)
 
 
-class SpecDecoder:
+class Speculator:
     def __init__(self, config: SpeculativeConfig, engine_config: EngineConfig,
                  vocab_size: int) -> None:
         self.config = config
@@ -42,8 +42,8 @@ class SpecDecoder:
         """The draft's KV layout (None for n-gram): each block also holds this much."""
         return None if self.draft is None else self.draft.kv_spec
 
-    def new_stats(self) -> SpecDecodeStats:
-        return SpecDecodeStats(self.config.num_speculative_tokens)
+    def new_stats(self) -> SpeculativeStats:
+        return SpeculativeStats(self.config.num_speculative_tokens)
 
     def propose(self, out: RunnerOutput, running: list[Request], bm: BlockManager
                 ) -> list[tuple[Request, list[int]]]:
