@@ -29,6 +29,14 @@ def unpack_awq_int32(packed: torch.Tensor) -> torch.Tensor:
 
 class AwqWeight(Int4GroupWeight):
     format = "awq"
+    #: one module's tensors in the checkpoint (hf_checkpoint groups them)
+    checkpoint_parts = ("qweight", "qzeros", "scales")
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, torch.Tensor], qcfg) -> AwqWeight:
+        """From one module's `checkpoint_parts` and its `hf_checkpoint.HFQuantConfig`."""
+        return cls.from_checkpoint(parts["qweight"], parts["qzeros"], parts["scales"],
+                                   qcfg.group_size, qcfg.zero_point)
 
     @classmethod
     def from_checkpoint(cls, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,

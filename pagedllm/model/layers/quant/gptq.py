@@ -33,6 +33,15 @@ def unpack_int32_cols(packed: torch.Tensor) -> torch.Tensor:
 
 class GptqWeight(Int4GroupWeight):
     format = "gptq"
+    #: one module's tensors in the checkpoint (hf_checkpoint groups them; g_idx may be absent)
+    checkpoint_parts = ("qweight", "qzeros", "scales", "g_idx")
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, torch.Tensor], qcfg) -> GptqWeight:
+        """From one module's `checkpoint_parts` and its `hf_checkpoint.HFQuantConfig`."""
+        return cls.from_checkpoint(
+            parts["qweight"], parts["qzeros"], parts["scales"], parts.get("g_idx"),
+            qcfg.group_size, zero_offset=1 if qcfg.checkpoint_format == "gptq" else 0)
 
     @classmethod
     def from_checkpoint(cls, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,

@@ -1,9 +1,11 @@
 """Quantized Hugging Face checkpoints: detection, per-module grouping, load-time int8.
 
 * AWQ / GPTQ are detected from `quantization_config` in config.json (`quant_method`), as vLLM
-  does. `quantized_weights_fn` (called once by loader/hf_loader.py) groups each quantized
-  module's qweight / qzeros / scales (/ g_idx) into one `AwqWeight` / `GptqWeight` and yields
-  it under the module's `.weight` name; other tensors pass through as float32.
+  does, and looked up in `CHECKPOINT_FORMATS` (a format registers there with one line).
+  `quantized_weights_fn` (called once by loader/hf_loader.py) groups each quantized
+  module's qweight / qzeros / scales (/ g_idx) into one weight of that format (its
+  `from_parts`) and yields it under the module's `.weight` name; other tensors pass through
+  as float32.
 * `prepare_weights` (called once by engine/model_setup.py) applies the engine's
   `quantization` choice: `int8` quantizes the dense linear weights of an fp32 / bf16
   checkpoint at load time (int8.py), `none` dequantizes an AWQ / GPTQ checkpoint (the
@@ -27,8 +29,14 @@ from pagedllm.model.layers.quant.int8 import Int8Weight
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_METHODS = ("awq", "gptq")
-_PARTS = ("qweight", "qzeros", "scales", "g_idx")
+#: `quant_method` of config.json -> the format that builds one module's weight from its
+#: tensors (`checkpoint_parts`, the first three required; `from_parts(parts, HFQuantConfig)`)
+CHECKPOINT_FORMATS: dict[str, type[QuantizedWeight]] = {
+    "awq": AwqWeight,
+    "gptq": GptqWeight,
+}
+SUPPORTED_METHODS = tuple(CHECKPOINT_FORMATS)
+_PARTS = tuple(dict.fromkeys(p for f in CHECKPOINT_FORMATS.values() for p in f.checkpoint_parts))
 Weights = Iterator[tuple[str, torch.Tensor | QuantizedWeight]]
 
 
@@ -82,16 +90,12 @@ def checkpoint_quantization(hf_config) -> HFQuantConfig | None:
 
 
 def _build(qcfg: HFQuantConfig, name: str, parts: dict[str, torch.Tensor]) -> QuantizedWeight:
-    missing = [p for p in _PARTS[:3] if p not in parts]
+    fmt = CHECKPOINT_FORMATS[qcfg.method]
+    missing = [p for p in fmt.checkpoint_parts[:3] if p not in parts]
     if missing:
         raise ValueError(f"{qcfg.method} module {name!r} lacks {missing} in the checkpoint")
     try:
-        if qcfg.method == "awq":
-            return AwqWeight.from_checkpoint(parts["qweight"], parts["qzeros"], parts["scales"],
-                                             qcfg.group_size, qcfg.zero_point)
-        return GptqWeight.from_checkpoint(
-            parts["qweight"], parts["qzeros"], parts["scales"], parts.get("g_idx"),
-            qcfg.group_size, zero_offset=1 if qcfg.checkpoint_format == "gptq" else 0)
+        return fmt.from_parts(parts, qcfg)
     except ValueError as exc:
         raise ValueError(f"{qcfg.method} module {name!r}: {exc}") from None
 
@@ -100,7 +104,7 @@ def group_quantized(raw: Iterable[tuple[str, torch.Tensor]], qcfg: HFQuantConfig
     """Raw checkpoint tensors -> float32 tensors and one QuantizedWeight per quantized module
     (named `<module>.weight`), built as soon as the module's parts have all been read."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
-    needed = 4 if qcfg.method == "gptq" else 3
+    needed = len(CHECKPOINT_FORMATS[qcfg.method].checkpoint_parts)
     for name, t in raw:
         module, _, part = name.rpartition(".")
         if part not in _PARTS:
