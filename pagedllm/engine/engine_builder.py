@@ -28,7 +28,6 @@ from pagedllm.core.swap_manager import SwapManager
 from pagedllm.distributed.executor import TPExecutor, start_tensor_parallel
 from pagedllm.distributed.worker import rank_threads
 from pagedllm.engine import model_setup, startup
-from pagedllm.engine.fault_injection import FaultInjector
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.plan import EnginePlan, resolve_plan, split_kv_budget
 from pagedllm.engine.rank_builder import build_rank, open_checkpoint
@@ -68,7 +67,6 @@ class EngineParts:
     executor: TPExecutor | None
     runner: ModelRunner
     output_processor: OutputProcessor
-    faults: FaultInjector | None
     stats: EngineStats
 
 
@@ -124,11 +122,10 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
         with startup.step("CUDA graphs"):
             graphs = cuda_graphs.for_engine(rank.model, cache, config, rank.window,
                                             lora is not None)
-    faults = FaultInjector.from_env(tokenizer)  # test-only: None unless the env var is set
     runner = ModelRunner(rank.model, cache, vocab_size=hf.vocab_size,
                          device=config.torch_device, sliding_window=rank.window,
                          seed=config.seed, lora=lora, structured_output=structured,
-                         workers=executor, draft=draft, graphs=graphs, faults=faults)
+                         workers=executor, draft=draft, graphs=graphs)
     stats = EngineStats(max_lora=config.max_loras if lora else 0,
                         speculative=speculator.new_stats() if speculator else None)
     return EngineParts(
@@ -137,8 +134,7 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
         kv_spec=rank.kv_spec, num_blocks=num_blocks, num_swap_blocks=num_swap, cache=cache,
         block_manager=bm, swap_manager=swap, scheduler=scheduler, lora=lora,
         structured_output=structured, speculator=speculator, executor=executor,
-        runner=runner, output_processor=OutputProcessor(tokenizer, faults=faults),
-        faults=faults, stats=stats)
+        runner=runner, output_processor=OutputProcessor(tokenizer), stats=stats)
 
 
 def _gpu_peak(config: EngineConfig, rank, vocab_size: int) -> int | None:

@@ -48,7 +48,7 @@ class LLMEngine:
                                                               p.output_processor)
         self.lora, self.structured_output, self.speculator = (p.lora, p.structured_output,
                                                              p.speculator)
-        self.executor, self.faults, self.stats = p.executor, p.faults, p.stats
+        self.executor, self.stats = p.executor, p.stats
         self.intake = RequestIntake(config, self.tokenizer, self.vocab_size, self.eos_token_id,
                                     self.lora, self.structured_output)
         self._ids = itertools.count()
@@ -81,8 +81,6 @@ class LLMEngine:
         self._requests[request_id] = self.output_processor.groups[request_id].seqs
         self.stats.on_add(req.num_prompt_tokens)
         self._update_gauges()
-        if self.faults is not None:
-            self.faults.register(request_id, req.prompt_token_ids)
         return request_id
 
     def load_lora(self, lora_request: LoRARequest) -> LoRAAdapter:
@@ -119,8 +117,6 @@ class LLMEngine:
         t1 = time.perf_counter()
         if sched.is_empty:
             return []
-        if self.faults is not None:
-            self.faults.on_schedule([s.request.group_id for s in sched.scheduled])
         try:
             result = self.runner.execute(sched)
         except Exception as exc:

@@ -52,11 +52,10 @@ class ProcessedStep:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, faults=None) -> None:
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.groups: dict[str, RequestGroup] = {}
         self._token_text: dict[int, str] = {}  # Logprob.decoded_token cache (bounded by vocab)
-        self.faults = faults  # FaultInjector in tests (engine/fault_injection.py), else None
 
     def add(self, request: Request) -> None:
         request.detokenizer = self._detokenizer(request)
@@ -94,8 +93,6 @@ class OutputProcessor:
     def _detokenize(self, seq: Request, num_new: int) -> StopStringHit | None:
         """Feed the sequence's `num_new` newest tokens to its detokenizer, in order; the text
         of a stop token goes in only with include_stop_str_in_output."""
-        if self.faults is not None:
-            self.faults.on_output(seq.group_id)
         first = seq.num_output_tokens - num_new
         new = seq.output_token_ids[first:]
         if seq.logprobs is not None:

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from pagedllm.errors import EngineError
+
 logger = logging.getLogger(__name__)
 _SOURCES = [Path(__file__).with_name(name) for name in
             ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "fused_cpu.cpp", "quant_gguf_cpu.cpp",
@@ -131,7 +133,7 @@ class BuildProgress:
         self._done.set()
 
 
-class KernelBuildError(RuntimeError):
+class KernelBuildError(EngineError):
     """The C++ CPU kernels did not build and PAGEDLLM_REQUIRE_CPU_KERNELS is set."""
 
 

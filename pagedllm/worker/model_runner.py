@@ -34,12 +34,12 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     """One rank's step executor. Its collaborators come in at construction: the TP `workers`
     (rank 0 of a tensor-parallel group), the speculative `draft` model that mirrors every
-    forward pass, captured CUDA `graphs`, and the tests' `faults` (all None when unused)."""
+    forward pass and captured CUDA `graphs` (all None when unused)."""
 
     def __init__(self, model: nn.Module, cache: CacheEngine, *, vocab_size: int,
                  device: torch.device, sliding_window: int | None = None,
                  seed: int = 0, structured_output=None, lora: LoRAManager | None = None,
-                 workers=None, draft=None, graphs=None, faults=None) -> None:
+                 workers=None, draft=None, graphs=None) -> None:
         self.model = model
         self.cache = cache
         self.vocab_size = vocab_size
@@ -56,7 +56,6 @@ class ModelRunner:
         self.workers = workers  # distributed.executor.TPExecutor under tensor parallelism
         self.draft = draft  # speculative.draft_model.DraftModel
         self.graphs = graphs  # cuda_graphs.DecodeGraphs (CUDA, not --enforce-eager)
-        self.faults = faults  # FaultInjector in tests (engine/fault_injection.py)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -118,11 +117,8 @@ class ModelRunner:
         """Logits of the sampling rows only (None when no request samples this step)."""
         if not plan.rows:
             return None
-        logits = self.model.compute_logits(
+        return self.model.compute_logits(
             hidden[torch.tensor(plan.row_index, device=hidden.device)])
-        if self.faults is not None:
-            self.faults.corrupt_logits(logits, [r.group_id for r in plan.row_requests])
-        return logits
 
     def _sample(self, logits: torch.Tensor, plan: SamplingPlan) -> list[SampledTokens]:
         """Sampling metadata (penalties, restrictions, grammar masks) -> sampler, or the

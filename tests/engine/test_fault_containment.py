@@ -1,6 +1,6 @@
 """A fault while handling one request's output fails only that request (blocks freed, the
 others' tokens unchanged); a dead engine thread fails everything at once and accepts nothing.
-Faults come from the test-only hook $PAGEDLLM_TEST_FAULTS (engine/fault_injection.py)."""
+Faults come from wrappers the tests install (tests/fault_injection.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from pagedllm import SamplingParams
 from pagedllm.engine.async_engine import AsyncEngine, EngineDead, EngineRequest
-from pagedllm.engine.fault_injection import InjectedEngineDeath
 from pagedllm.engine.llm_engine import LLMEngine
+from tests.fault_injection import InjectedEngineDeath, install, parse
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = {"a": "Hello there", "bad_out": "say FAULTOUT now", "b": "The capital of",
@@ -20,14 +20,12 @@ PROMPTS = {"a": "Hello there", "bad_out": "say FAULTOUT now", "b": "The capital 
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama_dir) -> LLMEngine:
+def engine(tiny_llama_dir):
     mp = pytest.MonkeyPatch()
-    mp.setenv("PAGEDLLM_TEST_FAULTS", "output=FAULTOUT;logits=FAULTNAN;die=FAULTDIE")
-    try:
-        return LLMEngine.from_engine_args(model=str(tiny_llama_dir), kv_cache_memory="4MiB",
-                                          num_threads=1, max_model_len=256)
-    finally:
-        mp.undo()
+    install(parse("output=FAULTOUT;logits=FAULTNAN;die=FAULTDIE"), mp.setattr)
+    yield LLMEngine.from_engine_args(model=str(tiny_llama_dir), kv_cache_memory="4MiB",
+                                     num_threads=1, max_model_len=256)
+    mp.undo()
 
 
 def _run(engine: LLMEngine, prompts: dict[str, str], params=PARAMS):

@@ -19,10 +19,13 @@ TINY_SERVER_ARGS = ["--kv-cache-memory", "4MiB", "--max-model-len", "1024", "--n
 
 def pagedllm_server(model: str | None, args: list[str], log_path: Path,
                     env: dict[str, str] | None = None) -> ServerProcess:
-    """`python -m pagedllm.entrypoints.cli serve MODEL --port P ...` on a free port."""
+    """`python -m pagedllm.entrypoints.cli serve MODEL --port P ...` on a free port (with
+    $PAGEDLLM_TEST_FAULTS in `env`: the same CLI under tests/fault_injection.py's wrappers)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve",
-           *([model] if model else []), "--port", str(port), *args]
+    entry = (["-m", "pagedllm.entrypoints.cli"] if "PAGEDLLM_TEST_FAULTS" not in (env or {})
+             else [str(Path(__file__).parents[1] / "fault_injection.py")])
+    cmd = [sys.executable, *entry, "serve", *([model] if model else []), "--port", str(port),
+           *args]
     return ServerProcess(cmd, port, log_path, env)
 
 
