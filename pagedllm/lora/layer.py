@@ -145,7 +145,9 @@ class LoRALinear(nn.Module):
         self.out_features = base_layer.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lora.add_delta(x, self.base_layer(x))
+        # base_layer.forward, not base_layer(x): one nn.Module call per target linear, as
+        # before the wrapper (~1 us x ~120 linears a step); no hooks are set on base layers
+        return self.lora.add_delta(x, self.base_layer.forward(x))
 
     def fused_ref(self, ops) -> None:
         return None
