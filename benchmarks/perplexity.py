@@ -82,7 +82,7 @@ def measure(model: str | None, fmt: str, windows: int, window: int, threads: int
                   kv_cache_memory=2 * window * 64 * 1024, max_num_seqs=1, **extra)
     except (ValueError, NotImplementedError) as exc:
         return {"format": fmt, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    from pagedllm.engine.model_setup import weight_bytes
+    from pagedllm.worker.model_setup import weight_bytes
 
     load_s = time.perf_counter() - t0
     held = {m.quant.format for m in llm.llm_engine.model.modules()

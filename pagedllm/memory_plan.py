@@ -10,7 +10,7 @@
     blocks       = KV budget // (KV per token x block_size)
 
 `pagedllm plan` prints this through `plan_for_engine`, which resolves dtype, KV dtype, KV
-budget and max_model_len with the engine's own code (config.py, engine/model_setup.py), so
+budget and max_model_len with the engine's own code (config.py, worker/model_setup.py), so
 plan and engine agree on every number; the engine logs the same KV numbers at start-up.
 """
 
@@ -124,7 +124,7 @@ def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     wbytes = weight_dtype_bytes or config_dtype_bytes(cfg)
     kvbytes = kv_dtype_bytes or wbytes
-    from pagedllm.engine.model_setup import layer_windows
+    from pagedllm.worker.model_setup import layer_windows
 
     spec = KVCacheSpec(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads,
                        head_dim=head_dim, dtype=_TORCH_DTYPE[kvbytes], block_size=block_size,
@@ -148,8 +148,8 @@ def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
 
     Raises ValueError when the weights alone do not fit `memory_bytes`.
     """
-    from pagedllm.engine.model_setup import DEFAULT_CPU_KV_BYTES, kv_spec_for
     from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
+    from pagedllm.worker.model_setup import DEFAULT_CPU_KV_BYTES, kv_spec_for
 
     apply_rope_overrides(cfg, config.rope_scaling, config.rope_theta)
     config.finalize(*rope_max_len(cfg))

@@ -53,7 +53,7 @@ USER_ERRORS = {
 
 # Callers catch these as RuntimeError.
 RUNTIME_ERRORS = {
-    "pagedllm.distributed.dp.client.ReplicaDied",
+    "pagedllm.data_parallel.client.ReplicaDied",
     "pagedllm.distributed.errors.WorkerDied",
     "pagedllm.engine.admission.EngineOverloaded",
     "pagedllm.engine.async_engine.EngineDead",

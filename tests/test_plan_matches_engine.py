@@ -56,7 +56,7 @@ def test_plan_equals_engine_int8_cache(tiny_llama_dir):
 
 
 def test_cpu_default_budget_is_the_engines(tiny_llama_dir):
-    from pagedllm.engine.model_setup import DEFAULT_CPU_KV_BYTES
+    from pagedllm.worker.model_setup import DEFAULT_CPU_KV_BYTES
 
     result = plan_for_engine(load_config(str(tiny_llama_dir)), EngineConfig(device="cpu"))
     assert result.kv_budget == DEFAULT_CPU_KV_BYTES

@@ -2,7 +2,7 @@
 
     engine start-up                      every step (ModelRunner hook)
     ---------------                      -----------------------------
-    start_tensor_parallel(config, ckpt)  executor.send_step(StepMessage)  -> ranks 1..N-1
+    start_tensor_parallel(config, ckpt)  executor.send_step(batch, ...)  -> ranks 1..N-1
       spawn ranks 1..N-1 (mp | ray),     rank 0 then runs the same forward; the collectives
       join the process group             inside it pair with the workers'
     build rank 0's shard, plan blocks
@@ -52,9 +52,11 @@ class TPExecutor(abc.ABC):
     @abc.abstractmethod
     def _stop_workers(self) -> None: ...
 
-    def send_step(self, msg: StepMessage) -> None:
+    def send_step(self, host, logits_rows: list[int], swap_out, swap_in, copies) -> None:
+        """Rank 0's step for the other ranks: its batch (`HostBatch`, None for a step that
+        only moves blocks), the rows it computes logits for and its block moves."""
         self.check_health()
-        self.broadcast(msg.encode())
+        self.broadcast(StepMessage.step(host, logits_rows, swap_out, swap_in, copies).encode())
 
     def shutdown(self) -> None:
         """Tell the workers to exit, then leave the group (idempotent)."""

@@ -50,8 +50,8 @@ class TPWorker:
         self.window: int | None = None
 
     def load(self) -> None:
-        """Load this rank's shard: the engine's own start-up (engine/rank_builder.py)."""
-        from pagedllm.engine.rank_builder import build_rank, prepare_checkpoint
+        """Load this rank's shard: the engine's own start-up (worker/rank_builder.py)."""
+        from pagedllm.worker.rank_builder import build_rank, prepare_checkpoint
 
         ckpt = prepare_checkpoint(self.config)
         layout = TPLayout.for_model(ckpt.config, self.rank, self.config.tensor_parallel_size)

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 from pagedllm.engine.admission import EngineOverloaded, QueueLimits
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.metrics import ServingMetrics
 from pagedllm.engine.request_stream import EngineRequest, RequestAborted, RequestStream
 from pagedllm.engine.stats import EngineStats
 from pagedllm.errors import EngineError, EngineFatalError, InvalidRequestError
-from pagedllm.metrics import ServingMetrics
 from pagedllm.outputs import RequestOutput
 
 __all__ = ["AsyncEngine", "DuplicateRequestId", "EngineDead", "EngineOverloaded", "EngineRequest",

@@ -1,6 +1,6 @@
 """Start-up of an engine: `EngineConfig` -> every part `LLMEngine` steps with.
 
-    checkpoint (tokenizer, HF config)      rank_builder.open_checkpoint
+    checkpoint (tokenizer, HF config)      open_checkpoint (worker/rank_builder + serving bits)
     TP ranks 1..N-1 start loading          distributed/executor.start_tensor_parallel
     this rank's model, KV spec, window     rank_builder.build_rank
     cross-feature decisions                plan.resolve_plan (logged once)
@@ -21,23 +21,26 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from pagedllm import startup
 from pagedllm.config import EngineConfig, KVCacheSpec
+from pagedllm.config.generation import sampling_defaults
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.swap_manager import SwapManager
 from pagedllm.distributed.executor import TPExecutor, start_tensor_parallel
 from pagedllm.distributed.worker import rank_threads
-from pagedllm.engine import model_setup, startup
+from pagedllm.engine.chat_template import resolve_chat_template
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.plan import EnginePlan, resolve_plan, split_kv_budget
-from pagedllm.engine.rank_builder import build_rank, open_checkpoint
 from pagedllm.engine.stats import EngineStats
+from pagedllm.loader import Checkpoint
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.speculative.speculator import Speculator
 from pagedllm.structured_output.manager import StructuredOutputManager
-from pagedllm.worker import cuda_graphs, gpu_memory
+from pagedllm.worker import cuda_graphs, gpu_memory, model_setup
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.model_runner import ModelRunner
+from pagedllm.worker.rank_builder import build_rank, prepare_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,20 @@ class EngineParts:
     runner: ModelRunner
     output_processor: OutputProcessor
     stats: EngineStats
+
+
+def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
+    """The checkpoint of `config.model` as every engine front sees it (LLMEngine, the DP
+    front): --chat-template applied to its tokenizer, RoPE overrides applied to its config,
+    the context-length defaults resolved. Also the served model name and the SamplingParams
+    defaults from generation_config.json (vLLM's --generation-config)."""
+    ckpt = prepare_checkpoint(config)
+    if config.chat_template is not None:
+        ckpt.tokenizer.chat_template = resolve_chat_template(config.chat_template)
+    name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
+    defaults = sampling_defaults(config.generation_config,
+                                 ckpt.source if ckpt.source.is_dir() else None)
+    return ckpt, name, defaults
 
 
 def build_engine(config: EngineConfig, owner: object) -> EngineParts:

@@ -8,7 +8,7 @@ cross-feature question itself:
     rule                                              decided by
     prefix caching off with dynamic NTK RoPE          resolve_plan
     prefix caching off when every layer is sliding    resolve_plan (blocks leave the window)
-    one KV group under tensor parallelism             single_kv_group (ranks share one table)
+    one KV group under tensor parallelism             model_setup.single_kv_group
     CUDA graphs only without speculation and TP       resolve_plan
     a block holds target + draft KV                   split_kv_budget
     int8 activations auto                             EngineConfig.resolve_int8_activations
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.model.layers.rope_scaling import rope_parameters
+from pagedllm.worker.model_setup import single_kv_group
 
 logger = logging.getLogger(__name__)
 
@@ -33,20 +34,6 @@ class EnginePlan:
     prefix_caching: bool
     single_kv_group: bool
     cuda_graphs: bool
-
-
-def single_kv_group(config: EngineConfig) -> bool:
-    """Every layer in one KV group (sliding layers keep all their blocks): asked for with
-    --disable-hybrid-kv-cache-manager, and always under tensor parallelism, whose ranks
-    rebuild the batch from rank 0's arrays, which carry one block table."""
-    return config.disable_hybrid_kv_cache_manager or config.tensor_parallel_size > 1
-
-
-def kv_layout(config: EngineConfig, windows: list[int | None]) -> KVGroupLayout:
-    """The KV group layout of a model whose layers have these sliding windows."""
-    if single_kv_group(config):
-        return KVGroupLayout.single(len(windows))
-    return KVGroupLayout.from_windows(windows)
 
 
 def resolve_plan(config: EngineConfig, hf_config, layout: KVGroupLayout) -> EnginePlan:

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 import pagedllm
 from pagedllm.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
+from pagedllm.engine.metrics import CONTENT_TYPE
 from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimitMiddleware
 from pagedllm.entrypoints.chat_page import add_chat_page
 from pagedllm.entrypoints.guard import GuardMiddleware, error_response
@@ -55,7 +56,6 @@ from pagedllm.entrypoints.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.serving_models import ServingModels
 from pagedllm.entrypoints.template_sandbox import TemplateSandbox
 from pagedllm.lora.request import LoRARequest
-from pagedllm.metrics import CONTENT_TYPE
 
 __all__ = ["bind_socket", "build_app", "run_server", "with_disconnect"]
 logger = logging.getLogger(__name__)

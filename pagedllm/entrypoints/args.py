@@ -13,17 +13,17 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.entrypoints.server_options import add_server_option_args
 from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import MAX_LOGPROBS
-from pagedllm.speculative.config import SpeculativeConfig
 
 if TYPE_CHECKING:
     from pagedllm.config import EngineConfig
 
 # The flags' vocabularies, spelled out here so that building the parser (`--help`) imports
 # no torch; tests/entrypoints/test_cli_first_hour.py checks that they equal the engine's
-# (config.KV_CACHE_DTYPES, PREEMPTION_MODES, QUANTIZATION_METHODS, body_limit's default).
+# (config/engine.py: KV_CACHE_DTYPES, PREEMPTION_MODES, QUANTIZATION_METHODS, body_limit's default).
 KV_CACHE_DTYPES = ("int8", "fp8", "fp8_e4m3", "fp8_e5m2")
 PREEMPTION_MODES = ("recompute", "swap")
 QUANTIZATION_METHODS = ("none", "gguf", "awq", "gptq", "int8")

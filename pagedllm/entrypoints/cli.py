@@ -129,9 +129,9 @@ def cmd_chat(args) -> int:
 def cmd_serve(args) -> int:
     from pagedllm.engine.async_engine import AsyncEngine, QueueLimits
     from pagedllm.engine.llm_engine import LLMEngine
-    from pagedllm.engine.startup import warm_up
     from pagedllm.entrypoints.api_server import bind_socket
     from pagedllm.kernels import cpu_ops
+    from pagedllm.startup import warm_up
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
@@ -199,8 +199,8 @@ def _run(args, engine, names, sock, lora_modules) -> int:
 
 def _serve_data_parallel(args, config) -> int:
     """`serve --data-parallel-size N`: N replica processes behind this server."""
-    from pagedllm.distributed.dp.client import DPEngine
-    from pagedllm.distributed.dp.metrics import DPCollector
+    from pagedllm.data_parallel.client import DPEngine
+    from pagedllm.data_parallel.metrics import DPCollector
     from pagedllm.engine.async_engine import AsyncEngine
     from pagedllm.entrypoints.api_server import bind_socket
 

@@ -16,12 +16,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pagedllm.engine.model_setup import weight_bytes
 from pagedllm.loader import Checkpoint
 from pagedllm.model.layers.attention import LayerKVCache
 from pagedllm.model.layers.attention_train import CausalBatchMetadata
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.registry import get_model_class
+from pagedllm.worker.model_setup import weight_bytes
 
 logger = logging.getLogger(__name__)
 

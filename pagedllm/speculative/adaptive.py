@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.speculative.config import SpeculativeConfig
+from pagedllm.config.speculative import SpeculativeConfig
 
 _EMA = 0.5  # weight of the newest verification
 

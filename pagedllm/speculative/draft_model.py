@@ -25,13 +25,13 @@ import torch
 from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
-from pagedllm.engine.rank_builder import build_rank
 from pagedllm.loader import load_checkpoint
 from pagedllm.model.layers.attention import AttentionMetadata
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.speculative.adaptive import DraftState
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import BatchInputs
+from pagedllm.worker.rank_builder import build_rank
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class DraftModel:
         draft_config = dataclasses.replace(
             config, model=path, quantization=None, speculative_config=None, enable_lora=False)
         draft_config.finalize(config.max_model_len)
-        # The target's start-up (engine/rank_builder.py) on the draft's own checkpoint: the
+        # The target's start-up (worker/rank_builder.py) on the draft's own checkpoint: the
         # target's RoPE overrides and trained length do not apply to it.
         parts = build_rank(draft_config, ckpt)
         self.model, self.kv_spec = parts.model, parts.kv_spec

@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 
 from pagedllm.config import EngineConfig
+from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
 from pagedllm.core.runner_output import RunnerOutput
 from pagedllm.speculative.adaptive import DraftState, num_to_propose, required_acceptance
-from pagedllm.speculative.config import SpeculativeConfig
 from pagedllm.speculative.draft_model import DraftModel
 from pagedllm.speculative.ngram import NgramProposer
 from pagedllm.speculative.stats import SpeculativeStats

@@ -22,8 +22,8 @@ from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_generator
 from pagedllm.model.layers.token_constraints import TokenConstraints
-from pagedllm.speculative.verify import DraftGrammar, Verifier, add_draft_counts
 from pagedllm.worker.cache_engine import CacheEngine
+from pagedllm.worker.draft_verification import DraftGrammar, Verifier, add_draft_counts
 from pagedllm.worker.input_batch import build_inputs
 from pagedllm.worker.persistent_batch import PersistentBatch
 from pagedllm.worker.sampling_rows import SamplingPlan, collect, plan_sampling
@@ -87,11 +87,9 @@ class ModelRunner:
 
     def _send_to_workers(self, sched: SchedulerOutput, batch, row_index: list[int]) -> None:
         """Tensor parallelism: the other ranks mirror this step (swaps, forward, gather)."""
-        from pagedllm.distributed.step_message import StepMessage
-
-        self.workers.send_step(StepMessage.step(
-            batch.host if batch is not None else None, row_index, sched.blocks_to_swap_out,
-            sched.blocks_to_swap_in, sched.blocks_to_copy))
+        self.workers.send_step(batch.host if batch is not None else None, row_index,
+                               sched.blocks_to_swap_out, sched.blocks_to_swap_in,
+                               sched.blocks_to_copy)
 
     def _move_blocks(self, sched: SchedulerOutput) -> None:
         # Swap-outs first: a device block they read may be a swap-in's or a copy's target.

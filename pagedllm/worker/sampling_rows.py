@@ -2,7 +2,7 @@
 
 A request sampling this step gets one row on the hidden state of its last query token, or n
 rows on the same logits when an n > 1 request has just finished its prompt, or k + 1 rows
-when it verifies k draft tokens (speculative/verify.py). `plan_sampling` lays the rows out,
+when it verifies k draft tokens (worker/draft_verification.py). `plan_sampling` lays the rows out,
 `collect` turns the sampler's rows back into one `SampledTokens` per request.
 """
 
@@ -16,7 +16,7 @@ from pagedllm.core.request import Request
 from pagedllm.core.runner_output import SampledTokens
 from pagedllm.model.layers.sampler import SamplingRow
 from pagedllm.outputs import Logprob
-from pagedllm.speculative.verify import VerifyRows, draft_rows
+from pagedllm.worker.draft_verification import VerifyRows, draft_rows
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedllm.distributed.dp.router import PrefixAffinityRouter, prefix_hashes
+from pagedllm.data_parallel.router import PrefixAffinityRouter, prefix_hashes
 
 PREFIX = list(range(100, 132))  # two full blocks of 16
 

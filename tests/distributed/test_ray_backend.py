@@ -50,7 +50,7 @@ def test_ray_tp2_matches_mp(tiny_llama_dir, local_ray, monkeypatch):
 def test_ray_data_parallel_replicas(tiny_llama_dir, local_ray):
     """DP=2 with the replicas as Ray actors (one bundle each): two prompts without a common
     block go one to each replica, and their tokens equal a single engine's."""
-    from pagedllm.distributed.dp.client import DPEngine
+    from pagedllm.data_parallel.client import DPEngine
 
     kwargs = dict(model=str(tiny_llama_dir), num_threads=1, kv_cache_memory="4MiB",
                   max_model_len=256, generation_config="vllm")

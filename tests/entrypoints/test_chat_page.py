@@ -173,7 +173,7 @@ def test_live_metrics_parse_with_every_documented_series(server):
     from prometheus_client.parser import text_string_to_metric_families
     from test_metrics_exposition import documented
 
-    from pagedllm.metrics import SERIES, VLLM_ALIASES
+    from pagedllm.engine.metrics import SERIES, VLLM_ALIASES
 
     text = httpx.get(f"{server.base_url}/metrics", timeout=5).text
     families = {f.name: f for f in text_string_to_metric_families(text)}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedllm import config as engine_config
+from pagedllm.config import engine as engine_config
 from pagedllm.entrypoints import args as cli_args
 from pagedllm.entrypoints import body_limit
 from pagedllm.entrypoints.cli import main
@@ -96,14 +96,14 @@ def test_tensor_parallel_with_quantized_weights_is_refused_before_loading(
         kind, tmp_path, monkeypatch, capsys):
     """Nothing may be loaded: the checkpoint loader, the kernel build and the socket bind all
     raise if reached, and the refusal comes in well under a second."""
-    import pagedllm.engine.model_setup as model_setup
     import pagedllm.entrypoints.api_server as api_server
+    import pagedllm.worker.rank_builder as rank_builder
     from pagedllm.kernels import cpu_ops
 
     def reached(*_a, **_k):
         raise AssertionError("loaded something before refusing")
 
-    monkeypatch.setattr(model_setup, "load_checkpoint", reached)
+    monkeypatch.setattr(rank_builder, "load_checkpoint", reached)
     monkeypatch.setattr(cpu_ops, "load", reached)
     monkeypatch.setattr(api_server, "bind_socket", reached)
     if kind == "gguf":

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagedllm.engine.metrics import SERIES, VLLM_ALIASES, ServingMetrics
 from pagedllm.engine.stats import EngineStats
-from pagedllm.metrics import SERIES, VLLM_ALIASES, ServingMetrics
 from pagedllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 README = Path(__file__).resolve().parents[2] / "README.md"

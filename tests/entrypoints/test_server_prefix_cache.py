@@ -8,8 +8,8 @@ import openai
 import pytest
 from server_harness import TINY_SERVER_ARGS, scrape, start_server, wait_idle
 
+from pagedllm.engine.metrics import ServingMetrics
 from pagedllm.engine.stats import EngineStats
-from pagedllm.metrics import ServingMetrics
 
 PROMPT = list(range(100, 140))   # 40 token ids: 2 full blocks of 16 can be served from cache
 GREEDY = dict(model="tiny", temperature=0, max_tokens=4)

@@ -11,11 +11,11 @@ from gguf import GGUFReader
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineConfig
-from pagedllm.engine.model_setup import weight_bytes
 from pagedllm.kernels import cpu_features
 from pagedllm.loader import CACHE_DIR_ENV, UnsupportedModelError, load_checkpoint
 from pagedllm.loader.cache import gguf_entry_dir
 from pagedllm.model.layers.quant import gguf as gguf_quant
+from pagedllm.worker.model_setup import weight_bytes
 from tests.model.quant.test_int8_engine import check_logprobs_close
 
 PROMPTS = [

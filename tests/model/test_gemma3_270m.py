@@ -112,8 +112,8 @@ def test_quantized_weights_match_the_dense_path(gemma3_gguf, gemma3_llm, hf_refe
     undone), at a fifth of the dense size or less, with the greedy tokens of the dense path
     and HF (the same 4 prompts as above: HF's results are cached), the >512-token one with
     the sliding groups' out-of-window blocks freed."""
-    from pagedllm.engine.model_setup import weight_bytes
     from pagedllm.loader import hf_reference_dir
+    from pagedllm.worker.model_setup import weight_bytes
 
     quant = LLM(str(gemma3_gguf), num_threads=2, max_model_len=2048,
                 kv_cache_memory=128 * 2**20, int8_activations=False)

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedllm import SamplingParams
+from pagedllm.engine.metrics import ServingMetrics
 from pagedllm.engine.stats import EngineStats
 from pagedllm.entrypoints.args import add_engine_args, engine_config_from_args
-from pagedllm.metrics import ServingMetrics
 from pagedllm.speculative.stats import SpeculativeStats
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 from pagedllm.core.request import Request
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.speculative.adaptive import DraftState, num_to_propose, required_acceptance
-from pagedllm.speculative.config import SpeculativeConfig
 from pagedllm.speculative.ngram import NgramProposer
-from pagedllm.speculative.rejection import num_matching, rejection_sample
+from pagedllm.worker.rejection_sampler import num_matching, rejection_sample
 
 
 def chi2_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:

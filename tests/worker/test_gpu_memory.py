@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pagedllm.config import KVCacheSpec, resolve_dtype
-from pagedllm.engine.model_setup import plan_num_blocks
 from pagedllm.worker.gpu_memory import GiB, GpuMemoryPlan, profile_requests
+from pagedllm.worker.model_setup import plan_num_blocks
 
 
 def test_kv_budget_is_utilization_share_minus_weights_peak_and_outside_torch():

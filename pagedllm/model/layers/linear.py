@@ -61,7 +61,7 @@ class Linear(nn.Module):
     @property
     def quant(self) -> LinearMethod | None:
         """The method when it holds the weight apart from this layer's parameters (every
-        format but the HF layout), else None: what engine/model_setup.weight_bytes counts by
+        format but the HF layout), else None: what worker/model_setup.weight_bytes counts by
         `nbytes`, next to the parameters it counts itself."""
         m = self.method
         return None if m is None or m.uses_layer_weight else m

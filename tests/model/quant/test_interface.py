@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from pagedllm.config import EngineConfig
-from pagedllm.engine import model_setup
 from pagedllm.loader import load_checkpoint
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.quant import QuantizedWeight, StackedQuantizedWeight, concat_quantized
+from pagedllm.worker import model_setup
 
 
 class RowInt8(QuantizedWeight):

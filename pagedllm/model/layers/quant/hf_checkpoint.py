@@ -6,7 +6,7 @@
   module's qweight / qzeros / scales (/ g_idx) into one weight of that format (its
   `from_parts`) and yields it under the module's `.weight` name; other tensors pass through
   as float32.
-* `prepare_weights` (called once by engine/model_setup.py) applies the engine's
+* `prepare_weights` (called once by worker/model_setup.py) applies the engine's
   `quantization` choice: `int8` quantizes the dense linear weights of an fp32 / bf16
   checkpoint at load time (int8.py), `none` dequantizes an AWQ / GPTQ checkpoint (the
   reference path), and a choice that contradicts the checkpoint is a ValueError.

@@ -7,7 +7,7 @@ The same two calls start the engine (rank 0), every tensor-parallel rank > 0
     parts = build_rank(config, ckpt, tp)   the model (this rank's shard), its KV spec, window
 
 so what one of them loads, the others load the same way. The fronts (LLMEngine, the data-
-parallel router) open the checkpoint with `open_checkpoint`, which adds what serving needs.
+parallel router) open it with engine_builder.open_checkpoint, which adds what serving needs.
 `pagedllm plan` reads the KV spec through the same `model_setup.kv_spec_for`, no weights.
 """
 
@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from pagedllm import startup
 from pagedllm.config import EngineConfig, KVCacheSpec
-from pagedllm.engine import model_setup, startup
-from pagedllm.engine.chat_template import resolve_chat_template
-from pagedllm.engine.generation_config import sampling_defaults
 from pagedllm.kernels import cpu_ops
 from pagedllm.loader import Checkpoint, load_checkpoint
 from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
+from pagedllm.worker import model_setup
 
 
 @dataclass
@@ -56,20 +55,6 @@ def prepare_checkpoint(config: EngineConfig) -> Checkpoint:
     apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
     config.finalize(*rope_max_len(ckpt.config))
     return ckpt
-
-
-def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
-    """The checkpoint of `config.model` as every engine front sees it (LLMEngine, the DP
-    front): --chat-template applied to its tokenizer, RoPE overrides applied to its config,
-    the context-length defaults resolved. Also the served model name and the SamplingParams
-    defaults from generation_config.json (vLLM's --generation-config)."""
-    ckpt = prepare_checkpoint(config)
-    if config.chat_template is not None:
-        ckpt.tokenizer.chat_template = resolve_chat_template(config.chat_template)
-    name = str(config.model) if config.model else "SmolLM2-135M-Instruct"
-    defaults = sampling_defaults(config.generation_config,
-                                 ckpt.source if ckpt.source.is_dir() else None)
-    return ckpt, name, defaults
 
 
 def build_rank(config: EngineConfig, ckpt: Checkpoint, tp=None) -> RankParts:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
-from pagedllm.engine.plan import kv_layout
+from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
 from pagedllm.model.layers.quant import hf_checkpoint
@@ -113,6 +113,20 @@ def layer_windows(hf_config) -> list[int | None]:
 
         return [window if t == SLIDING else None for t in layer_types(hf_config)]
     return [window] * n
+
+
+def single_kv_group(config: EngineConfig) -> bool:
+    """Every layer in one KV group (sliding layers keep all their blocks): asked for with
+    --disable-hybrid-kv-cache-manager, and always under tensor parallelism, whose ranks
+    rebuild the batch from rank 0's arrays, which carry one block table."""
+    return config.disable_hybrid_kv_cache_manager or config.tensor_parallel_size > 1
+
+
+def kv_layout(config: EngineConfig, windows: list[int | None]) -> KVGroupLayout:
+    """The KV group layout of a model whose layers have these sliding windows."""
+    if single_kv_group(config):
+        return KVGroupLayout.single(len(windows))
+    return KVGroupLayout.from_windows(windows)
 
 
 def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:

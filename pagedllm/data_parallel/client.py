@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from multiprocessing.connection import Listener, wait
 
 from pagedllm.config import EngineConfig
-from pagedllm.distributed.dp.launch import ProcessReplicas, RayReplicas
-from pagedllm.distributed.dp.router import PrefixAffinityRouter
-from pagedllm.engine.rank_builder import open_checkpoint
+from pagedllm.data_parallel.launch import ProcessReplicas, RayReplicas
+from pagedllm.data_parallel.router import PrefixAffinityRouter
+from pagedllm.engine.engine_builder import open_checkpoint
 from pagedllm.engine.stats import EngineStats
 from pagedllm.errors import EngineError, EngineFatalError
 from pagedllm.outputs import CompletionOutput, RequestOutput

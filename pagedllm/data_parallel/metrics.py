@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pagedllm.distributed.dp.router import PrefixAffinityRouter
+from pagedllm.data_parallel.router import PrefixAffinityRouter
 
 
 class DPCollector(Collector):

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.config.generation import validate_generation_config
+from pagedllm.config.speculative import SpeculativeConfig
+from pagedllm.kernels import cpu_features
 from pagedllm.lora.config import LoRAConfig
-from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 from pagedllm.sampling_params import MAX_LOGPROBS
-from pagedllm.speculative.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class EngineConfig:
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
     enforce_eager: bool = False  # no CUDA graphs for decode steps (worker/cuda_graphs.py)
     tensor_parallel_size: int = 1  # ranks each holding 1/N of every layer (distributed/)
-    data_parallel_size: int = 1    # engine replicas behind one API server (distributed/dp/)
+    data_parallel_size: int = 1    # engine replicas behind one API server (data_parallel/)
     distributed_executor_backend: str | None = None  # "mp" | "ray"; None = mp
     # Speculative decoding (speculative/): a SpeculativeConfig, its dict or JSON text.
     speculative_config: SpeculativeConfig | dict | str | None = None
@@ -179,8 +179,6 @@ class EngineConfig:
                              "use preemption_mode='recompute'")
         self.lora_config = (LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
                             if self.enable_lora else None)
-        from pagedllm.engine.generation_config import validate_generation_config
-
         validate_generation_config(self.generation_config)
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
@@ -196,8 +194,6 @@ class EngineConfig:
         if not applies or self.torch_device.type != "cpu":
             self.int8_activations = False
             return
-        from pagedllm.kernels import cpu_features
-
         self.int8_activations = cpu_features.default_int8_activations()
 
     def finalize(self, model_max_len: int, derivation: str = "") -> None:
@@ -220,85 +216,3 @@ class EngineConfig:
                            "%d tokens may degrade", msg, model_max_len)
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = 2048
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    """Shape of the paged KV cache and the arithmetic users plan with.
-
-    `dtype` is the storage dtype of K/V: the model dtype, or int8 / fp8, which also store a
-    scale per token per KV head. `layout` splits the layers into KV groups (full attention,
-    sliding window: core/kv_groups.py); a block holds `layers_per_block` layers of one group.
-    None: one group of every layer, no block ever freed before its sequence ends.
-    """
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    block_size: int
-    layout: KVGroupLayout | None = None
-
-    def __post_init__(self) -> None:
-        if self.layout is not None and self.layout.num_layers != self.num_layers:
-            raise ValueError(f"the KV layout covers {self.layout.num_layers} layers, the model "
-                             f"has {self.num_layers}")
-
-    @property
-    def quantized(self) -> bool:
-        return kv_quant.is_quantized(self.dtype)
-
-    @property
-    def dtype_bytes(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
-
-    @property
-    def scale_bytes(self) -> int:
-        """Bytes of the scale stored with each head_dim row (0 when not quantized)."""
-        if not self.quantized:
-            return 0
-        return torch.empty((), dtype=kv_quant.SCALE_DTYPE).element_size()
-
-    @property
-    def groups(self) -> KVGroupLayout:
-        return self.layout or KVGroupLayout.single(self.num_layers)
-
-    @property
-    def bytes_per_layer_token(self) -> int:
-        """2 (K and V) x kv_heads x (head_dim x dtype bytes + scale bytes): one layer."""
-        return 2 * self.num_kv_heads * (self.head_dim * self.dtype_bytes + self.scale_bytes)
-
-    @property
-    def bytes_per_token(self) -> int:
-        """Every layer's KV of one token (what a sequence holds without freeing)."""
-        return self.num_layers * self.bytes_per_layer_token
-
-    @property
-    def layers_per_block(self) -> int:
-        return self.groups.layers_per_block
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.layers_per_block * self.bytes_per_layer_token * self.block_size
-
-    def num_blocks_for(self, budget_bytes: int) -> int:
-        return budget_bytes // self.bytes_per_block
-
-    def blocks_per_seq(self, seq_len: int, chunk: int = 1) -> int:
-        """Pool blocks a sequence of `seq_len` tokens holds (all groups) while a step
-        computes `chunk` of its tokens."""
-        return self.groups.blocks_per_seq(seq_len, self.block_size, chunk)
-
-    def bytes_per_seq(self, seq_len: int) -> int:
-        return self.blocks_per_seq(seq_len) * self.bytes_per_block
-
-    def bytes_per_seq_every_layer(self, seq_len: int) -> int:
-        """What the sequence would hold keeping every layer's KV (no freeing)."""
-        return -(-seq_len // self.block_size) * self.block_size * self.bytes_per_token
-
-    def group_lines(self) -> list[str]:
-        """Per group: layers, window and KV bytes per token (for logs and `plan`)."""
-        return [f"group {i} ({g.kind}, layers {','.join(map(str, g.layers))}): "
-                f"{len(g.layers) * self.bytes_per_layer_token} B/token"
-                + ("" if g.window is None else f", at most {g.window} tokens kept")
-                for i, g in enumerate(self.groups.groups)]

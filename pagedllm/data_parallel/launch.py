@@ -12,7 +12,7 @@ import multiprocessing as mp
 import os
 
 from pagedllm.config import EngineConfig
-from pagedllm.distributed.dp.replica import replica_main
+from pagedllm.data_parallel.replica import replica_main
 
 logger = logging.getLogger(__name__)
 

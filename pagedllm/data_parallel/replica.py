@@ -25,7 +25,7 @@ def replica_main(index: int, config: EngineConfig, address, authkey: bytes) -> N
                         format=f"%(asctime)s dp-replica{index} %(levelname)s %(name)s: "
                         "%(message)s")
     from pagedllm.engine.llm_engine import LLMEngine
-    from pagedllm.engine.startup import warm_up
+    from pagedllm.startup import warm_up
 
     conn = Client(address, authkey=authkey)
     conn.send(("hello", index, os.getpid()))

@@ -10,7 +10,7 @@ those drafts had been sampled one step at a time::
     output seen    out      out+d0  out+d0d1   out+d0..d_{k-1}
 
 `Verifier.sample` runs the ordinary sampler over all rows, then keeps the longest accepted
-prefix plus one token per request (`rejection.py`). A seeded request's generator is rewound
+prefix plus one token per request (`rejection_sampler.py`). A seeded request's generator is rewound
 to the draws of the tokens it emitted, so with point-mass drafts (n-gram) its output equals
 the output without speculation draw for draw.
 """
@@ -23,7 +23,7 @@ import torch
 
 from pagedllm.core.request import Request
 from pagedllm.model.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
-from pagedllm.speculative.rejection import num_matching, rejection_sample
+from pagedllm.worker.rejection_sampler import num_matching, rejection_sample
 
 
 @dataclass
