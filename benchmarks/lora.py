@@ -93,7 +93,7 @@ def interleaved_steps(engines: dict, prompts, rounds: int, steps: int) -> dict:
             times[name].append((time.perf_counter() - t0) / steps)
     for llm, _ in engines.values():
         eng = llm.llm_engine
-        eng.abort_request(list(eng._requests))
+        eng.abort_request([s.group_id for s in eng.output_processor.sequences()])
         eng.step()
     out = {}
     for name, ts in times.items():

@@ -58,7 +58,7 @@ def install(markers: dict[str, str], setattr_=setattr) -> None:
 
     def marking_add_request(self, *args, **kwargs) -> str:
         request_id = add_request(self, *args, **kwargs)
-        text = self.tokenizer.decode(self.output_processor.groups[request_id].seqs[0]
+        text = self.tokenizer.decode(self.output_processor.sequences(request_id)[0]
                                      .prompt_token_ids)
         for kind in KINDS:
             (targets[kind].add if hit(kind, text) else targets[kind].discard)(request_id)

@@ -54,7 +54,9 @@ class Request:
                  sampling_params: SamplingParams, *, eos_token_id: int | None,
                  prompt: str | None = None, group_id: str | None = None, index: int = 0,
                  arrival_time: float | None = None, cache_salt: str | None = None,
-                 lora: LoRAAdapter | None = None, priority: int = 0) -> None:
+                 lora: LoRAAdapter | None = None, priority: int = 0, grammar=None,
+                 max_tokens: int | None = None,
+                 generators: list[torch.Generator | None] | None = None) -> None:
         self.request_id = request_id
         self.priority = priority  # the priority scheduling policy: lower runs earlier
         self.queue_order: int | None = None  # arrival order in the waiting queue (ties)
@@ -83,20 +85,23 @@ class Request:
         self.num_cached_blocks = 0
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
-        self.max_tokens = sampling_params.max_tokens or 0  # resolved by the engine
+        # The output budget: max_tokens, or what max_model_len leaves (resolved by the intake).
+        self.max_tokens = max_tokens if max_tokens is not None else (
+            sampling_params.max_tokens or 0)
         self.forked = sampling_params.n == 1  # True once n > 1 sampling has fanned out
         self.stop_reason: int | str | None = None
         self.times = RequestTimes(arrival=arrival_time or time.monotonic())
         # One generator per sample of the group (seed + index), kept across steps so that a
         # seeded request's draws never depend on its batch mates or on preemption.
-        self.generators: list[torch.Generator | None] = [None] * sampling_params.n
+        self.generators: list[torch.Generator | None] = (
+            generators if generators is not None else [None] * sampling_params.n)
         self.logprobs: list[dict[int, Logprob]] | None = (
             [] if sampling_params.logprobs is not None else None)
         # Sum of the sampled tokens' logprobs (vLLM: only tracked when logprobs are requested).
         self.cumulative_logprob: float | None = (
             0.0 if sampling_params.logprobs is not None else None)
         self.detokenizer = None  # set by the output processor
-        self.grammar = None  # structured_output.RequestGrammar of a constrained request
+        self.grammar = grammar  # structured_output.RequestGrammar of a constrained request
         # Speculative decoding (speculative/): draft tokens proposed to follow all_token_ids,
         # verified by the next step (none while prefilling), and the proposer's own state.
         self.draft_token_ids: list[int] = []

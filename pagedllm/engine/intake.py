@@ -34,7 +34,13 @@ class RequestIntake:
         self.lora = lora
         self.structured_output = structured_output
 
-    def tokenize_prompt(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+    def tokenize_prompt(self, prompt: str | Sequence[int] | dict
+                        ) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt: a string, token ids, or vLLM's dict with
+        "prompt_token_ids" (and its "prompt" text, kept for the output) or "prompt"."""
+        if isinstance(prompt, dict) and ("prompt" in prompt or "prompt_token_ids" in prompt):
+            text, ids = prompt.get("prompt"), prompt.get("prompt_token_ids")
+            return text, self.tokenize_prompt(text if ids is None else ids)[1]
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         try:
@@ -66,7 +72,7 @@ class RequestIntake:
                              "enabled (pass enable_lora=True / --enable-lora)")
         return self.lora.load(lora_request)
 
-    def make_request(self, request_id: str, prompt: str | Sequence[int],
+    def make_request(self, request_id: str, prompt: str | Sequence[int] | dict,
                      params: SamplingParams, *, arrival_time: float | None,
                      cache_salt: str | None, lora_request: LoRARequest | None,
                      priority: int) -> Request:
@@ -84,13 +90,13 @@ class RequestIntake:
         self.validate_prompt(token_ids)
         resolve_token_restrictions(params, self.tokenizer, self.vocab_size)
         adapter = self.load_lora(lora_request) if lora_request is not None else None
-        req = Request(request_id, token_ids, params, eos_token_id=self.eos_token_id,
-                      prompt=text, arrival_time=arrival_time, cache_salt=cache_salt,
-                      lora=adapter, priority=priority)
-        if params.structured_outputs is not None:  # GrammarCompileError is a ValueError
-            req.grammar = self.structured_output.grammar_for(params.structured_outputs)
-        req.max_tokens = params.max_tokens or (config.max_model_len - len(token_ids))
-        if params.seed is not None:
-            req.generators = [make_generator(params.seed + i, config.torch_device)
-                              for i in range(params.n)]
-        return req
+        grammar = (None if params.structured_outputs is None  # GrammarCompileError: ValueError
+                   else self.structured_output.grammar_for(params.structured_outputs))
+        generators = (None if params.seed is None else
+                      [make_generator(params.seed + i, config.torch_device)
+                       for i in range(params.n)])
+        return Request(request_id, token_ids, params, eos_token_id=self.eos_token_id,
+                       prompt=text, arrival_time=arrival_time, cache_salt=cache_salt,
+                       lora=adapter, priority=priority, grammar=grammar,
+                       max_tokens=params.max_tokens or config.max_model_len - len(token_ids),
+                       generators=generators)

@@ -103,15 +103,9 @@ class LLM:
         ids: list[str] = []
         try:
             for prompt, p, lora in zip(prompts, params, loras, strict=True):
-                text, salt = None, cache_salt
-                if isinstance(prompt, dict):
-                    text = prompt.get("prompt")
-                    salt = prompt.get("cache_salt", salt)
-                    prompt = prompt.get("prompt_token_ids", text)
-                rid = engine.add_request(prompt, p, cache_salt=salt, lora_request=lora)
-                if text is not None:
-                    engine.output_processor.groups[rid].seqs[0].prompt = text
-                ids.append(rid)
+                salt = prompt.get("cache_salt", cache_salt) if isinstance(prompt, dict) else (
+                    cache_salt)
+                ids.append(engine.add_request(prompt, p, cache_salt=salt, lora_request=lora))
         except Exception:
             engine.abort_request(ids)
             raise

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 
 from pagedllm.config import EngineConfig
-from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.request import RequestStatus
 from pagedllm.distributed.errors import WorkerDied
 from pagedllm.engine.engine_builder import build_engine
 from pagedllm.engine.intake import RequestIntake
@@ -52,7 +52,6 @@ class LLMEngine:
         self.intake = RequestIntake(config, self.tokenizer, self.vocab_size, self.eos_token_id,
                                     self.lora, self.structured_output)
         self._ids = itertools.count()
-        self._requests: dict[str, list[Request]] = {}  # group id -> its sequences
         logger.info("start-up: engine ready in %.2f s", time.perf_counter() - t_start)
 
     @classmethod
@@ -60,7 +59,8 @@ class LLMEngine:
         return cls(EngineConfig(**kwargs), debug_steps=debug_steps)
 
     # -------------------------------------------------------------- requests
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+    def add_request(self, prompt: str | Sequence[int] | dict,
+                    params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
                     cache_salt: str | None = None,
                     lora_request: LoRARequest | None = None, priority: int = 0) -> str:
@@ -71,14 +71,13 @@ class LLMEngine:
         `priority` (lower runs earlier) needs scheduling_policy "priority".
         """
         request_id = request_id or str(next(self._ids))
-        if request_id in self._requests:
+        if request_id in self.output_processor:
             raise ValueError(f"request_id {request_id!r} is already in use")
         req = self.intake.make_request(
             request_id, prompt, params or SamplingParams(), arrival_time=arrival_time,
             cache_salt=cache_salt, lora_request=lora_request, priority=priority)
         self.output_processor.add(req)
         self.scheduler.add_request(req)
-        self._requests[request_id] = self.output_processor.groups[request_id].seqs
         self.stats.on_add(req.num_prompt_tokens)
         self._update_gauges()
         return request_id
@@ -91,12 +90,10 @@ class LLMEngine:
         """Finish the requests as aborted and free their blocks (unknown ids are ignored)."""
         unfinished = []
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
-            seqs = self._requests.pop(rid, None)
-            if seqs is None:
-                continue
-            unfinished.extend(seq for seq in seqs if not seq.is_finished)
-            self.output_processor.groups.pop(rid, None)
-            self.stats.on_finish("abort")
+            seqs = self.output_processor.remove(rid)
+            if seqs is not None:
+                unfinished.extend(seq for seq in seqs if not seq.is_finished)
+                self.stats.on_finish("abort")
         self.scheduler.finish_requests(unfinished, RequestStatus.FINISHED_ABORTED)
         self._update_gauges()
 
@@ -104,7 +101,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._requests)
+        return len(self.output_processor)
 
     # ------------------------------------------------------------------ step
     def step(self, stream: bool = False, *, final_only: bool = False) -> list[RequestOutput]:
@@ -133,7 +130,7 @@ class LLMEngine:
                 self.speculator.propose(result, self.scheduler.running, self.block_manager))
         outputs = []
         for gid in processed.touched:
-            if final_only and not self.output_processor.groups[gid].finished:
+            if final_only and not self.output_processor.is_finished(gid):
                 continue
             outputs.append(self._output(gid, kind))
         t3 = time.perf_counter()
@@ -149,9 +146,9 @@ class LLMEngine:
     def _output(self, group_id: str, kind: RequestOutputKind) -> RequestOutput:
         """The group's output; a finished group leaves the engine (a group whose output
         could not be built is finished with an error: its sequences are aborted)."""
+        seqs = self.output_processor.sequences(group_id)
         out = self.output_processor.make_output(group_id, kind=kind)
         if out.finished:
-            seqs = self._requests.pop(group_id, [])
             self.scheduler.finish_requests([s for s in seqs if not s.is_finished],
                                            RequestStatus.FINISHED_ABORTED)
             self.stats.on_finish("error" if out.error is not None
@@ -180,7 +177,7 @@ class LLMEngine:
                                f"{self.block_manager.usage:.3f})")
 
     def check_invariants(self) -> None:
-        live = [s for seqs in self._requests.values() for s in seqs]
+        live = self.output_processor.sequences()
         self.block_manager.check_invariants(live)
         if self.swap_manager is not None:
             self.swap_manager.check_invariants(live)

@@ -61,6 +61,28 @@ class OutputProcessor:
         request.detokenizer = self._detokenizer(request)
         self.groups[request.group_id] = RequestGroup(request.group_id, [request])
 
+    def __contains__(self, group_id: str) -> bool:
+        return group_id in self.groups
+
+    def __len__(self) -> int:
+        """Request groups not yet reported finished."""
+        return len(self.groups)
+
+    def sequences(self, group_id: str | None = None) -> list[Request]:
+        """The sequences of one group (none if unknown), or of every group."""
+        if group_id is not None:
+            group = self.groups.get(group_id)
+            return list(group.seqs) if group is not None else []
+        return [s for g in self.groups.values() for s in g.seqs]
+
+    def is_finished(self, group_id: str) -> bool:
+        return self.groups[group_id].finished
+
+    def remove(self, group_id: str) -> list[Request] | None:
+        """Forget a group (aborted by the caller); its sequences, None if unknown."""
+        group = self.groups.pop(group_id, None)
+        return None if group is None else group.seqs
+
     def _detokenizer(self, request: Request) -> IncrementalDetokenizer:
         p = request.sampling_params
         return IncrementalDetokenizer(
