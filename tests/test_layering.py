@@ -134,3 +134,29 @@ def test_the_checker_sees_edges() -> None:
     assert ("engine", "core") in edges and ("worker", "model") in edges
     assert _cycles({("a", "b"): [], ("b", "c"): [], ("c", "a"): [], ("c", "d"): []}) == [
         ["a", "b", "c"]]
+
+
+# Underscore names that are other libraries' public API (os._exit, namedtuple's _replace,
+# argparse's group type, torch's ISA probes).
+_FOREIGN_PRIVATE_OK = {"_exit", "_replace", "_ArgumentGroup", "_is_mkldnn_bf16_supported",
+                       "_is_mkldnn_fp16_supported"}
+
+
+def test_no_private_member_used_across_objects() -> None:
+    """`x._name` only on self / cls: another object's private members are its own business
+    (an underscore name is not part of a class's contract)."""
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and ast.unparse(owner.func) == "super":
+                continue
+            if node.attr in _FOREIGN_PRIVATE_OK:
+                continue
+            bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert not bad, "\n".join(bad)

@@ -137,7 +137,7 @@ class AsyncEngine:
             raise EngineShuttingDown("server is shutting down")
         if self.dead is not None:
             raise EngineDead(f"engine is dead: {self.dead!r}")
-        stream = RequestStream(self, requests)
+        stream = RequestStream(requests, on_close=self._close_stream)
         taken = next((rid for rid in stream.request_ids if rid in self._streams), None)
         if taken is not None or len(set(stream.request_ids)) != len(stream.request_ids):
             raise DuplicateRequestId(f"request id {taken!r} is already in use by a request "
@@ -154,18 +154,21 @@ class AsyncEngine:
             stream.abort()
             raise
         except BaseException as exc:
-            stream._unfinished.clear()  # rejected: nothing was queued
+            stream.rejected()
             self._streams_closed(stream)
             if isinstance(exc, EngineOverloaded):
                 self.metrics.observe_rejected(exc.reason)
             raise
         return stream
 
-    def _abort(self, stream: RequestStream, request_ids: list[str]) -> None:
-        now = time.monotonic()
-        for rid in request_ids:
-            self.metrics.observe_abort(rid, stream._arrival[rid], now)
-        self._commands.put(("abort", request_ids))
+    def _close_stream(self, stream: RequestStream, unfinished: list[str]) -> None:
+        """A consumer is done with `stream`: abort its unfinished requests, forget it."""
+        if unfinished:
+            now = time.monotonic()
+            for rid in unfinished:
+                self.metrics.observe_abort(rid, stream.arrival_time(rid), now)
+            self._commands.put(("abort", unfinished))
+        self._streams_closed(stream)
 
     def _streams_closed(self, stream: RequestStream) -> None:
         for rid in stream.request_ids:
@@ -183,7 +186,7 @@ class AsyncEngine:
                     f"request {out.request_id} failed in the engine: {out.error}"))
                 continue
             self.metrics.observe(out, now)
-            stream._put(out)
+            stream.put(out)
             if out.finished:
                 del self._streams[out.request_id]
 
@@ -192,8 +195,8 @@ class AsyncEngine:
         for rid in request_ids:
             stream = self._streams.pop(rid, None)
             if stream is not None:
-                self.metrics.observe_abort(rid, stream._arrival[rid], now)
-                stream._fail(error, rid)
+                self.metrics.observe_abort(rid, stream.arrival_time(rid), now)
+                stream.fail(error, rid)
 
     @staticmethod
     def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:

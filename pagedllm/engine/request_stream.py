@@ -1,7 +1,7 @@
 """The asyncio side of one API call's engine requests: `RequestStream` and its coalescing.
 
 The engine thread's outputs reach a stream through `AsyncEngine._dispatch` on the event loop;
-`_put` merges each into the request's pending slot (deltas concatenated, cumulative fields
+`put` merges each into the request's pending slot (deltas concatenated, cumulative fields
 replaced), so a reader that falls behind gets one coalesced output when it catches up: the
 engine never blocks on it and memory stays O(its tokens), not O(steps).
 """
@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from pagedllm.errors import EngineError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from pagedllm.engine.async_engine import AsyncEngine
 
 
 class RequestAborted(EngineError):
@@ -68,8 +64,11 @@ class RequestStream:
     safe after the end) cancels whatever is unfinished.
     """
 
-    def __init__(self, engine: AsyncEngine, requests: Sequence[EngineRequest]) -> None:
-        self._engine = engine
+    def __init__(self, requests: Sequence[EngineRequest],
+                 on_close: Callable[[RequestStream, list[str]], None]) -> None:
+        """`on_close(stream, unfinished request ids)`: the consumer is done with the stream;
+        the engine aborts the unfinished requests and forgets the stream."""
+        self._on_close = on_close
         self.request_ids = [r.request_id for r in requests]
         self._arrival = {r.request_id: r.arrival_time for r in requests}
         self._unfinished = set(self.request_ids)
@@ -81,8 +80,11 @@ class RequestStream:
     def finished(self) -> bool:
         return not self._unfinished
 
+    def arrival_time(self, request_id: str) -> float:
+        return self._arrival[request_id]
+
     # -- called on the event loop by the engine's dispatch
-    def _put(self, out: RequestOutput) -> None:
+    def put(self, out: RequestOutput) -> None:
         prev = self._pending.get(out.request_id)
         if prev is None:
             self._pending[out.request_id] = out
@@ -92,7 +94,7 @@ class RequestStream:
             self._unfinished.discard(out.request_id)
         self._event.set()
 
-    def _fail(self, error: BaseException, request_id: str) -> None:
+    def fail(self, error: BaseException, request_id: str) -> None:
         """`request_id` ended with `error`: iteration raises it; the call's other requests
         stay unfinished so that `abort()` (the consumer's cleanup) cancels them."""
         self._error = error
@@ -113,8 +115,10 @@ class RequestStream:
             self._event.clear()
             await self._event.wait()
 
+    def rejected(self) -> None:
+        """The engine refused the call's requests: nothing was queued, nothing to abort."""
+        self._unfinished.clear()
+
     def abort(self) -> None:
-        if self._unfinished:
-            self._engine._abort(self, list(self._unfinished))
-            self._unfinished.clear()
-        self._engine._streams_closed(self)
+        unfinished, self._unfinished = list(self._unfinished), set()
+        self._on_close(self, unfinished)
