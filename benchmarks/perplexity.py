@@ -60,7 +60,7 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
     request = SimpleNamespace(num_computed_tokens=0, all_token_ids=tokens,
                               block_ids=list(range(nblocks)))
     sched = [ScheduledRequest(request, len(tokens))]
-    batch = build_inputs(sched, bs, engine.config.torch_device)
+    batch = build_inputs(sched, bs, engine.runner.attention_backend)
     hidden = engine.model(batch.input_ids, batch.positions, batch.max_pos,
                           engine.cache.layer_caches, batch.meta)
     logits = engine.model.compute_logits(hidden[:-1]).double()

@@ -48,6 +48,7 @@ class TPWorker:
         self.model = None
         self.cache: CacheEngine | None = None
         self.window: int | None = None
+        self.attention_backend = None
 
     def load(self) -> None:
         """Load this rank's shard: the engine's own start-up (worker/rank_builder.py)."""
@@ -57,6 +58,7 @@ class TPWorker:
         layout = TPLayout.for_model(ckpt.config, self.rank, self.config.tensor_parallel_size)
         parts = build_rank(self.config, ckpt, tp=(layout, self.group))
         self.model, self.kv_spec, self.window = parts.model, parts.kv_spec, parts.window
+        self.attention_backend = parts.attention_backend
 
     def allocate_cache(self, num_blocks: int, num_swap_blocks: int) -> None:
         self.cache = CacheEngine(self.kv_spec, num_blocks, self.config.torch_device,
@@ -74,7 +76,7 @@ class TPWorker:
         cache.copy_blocks([tuple(p) for p in msg.copies.tolist()])
         if msg.host is None:
             return True
-        batch = inputs_from_host(msg.host, cache.spec.block_size, self.config.torch_device,
+        batch = inputs_from_host(msg.host, cache.spec.block_size, self.attention_backend,
                                  self.window)
         hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
                             cache.layer_caches, batch.meta)

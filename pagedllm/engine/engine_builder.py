@@ -137,9 +137,8 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     graphs = None
     if plan.cuda_graphs:
         with startup.step("CUDA graphs"):
-            graphs = cuda_graphs.for_engine(rank.model, cache, config, rank.window,
-                                            lora is not None)
-    runner = ModelRunner(rank.model, cache, vocab_size=hf.vocab_size,
+            graphs = cuda_graphs.for_engine(rank, cache, config, lora is not None)
+    runner = ModelRunner(rank.model, cache, rank.attention_backend, vocab_size=hf.vocab_size,
                          device=config.torch_device, sliding_window=rank.window,
                          seed=config.seed, lora=lora, structured_output=structured,
                          workers=executor, draft=draft, graphs=graphs)
@@ -159,5 +158,6 @@ def _gpu_peak(config: EngineConfig, rank, vocab_size: int) -> int | None:
     outside torch (worker/gpu_memory.py); the budget is utilization x total minus it."""
     if config.torch_device.type != "cuda" or config.kv_cache_memory is not None:
         return None
-    peak = gpu_memory.profile(rank.model, rank.kv_spec, config, vocab_size)
+    peak = gpu_memory.profile(rank.model, rank.kv_spec, config, vocab_size,
+                              rank.attention_backend)
     return peak.weights + peak.activation_peak + peak.non_torch

@@ -2,7 +2,7 @@
 per-layer gradient checkpointing and the optional NF4 (QLoRA) base.
 
 The forward is the engine's own `LlamaForCausalLM` / Qwen3 / Gemma 3 code: tokens are
-flattened to [B*L] with positions 0..L-1 per row, and attention gets a
+flattened to [B*L] with positions 0..L-1 per row, and attention gets the training backend's
 `CausalBatchMetadata` instead of the paged metadata (no KV cache is touched). Every base
 parameter has requires_grad=False; only the LoRA A/B train.
 """
@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pagedllm.loader import Checkpoint
 from pagedllm.model.layers.attention import LayerKVCache
-from pagedllm.model.layers.attention_train import CausalBatchMetadata
+from pagedllm.model.layers.attention_backends.training import TrainingBackend
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.registry import get_model_class
 from pagedllm.worker.model_setup import weight_bytes
@@ -66,7 +66,8 @@ def hidden_states(model: nn.Module, ids: torch.Tensor, valid: torch.Tensor) -> t
     """Final hidden states [B, L, hidden] of right-padded `ids` [B, L]."""
     b, n = ids.shape
     positions = torch.arange(n, device=ids.device).repeat(b)
-    meta = CausalBatchMetadata(valid.to(ids.device), sliding_window(model))
+    meta = TrainingBackend(ids.device).build_metadata(valid.to(ids.device),
+                                                      sliding_window(model))
     caches = [LayerKVCache(None, None)] * len(model.model.layers)
     hidden = model(ids.reshape(-1), positions, n - 1, caches, meta)
     return hidden.view(b, n, -1)

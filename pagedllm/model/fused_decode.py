@@ -9,8 +9,10 @@ kernels in the same order (results equal to the bit; tests/model/test_fused_deco
 another layer type (q/k norms, Gemma's extra norms), LoRA or tensor parallelism on a linear
 layer, a weight format without a C++ reference (each format answers `fused_ref`; AWQ, GPTQ
 and int8 have none), no CPU kernels, or PAGEDLLM_FUSED_DECODE=0 in the environment (to
-measure the difference). The model asks `applies(x, meta, kv_caches)` each step: only decode-only steps (every row one
-token of its own sequence) on fp32 CPU tensors with one KV group take the fused path.
+measure the difference). Each step the model asks its attention backend whether the step
+may take the loop (`meta.backend.fused_decode_applies`): only the C++ CPU backend says yes
+(fp32 on CPU, settled when it was selected), for decode-only steps (every row one token of
+its own sequence) with one KV group (model/layers/attention_backends/cpu.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import torch
 
 from pagedllm.kernels import cpu_ops
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, cpu_decode_step
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.rotary import RopeBatch
 
 
@@ -57,12 +59,6 @@ class FusedDecode:
         attn = first.self_attn
         return cls(ops, refs, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
                    first.input_layernorm.eps)
-
-    @staticmethod
-    def applies(x: torch.Tensor, meta: AttentionMetadata, kv_caches: list[LayerKVCache]) -> bool:
-        """Whether this step can take the fused path (module docstring)."""
-        return (cpu_decode_step(x, meta, kv_caches[0].k) and meta.groups is None
-                and meta.prefill_block_tables is None)
 
     def __call__(self, x: torch.Tensor, rope: RopeBatch, kv_caches: list[LayerKVCache],
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
 from pagedllm.loader import load_checkpoint
-from pagedllm.model.layers.attention import AttentionMetadata
+from pagedllm.model.layers.attention_backends import BatchLayout
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.speculative.adaptive import DraftState
 from pagedllm.worker.cache_engine import CacheEngine
@@ -54,6 +54,9 @@ class DraftModel:
         # target's RoPE overrides and trained length do not apply to it.
         parts = build_rank(draft_config, ckpt)
         self.model, self.kv_spec = parts.model, parts.kv_spec
+        # Builds the metadata of the draft's own decode steps; its mirror of the target's
+        # passes runs on the target's metadata (same device and dtypes: the same backend).
+        self.attention_backend = parts.attention_backend
         self.device = config.torch_device
         self.block_size = config.block_size
         self.generator = make_generator(config.seed + 1, self.device)
@@ -120,11 +123,11 @@ class DraftModel:
         for i, r in enumerate(reqs):
             ids = r.block_ids[:width]
             table[i, :len(ids)] = ids
-        slots = table[np.arange(len(reqs)), pos // bs] * bs + pos % bs
+        n = len(reqs)
+        meta = self.attention_backend.build_metadata(BatchLayout(
+            bs, q_lens=np.ones(n, np.int64), seq_lens=pos + 1, query_start=np.arange(n + 1),
+            token_request=np.arange(n), positions=pos, block_table=table, num_decode_reqs=n))
         to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
-        meta = AttentionMetadata(
-            slot_mapping=to(slots), num_decodes=len(reqs), decode_block_tables=to(table),
-            decode_seq_lens=to(pos + 1), sliding_window=None, prefill_block_tables=None)
         hidden = self.model(to(np.asarray(tokens, np.int64)), to(pos), int(pos.max()),
                             self.cache.layer_caches, meta)
         return self.model.compute_logits(hidden)

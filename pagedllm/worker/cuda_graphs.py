@@ -15,6 +15,10 @@ persistent buffers and the batch is padded up to the next captured size::
       block_tables   [5 rows of this step | rows left from earlier steps, never read]
       hidden[:5] of the graph's output buffer is the step's result
 
+The graphs wrap the rank's attention backend: only one whose forward never waits on the host
+can be captured (`backend.cuda_graphs`: Triton), and the capture's metadata over the
+persistent buffers is built by its builder (`graph_metadata`), like every step's.
+
 Graphs are captured at start-up after two eager warm-up runs per bucket (Triton compiles
 its kernels, cuBLAS sets up its workspaces), largest bucket first, all in one memory pool.
 Only the model forward is captured: logits and sampling run eagerly on the real rows.
@@ -36,7 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pagedllm.model.layers.attention import AttentionMetadata, VarlenBatch
+from pagedllm.model.layers.attention import AttentionMetadata
+from pagedllm.model.layers.attention_backends import PagedAttentionBackend
 
 logger = logging.getLogger(__name__)
 
@@ -89,16 +94,18 @@ class EagerReplay:
 class DecodeGraphs:
     """Persistent decode-step inputs and one captured forward per bucket.
 
-    `model(input_ids, positions, max_pos, kv_caches, meta)` is the model's forward;
-    `max_blocks` is the widest block table a sequence can have (max_model_len / block size)
-    and `max_pos` the largest position (max_model_len - 1), so that the RoPE table is grown
-    before capture and never reallocated by a replay.
+    `model(input_ids, positions, max_pos, kv_caches, meta)` is the model's forward and
+    `backend` the rank's attention backend (its device is the buffers'); `max_blocks` is the
+    widest block table a sequence can have (max_model_len / block size) and `max_pos` the
+    largest position (max_model_len - 1), so that the RoPE table is grown before capture and
+    never reallocated by a replay.
     """
 
-    def __init__(self, model: nn.Module, kv_caches: list, *, sizes: list[int],
-                 max_blocks: int, max_pos: int, sliding_window: int | None,
-                 device: torch.device, capture=None) -> None:
-        self.model, self.kv_caches = model, kv_caches
+    def __init__(self, model: nn.Module, kv_caches: list, backend: PagedAttentionBackend, *,
+                 sizes: list[int], max_blocks: int, max_pos: int, sliding_window: int | None,
+                 capture=None) -> None:
+        self.model, self.kv_caches, self.backend = model, kv_caches, backend
+        device = backend.device
         self.sizes = sorted(sizes)
         self.max_blocks, self.max_pos = max_blocks, max_pos
         self.sliding_window = sliding_window
@@ -115,11 +122,9 @@ class DecodeGraphs:
         self.replays = 0  # steps served by a graph (tests, --debug-steps)
 
     def _meta(self, b: int) -> AttentionMetadata:
-        bt, lens = self.block_tables[:b], self.seq_lens[:b]
-        return AttentionMetadata(
-            slot_mapping=self.slots[:b], num_decodes=b, decode_block_tables=bt,
-            decode_seq_lens=lens, sliding_window=self.sliding_window,
-            prefill_block_tables=None, varlen=VarlenBatch(bt, lens, self.query_start[:b + 1], 1))
+        return self.backend.graph_metadata(self.slots[:b], self.block_tables[:b],
+                                           self.seq_lens[:b], self.query_start[:b + 1],
+                                           self.sliding_window)
 
     def capture(self, warmup: int = 2) -> None:
         """Warm up and capture every bucket, largest first (its pool serves the others)."""
@@ -169,14 +174,14 @@ class DecodeGraphs:
         return graph.output[:n]
 
 
-def unsupported_reason(model: nn.Module, device: torch.device, lora: bool) -> str | None:
+def unsupported_reason(model: nn.Module, backend: PagedAttentionBackend,
+                       lora: bool) -> str | None:
     """Why decode steps of this engine cannot be captured (None: they can)."""
-    from pagedllm.kernels import triton as triton_ops
     from pagedllm.model.layers.rotary import RotaryEmbedding
 
-    if not triton_ops.enabled_for(device):
-        return ("the Triton kernels are off (triton not installed, or "
-                "PAGEDLLM_ATTENTION_BACKEND=torch); the torch attention path syncs with the host")
+    if not backend.cuda_graphs:
+        return (f"the {backend.name} attention backend syncs with the host (the Triton kernels "
+                "are off: triton not installed, or PAGEDLLM_ATTENTION_BACKEND=torch)")
     if lora:
         return "LoRA maps rows to adapters per step"
     if any(isinstance(m, RotaryEmbedding) and m.is_dynamic for m in model.modules()):
@@ -184,19 +189,19 @@ def unsupported_reason(model: nn.Module, device: torch.device, lora: bool) -> st
     return None
 
 
-def for_engine(model: nn.Module, cache, config, sliding_window: int | None,
-               lora: bool) -> DecodeGraphs | None:
-    """Capture the decode graphs of an engine on CUDA (None, with the reason logged, when
-    its model or options cannot run in a graph)."""
+def for_engine(rank, cache, config, lora: bool) -> DecodeGraphs | None:
+    """Capture the decode graphs of an engine's rank on CUDA (`rank`: its RankParts, whose
+    model, attention backend and window they wrap; None, with the reason logged, when its
+    model or options cannot run in a graph)."""
     device = config.torch_device
-    reason = unsupported_reason(model, device, lora)
+    reason = unsupported_reason(rank.model, rank.attention_backend, lora)
     if reason is not None:
         logger.info("CUDA graphs off: %s", reason)
         return None
-    graphs = DecodeGraphs(model, cache.layer_caches, sizes=bucket_sizes(config.max_num_seqs),
+    graphs = DecodeGraphs(rank.model, cache.layer_caches, rank.attention_backend,
+                          sizes=bucket_sizes(config.max_num_seqs),
                           max_blocks=-(-config.max_model_len // config.block_size),
-                          max_pos=config.max_model_len - 1, sliding_window=sliding_window,
-                          device=device)
+                          max_pos=config.max_model_len - 1, sliding_window=rank.window)
     before = torch.cuda.memory_reserved(device)
     try:
         graphs.capture()

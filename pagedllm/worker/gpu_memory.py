@@ -25,6 +25,7 @@ from torch import nn
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler_output import ScheduledRequest
+from pagedllm.model.layers.attention_backends import PagedAttentionBackend
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -96,8 +97,10 @@ def profile_requests(num_tokens: int, max_num_seqs: int, max_model_len: int,
 
 @torch.inference_mode()
 def profile(model: nn.Module, spec: KVCacheSpec, config: EngineConfig, vocab_size: int,
+            attention_backend: PagedAttentionBackend,
             sliding_window: int | None = None) -> GpuMemoryPlan:
-    """Run the profiling step on CUDA and return the plan (see the module docstring)."""
+    """Run the profiling step on CUDA through the rank's attention backend and return the
+    plan (see the module docstring)."""
     from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, SamplingRow
     from pagedllm.worker.cache_engine import CacheEngine
     from pagedllm.worker.input_batch import build_inputs
@@ -112,7 +115,7 @@ def profile(model: nn.Module, spec: KVCacheSpec, config: EngineConfig, vocab_siz
     scratch = CacheEngine(spec, blocks, device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    batch = build_inputs(scheduled, spec.block_size, device, sliding_window)
+    batch = build_inputs(scheduled, spec.block_size, attention_backend, sliding_window)
     hidden = model(batch.input_ids, batch.positions, batch.max_pos, scratch.layer_caches,
                    batch.meta)
     logits = model.compute_logits(hidden[torch.as_tensor(batch.logits_indices, device=device)])

@@ -10,21 +10,23 @@ A request verifying draft tokens (speculative decoding: its last token + k draft
 the decode path as k + 1 decode rows, one per query token, each attending to the keys up
 to its own position (all of the step's KV is written before attention reads it).
 
-With several KV groups (core/kv_groups.py) each group has its own block tables and slots;
-`meta.groups[g]` carries them (sliding groups with their window's mask already applied).
+The attention metadata is built by the rank's attention backend from the host arrays
+(`PagedAttentionBackend.build_metadata`, model/layers/attention_backends/base.py), with
+several KV groups (core/kv_groups.py) each group's own block tables and slots in
+`meta.groups[g]`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.core.scheduler_output import ScheduledRequest
-from pagedllm.kernels import triton as triton_ops
-from pagedllm.model.layers.attention import AttentionMetadata, VarlenBatch
+from pagedllm.model.layers.attention import AttentionMetadata
+from pagedllm.model.layers.attention_backends import BatchLayout, PagedAttentionBackend
 from pagedllm.worker.persistent_batch import PersistentBatch
 
 
@@ -81,13 +83,13 @@ def _block_table(order: list[ScheduledRequest], width: int, group: int,
     return bt
 
 
-def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: torch.device,
-                 sliding_window: int | None = None,
+def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
+                 backend: PagedAttentionBackend, sliding_window: int | None = None,
                  tables: PersistentBatch | None = None,
                  layout: KVGroupLayout | None = None) -> BatchInputs:
-    """`tables` keeps block tables across steps (only changes are copied); without it they
-    are built from the requests' block lists. `layout`: the KV groups (None: one). On the
-    Triton backend (CUDA) the batch also gets `meta.varlen` (per KV group)."""
+    """`backend` (the rank's attention backend) builds the metadata, on its device.
+    `tables` keeps block tables across steps (only changes are copied); without it they
+    are built from the requests' block lists. `layout`: the KV groups (None: one)."""
     order = sorted(scheduled, key=_is_prefill)
     n = len(order)
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
@@ -104,12 +106,12 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int, device: tor
         host.group_tables = [_block_table(order, max_blocks, g, tables)
                              for g in range(1, layout.num_groups)]
         host.group_windows = [g.window for g in layout.groups[1:]]
-    inputs = inputs_from_host(host, block_size, device, sliding_window)
+    inputs = inputs_from_host(host, block_size, backend, sliding_window)
     inputs.order = order
     return inputs
 
 
-def inputs_from_host(host: HostBatch, block_size: int, device: torch.device,
+def inputs_from_host(host: HostBatch, block_size: int, backend: PagedAttentionBackend,
                      sliding_window: int | None = None) -> BatchInputs:
     """The device tensors and attention metadata of one forward pass (no request objects:
     tensor-parallel workers call this on the arrays rank 0 sent)."""
@@ -120,42 +122,12 @@ def inputs_from_host(host: HostBatch, block_size: int, device: torch.device,
     total = int(cu[-1])
     req_idx = np.repeat(np.arange(n), q_lens)
     positions = np.arange(total) - cu[:-1][req_idx] + starts[req_idx]
-    slots = bt[req_idx, positions // block_size] * block_size + positions % block_size
-
     nr = (int((q_lens == 1).sum()) if host.num_decode_reqs is None
           else host.num_decode_reqs)  # decoding requests (drafts or not)
-    nd = int(cu[nr])  # their tokens: the decode rows
-    varlen = triton_ops.enabled_for(device)
-    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    dec_bt = dec_lens = pre_bt = pre_qs = pre_lens = None
-    if nd:  # decodes need no mask from here: the attention's torch path derives it
-        width_blocks = int(-(-seq_lens[:nr].max() // block_size))
-        dec_bt = to(bt[req_idx[:nd], :width_blocks])
-        dec_lens = to(positions[:nd] + 1)
-    if nr < n:  # packed prefill rows: offsets from the first of them, lengths after the step
-        width_blocks = int(-(-seq_lens[nr:].max() // block_size))
-        pre_bt = to(bt[nr:, :width_blocks])
-        pre_qs = to(cu[nr:] - cu[nr])
-        pre_lens = to(seq_lens[nr:])
-    meta = AttentionMetadata(
-        slot_mapping=to(slots), num_decodes=nd, decode_block_tables=dec_bt,
-        decode_seq_lens=dec_lens, sliding_window=sliding_window,
-        prefill_block_tables=pre_bt, prefill_query_start=pre_qs, prefill_seq_lens=pre_lens,
-        varlen=VarlenBatch(to(bt), to(seq_lens), to(cu.astype(np.int32)),
-                           int(q_lens.max())) if varlen else None)
-    if host.group_tables:
-        meta.groups = [meta]
-        for bt_g, window in zip(host.group_tables, host.group_windows, strict=True):
-            meta.groups.append(replace(
-                meta.for_window(window), _windowed={}, groups=None, decode_key_mask=None,
-                slot_mapping=to(bt_g[req_idx, positions // block_size] * block_size
-                                + positions % block_size),
-                decode_block_tables=None if dec_bt is None
-                else to(bt_g[req_idx[:nd], :dec_bt.shape[1]]),
-                prefill_block_tables=None if pre_bt is None
-                else to(bt_g[nr:, :pre_bt.shape[1]]),
-                varlen=None if meta.varlen is None else replace(
-                    meta.varlen, block_tables=to(bt_g))))
+    meta = backend.build_metadata(
+        BatchLayout(block_size, q_lens, seq_lens, cu, req_idx, positions, bt, nr,
+                    host.group_tables, host.group_windows), sliding_window)
+    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(backend.device)  # noqa: E731
     return BatchInputs(input_ids=to(ids), positions=to(positions),
                        max_pos=int(seq_lens.max()) - 1, meta=meta, order=[],
                        logits_indices=cu[1:] - 1, host=host)

@@ -20,6 +20,7 @@ from torch import nn
 from pagedllm.core.runner_output import RunnerOutput, SampledTokens
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.lora.manager import LoRAManager
+from pagedllm.model.layers.attention_backends import PagedAttentionBackend
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_generator
 from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.worker.cache_engine import CacheEngine
@@ -32,16 +33,20 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    """One rank's step executor. Its collaborators come in at construction: the TP `workers`
-    (rank 0 of a tensor-parallel group), the speculative `draft` model that mirrors every
-    forward pass and captured CUDA `graphs` (all None when unused)."""
+    """One rank's step executor. Its collaborators come in at construction: the rank's
+    `attention_backend` (selected once by worker/rank_builder.py; it builds each step's
+    attention metadata), the TP `workers` (rank 0 of a tensor-parallel group), the
+    speculative `draft` model that mirrors every forward pass and captured CUDA `graphs`
+    (those three None when unused)."""
 
-    def __init__(self, model: nn.Module, cache: CacheEngine, *, vocab_size: int,
+    def __init__(self, model: nn.Module, cache: CacheEngine,
+                 attention_backend: PagedAttentionBackend, *, vocab_size: int,
                  device: torch.device, sliding_window: int | None = None,
                  seed: int = 0, structured_output=None, lora: LoRAManager | None = None,
                  workers=None, draft=None, graphs=None) -> None:
         self.model = model
         self.cache = cache
+        self.attention_backend = attention_backend
         self.vocab_size = vocab_size
         self.device = device
         self.block_size = cache.spec.block_size
@@ -81,7 +86,7 @@ class ModelRunner:
         if not sched.scheduled:
             return None, SamplingPlan()
         self.batch.begin_step()
-        batch = build_inputs(sched.scheduled, self.block_size, self.device,
+        batch = build_inputs(sched.scheduled, self.block_size, self.attention_backend,
                              self.sliding_window, self.batch, self.cache.spec.groups)
         return batch, plan_sampling(batch)
 

@@ -5,6 +5,7 @@ The same two calls start the engine (rank 0), every tensor-parallel rank > 0
 
     ckpt  = prepare_checkpoint(config)     int8 auto settled, RoPE overrides, max_model_len
     parts = build_rank(config, ckpt, tp)   the model (this rank's shard), its KV spec, window
+                                           and attention backend
 
 so what one of them loads, the others load the same way. The fronts (LLMEngine, the data-
 parallel router) open it with engine_builder.open_checkpoint, which adds what serving needs.
@@ -14,6 +15,7 @@ parallel router) open it with engine_builder.open_checkpoint, which adds what se
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 from torch import nn
@@ -22,20 +24,25 @@ from pagedllm import startup
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.kernels import cpu_ops
 from pagedllm.loader import Checkpoint, load_checkpoint
+from pagedllm.model.layers.attention_backends import PagedAttentionBackend, select_backend
 from pagedllm.model.layers.rope_scaling import apply_rope_overrides, rope_max_len
 from pagedllm.worker import model_setup
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class RankParts:
     """What one rank runs: its model (shard), the KV spec of its pool, the pool's planning
     spec (under TP the rank with the most KV heads, so every rank fits the same block
-    count) and the model-wide sliding window the runner applies."""
+    count), the model-wide sliding window the runner applies and the attention backend that
+    builds its metadata and runs its attention (model/layers/attention_backends/)."""
 
     model: nn.Module
     kv_spec: KVCacheSpec
     plan_kv_spec: KVCacheSpec
     window: int | None
+    attention_backend: PagedAttentionBackend
 
 
 def prepare_checkpoint(config: EngineConfig) -> Checkpoint:
@@ -58,13 +65,18 @@ def prepare_checkpoint(config: EngineConfig) -> Checkpoint:
 
 
 def build_rank(config: EngineConfig, ckpt: Checkpoint, tp=None) -> RankParts:
-    """Build this rank's model from `ckpt` (`tp` = (TPLayout, TPGroup) for a shard) and
-    the spec of its KV pool."""
+    """Build this rank's model from `ckpt` (`tp` = (TPLayout, TPGroup) for a shard), the
+    spec of its KV pool and its attention backend (selected here, once)."""
     with startup.step("weights"):
         model = model_setup.build_model(ckpt, config, tp=tp)
     model_config = ckpt.config if tp is None else tp[0].model_config(ckpt.config)
     spec = model_setup.kv_spec_for(model_config, config)
     plan_spec = (spec if tp is None
                  else dataclasses.replace(spec, num_kv_heads=tp[0].max_local_kv_heads))
+    backend = select_backend(config.torch_device, config.torch_dtype, spec.dtype,
+                             spec.head_dim)
+    logger.info("attention backend: %s (%s queries, %s KV cache, head size %d)",
+                backend.name, config.torch_dtype, spec.dtype, spec.head_dim)
     return RankParts(model=model, kv_spec=spec, plan_kv_spec=plan_spec,
-                     window=model_setup.attention_window(ckpt.config, model))
+                     window=model_setup.attention_window(ckpt.config, model),
+                     attention_backend=backend)

@@ -1,5 +1,6 @@
-"""Paged attention: the C++ decode kernel and the torch path agree with a dense reference,
-for fp32 caches and for int8 / fp8 caches (against the dequantized values)."""
+"""Paged attention: the C++ CPU backend's decode kernel and the torch reference backend agree
+with a dense reference, for fp32 caches and for int8 / fp8 caches (against the dequantized
+values)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,25 @@ import pytest
 import torch
 
 from pagedllm.kernels import cpu_ops
-from pagedllm.model.layers import attention as attn
 from pagedllm.model.layers import kv_quant
-from pagedllm.model.layers.attention import AttentionMetadata, paged_attention
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
+from pagedllm.model.layers.attention_backends.cpu import CPUBackend
+from pagedllm.model.layers.attention_backends.torch_ref import TorchBackend
+
+
+def _backend(kernels: bool):
+    """The C++ CPU backend (skipped where the kernels are unavailable) or the torch one."""
+    if not kernels:
+        return TorchBackend("cpu")
+    if cpu_ops.load() is None:
+        pytest.skip("CPU kernels unavailable")
+    return CPUBackend("cpu")
+
+
+def paged_attention(backend, q, k, v, k_cache, v_cache, meta, scale, k_scale=None,
+                    v_scale=None):
+    return backend.forward(q, k, v, LayerKVCache(k_cache, v_cache, k_scale, v_scale), meta,
+                           scale)
 
 
 def _dense_reference(q, ks, vs, scale, window=None):
@@ -45,11 +62,8 @@ def _decode_meta(bt, lens, block_size, slots, window):
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 @pytest.mark.parametrize("use_kernel", [True, False])
 @pytest.mark.parametrize("window", [None, 20])
-def test_decode_matches_dense(block_size, use_kernel, window, monkeypatch):
-    if use_kernel and cpu_ops.load() is None:
-        pytest.skip("CPU kernels unavailable")
-    if not use_kernel:
-        monkeypatch.setattr(attn, "_use_cpu_kernel", lambda q, c: False)
+def test_decode_matches_dense(block_size, use_kernel, window):
+    backend = _backend(use_kernel)
     torch.manual_seed(0)
     h, kvh, d, nblocks = 6, 2, 16, 64
     k_cache = torch.randn(nblocks, block_size, kvh, d)
@@ -63,7 +77,8 @@ def test_decode_matches_dense(block_size, use_kernel, window, monkeypatch):
     v_new = v_cache.view(-1, kvh, d)[slots].clone()
     meta = _decode_meta(bt, lens, block_size, slots, window)
     scale = d ** -0.5
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, scale).view(len(lens), h, d)
+    out = paged_attention(backend, q, k_new, v_new, k_cache, v_cache, meta,
+                          scale).view(len(lens), h, d)
     for i, L in enumerate(lens):
         ks = _context(k_cache, bt[i], L, block_size)
         vs = _context(v_cache, bt[i], L, block_size)
@@ -107,13 +122,10 @@ def _context(pool, bt_row, L, block_size):
 @pytest.mark.parametrize("dtype", QUANT_DTYPES, ids=str)
 @pytest.mark.parametrize("use_kernel", [True, False])
 @pytest.mark.parametrize("window", [None, 20])
-def test_quantized_decode_matches_dense(dtype, use_kernel, window, monkeypatch):
+def test_quantized_decode_matches_dense(dtype, use_kernel, window):
     """C++ kernel and torch path (gather + dequantize + SDPA) both equal a dense attention
     over the dequantized cache, and stay near the one over the original fp32 values."""
-    if use_kernel and cpu_ops.load() is None:
-        pytest.skip("CPU kernels unavailable")
-    if not use_kernel:
-        monkeypatch.setattr(attn, "_use_cpu_kernel", lambda q, c: False)
+    backend = _backend(use_kernel)
     h, kvh, d, nblocks, block_size = 6, 2, 64, 64, 16
     (k_x, k_q, k_s, k_deq), (v_x, v_q, v_s, v_deq) = _quantized_pools(
         nblocks, block_size, kvh, d, dtype)
@@ -127,7 +139,7 @@ def test_quantized_decode_matches_dense(dtype, use_kernel, window, monkeypatch):
     meta = _decode_meta(bt, lens, block_size, slots, window)
     scale = d ** -0.5
     k_cache, v_cache, k_scale, v_scale = k_q.clone(), v_q.clone(), k_s.clone(), v_s.clone()
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, scale, k_scale,
+    out = paged_attention(backend, q, k_new, v_new, k_cache, v_cache, meta, scale, k_scale,
                           v_scale).view(len(lens), h, d)
     assert torch.equal(kv_quant.raw(k_cache), kv_quant.raw(k_q)) and torch.equal(k_scale, k_s)
     loose = {torch.int8: 0.02, torch.float8_e4m3fn: 0.1, torch.float8_e5m2: 0.2}[dtype]
@@ -142,14 +154,11 @@ def test_quantized_decode_matches_dense(dtype, use_kernel, window, monkeypatch):
 
 @pytest.mark.parametrize("dtype", QUANT_DTYPES, ids=str)
 @pytest.mark.parametrize("kernels", [True, False])
-def test_quantized_prefill_and_decode_batch(dtype, kernels, monkeypatch):
+def test_quantized_prefill_and_decode_batch(dtype, kernels):
     """A mixed batch (2 decodes + a 5-token prefill chunk after 11 cached tokens) writes the
     new rows quantized and attends over the dequantized cache, with or without C++ kernels
     (the write goes through `quantize_into_cache` or torch ops; the same bits either way)."""
-    if kernels and cpu_ops.load() is None:
-        pytest.skip("CPU kernels unavailable")
-    if not kernels:
-        monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    backend = _backend(kernels)
     h, kvh, d, nblocks, block_size = 4, 2, 32, 16, 8
     (k_x, k_q, k_s, _), (v_x, v_q, v_s, _) = _quantized_pools(nblocks, block_size, kvh, d,
                                                               dtype, seed=1)
@@ -172,7 +181,7 @@ def test_quantized_prefill_and_decode_batch(dtype, kernels, monkeypatch):
         decode_seq_lens=dec_seq, sliding_window=None, prefill_block_tables=bt[2:],
         prefill_query_start=torch.tensor([0, 5]), prefill_seq_lens=torch.tensor([16]))
     scale = d ** -0.5
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, scale, k_scale,
+    out = paged_attention(backend, q, k_new, v_new, k_cache, v_cache, meta, scale, k_scale,
                           v_scale).view(t, h, d)
     assert torch.equal(kv_quant.raw(k_cache), kv_quant.raw(k_q))
     assert torch.equal(kv_quant.raw(v_cache), kv_quant.raw(v_q))

@@ -15,19 +15,21 @@ import torch.nn.functional as F
 
 from pagedllm import SamplingParams
 from pagedllm.kernels import cpu_ops
-from pagedllm.model.layers import attention as attn
 from pagedllm.model.layers import kv_quant
-from pagedllm.model.layers.attention import AttentionMetadata, paged_attention
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
+from pagedllm.model.layers.attention_backends.cpu import CPUBackend
+from pagedllm.model.layers.attention_backends.torch_ref import TorchBackend
 
 PATHS = ["kernel", "torch"]
 
 
-def _use_path(path: str, monkeypatch) -> None:
-    if path == "kernel":
-        if cpu_ops.load_with("varlen_attention") is None:
-            pytest.skip("this CPU has no AVX2+FMA+F16C / AVX-512: no varlen kernel")
-        return
-    monkeypatch.setattr(attn, "_use_varlen_kernel", lambda q, c: False)
+def _backend(path: str):
+    """The C++ CPU backend (its varlen kernel; skipped on a CPU without one) or torch's."""
+    if path == "torch":
+        return TorchBackend("cpu")
+    if cpu_ops.load_with("varlen_attention") is None:
+        pytest.skip("this CPU has no AVX2+FMA+F16C / AVX-512: no varlen kernel")
+    return CPUBackend("cpu")
 
 
 def _layout(ctx: list[int], new: list[int], block_size: int, kvh: int, d: int,
@@ -93,9 +95,9 @@ def _reference(q, refs, tables, ctx, new, block_size, scale, window, softcap):
     return out
 
 
-def _run(ctx, new, *, h=6, kvh=2, d=64, block_size=16, window=None, softcap=None,
+def _run(backend, ctx, new, *, h=6, kvh=2, d=64, block_size=16, window=None, softcap=None,
          dtype=None, seed=0, decodes=0):
-    """paged_attention over `decodes` single-token sequences (the decode path) followed by
+    """`backend` over `decodes` single-token sequences (the decode path) followed by
     prefill chunks `new` after `ctx` cached tokens; returns (output, reference)."""
     all_ctx = [5 + 3 * i for i in range(decodes)] + ctx
     all_new = [1] * decodes + new
@@ -114,63 +116,59 @@ def _run(ctx, new, *, h=6, kvh=2, d=64, block_size=16, window=None, softcap=None
         prefill_query_start=torch.cat([torch.zeros(1, dtype=torch.long), p_new.cumsum(0)]),
         prefill_seq_lens=torch.tensor(lens[decodes:]))
     scale = d ** -0.5
-    out = paged_attention(q, k_new, v_new, pools[0], pools[1], meta, scale, scales[0],
-                          scales[1], softcap=softcap).view(t, h, d)
+    kv = LayerKVCache(pools[0], pools[1], scales[0], scales[1])
+    out = backend.forward(q, k_new, v_new, kv, meta, scale, softcap).view(t, h, d)
     return out, _reference(q, refs, tables, all_ctx, all_new, block_size, scale, window,
                            softcap)
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_mixed_lengths_one_step(path, monkeypatch) -> None:
+def test_mixed_lengths_one_step(path) -> None:
     """One step of prompts from 1 to 1000 tokens, some continuing a cached prefix, and two
     decodes in front (the mixed prefill + decode step)."""
-    _use_path(path, monkeypatch)
     new = [1, 5, 1000, 17, 2, 64, 333]
     ctx = [0, 0, 0, 40, 7, 100, 16]
-    out, ref = _run(ctx, new, decodes=2, h=9, kvh=3)
+    out, ref = _run(_backend(path), ctx, new, decodes=2, h=9, kvh=3)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(("h", "kvh", "d", "block_size"),
                          [(4, 4, 32, 8), (8, 2, 128, 16), (4, 1, 256, 32), (12, 4, 16, 64)])
-def test_head_layouts_and_block_sizes(path, h, kvh, d, block_size, monkeypatch) -> None:
+def test_head_layouts_and_block_sizes(path, h, kvh, d, block_size) -> None:
     """GQA from 1 to 4 query heads per KV head, head sizes 16..256 (Gemma 3: 256)."""
-    _use_path(path, monkeypatch)
-    out, ref = _run([0, 30, 3], [77, 19, 40], h=h, kvh=kvh, d=d, block_size=block_size)
+    out, ref = _run(_backend(path), [0, 30, 3], [77, 19, 40], h=h, kvh=kvh, d=d,
+                    block_size=block_size)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("window", [1, 7, 24, 512])
-def test_sliding_window(path, window, monkeypatch) -> None:
-    _use_path(path, monkeypatch)
-    out, ref = _run([0, 50, 0], [600, 31, 9], window=window, decodes=1)
+def test_sliding_window(path, window) -> None:
+    out, ref = _run(_backend(path), [0, 50, 0], [600, 31, 9], window=window, decodes=1)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_softcap(path, monkeypatch) -> None:
+def test_softcap(path) -> None:
     """Gemma-style logit soft-capping: scores -> tanh(scores / cap) * cap."""
-    _use_path(path, monkeypatch)
-    out, ref = _run([0, 20], [50, 13], softcap=2.0, window=32)
+    out, ref = _run(_backend(path), [0, 20], [50, 13], softcap=2.0, window=32)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn, torch.float8_e5m2],
                          ids=str)
-def test_quantized_cache(path, dtype, monkeypatch) -> None:
+def test_quantized_cache(path, dtype) -> None:
     """Attention over an 8-bit cache equals attention over its dequantized values."""
-    _use_path(path, monkeypatch)
-    out, ref = _run([0, 33, 0], [70, 12, 1], dtype=dtype, decodes=1)
+    out, ref = _run(_backend(path), [0, 33, 0], [70, 12, 1], dtype=dtype, decodes=1)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
-def test_rows_do_not_depend_on_chunking_or_neighbours(monkeypatch) -> None:
+def test_rows_do_not_depend_on_chunking_or_neighbours() -> None:
     """A query row's output is bit-identical whether its prompt runs in one chunk or after a
     cached prefix in another, and whatever else is in the step (batch invariance)."""
-    _use_path("kernel", monkeypatch)
+    backend = _backend("kernel")
     lens, tables, pools, _, refs, slots, (k_new, v_new) = _layout([0], [300], 16, 2, 64, None)
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(300, 6, 64, generator=gen)
@@ -185,10 +183,10 @@ def test_rows_do_not_depend_on_chunking_or_neighbours(monkeypatch) -> None:
             prefill_block_tables=tables.expand(2, -1).contiguous(),
             prefill_query_start=torch.tensor([0, neighbour, neighbour + n]),
             prefill_seq_lens=torch.tensor([max(neighbour, 1), stop]))
-        out = paged_attention(torch.cat([other, q[start:stop]]),
+        out = backend.forward(torch.cat([other, q[start:stop]]),
                               torch.cat([k_new[:neighbour], k_new[start:stop]]),
                               torch.cat([v_new[:neighbour], v_new[start:stop]]),
-                              pools[0], pools[1], meta, 0.125)
+                              LayerKVCache(pools[0], pools[1]), meta, 0.125)
         return out.view(neighbour + n, 6, 64)[neighbour:]
 
     one = step(0, 300)

@@ -37,7 +37,9 @@ def test_choose_bucket():
 def test_graphs_off_without_the_triton_backend(monkeypatch, tiny_llama_dir, make_llm):
     monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "torch")
     llm = make_llm(tiny_llama_dir)
-    reason = cuda_graphs.unsupported_reason(llm.llm_engine.model, torch.device("cpu"), False)
+    engine = llm.llm_engine
+    reason = cuda_graphs.unsupported_reason(engine.model, engine.runner.attention_backend,
+                                            False)
     assert "Triton kernels are off" in reason
 
 
@@ -51,10 +53,12 @@ def test_decode_graphs_replay_matches_hf(monkeypatch, tiny_llama_dir, make_llm, 
     llm = make_llm(tiny_llama_dir, block_size=8, max_num_seqs=4, max_model_len=64)
     engine = llm.llm_engine
     assert engine.runner.graphs is None  # CPU: the engine captures nothing by itself
-    assert cuda_graphs.unsupported_reason(engine.model, torch.device("cpu"), False) is None
-    graphs = DecodeGraphs(engine.model, engine.cache.layer_caches, sizes=bucket_sizes(4),
-                          max_blocks=8, max_pos=63, sliding_window=None,
-                          device=torch.device("cpu"), capture=EagerReplay())
+    backend = engine.runner.attention_backend
+    assert backend.name == "triton" and backend.device == torch.device("cpu")
+    assert cuda_graphs.unsupported_reason(engine.model, backend, False) is None
+    graphs = DecodeGraphs(engine.model, engine.cache.layer_caches, backend,
+                          sizes=bucket_sizes(4), max_blocks=8, max_pos=63, sliding_window=None,
+                          capture=EagerReplay())
     graphs.capture(warmup=1)
     assert sorted(graphs.graphs) == [1, 2, 4]
     assert torch.count_nonzero(engine.cache.kv) == 0  # capture wrote no KV (slots -1)

@@ -90,7 +90,8 @@ def test_profile_runs_the_real_model_and_sampler(monkeypatch, tiny_llama_dir, ma
     engine = llm.llm_engine
     fake = FakeCudaMemory()
     fake.install(monkeypatch)
-    plan = gpu_memory.profile(engine.model, engine.kv_spec, engine.config, engine.vocab_size)
+    plan = gpu_memory.profile(engine.model, engine.kv_spec, engine.config, engine.vocab_size,
+                              engine.runner.attention_backend)
     assert plan.weights == 300 * 2**20 and plan.activation_peak == 200 * 2**20
     assert plan.non_torch == 3 * GiB  # 24 - 20 GiB in use, 1 GiB of it torch's
     assert plan.total == 24 * GiB and plan.profiled_tokens == 64

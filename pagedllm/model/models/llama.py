@@ -15,7 +15,7 @@ from torch import nn
 
 from pagedllm.model.fused_decode import FusedDecode
 from pagedllm.model.layers.activation import silu_and_mul
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention_qkv
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.norm import RMSNorm
@@ -56,8 +56,8 @@ class LlamaAttention(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
-        out = paged_attention_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                                  kv_cache, meta, self.scale)
+        out = meta.backend.forward_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                       kv_cache, meta, self.scale)
         return self.o_proj(out)
 
 
@@ -105,7 +105,8 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(input_ids)
         seq_lens = sequence_lengths(positions, meta) if self.rotary.is_dynamic else None
         rope = RopeBatch(self.rotary.halves(positions, max_pos, seq_lens))
-        if FusedDecode.applies(x, meta, kv_caches) and (fused := self.fused_decode()):
+        if meta.backend.fused_decode_applies(x, meta, kv_caches) and (
+                fused := self.fused_decode()):
             x, residual = fused(x, rope, kv_caches, meta)  # the layer loop in one C++ call
         else:
             residual = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, paged_attention_qkv
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.norm import RMSNorm, head_norms_
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 from pagedllm.model.models.llama import (
@@ -33,9 +33,9 @@ class QKNormAttention:
         head_norms_(qkv, self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads,
                     self.head_dim)
         rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
-        out = paged_attention_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                                  kv_cache, meta.for_layer(kv_cache, self.window), self.scale,
-                                  softcap=self.softcap)
+        out = meta.backend.forward_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                       kv_cache, meta.for_layer(kv_cache, self.window),
+                                       self.scale, softcap=self.softcap)
         return self.o_proj(out)
 
 

@@ -1,8 +1,9 @@
-"""Causal attention over a padded batch, with autograd: the training forward's attention.
+"""The training backend: causal attention over a padded batch, with autograd.
 
 `pagedllm.finetune` runs the serving model's own layers over B right-padded sequences of
 length L, flattened to T = B*L tokens the way the layers expect (no KV cache is read or
-written). `paged_attention` hands such a batch here; the serving path never comes here::
+written). Its batches are built by `TrainingBackend.build_metadata`, so the layers' attention
+calls come here; the serving path never does::
 
     tokens:  [s0 s0 s0 pad | s1 s1 s1 s1 | s2 s2 pad pad]    B = 3, L = 4
     mask of s0 (query rows x key columns), True = attend:
@@ -21,6 +22,9 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
+from pagedllm.model.layers.attention import LayerKVCache
+from pagedllm.model.layers.attention_backends.base import AttentionBackend
+
 
 @dataclass
 class CausalBatchMetadata:
@@ -29,6 +33,7 @@ class CausalBatchMetadata:
     key_valid: torch.Tensor
     sliding_window: int | None = None
     _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
+    backend: TrainingBackend | None = field(default=None, repr=False)  # set by the builder
 
     @property
     def batch(self) -> int:
@@ -89,3 +94,26 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale,
                                              enable_gqa=kvh != h)
     return out.transpose(1, 2).reshape(t, h * d)
+
+
+class TrainingBackend(AttentionBackend):
+    """Causal attention over a padded batch with autograd (module docstring), on any device
+    and dtype. Never selected for serving: `pagedllm.finetune` builds its batches with it."""
+
+    name = "training"
+
+    @classmethod
+    def supports(cls, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype,
+                 head_size: int) -> bool:
+        return True
+
+    def build_metadata(self, key_valid: torch.Tensor,
+                       sliding_window: int | None = None) -> CausalBatchMetadata:
+        """The batch of B right-padded sequences whose real tokens `key_valid` [B, L] marks."""
+        return CausalBatchMetadata(key_valid, sliding_window, backend=self)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: LayerKVCache, meta: CausalBatchMetadata, scale: float,
+                softcap: float | None = None) -> torch.Tensor:
+        """`causal_attention`; `kv_cache` is not read (training keeps no KV cache)."""
+        return causal_attention(q, k, v, meta, scale, softcap)

@@ -1,0 +1,107 @@
+"""The C++ CPU backend: fp32 queries over an fp32, int8 or fp8 cache (kernels/*_cpu.cpp).
+
+    decode rows      paged_decode_attention(_quant)   one query per sequence, reads the
+                                                      blocks in place (8-bit rows converted
+                                                      to fp32 as they are read)
+    decode-only step paged_decode_attention_qkv       writes the new K/V and attends, reading
+                                                      the queries inside the qkv rows
+    prefill rows     paged_varlen_attention           all sequences' packed rows in one
+                                                      flash-style call (varlen_attention_cpu)
+    8-bit K/V write  quantize_into_cache
+    whole model      decode_layers (model/fused_decode.py), when `fused_decode_applies`
+
+What the kernels do not do runs the torch reference (torch_ref.py): decode rows with Gemma's
+logit soft-capping, and prefill rows of head sizes that are not a multiple of the varlen
+kernel's vector width or on a CPU without its instructions (AVX2 + FMA + F16C / AVX-512).
+The dtypes are settled at selection (`supports`); the head-size check stays per call because
+the draft model's layers run on the target's metadata (speculative/draft_model.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers import kv_quant
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
+from pagedllm.model.layers.attention_backends.torch_ref import TorchBackend
+
+KERNEL_KV_DTYPES = (torch.float32, *kv_quant.QMAX)
+
+
+class CPUBackend(TorchBackend):
+    """The C++ kernels where they apply, the torch reference elsewhere (module docstring)."""
+
+    name = "cpu"
+
+    @classmethod
+    def supports(cls, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype,
+                 head_size: int) -> bool:
+        # The device first: a CUDA engine must not build the CPU kernels to find out.
+        return (device.type == "cpu" and dtype == torch.float32
+                and kv_dtype in KERNEL_KV_DTYPES and cpu_ops.load() is not None)
+
+    def __init__(self, device: torch.device | str) -> None:
+        super().__init__(device)
+        self.ops = cpu_ops.load()
+        varlen = cpu_ops.load_with("varlen_attention")
+        # 0: this CPU has no varlen kernel; prefill rows run the torch reference.
+        self.varlen_multiple = 0 if varlen is None else varlen.varlen_attention_head_multiple()
+
+    def varlen_kernel(self, head_size: int) -> bool:
+        """Whether prefill rows of this head size run the C++ varlen kernel."""
+        return self.varlen_multiple > 0 and head_size % self.varlen_multiple == 0
+
+    def forward_qkv(self, qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+                    head_dim: int, kv_cache: LayerKVCache, meta: AttentionMetadata,
+                    scale: float, softcap: float | None = None) -> torch.Tensor:
+        """A step of decodes only is one C++ call that writes the new K/V and attends,
+        reading the queries in place (kernels/paged_attention_cpu.cpp); every other batch
+        splits the rows and runs `forward`."""
+        if not softcap and qkv.is_contiguous() and meta.num_decodes == qkv.shape[0] > 0:
+            return self.ops.paged_decode_attention_qkv(
+                qkv, kv_cache.k, kv_cache.v, kv_cache.k_scale, kv_cache.v_scale,
+                meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, num_heads,
+                scale, meta.sliding_window or 0)
+        return super().forward_qkv(qkv, num_heads, num_kv_heads, head_dim, kv_cache, meta,
+                                   scale, softcap)
+
+    def fused_decode_applies(self, x: torch.Tensor, meta: AttentionMetadata,
+                             kv_caches: list[LayerKVCache]) -> bool:
+        """Decode-only steps (every row one token of its own sequence) with one KV group."""
+        return (meta.num_decodes == x.shape[0] > 0 and meta.groups is None
+                and meta.prefill_block_tables is None)
+
+    def write(self, cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor,
+              x: torch.Tensor) -> None:
+        if scales is None:
+            super().write(cache, scales, slots, x)
+        else:
+            self.ops.quantize_into_cache(x.contiguous(), cache, scales, slots)
+
+    def decode(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
+               meta: AttentionMetadata, scale: float, softcap: float | None) -> None:
+        if softcap:
+            super().decode(out, q, kv, meta, scale, softcap)
+        elif kv.k_scale is None:
+            self.ops.paged_decode_attention(
+                out, q.contiguous(), kv.k, kv.v, meta.decode_block_tables,
+                meta.decode_seq_lens, scale, meta.sliding_window or 0)
+        else:
+            self.ops.paged_decode_attention_quant(
+                out, q.contiguous(), kv.k, kv.v, kv.k_scale, kv.v_scale,
+                meta.decode_block_tables, meta.decode_seq_lens, scale,
+                meta.sliding_window or 0)
+
+    def prefill(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
+                meta: AttentionMetadata, scale: float, softcap: float | None) -> None:
+        d = q.shape[-1]
+        if not self.varlen_kernel(d):
+            super().prefill(out, q, kv, meta, scale, softcap)
+            return
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
+        self.ops.paged_varlen_attention(
+            out, q, kv.k, kv.v, kv.k_scale, kv.v_scale, meta.prefill_block_tables,
+            meta.prefill_seq_lens, meta.prefill_query_start, scale, meta.sliding_window or 0,
+            softcap or 0.0)
