@@ -48,4 +48,4 @@ def warm_up(engine) -> None:
                            request_id=WARMUP_REQUEST_ID, cache_salt=_WARMUP_SALT)
         while engine.has_unfinished_requests():
             engine.step()
-    engine.stats = engine.stats.cleared()
+    engine.reset_stats()

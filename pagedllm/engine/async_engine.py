@@ -14,7 +14,8 @@ needs (add results, outputs) crosses over as messages; /metrics reads the engine
 Faults: an error in one request's output processing fails only that request (its output
 carries `error`); an exception from a whole step aborts the requests in flight and the loop
 goes on; if the thread itself dies, `_on_death` (on the event loop) fails every stream and
-every queued add at once, new adds raise `EngineDead`, and `on_dead` tells the server to exit;
+every queued add at once, new adds raise `EngineDead`, and `wait_dead()` returns (the server
+awaits it to exit);
 an `EngineFatalError` from a step (a tensor-parallel worker or DP replica gone) or from the
 idle `check_health` poll does the same. `_dispatch` runs on
 the event loop and merges outputs into each stream's pending slot (deltas concatenated,
@@ -30,7 +31,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pagedllm.engine.admission import EngineOverloaded, QueueLimits
@@ -86,7 +87,6 @@ class AsyncEngine:
                  limits: QueueLimits | None = None) -> None:
         self.engine = engine
         self.limits = limits or QueueLimits()
-        self.on_dead: Callable[[BaseException], None] | None = None  # e.g. stop the server
         self.model_name = served_model_name or engine.model_name
         self.metrics = ServingMetrics(self.model_name, lambda: self.engine.stats)
         self.shutting_down = False
@@ -106,6 +106,7 @@ class AsyncEngine:
     # ------------------------------------------------------------ lifecycle
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
+        self._died = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
         self._thread.start()
 
@@ -231,8 +232,12 @@ class AsyncEngine:
                 break
             if cmd[0] == "add":
                 self._resolve(cmd[2], error)
-        if self.on_dead is not None:
-            self.on_dead(exc)
+        self._died.set()
+
+    async def wait_dead(self) -> BaseException:
+        """Return once the engine thread has died (on the loop `start` ran on): its error."""
+        await self._died.wait()
+        return self.dead
 
     def _call(self, fn, *args) -> None:
         assert self._loop is not None

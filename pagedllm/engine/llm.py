@@ -28,8 +28,12 @@ class LLM:
     speculative_config, ...).
     """
 
-    def __init__(self, model: str | None = None, **engine_args) -> None:
-        self.llm_engine = LLMEngine.from_engine_args(model=model, **engine_args)
+    def __init__(self, model: str | None = None, *, engine: LLMEngine | None = None,
+                 **engine_args) -> None:
+        """`engine`: an engine already built (the CLI builds one from its flags)."""
+        if engine is not None and (model is not None or engine_args):
+            raise ValueError("pass an engine or engine arguments, not both")
+        self.llm_engine = engine or LLMEngine.from_engine_args(model=model, **engine_args)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

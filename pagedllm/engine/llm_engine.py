@@ -165,6 +165,10 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.shutdown()
 
+    def reset_stats(self) -> None:
+        """Counters back to zero (after the warm-up request): metrics start clean."""
+        self.stats = self.stats.cleared()
+
     def _update_gauges(self) -> None:
         self.stats.observe_queues(self.scheduler, self.block_manager)
 

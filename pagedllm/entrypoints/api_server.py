@@ -60,7 +60,6 @@ from pagedllm.lora.request import LoRARequest
 __all__ = ["bind_socket", "build_app", "run_server", "with_disconnect"]
 logger = logging.getLogger(__name__)
 
-_DEAD_EXIT_DELAY_S = 1.0
 _error = error_response
 _ALWAYS_GET = {k: v for k, v in GET_ERRORS.items() if k != 401}
 
@@ -105,13 +104,11 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
     sandbox = (TemplateSandbox(tokenizer, opts.request_chat_template_timeout)
                if opts.trust_request_chat_template else None)
     inputs = PromptInputs(tokenizer, engine.engine.config.max_model_len, sandbox)
-    shared = {"inputs": inputs, "options": opts}
+    shared = {"inputs": inputs, "options": opts, "log_requests": log_requests}
     completions = OpenAIServingCompletion(engine, names, served, **shared)
     chat = OpenAIServingChat(engine, names, served, tool_parser=tool_parser,
                              enable_auto_tool_choice=enable_auto_tool_choice, **shared)
     base = ServingBase(engine, names, served, **shared)
-    for serving in (completions, chat, base):
-        serving.log_requests = log_requests
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -245,14 +242,6 @@ def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names:
                             timeout_keep_alive=opts.timeout_keep_alive,
                             limit_concurrency=opts.limit_concurrency)
     server = DrainingServer(config, engine, opts.shutdown_timeout)
-
-    def on_dead(exc: BaseException) -> None:
-        logger.critical("engine died (%r): shutting the server down", exc)
-        # A moment for the failed responses to go out and /health to answer 503.
-        asyncio.get_running_loop().call_later(_DEAD_EXIT_DELAY_S, setattr, server,
-                                              "should_exit", True)
-
-    engine.on_dead = on_dead
     # uvicorn re-raises the captured signal after shutting down; with these no-op handlers in
     # place underneath it, that ends the process with status 0 instead of dying by signal.
     handled = (signal.SIGINT, signal.SIGTERM)

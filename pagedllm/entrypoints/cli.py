@@ -83,9 +83,7 @@ def _engine(args):
     _refuse_early(config)
     if config.data_parallel_size > 1:
         raise SystemExit("--data-parallel-size > 1 runs replicas behind `pagedllm serve` only")
-    llm = LLM.__new__(LLM)
-    llm.llm_engine = LLMEngine(config, debug_steps=args.debug_steps)
-    return llm, lora
+    return LLM(engine=LLMEngine(config, debug_steps=args.debug_steps)), lora
 
 
 def cmd_generate(args) -> int:

@@ -33,6 +33,7 @@ from pagedllm.engine.async_engine import AsyncEngine
 logger = logging.getLogger(__name__)
 
 _DRAIN_POLL_S = 0.05
+_DEAD_EXIT_DELAY_S = 1.0  # after the engine died: time for the failed responses to go out
 _FLUSH_S = 0.5  # after the abort: time for the error events to reach the clients
 
 
@@ -89,10 +90,19 @@ class DrainingServer(uvicorn.Server):
         self.draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().startup(sockets=sockets)
+        await super().startup(sockets=sockets)  # the app's lifespan starts the engine
+        self._watch_task = asyncio.ensure_future(self._exit_when_engine_dies())
+
+    async def _exit_when_engine_dies(self) -> None:
+        exc = await self.engine.wait_dead()
+        logger.critical("engine died (%r): shutting the server down", exc)
+        # A moment for the failed responses to go out and /health to answer 503.
+        await asyncio.sleep(_DEAD_EXIT_DELAY_S)
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame) -> None:
         if self.draining or self._loop is None or self.shutdown_timeout == 0:

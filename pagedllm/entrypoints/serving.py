@@ -98,12 +98,13 @@ def random_id(prefix: str) -> str:
 class ServingBase:
     """State and helpers of one served model."""
 
-    log_requests = True  # one log line per accepted request (--disable-log-requests: off)
 
     def __init__(self, engine: AsyncEngine, served_model_names: list[str],
                  models: ServingModels | None = None, inputs: PromptInputs | None = None,
-                 options: ServerOptions | None = None) -> None:
+                 options: ServerOptions | None = None, log_requests: bool = True) -> None:
         self.engine = engine
+        # One log line per accepted request (--disable-log-requests: off).
+        self.log_requests = log_requests
         self.models = models or ServingModels(engine, served_model_names)
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len: int = engine.engine.config.max_model_len

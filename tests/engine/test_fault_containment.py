@@ -64,9 +64,7 @@ def test_a_fault_in_an_n_request_after_fan_out_frees_all_its_sequences(engine) -
 
 def test_dead_engine_thread_fails_pending_and_new_requests_at_once(engine) -> None:
     async def main():
-        died = asyncio.Event()
         a = AsyncEngine(engine)
-        a.on_dead = lambda exc: died.set()
         a.start()
         long = await a.add_requests([EngineRequest("long", "Hello", SamplingParams(
             temperature=0.0, max_tokens=200, ignore_eos=True))])
@@ -77,7 +75,7 @@ def test_dead_engine_thread_fails_pending_and_new_requests_at_once(engine) -> No
         with pytest.raises(EngineDead):
             async for _ in outs:
                 pass
-        await asyncio.wait_for(died.wait(), 5)
+        assert isinstance(await asyncio.wait_for(a.wait_dead(), 5), InjectedEngineDeath)
         assert time.monotonic() - t0 < 5
         assert isinstance(a.dead, InjectedEngineDeath)
         with pytest.raises(EngineDead):
