@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING
 
 from pagedllm.core.kv_groups import NULL_BLOCK
 from pagedllm.core.request import Request, RequestStatus
+from pagedllm.errors import InvariantError
 
 if TYPE_CHECKING:
-    from pagedllm.core.block_manager import BlockInvariantError, BlockManager
+    from pagedllm.core.block_manager import BlockManager
+
+
+class BlockInvariantError(InvariantError):
+    """The block accounting is inconsistent (a bug, never a user error)."""
 
 
 def _error(message: str) -> BlockInvariantError:
-    from pagedllm.core.block_manager import BlockInvariantError
-
     return BlockInvariantError(message)
 
 

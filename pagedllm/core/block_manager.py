@@ -1,33 +1,27 @@
-"""Paged KV-cache block accounting: free queue, reference counts, copy-on-write, prefix cache,
-invariants.
+"""Paged KV-cache block accounting: free queue, refcounts, copy-on-write, prefix cache.
 
 The KV pool holds `num_blocks` blocks of `block_size` token slots. A request's block table
 maps its token positions to slots::
 
     position i  ->  block_ids[i // block_size] * block_size + i % block_size
 
-Appending a token writes one slot; a new block is taken from the free queue only when the
-previous one is full, so appends never copy KV. Blocks may be shared by several block tables
-(n > 1 samples fork the prompt's blocks; prefix-cache hits share full blocks across
-requests); the refcount counts the tables holding a block. A shared block that is only partly
-filled is copied before a holder writes into it (copy-on-write); the copies are queued in
-`pending_copies` for the runner to execute before the next forward pass. Full blocks are
-never written again, so they are shared as they are and only they are cached.
+A new block is taken only when the previous one is full, so appends never copy KV. Blocks may
+be shared (n > 1 samples fork the prompt's blocks; prefix-cache hits share full blocks); the
+refcount counts the tables holding one. A shared, partly filled block is copied before a
+holder writes into it (copy-on-write, queued in `pending_copies` for the runner). Full blocks
+are never written again: they are shared as they are, and only they are cached.
 
 Free queue (with prefix caching, vLLM v1's eviction order)::
 
     head -> [never used ...] [freed longest ago ...] [freed last] <- tail
             taken (and evicted from the prefix cache) here   freed blocks appended here
 
-A request's blocks are freed last block first, so among them its tail is evicted first and
-its first block, the one most likely shared, last. A cache hit on a free block takes it
-out of the queue; freeing it again puts it back at the tail (least recently used order).
+A request's blocks are freed last block first (its tail is evicted first, its most shared
+first block last); a cache hit takes a free block out of the queue (LRU order).
 
-KV groups (core/kv_groups.py): a model that mixes full-attention and sliding-window layers
-keeps one table per group in `request.block_tables` (group 0, full attention, is
-`request.block_ids`). All groups take blocks from this one pool; a sliding group frees the
-blocks that fall out of its window (`free_out_of_window`) before each allocation, so
-admission and preemption see every group's needs against one free count.
+KV groups (core/kv_groups.py): one table per group in `request.block_tables` (group 0 is
+`request.block_ids`), all taking blocks from this pool; a sliding group frees the blocks that
+left its window (`free_out_of_window`) before each allocation.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from pagedllm.core.block_invariants import BlockInvariantError, check_block_invariants
 from pagedllm.core.kv_groups import (
     NULL_BLOCK,
     CompanionBlocks,
@@ -46,11 +41,6 @@ from pagedllm.core.kv_groups import (
 )
 from pagedllm.core.prefix_cache import BlockHash, PrefixCache, extra_keys, update_block_hashes
 from pagedllm.core.request import Request
-from pagedllm.errors import InvariantError
-
-
-class BlockInvariantError(InvariantError):
-    """The block accounting is inconsistent (a bug, never a user error)."""
 
 
 @dataclass
@@ -307,6 +297,4 @@ class BlockManager:
     def check_invariants(self, requests: Iterable[Request]) -> None:
         """Every block is exactly free or in use; refcount == number of tables holding it;
         the prefix cache and the tables agree (core/block_invariants.py)."""
-        from pagedllm.core.block_invariants import check_block_invariants
-
         check_block_invariants(self, list(requests))

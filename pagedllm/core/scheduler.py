@@ -1,42 +1,29 @@
-"""Token-budget scheduler (vLLM v1 style): no prefill/decode phases.
+"""Token-budget scheduler (vLLM v1 style, no prefill/decode phases); `update_from_output` is
+the one place a step's result is applied.
 
 Each step hands out at most `max_num_batched_tokens` tokens to at most `max_num_seqs`
-requests. Running requests go first, in admission order, each getting `num_tokens -
-num_computed_tokens` new tokens (1 when decoding, a chunk of the prompt when prefilling),
-capped by what is left of the budget; then waiting requests are admitted while the budget,
-`max_num_seqs` and free blocks allow. A long prompt therefore spreads over several steps
-(chunked prefill) while other requests keep decoding. An n > 1 request fans out into n
-running sequences after its prompt, which can leave more than `max_num_seqs` running; the
-ones past the cap keep their blocks and wait their turn.
+requests: running requests first, in admission order, each `num_tokens - num_computed_tokens`
+new tokens (1 when decoding, a chunk of the prompt when prefilling) within what is left of the
+budget; then waiting requests while the budget, `max_num_seqs` and free blocks allow. A long
+prompt thus spreads over several steps (chunked prefill) while others keep decoding. An n > 1
+request fans out into n running sequences after its prompt (possibly more than
+`max_num_seqs` running; the ones past the cap keep their blocks and wait their turn).
 
 When a running request needs a block and none is free, the most recently admitted running
-request is preempted by recompute: its blocks are freed, `num_computed_tokens` goes back to
-0 and it is put at the front of the waiting queue; on resumption its prompt plus the tokens
-it had generated are prefilled again, so its output is unchanged. With a `SwapManager`
-(preemption mode "swap") the victim's blocks are copied to the CPU swap pool instead and it
-joins the swapped queue, keeping `num_computed_tokens`; when the swap pool is full it falls
-back to recompute. Swapped requests are swapped back in (oldest first) before any waiting
-request is admitted, and no waiting request is admitted while one is still swapped out::
+request is preempted by recompute (blocks freed, `num_computed_tokens` back to 0, front of the
+waiting queue; its prompt and generated tokens are prefilled again, so its output is
+unchanged) or, with a `SwapManager` (preemption mode "swap"), its blocks are copied to the CPU
+swap pool and it joins the swapped queue (recompute when the pool is full). Swapped requests
+come back (oldest first) before any waiting request is admitted::
 
     running ──preempt──▶ swapped (CPU) ──swap in, next steps with free blocks──▶ running
        └──────preempt, swap pool full──▶ waiting (recompute)
 
-With prefix caching, a request admitted from the waiting queue first takes the cached blocks
-holding the longest prefix of its tokens: `num_computed_tokens` starts at hits x block_size
-and only the rest is prefilled (a resumed request usually finds its own blocks again). After
-each forward pass the newly full blocks are registered in the cache (`update_from_output`).
-
-Blocks are counted over every KV group (core/kv_groups.py) by `BlockManager.allocate_slots`:
-a request of a sliding-window model needs its full-attention blocks plus, per sliding group,
-only the blocks inside the window (the others went back to the pool), so admission and
-preemption see the memory long sequences really hold.
-
-With the "priority" policy (core/waiting_queue.py) the waiting queue is ordered by (priority,
-arrival), lower first, and the preemption victim is the running request with the highest
-priority value (the latest arrived among equals) instead of the most recently admitted.
-
-With LoRA (`max_loras`), a waiting request whose adapter would make the running batch hold more
-than `max_loras` distinct adapters is passed over (it keeps its place) until one drains.
+With prefix caching an admitted request first takes the cached blocks holding the longest
+prefix of its tokens (`num_computed_tokens` starts at hits x block_size); filled blocks are
+registered after each forward pass. Blocks are counted over every KV group. The "priority"
+policy (core/waiting_queue.py) orders waiting requests by (priority, arrival) and preempts
+the highest value first; a request whose LoRA adapter would exceed `max_loras` waits.
 """
 
 from __future__ import annotations

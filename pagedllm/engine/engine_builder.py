@@ -30,6 +30,7 @@ from pagedllm.core.swap_manager import SwapManager
 from pagedllm.distributed.executor import TPExecutor, start_tensor_parallel
 from pagedllm.distributed.worker import rank_threads
 from pagedllm.engine.chat_template import resolve_chat_template
+from pagedllm.engine.intake import RequestIntake
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.plan import EnginePlan, resolve_plan, split_kv_budget
 from pagedllm.engine.stats import EngineStats
@@ -70,6 +71,7 @@ class EngineParts:
     executor: TPExecutor | None
     runner: ModelRunner
     output_processor: OutputProcessor
+    intake: RequestIntake
     stats: EngineStats
 
 
@@ -150,7 +152,8 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
         kv_spec=rank.kv_spec, num_blocks=num_blocks, num_swap_blocks=num_swap, cache=cache,
         block_manager=bm, swap_manager=swap, scheduler=scheduler, lora=lora,
         structured_output=structured, speculator=speculator, executor=executor,
-        runner=runner, output_processor=OutputProcessor(tokenizer), stats=stats)
+        runner=runner, output_processor=OutputProcessor(tokenizer), stats=stats,
+        intake=RequestIntake(config, tokenizer, hf.vocab_size, eos, lora, structured))
 
 
 def _gpu_peak(config: EngineConfig, rank, vocab_size: int) -> int | None:

@@ -14,6 +14,7 @@ drive this loop. Start-up is engine/engine_builder.py; request validation engine
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -23,7 +24,6 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.request import RequestStatus
 from pagedllm.distributed.errors import WorkerDied
 from pagedllm.engine.engine_builder import build_engine
-from pagedllm.engine.intake import RequestIntake
 from pagedllm.lora.adapter import LoRAAdapter
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput, RequestOutputKind
@@ -37,20 +37,10 @@ class LLMEngine:
         self.config = config
         self.debug_steps = debug_steps
         t_start = time.perf_counter()
-        p = build_engine(config, owner=self)
-        self.tokenizer, self.hf_config, self.vocab_size = p.tokenizer, p.hf_config, p.vocab_size
-        self.eos_token_id, self.model_name = p.eos_token_id, p.model_name
-        self.sampling_defaults, self.plan, self.model = p.sampling_defaults, p.plan, p.model
-        self.kv_spec, self.cache = p.kv_spec, p.cache
-        self.num_blocks, self.num_swap_blocks = p.num_blocks, p.num_swap_blocks
-        self.block_manager, self.swap_manager = p.block_manager, p.swap_manager
-        self.scheduler, self.runner, self.output_processor = (p.scheduler, p.runner,
-                                                              p.output_processor)
-        self.lora, self.structured_output, self.speculator = (p.lora, p.structured_output,
-                                                             p.speculator)
-        self.executor, self.stats = p.executor, p.stats
-        self.intake = RequestIntake(config, self.tokenizer, self.vocab_size, self.eos_token_id,
-                                    self.lora, self.structured_output)
+        parts = build_engine(config, owner=self)
+        # The engine's attributes are its parts (engine_builder.EngineParts): scheduler,
+        # runner, output_processor, intake, block_manager, stats, tokenizer, model, ...
+        vars(self).update({f.name: getattr(parts, f.name) for f in dataclasses.fields(parts)})
         self._ids = itertools.count()
         logger.info("start-up: engine ready in %.2f s", time.perf_counter() - t_start)
 
@@ -92,7 +82,7 @@ class LLMEngine:
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
             seqs = self.output_processor.remove(rid)
             if seqs is not None:
-                unfinished.extend(seq for seq in seqs if not seq.is_finished)
+                unfinished += seqs  # finish_requests skips the finished ones
                 self.stats.on_finish("abort")
         self.scheduler.finish_requests(unfinished, RequestStatus.FINISHED_ABORTED)
         self._update_gauges()
@@ -134,10 +124,8 @@ class LLMEngine:
                 continue
             outputs.append(self._output(gid, kind))
         t3 = time.perf_counter()
-        self.stats.on_step(sched, result, update.num_tokens, self.block_manager.usage,
-                           len(self.scheduler.running), len(self.scheduler.waiting),
-                           {"schedule": (t1 - t0) * 1e3, **result.timings_ms,
-                            "output": (t3 - t2) * 1e3}, swapped=len(self.scheduler.swapped))
+        self.stats.on_step(sched, result, update.num_tokens, self.scheduler, {
+            "schedule": (t1 - t0) * 1e3, **result.timings_ms, "output": (t3 - t2) * 1e3})
         self._update_gauges()
         if self.debug_steps:
             logger.info(self.stats.step_line())
@@ -148,9 +136,8 @@ class LLMEngine:
         could not be built is finished with an error: its sequences are aborted)."""
         seqs = self.output_processor.sequences(group_id)
         out = self.output_processor.make_output(group_id, kind=kind)
-        if out.finished:
-            self.scheduler.finish_requests([s for s in seqs if not s.is_finished],
-                                           RequestStatus.FINISHED_ABORTED)
+        if out.finished:  # any sequence still unfinished (an error) is aborted
+            self.scheduler.finish_requests(seqs, RequestStatus.FINISHED_ABORTED)
             self.stats.on_finish("error" if out.error is not None
                                  else out.outputs[0].finish_reason or "abort")
         return out

@@ -88,10 +88,13 @@ class EngineStats:
         reason), as the server's request_success_total counts."""
         self.finished[reason] += 1
 
-    def on_step(self, sched, result, num_generated: int, kv_usage: float, running: int,
-                waiting: int, timings_ms: dict[str, float], swapped: int = 0) -> None:
+    def on_step(self, sched, result, num_generated: int, scheduler,
+                timings_ms: dict[str, float]) -> None:
         """Count one step: `sched` and `result` are its SchedulerOutput and RunnerOutput,
-        `num_generated` the tokens the requests kept."""
+        `num_generated` the tokens the requests kept; the queues are read off `scheduler`."""
+        kv_usage = scheduler.block_manager.usage
+        running, waiting, swapped = (len(scheduler.running), len(scheduler.waiting),
+                                     len(scheduler.swapped))
         self.num_steps += 1
         decodes = sum(1 for s in sched.scheduled
                       if s.num_new_tokens - s.num_draft_tokens == 1)
