@@ -1,0 +1,51 @@
+"""engine/plan.py: the cross-feature rules, decided from the config and the model's config,
+without loading anything."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.engine.plan import resolve_plan, split_kv_budget
+from pagedllm.worker.model_setup import kv_layout, single_kv_group
+
+
+def hf(**kw) -> SimpleNamespace:
+    return SimpleNamespace(rope_theta=10000.0, max_position_embeddings=2048, **kw)
+
+
+def test_prefix_caching_stays_on_for_a_plain_model() -> None:
+    plan = resolve_plan(EngineConfig(), hf(), KVGroupLayout.single(4))
+    assert plan.prefix_caching and not plan.single_kv_group and not plan.cuda_graphs
+
+
+def test_dynamic_rope_turns_prefix_caching_off_and_leaves_the_config_alone() -> None:
+    config = EngineConfig()
+    plan = resolve_plan(config, hf(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+                        KVGroupLayout.single(4))
+    assert not plan.prefix_caching and config.enable_prefix_caching
+
+
+def test_all_sliding_layers_turn_prefix_caching_off() -> None:
+    config = EngineConfig()
+    sliding = kv_layout(config, [512] * 4)
+    assert not resolve_plan(config, hf(), sliding).prefix_caching
+    mixed = kv_layout(config, [512, None, 512, None])
+    assert resolve_plan(config, hf(), mixed).prefix_caching
+
+
+def test_one_kv_group_when_asked_or_under_tensor_parallelism() -> None:
+    assert single_kv_group(EngineConfig(disable_hybrid_kv_cache_manager=True))
+    assert single_kv_group(EngineConfig(tensor_parallel_size=2))
+    assert kv_layout(EngineConfig(tensor_parallel_size=2), [512, None]).num_groups == 1
+    assert kv_layout(EngineConfig(), [512, None]).num_groups == 2
+
+
+def test_cuda_graphs_never_on_cpu_nor_with_speculation() -> None:
+    assert not resolve_plan(EngineConfig(), hf(), KVGroupLayout.single(2)).cuda_graphs
+
+
+def test_a_draft_model_takes_its_share_of_the_budget() -> None:
+    assert split_kv_budget(1000, 300, None) == 1000
+    assert split_kv_budget(1000, 300, 100) == 750
