@@ -60,7 +60,7 @@ class SamplerOutput:
     logprobs: LogprobsTensors | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingMetadata:
     """Batched sampling parameters; row i of every tensor is sequence i.
 
