@@ -19,7 +19,7 @@ from pagedllm.distributed.parallel_state import TPGroup, init_tp_group
 from pagedllm.distributed.sharding import TPLayout
 from pagedllm.distributed.step_message import Kind, StepMessage
 from pagedllm.worker.cache_engine import CacheEngine
-from pagedllm.worker.input_batch import inputs_from_host
+from pagedllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class TPWorker:
         self.group: TPGroup = init_tp_group(rank, config.tensor_parallel_size, init_method,
                                             config.torch_device)
         self.model = None
-        self.cache: CacheEngine | None = None
+        self.runner: ModelRunner | None = None  # once the KV shard is allocated
         self.window: int | None = None
         self.attention_backend = None
 
@@ -59,30 +59,26 @@ class TPWorker:
         parts = build_rank(self.config, ckpt, tp=(layout, self.group))
         self.model, self.kv_spec, self.window = parts.model, parts.kv_spec, parts.window
         self.attention_backend = parts.attention_backend
+        self.vocab_size = ckpt.config.vocab_size
 
     def allocate_cache(self, num_blocks: int, num_swap_blocks: int) -> None:
-        self.cache = CacheEngine(self.kv_spec, num_blocks, self.config.torch_device,
-                                 num_swap_blocks=num_swap_blocks)
+        """This rank's KV shard (rank 0's block count) and its ModelRunner: the same runner
+        class as rank 0, which replays each step instead of scheduling and sampling."""
+        cache = CacheEngine(self.kv_spec, num_blocks, self.config.torch_device,
+                            num_swap_blocks=num_swap_blocks)
+        self.runner = ModelRunner(self.model, cache, self.attention_backend,
+                                  vocab_size=self.vocab_size, device=self.config.torch_device,
+                                  sliding_window=self.window)
 
-    @torch.inference_mode()
     def execute(self, data: bytes) -> bool:
-        """Mirror one step; False once rank 0 sent SHUTDOWN."""
+        """Replay one step of rank 0; False once rank 0 sent SHUTDOWN."""
         msg = StepMessage.decode(data)
         if msg.kind is Kind.SHUTDOWN:
             return False
-        cache = self.cache
-        cache.swap_blocks_out([tuple(p) for p in msg.swap_out.tolist()])
-        cache.swap_blocks_in([tuple(p) for p in msg.swap_in.tolist()])
-        cache.copy_blocks([tuple(p) for p in msg.copies.tolist()])
-        if msg.host is None:
-            return True
-        batch = inputs_from_host(msg.host, cache.spec.block_size, self.attention_backend,
-                                 self.window)
-        hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
-                            cache.layer_caches, batch.meta)
-        if len(msg.logits_rows):
-            self.model.compute_logits(hidden[torch.from_numpy(msg.logits_rows.copy()).to(
-                hidden.device)])
+        self.runner.replay(msg.host, msg.logits_rows.copy(),
+                           [tuple(p) for p in msg.swap_out.tolist()],
+                           [tuple(p) for p in msg.swap_in.tolist()],
+                           [tuple(p) for p in msg.copies.tolist()])
         return True
 
     def shutdown(self) -> None:

@@ -25,7 +25,7 @@ from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_genera
 from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.draft_verification import DraftGrammar, Verifier, add_draft_counts
-from pagedllm.worker.input_batch import build_inputs
+from pagedllm.worker.input_batch import build_inputs, inputs_from_host
 from pagedllm.worker.persistent_batch import PersistentBatch
 from pagedllm.worker.sampling_rows import SamplingPlan, collect, plan_sampling
 
@@ -73,13 +73,30 @@ class ModelRunner:
         if batch is None:
             return RunnerOutput()
         t1 = time.perf_counter()
-        hidden = self._forward(batch, sched)
+        hidden = self._forward(batch, sched.blocks_to_copy)
         logits = self._logits(hidden, plan)
         t2 = time.perf_counter()
         sampled = self._sample(logits, plan) if plan.rows else []
         t3 = time.perf_counter()
         return RunnerOutput(sampled, {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
                                       "sample": (t3 - t2) * 1e3})
+
+    @torch.inference_mode()
+    def replay(self, host, logits_rows, swap_out, swap_in, copies) -> None:
+        """A tensor-parallel rank > 0's step: the block moves and forward pass of rank 0's
+        step, from the arrays it sent (`HostBatch`, None for a step that only moves blocks);
+        the logits rows join rank 0's vocab gather. Nothing is sampled here."""
+        self.cache.swap_blocks_out(swap_out)
+        self.cache.swap_blocks_in(swap_in)
+        self.cache.copy_blocks(copies)
+        if host is None:
+            return
+        batch = inputs_from_host(host, self.block_size, self.attention_backend,
+                                 self.sliding_window)
+        hidden = self._forward(batch, copies)
+        if len(logits_rows):
+            self.model.compute_logits(hidden[torch.as_tensor(logits_rows,
+                                                             device=hidden.device)])
 
     def _prepare(self, sched: SchedulerOutput):
         """The batch tensors of the scheduled tokens and the step's sampling rows."""
@@ -102,7 +119,7 @@ class ModelRunner:
         self.cache.swap_blocks_in(sched.blocks_to_swap_in)
         self.cache.copy_blocks(sched.blocks_to_copy)
 
-    def _forward(self, batch, sched: SchedulerOutput) -> torch.Tensor:
+    def _forward(self, batch, copies: list[tuple[int, int]]) -> torch.Tensor:
         """Hidden states of the step (with the LoRA rows' slots in scope): a captured CUDA
         graph for a decode batch that fits one, else the eager forward pass. The draft model
         then mirrors the pass, which keeps its KV in step with the target's."""
@@ -113,7 +130,7 @@ class ModelRunner:
                 hidden = self.model(batch.input_ids, batch.positions, batch.max_pos,
                                     self.cache.layer_caches, batch.meta)
         if self.draft is not None:
-            self.draft.mirror(batch, sched.blocks_to_copy)
+            self.draft.mirror(batch, copies)
         return hidden
 
     def _logits(self, hidden: torch.Tensor, plan: SamplingPlan) -> torch.Tensor | None:
