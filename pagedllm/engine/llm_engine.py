@@ -24,6 +24,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.request import RequestStatus
 from pagedllm.distributed.errors import WorkerDied
 from pagedllm.engine.engine_builder import build_engine
+from pagedllm.engine.engine_checks import EngineChecks
 from pagedllm.lora.adapter import LoRAAdapter
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput, RequestOutputKind
@@ -32,7 +33,7 @@ from pagedllm.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(EngineChecks):
     def __init__(self, config: EngineConfig, debug_steps: bool = False) -> None:
         self.config = config
         self.debug_steps = debug_steps
@@ -142,33 +143,9 @@ class LLMEngine:
                                  else out.outputs[0].finish_reason or "abort")
         return out
 
-    def check_health(self) -> None:
-        """Raise WorkerDied if a tensor-parallel worker is gone (the server polls it)."""
-        if self.executor is not None:
-            self.executor.check_health()
-
-    def shutdown(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do for one process)."""
-        if self.executor is not None:
-            self.executor.shutdown()
-
     def reset_stats(self) -> None:
         """Counters back to zero (after the warm-up request): metrics start clean."""
         self.stats = self.stats.cleared()
 
     def _update_gauges(self) -> None:
         self.stats.observe_queues(self.scheduler, self.block_manager)
-
-    def check_idle(self) -> None:
-        """With no request left: block accounting intact and no KV block in use (raises
-        BlockInvariantError / RuntimeError otherwise); the server runs it whenever it idles."""
-        self.check_invariants()
-        if self.block_manager.usage != 0:
-            raise RuntimeError(f"idle engine holds KV blocks (usage "
-                               f"{self.block_manager.usage:.3f})")
-
-    def check_invariants(self) -> None:
-        live = self.output_processor.sequences()
-        self.block_manager.check_invariants(live)
-        if self.swap_manager is not None:
-            self.swap_manager.check_invariants(live)
