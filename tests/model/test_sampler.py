@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedllm.model.layers.logits_processors import Penalties
 from pagedllm.model.layers.sampler import (
     Sampler,
     SamplingMetadata,
     SamplingRow,
-    _apply_penalties,
     make_generator,
 )
 from pagedllm.sampling_params import SamplingParams
@@ -125,7 +125,8 @@ def test_penalties_match_naive_reference(params: list[SamplingParams]) -> None:
     outputs = [[3, 5, 5, 5, 7], []]
     rows = [SamplingRow(p, pr, o) for p, pr, o in zip(params, prompts, outputs, strict=True)]
     md = SamplingMetadata.build(rows, vocab, DEVICE)
-    got = _apply_penalties(logits.clone(), md)
+    [penalties] = [p for p in md.processors if isinstance(p, Penalties)]
+    got = penalties(logits.clone())
     for i in range(2):
         want = naive_penalties(logits[i], prompts[i], outputs[i], params[i])
         torch.testing.assert_close(got[i], want)
@@ -229,3 +230,17 @@ def test_logprobs_zero_gives_only_sampled_token() -> None:
     md = SamplingMetadata.build([row(SamplingParams(logprobs=0))], 10, DEVICE)
     lp = Sampler()(torch.randn(1, 10), md).logprobs
     assert lp.topk_token_ids.shape == (1, 0) and lp.sampled_logprobs.shape == (1,)
+
+
+def test_processors_are_built_once_in_order_and_only_when_used() -> None:
+    from pagedllm.model.layers.logits_processors import MinTokens, TokenRestrictions
+    from pagedllm.model.layers.token_constraints import TokenConstraints
+
+    plain = SamplingMetadata.build([SamplingRow(SamplingParams(), [1], [])], 8, DEVICE)
+    assert plain.processors == ()
+    rows = [SamplingRow(SamplingParams(min_tokens=2, repetition_penalty=1.3,
+                                       logit_bias={3: 5.0}), [1], [], eos_token_id=0)]
+    md = SamplingMetadata.build(rows, 8, DEVICE, constraints=TokenConstraints.build(rows))
+    assert [type(p) for p in md.processors] == [TokenRestrictions, MinTokens, Penalties]
+    logits = Sampler()(torch.zeros(1, 8), md).sampled_token_ids
+    assert logits.tolist() == [3]  # the bias wins; EOS (0) is banned until min_tokens

@@ -4,8 +4,8 @@ Pipeline, all in float32 whatever the model dtype::
 
     raw logits --log_softmax--> logprobs (reported)
         |
-        +-> grammar bitmask, allowed_token_ids, bad_words, logit_bias (token_constraints.py)
-        +-> min_tokens suppression -> repetition / frequency / presence penalties
+        +-> the step's logits processors (logits_processors.py): grammar bitmask,
+        |   allowed_token_ids, bad_words, logit_bias -> min_tokens -> penalties
               |-> greedy rows:  argmax
               '-> random rows:  / temperature -> min_p -> top_k -> top_p
                                 -> softmax -> argmax(probs / q),  q ~ Exp(1)
@@ -21,7 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.model.layers.token_constraints import TokenConstraints, apply_token_restrictions
+from pagedllm.model.layers.logits_processors import (
+    LogitsProcessor,
+    Penalties,
+    build_processors,
+)
+from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output.bitmask import GrammarBitmask
 
@@ -87,6 +92,8 @@ class SamplingMetadata:
     # The constrained rows' grammar bitmask, other restrictions (logit bias, bad words, ...).
     grammar: GrammarBitmask | None = None
     constraints: TokenConstraints | None = None
+    # What changes the scores before sampling, in order (logits_processors.py).
+    processors: tuple[LogitsProcessor, ...] = ()
 
     @classmethod
     def build(
@@ -129,6 +136,10 @@ class SamplingMetadata:
                               vocab_size),
                 _token_counts(_pad([r.prompt_token_ids for r in rows], vocab_size, device),
                               vocab_size) > 0)
+        counts = penalty_state[0] if any_penalty else None
+        prompt_mask = penalty_state[1] if any_penalty else None
+        penalties = (Penalties(counts, prompt_mask, repetition, frequency, presence)
+                     if any_penalty else None)
         return cls(
             temperature=torch.tensor(
                 [0.0 if g else p.temperature for p, g in zip(ps, greedy, strict=True)],
@@ -143,8 +154,8 @@ class SamplingMetadata:
             presence_penalties=presence,
             frequency_penalties=frequency,
             repetition_penalties=repetition,
-            output_counts=penalty_state[0] if any_penalty else None,
-            prompt_mask=penalty_state[1] if any_penalty else None,
+            output_counts=counts,
+            prompt_mask=prompt_mask,
             min_tokens_stop_ids=stop_ids,
             generators={
                 i: r.generator
@@ -154,6 +165,7 @@ class SamplingMetadata:
             max_num_logprobs=max(wants) if wants else None,
             grammar=grammar,
             constraints=constraints,
+            processors=build_processors(grammar, constraints, stop_ids, penalties),
         )
 
 
@@ -209,19 +221,9 @@ class Sampler(torch.nn.Module):
 
 
 def _processed(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    """Token restrictions, min_tokens and penalties, in place on a float32 copy."""
-    logits = apply_token_restrictions(logits, md.grammar, md.constraints)
-    logits = _apply_min_tokens(logits, md.min_tokens_stop_ids)
-    return _apply_penalties(logits, md)
-
-
-def _apply_min_tokens(logits: torch.Tensor, stop_ids: dict[int, set[int]]) -> torch.Tensor:
-    if not stop_ids:
-        return logits
-    rows = [i for i, ids in stop_ids.items() for _ in ids]
-    cols = [t for ids in stop_ids.values() for t in ids]
-    idx = torch.tensor([rows, cols], dtype=torch.int64).to(logits.device, non_blocking=True)
-    logits[idx[0], idx[1]] = float("-inf")
+    """The step's logits processors, in order, on a float32 copy."""
+    for process in md.processors:
+        logits = process(logits)
     return logits
 
 
@@ -232,23 +234,6 @@ def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     )
     counts.scatter_add_(1, token_ids, torch.ones_like(token_ids))
     return counts[:, :vocab_size]
-
-
-def _apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    if md.output_counts is None:
-        return logits
-    output_counts = md.output_counts
-    output_mask = output_counts > 0
-    if md.repetition_penalties is not None:
-        assert md.prompt_mask is not None
-        seen = output_mask | md.prompt_mask
-        penalty = torch.where(seen, md.repetition_penalties.unsqueeze(1), 1.0)
-        logits = torch.where(logits > 0, logits / penalty, logits * penalty)
-    if md.frequency_penalties is not None:
-        logits = logits - md.frequency_penalties.unsqueeze(1) * output_counts
-    if md.presence_penalties is not None:
-        logits = logits - md.presence_penalties.unsqueeze(1) * output_mask
-    return logits
 
 
 def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
