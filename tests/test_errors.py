@@ -38,7 +38,7 @@ KINDS = (InvalidInputError, EngineError, InvariantError, APIError)
 # into a message or a 400): they must stay user errors.
 USER_ERRORS = {
     "pagedllm.engine.admission.RequestNeverAdmittable",
-    "pagedllm.engine.async_engine.DuplicateRequestId",
+    "pagedllm.engine.request_stream.DuplicateRequestId",
     "pagedllm.engine.chat_template.MissingChatTemplateError",
     "pagedllm.entrypoints.json_hygiene.BadRequestBody",
     "pagedllm.entrypoints.template_sandbox.TemplateRenderError",
@@ -56,9 +56,9 @@ RUNTIME_ERRORS = {
     "pagedllm.data_parallel.client.ReplicaDied",
     "pagedllm.distributed.errors.WorkerDied",
     "pagedllm.engine.admission.EngineOverloaded",
-    "pagedllm.engine.async_engine.EngineDead",
-    "pagedllm.engine.async_engine.EngineShuttingDown",
-    "pagedllm.engine.async_engine.RequestFailed",
+    "pagedllm.engine.request_stream.EngineDead",
+    "pagedllm.engine.request_stream.EngineShuttingDown",
+    "pagedllm.engine.request_stream.RequestFailed",
     "pagedllm.engine.request_stream.RequestAborted",
     "pagedllm.errors.EngineFatalError",
     "pagedllm.finetune.trainer.FrozenBaseError",

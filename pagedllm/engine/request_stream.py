@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from pagedllm.errors import EngineError
+from pagedllm.errors import EngineError, InvalidRequestError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -21,6 +21,22 @@ from pagedllm.sampling_params import SamplingParams
 
 class RequestAborted(EngineError):
     """The engine aborted the request (shutdown) before it finished."""
+
+
+class EngineShuttingDown(EngineError):
+    """The engine no longer accepts requests (shutdown started)."""
+
+
+class EngineDead(EngineError):
+    """The engine thread died: nothing in flight will finish and nothing new is accepted."""
+
+
+class DuplicateRequestId(InvalidRequestError):
+    """A request id (e.g. from X-Request-Id) equals one still in flight."""
+
+
+class RequestFailed(EngineError):
+    """The engine hit an error while handling this request (others are unaffected)."""
 
 
 @dataclass
