@@ -27,7 +27,12 @@ from pagedllm.config.generation import sampling_defaults
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.swap_manager import SwapManager
-from pagedllm.distributed.executor import TPExecutor, start_tensor_parallel
+from pagedllm.distributed.executor import (
+    TPExecutor,
+    check_tensor_parallel,
+    start_tensor_parallel,
+    weight_format_before_loading,
+)
 from pagedllm.distributed.worker import rank_threads
 from pagedllm.engine.chat_template import resolve_chat_template
 from pagedllm.engine.intake import RequestIntake
@@ -92,6 +97,8 @@ def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
 def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     """Build the parts of an engine for `config`. `owner` is the object whose lifetime the
     tensor-parallel workers follow (they are shut down when it is collected)."""
+    if config.tensor_parallel_size > 1:  # refused before anything loads (LLM() as the CLI)
+        check_tensor_parallel(config, weight_format_before_loading(config))
     if config.num_threads or config.tensor_parallel_size > 1:
         torch.set_num_threads(rank_threads(config))
     with startup.step("checkpoint (config, tokenizer)"):

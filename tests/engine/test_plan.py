@@ -3,11 +3,17 @@ without loading anything."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
+import pytest
+
+import pagedllm.worker.rank_builder as rank_builder
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.plan import resolve_plan, split_kv_budget
+from pagedllm.kernels import cpu_ops
 from pagedllm.worker.model_setup import kv_layout, single_kv_group
 
 
@@ -49,3 +55,20 @@ def test_cuda_graphs_never_on_cpu_nor_with_speculation() -> None:
 def test_a_draft_model_takes_its_share_of_the_budget() -> None:
     assert split_kv_budget(1000, 300, None) == 1000
     assert split_kv_budget(1000, 300, 100) == 750
+
+
+def test_offline_engine_refuses_tp_with_quantized_weights_before_loading(tmp_path,
+                                                                         monkeypatch) -> None:
+    """LLM() / LLMEngine refuse what tensor parallelism cannot run as the CLI does: before the
+    checkpoint, the kernels or a process is touched."""
+    def reached(*_a, **_k):
+        raise AssertionError("loaded something before refusing")
+
+    monkeypatch.setattr(rank_builder, "load_checkpoint", reached)
+    monkeypatch.setattr(cpu_ops, "load", reached)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")  # never read: the suffix says what it holds
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="quantized weights"):
+        LLMEngine(EngineConfig(model=str(model), tensor_parallel_size=2))
+    assert time.perf_counter() - t0 < 1.0
