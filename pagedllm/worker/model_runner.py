@@ -69,7 +69,7 @@ class ModelRunner:
         batch, plan = self._prepare(sched)
         if self.workers is not None:
             self._send_to_workers(sched, batch, plan.row_index)
-        self._move_blocks(sched)
+        self._move_blocks(sched.blocks_to_swap_out, sched.blocks_to_swap_in, sched.blocks_to_copy)
         if batch is None:
             return RunnerOutput()
         t1 = time.perf_counter()
@@ -86,9 +86,7 @@ class ModelRunner:
         """A tensor-parallel rank > 0's step: the block moves and forward pass of rank 0's
         step, from the arrays it sent (`HostBatch`, None for a step that only moves blocks);
         the logits rows join rank 0's vocab gather. Nothing is sampled here."""
-        self.cache.swap_blocks_out(swap_out)
-        self.cache.swap_blocks_in(swap_in)
-        self.cache.copy_blocks(copies)
+        self._move_blocks(swap_out, swap_in, copies)
         if host is None:
             return
         batch = inputs_from_host(host, self.block_size, self.attention_backend,
@@ -113,11 +111,11 @@ class ModelRunner:
                                sched.blocks_to_swap_out, sched.blocks_to_swap_in,
                                sched.blocks_to_copy)
 
-    def _move_blocks(self, sched: SchedulerOutput) -> None:
+    def _move_blocks(self, swap_out, swap_in, copies) -> None:
         # Swap-outs first: a device block they read may be a swap-in's or a copy's target.
-        self.cache.swap_blocks_out(sched.blocks_to_swap_out)
-        self.cache.swap_blocks_in(sched.blocks_to_swap_in)
-        self.cache.copy_blocks(sched.blocks_to_copy)
+        self.cache.swap_blocks_out(swap_out)
+        self.cache.swap_blocks_in(swap_in)
+        self.cache.copy_blocks(copies)
 
     def _forward(self, batch, copies: list[tuple[int, int]]) -> torch.Tensor:
         """Hidden states of the step (with the LoRA rows' slots in scope): a captured CUDA

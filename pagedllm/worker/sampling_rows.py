@@ -9,6 +9,7 @@ when it verifies k draft tokens (worker/draft_verification.py). `plan_sampling` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -29,7 +30,7 @@ class SamplingPlan:
     owners: list[tuple[Request, int]] = field(default_factory=list)
     verifying: list[VerifyRows] = field(default_factory=list)  # requests verifying drafts
 
-    @property
+    @cached_property
     def row_requests(self) -> list[Request]:
         return [r for r, n in self.owners for _ in range(n)]
 
