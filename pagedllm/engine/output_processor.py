@@ -101,7 +101,7 @@ class OutputProcessor:
             step.to_abort += self._fail(group_id, ValueError(error))
         for seq, num_new in update.appended.items():
             step.touched.add(seq.group_id)
-            if seq.group_id in update.errors or self.groups[seq.group_id].error is not None:
+            if self.groups[seq.group_id].error is not None:  # failed earlier in this step
                 continue
             try:
                 hit = self._detokenize(seq, num_new)
