@@ -14,6 +14,13 @@ import torch
 
 from pagedllm.config.generation import validate_generation_config
 from pagedllm.config.speculative import SpeculativeConfig
+from pagedllm.config.vocabulary import (
+    DISTRIBUTED_BACKENDS,
+    PREEMPTION_MODES,
+    QUANTIZATION_METHODS,
+    SCHEDULING_POLICIES,
+)
+from pagedllm.config.vocabulary import KV_CACHE_DTYPES as KV_CACHE_DTYPE_NAMES
 from pagedllm.kernels import cpu_features
 from pagedllm.lora.config import LoRAConfig
 from pagedllm.model.layers.rope_scaling import parse_rope_scaling
@@ -30,18 +37,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
           "float": torch.float32, "half": torch.float16}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-# "auto" stores K/V in the model dtype; the 8-bit ones add a float16 scale per token per KV
-# head (model/layers/kv_quant.py). "fp8" is vLLM's alias for fp8_e4m3.
-KV_CACHE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn,
-                   "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-PREEMPTION_MODES = ("recompute", "swap")
-SCHEDULING_POLICIES = ("fcfs", "priority")
-# Weight formats (vLLM's names). None = auto: what the checkpoint holds (a GGUF file -> "gguf",
-# an HF config.json with quantization_config -> its method, else "none"). "none" dequantizes
-# every weight to `dtype` at load (the reference path); "int8" quantizes an fp32/bf16
-# checkpoint to weight-only per-channel int8 at load.
-QUANTIZATION_METHODS = ("none", "gguf", "awq", "gptq", "int8")
-DISTRIBUTED_BACKENDS = (None, "mp", "ray")
+KV_CACHE_DTYPES = {name: getattr(torch, attr) for name, attr in KV_CACHE_DTYPE_NAMES.items()}
 
 
 def parse_size(value: int | float | str) -> int:

@@ -23,9 +23,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 import pagedllm
+from pagedllm.config.vocabulary import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
 from pagedllm.engine.metrics import CONTENT_TYPE
-from pagedllm.entrypoints.body_limit import DEFAULT_MAX_REQUEST_BODY_BYTES, BodyLimitMiddleware
+from pagedllm.entrypoints.body_limit import BodyLimitMiddleware
 from pagedllm.entrypoints.chat_page import add_chat_page
 from pagedllm.entrypoints.guard import GuardMiddleware, error_response
 from pagedllm.entrypoints.http_server import DrainingServer, bind_socket, timed_h11

@@ -14,20 +14,19 @@ import os
 from typing import TYPE_CHECKING
 
 from pagedllm.config.speculative import SpeculativeConfig
+from pagedllm.config.vocabulary import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    KV_CACHE_DTYPES,
+    PREEMPTION_MODES,
+    QUANTIZATION_METHODS,
+    SCHEDULING_POLICIES,
+)
 from pagedllm.entrypoints.server_options import add_server_option_args
 from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import MAX_LOGPROBS
 
 if TYPE_CHECKING:
     from pagedllm.config import EngineConfig
-
-# The flags' vocabularies, spelled out here so that building the parser (`--help`) imports
-# no torch; tests/entrypoints/test_cli_first_hour.py checks that they equal the engine's
-# (config/engine.py: KV_CACHE_DTYPES, PREEMPTION_MODES, QUANTIZATION_METHODS, body_limit's default).
-KV_CACHE_DTYPES = ("int8", "fp8", "fp8_e4m3", "fp8_e5m2")
-PREEMPTION_MODES = ("recompute", "swap")
-QUANTIZATION_METHODS = ("none", "gguf", "awq", "gptq", "int8")
-DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
 
 
 def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> None:
@@ -68,7 +67,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--preemption-mode", default="recompute", choices=PREEMPTION_MODES,
                    help="when KV blocks run out: recompute (free the victim's blocks, prefill "
                    "again later) or swap (copy them to --swap-space CPU memory and back)")
-    g.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+    g.add_argument("--scheduling-policy", default="fcfs", choices=SCHEDULING_POLICIES,
                    help="order of waiting requests: fcfs (arrival) or priority (the request's "
                    "`priority`, lower first, then arrival; preemption picks the "
                    "lowest-priority running request)")

@@ -18,7 +18,6 @@ from starlette.responses import JSONResponse
 
 from pagedllm.entrypoints.errors import APIError
 
-DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20
 DEFAULT_BODY_TIMEOUT_S = 30.0
 
 

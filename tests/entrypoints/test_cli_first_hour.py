@@ -4,6 +4,7 @@ flags refused before anything loads, and the int8-of-GGUF warning with its numbe
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import logging
@@ -14,11 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from pagedllm.config import engine as engine_config
+from pagedllm.config import vocabulary
 from pagedllm.entrypoints import args as cli_args
-from pagedllm.entrypoints import body_limit
 from pagedllm.entrypoints.cli import main
+from pagedllm.model.layers.quant import hf_checkpoint
 
 COMMANDS = ("serve", "generate", "chat", "plan", "finetune", "bench", "build-kernels")
 
@@ -60,12 +63,17 @@ def test_help_states_each_default_once(command, capsys):
         assert help_text.count("(default") <= 1, help_text
 
 
-def test_flag_vocabularies_equal_the_engines():
-    """args.py spells them out so that --help imports no torch; they must not drift."""
-    assert set(cli_args.KV_CACHE_DTYPES) == set(engine_config.KV_CACHE_DTYPES)
-    assert cli_args.PREEMPTION_MODES == engine_config.PREEMPTION_MODES
-    assert cli_args.QUANTIZATION_METHODS == engine_config.QUANTIZATION_METHODS
-    assert cli_args.DEFAULT_MAX_REQUEST_BODY_BYTES == body_limit.DEFAULT_MAX_REQUEST_BODY_BYTES
+def test_flag_vocabularies_are_the_engines():
+    """One torch-free list (config/vocabulary.py) feeds the parser's choices and EngineConfig's
+    checks; every HF quantization format with a registered method is a --quantization choice."""
+    parser = argparse.ArgumentParser()
+    cli_args.add_engine_args(parser)
+    choices = {a.dest: a.choices for a in parser._actions if a.choices}
+    assert tuple(choices["quantization"]) == vocabulary.QUANTIZATION_METHODS
+    assert set(choices["kv_cache_dtype"]) == {"auto", *engine_config.KV_CACHE_DTYPES}
+    assert tuple(choices["preemption_mode"]) == engine_config.PREEMPTION_MODES
+    assert set(hf_checkpoint.SUPPORTED_METHODS) <= set(vocabulary.QUANTIZATION_METHODS)
+    assert all(isinstance(v, torch.dtype) for v in engine_config.KV_CACHE_DTYPES.values())
 
 
 def test_bench_without_a_name_lists_the_benchmarks():
