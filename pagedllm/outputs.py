@@ -31,6 +31,9 @@ class Logprob:
 
 
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry per prompt token: None for the first (nothing predicts it), then the logprob of
+# the actual token and the top-k at that position (vLLM's `PromptLogprobs`).
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -76,5 +79,8 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    # SamplingParams.prompt_logprobs: set once the whole prompt is scored (with DELTA
+    # outputs on the first output after that only).
+    prompt_logprobs: PromptLogprobs | None = None
     # Set when the engine failed this request (finished, blocks freed; other requests go on).
     error: BaseException | None = None

@@ -36,6 +36,12 @@ class SamplingParams:
     ``top_p``, ``top_k`` and ``min_p`` reset to their neutral values.
     ``max_tokens=None`` means "up to max_model_len"; the engine resolves it.
 
+    ``logprobs=k``: each generated token's logprob plus the top k (``0``: its own only).
+    ``prompt_logprobs=k`` (vLLM's): the same for every prompt token after the first, scored
+    by the forward pass over the prompt (``RequestOutput.prompt_logprobs``; its first entry
+    is None, nothing predicts the first token). Both are from the raw logits; the engine
+    bounds k by its ``max_logprobs``.
+
     Token restrictions (vLLM's): ``structured_outputs`` (the output must match a JSON
     schema, regex, choice or grammar), ``logit_bias`` ({token id: bias in [-100, 100]} added
     to the logits), ``allowed_token_ids`` (only these may be sampled) and ``bad_words``
@@ -59,6 +65,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = field(default=None)
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
@@ -116,6 +123,10 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs)
             if self.logprobs < 0:  # the upper bound is the engine's max_logprobs
                 raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs)
+            if self.prompt_logprobs < 0:
+                raise ValueError(f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")

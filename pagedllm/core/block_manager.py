@@ -112,9 +112,9 @@ class BlockManager:
         return tables
 
     def get_computed_blocks(self, request: Request) -> list[int]:
-        """Group 0's cached blocks holding a prefix of a request that holds no blocks yet
-        (else []), cut to what every group can use (`allocate_slots` fills the others)."""
-        if self.prefix_cache is None or any(request.block_tables):
+        """Group 0's cached blocks holding a prefix of a request that holds no blocks and
+        scores no prompt positions (else []), cut to what every group can use."""
+        if self.prefix_cache is None or any(request.block_tables) or request.prompt_scoring_pending:
             return []
         return usable_hit(self.layout, self.companions, self.prefix_cache.lookup(request),
                           self.block_size)

@@ -15,11 +15,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pagedllm.errors import InvariantError
 from pagedllm.outputs import Logprob
 from pagedllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedllm.lora.adapter import LoRAAdapter
+
+
+class PromptLogprobsOrderError(InvariantError):
+    """A chunk of prompt logprobs does not follow the positions already scored."""
 
 
 class RequestStatus(enum.Enum):
@@ -97,6 +102,10 @@ class Request:
             generators if generators is not None else [None] * sampling_params.n)
         self.logprobs: list[dict[int, Logprob]] | None = (
             [] if sampling_params.logprobs is not None else None)
+        # SamplingParams.prompt_logprobs: entry i for prompt token i (None for the first), filled
+        # as the prompt's chunks are computed (`add_prompt_logprobs`).
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            [None] if sampling_params.prompt_logprobs is not None else None)
         # Sum of the sampled tokens' logprobs (vLLM: only tracked when logprobs are requested).
         self.cumulative_logprob: float | None = (
             0.0 if sampling_params.logprobs is not None else None)
@@ -133,6 +142,24 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def prompt_scoring_pending(self) -> bool:
+        """Prompt logprobs were asked for and not every prompt position is scored yet (such a
+        request takes no prefix-cache hits: a cached position would go unscored)."""
+        return (self.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < self.num_prompt_tokens)
+
+    def add_prompt_logprobs(self, first_position: int,
+                            entries: list[dict[int, Logprob]]) -> None:
+        """Logprobs of prompt tokens `first_position + 1 ...` (position p predicts token
+        p + 1); chunks arrive in order, each right after the last one scored."""
+        if self.prompt_logprobs is None or first_position + 1 != len(self.prompt_logprobs):
+            scored = None if self.prompt_logprobs is None else len(self.prompt_logprobs) - 1
+            raise PromptLogprobsOrderError(
+                f"prompt logprobs from position {first_position} for {self}, which has "
+                f"{scored} positions scored")
+        self.prompt_logprobs.extend(entries)
 
     @property
     def generator(self) -> torch.Generator | None:
@@ -189,6 +216,7 @@ class Request:
         child.times = RequestTimes(**vars(self.times))
         if self.logprobs is not None:
             child.logprobs = list(self.logprobs)
+        child.prompt_logprobs = self.prompt_logprobs  # complete (it forks after the prompt)
         child.cumulative_logprob = self.cumulative_logprob
         return child
 

@@ -30,6 +30,18 @@ class SampledTokens:
 
 
 @dataclass
+class ScoredPrompt:
+    """Prompt logprobs computed this step for one request (vLLM's `prompt_logprobs_dict`):
+    `entries[i]` is position `first_position + i` scoring prompt token `first_position + i + 1`
+    (the actual token's logprob and rank, then its top `prompt_logprobs`)."""
+
+    request: Request
+    first_position: int
+    entries: list[dict[int, Logprob]]
+
+
+@dataclass
 class RunnerOutput:
     sampled: list[SampledTokens] = field(default_factory=list)
+    prompt_logprobs: list[ScoredPrompt] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)

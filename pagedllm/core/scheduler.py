@@ -225,7 +225,8 @@ class Scheduler:
     # ------------------------------------------------------- apply a result
     def update_from_output(self, sched: SchedulerOutput, out: RunnerOutput) -> StepUpdate:
         """Apply one step's result; the only place that does. The scheduled tokens' KV is
-        now computed (draft tokens excepted) and filled blocks enter the prefix cache; each
+        now computed (draft tokens excepted), filled blocks enter the prefix cache and scored
+        prompt positions keep their logprobs; each
         sampling request gets its tokens appended (an n > 1 request first fans out into n
         sequences), its accepted drafts committed and its rejected draft slots given back;
         stop tokens, finished grammars and length limits finish and free it (core/
@@ -233,6 +234,8 @@ class Scheduler:
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens
             self.block_manager.cache_full_blocks(s.request)
+        for scored in out.prompt_logprobs:
+            scored.request.add_prompt_logprobs(scored.first_position, scored.entries)
         update = StepUpdate()
         now = time.monotonic()
         for st in out.sampled:

@@ -83,9 +83,11 @@ class RequestIntake:
                              f"{config.scheduling_policy!r} (--scheduling-policy priority)")
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
-        if params.logprobs is not None and params.logprobs > config.max_logprobs:
-            raise ValueError(f"logprobs must be <= max_logprobs ({config.max_logprobs}, "
-                             f"--max-logprobs), got {params.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > config.max_logprobs:
+                raise ValueError(f"{name} must be <= max_logprobs ({config.max_logprobs}, "
+                                 f"--max-logprobs), got {value}")
         text, token_ids = self.tokenize_prompt(prompt)
         self.validate_prompt(token_ids)
         resolve_token_restrictions(params, self.tokenizer, self.vocab_size)

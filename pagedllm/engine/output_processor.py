@@ -19,6 +19,7 @@ from pagedllm.core.stop_checks import is_stop_token
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
 from pagedllm.outputs import (
     CompletionOutput,
+    PromptLogprobs,
     RequestMetrics,
     RequestOutput,
     RequestOutputKind,
@@ -35,6 +36,7 @@ class RequestGroup:
     seqs: list[Request]
     emitted_tokens: dict[int, int] = field(default_factory=dict)  # index -> tokens reported
     error: BaseException | None = None  # the engine failed this request
+    prompt_reported: bool = False  # its prompt logprobs were decoded and handed out
 
     @property
     def finished(self) -> bool:
@@ -196,4 +198,21 @@ class OutputProcessor:
         return RequestOutput(request_id=group_id, prompt=first.prompt,
                              prompt_token_ids=first.prompt_token_ids, outputs=outputs,
                              finished=finished, metrics=metrics,
-                             num_cached_tokens=first.num_cached_tokens or 0)
+                             num_cached_tokens=first.num_cached_tokens or 0,
+                             prompt_logprobs=self._prompt_logprobs(group, kind))
+
+    def _prompt_logprobs(self, group: RequestGroup, kind: RequestOutputKind
+                         ) -> PromptLogprobs | None:
+        """The group's prompt logprobs once its whole prompt is scored (their tokens decoded
+        the first time); a DELTA output carries them once, as vLLM's."""
+        seq = group.seqs[0]
+        if seq.prompt_logprobs is None or seq.prompt_scoring_pending:
+            return None
+        if group.prompt_reported and kind is RequestOutputKind.DELTA:
+            return None
+        if not group.prompt_reported:
+            group.prompt_reported = True
+            for entry in seq.prompt_logprobs[1:]:
+                for tid, lp in entry.items():
+                    lp.decoded_token = self._decoded(tid)
+        return list(seq.prompt_logprobs)

@@ -1,8 +1,9 @@
 """Runs one engine step on the device: batch tensors -> model -> logits -> sampler.
 
 One forward pass per step over every scheduled token (prefill chunks and decodes mixed);
-`compute_logits` runs only on the last token of the requests that sample. A request with
-n > 1 samples that has just finished its prompt gets n sampling rows on the same logits.
+`compute_logits` runs only on the last token of the requests that sample, and on the prompt
+positions of requests asking for prompt logprobs (worker/prompt_logprobs.py, in bounded
+slices). A request with n > 1 samples that has just finished its prompt gets n sampling rows on the same logits.
 Under tensor parallelism (`workers`, pagedllm/distributed/) this is rank 0: it first sends
 the step's compact message to the other ranks, whose forward passes pair with its own.
 """
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pagedllm.core.runner_output import RunnerOutput, SampledTokens
+from pagedllm.core.runner_output import RunnerOutput, SampledTokens, ScoredPrompt
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.layers.attention_backends import PagedAttentionBackend
@@ -27,6 +28,13 @@ from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.draft_verification import DraftGrammar, Verifier, add_draft_counts
 from pagedllm.worker.input_batch import build_inputs, inputs_from_host
 from pagedllm.worker.persistent_batch import PersistentBatch
+from pagedllm.worker.prompt_logprobs import (
+    PromptRows,
+    PromptScorer,
+    logits_slices,
+    plan_prompt_rows,
+    row_indices,
+)
 from pagedllm.worker.sampling_rows import SamplingPlan, collect, plan_sampling
 
 logger = logging.getLogger(__name__)
@@ -67,34 +75,35 @@ class ModelRunner:
         """prepare -> (TP message, block moves) -> forward -> sample."""
         t0 = time.perf_counter()
         batch, plan = self._prepare(sched)
+        prompt = plan_prompt_rows(batch) if batch is not None else []
         if self.workers is not None:
-            self._send_to_workers(sched, batch, plan.row_index)
+            self._send_to_workers(sched, batch, plan.row_index + row_indices(prompt))
         self._move_blocks(sched.blocks_to_swap_out, sched.blocks_to_swap_in, sched.blocks_to_copy)
         if batch is None:
             return RunnerOutput()
         t1 = time.perf_counter()
         hidden = self._forward(batch, sched.blocks_to_copy)
-        logits = self._logits(hidden, plan)
+        logits, scored = self._logits(hidden, plan, prompt)
         t2 = time.perf_counter()
         sampled = self._sample(logits, plan) if plan.rows else []
         t3 = time.perf_counter()
-        return RunnerOutput(sampled, {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
+        return RunnerOutput(sampled, scored, {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
                                       "sample": (t3 - t2) * 1e3})
 
     @torch.inference_mode()
     def replay(self, host, logits_rows, swap_out, swap_in, copies) -> None:
         """A tensor-parallel rank > 0's step: the block moves and forward pass of rank 0's
         step, from the arrays it sent (`HostBatch`, None for a step that only moves blocks);
-        the logits rows join rank 0's vocab gather. Nothing is sampled here."""
+        the logits rows join rank 0's vocab gathers, slice by slice as rank 0 computes them.
+        Nothing is sampled here."""
         self._move_blocks(swap_out, swap_in, copies)
         if host is None:
             return
         batch = inputs_from_host(host, self.block_size, self.attention_backend,
                                  self.sliding_window)
         hidden = self._forward(batch, copies)
-        if len(logits_rows):
-            self.model.compute_logits(hidden[torch.as_tensor(logits_rows,
-                                                             device=hidden.device)])
+        for _ in logits_slices(self.model, hidden, list(logits_rows), self.vocab_size):
+            pass
 
     def _prepare(self, sched: SchedulerOutput):
         """The batch tensors of the scheduled tokens and the step's sampling rows."""
@@ -131,12 +140,24 @@ class ModelRunner:
             self.draft.mirror(batch, copies)
         return hidden
 
-    def _logits(self, hidden: torch.Tensor, plan: SamplingPlan) -> torch.Tensor | None:
-        """Logits of the sampling rows only (None when no request samples this step)."""
-        if not plan.rows:
-            return None
-        return self.model.compute_logits(
-            hidden[torch.tensor(plan.row_index, device=hidden.device)])
+    def _logits(self, hidden: torch.Tensor, plan: SamplingPlan, prompt: list[PromptRows]
+                ) -> tuple[torch.Tensor | None, list[ScoredPrompt]]:
+        """Logits of the sampling rows (None when no request samples this step) and the
+        prompt positions' logprobs: the rows' logits come slice by slice, and a slice's
+        prompt rows are reduced to their logprobs before the next is computed."""
+        n = len(plan.row_index)
+        rows = plan.row_index + row_indices(prompt)
+        parts, scorer = [], PromptScorer(prompt)
+        for a, logits in logits_slices(self.model, hidden, rows, self.vocab_size):
+            k = min(max(0, n - a), len(logits))  # this slice's sampling rows
+            if k == len(logits):
+                parts.append(logits)
+                continue
+            if k:
+                parts.append(logits[:k].clone())  # not a view holding the whole slice
+            scorer.add(logits[k:])
+        sampling = None if not parts else parts[0] if len(parts) == 1 else torch.cat(parts)
+        return sampling, scorer.results()
 
     def _sample(self, logits: torch.Tensor, plan: SamplingPlan) -> list[SampledTokens]:
         """Sampling metadata (penalties, restrictions, grammar masks) -> sampler, or the
