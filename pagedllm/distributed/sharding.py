@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from itertools import groupby
 
 import torch
-from torch import nn
 
 from pagedllm.distributed.parallel_state import TPGroup
 from pagedllm.model.layers.quant import QuantizedWeight
@@ -162,47 +161,29 @@ class TPLayout:
             return part
         return t  # norms: replicated
 
-    def mark_layers(self, model: nn.Module, group: TPGroup) -> None:
-        """Attach the collectives to the sharded layers of a loaded model."""
-        reduce = AllReduce(group)
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.parallel = reduce
-            layer.mlp.down_proj.parallel = reduce
-        model.model.embed_tokens.parallel = VocabParallel(
-            self.rank * self.vocab_shard, self.vocab_shard, group)
-        model.lm_head.parallel = GatherVocab(group, self.vocab_size)
+    def collectives(self, group: TPGroup) -> TPCollectives:
+        """This rank's collectives, which the layers take at construction
+        (model/layers/parallel.tensor_parallel_layers)."""
+        return TPCollectives(group, self.rank, self.vocab_size)
 
 
-class AllReduce:
-    """Row-parallel output: each rank holds a partial sum of the full output."""
+class TPCollectives:
+    """`model.layers.parallel.TensorParallelOps` over one TP group: the all-reduce after a
+    row-parallel layer, the all-gather of a vocab-parallel lm_head's logits and the lookup
+    of a vocab-parallel embedding (rows [rank * rows, (rank + 1) * rows) on this rank)."""
 
-    def __init__(self, group: TPGroup) -> None:
-        self.group = group
+    def __init__(self, group: TPGroup, rank: int, vocab_size: int) -> None:
+        self.group, self.rank, self.vocab_size = group, rank, vocab_size
 
-    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+    def all_reduce(self, out: torch.Tensor) -> torch.Tensor:
         return self.group.all_reduce(out)
 
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.group.all_gather_last(logits)[..., :self.vocab_size]
 
-class GatherVocab:
-    """Vocab-parallel lm_head: logits [.., V/N] per rank -> [.., V] on every rank."""
-
-    def __init__(self, group: TPGroup, vocab_size: int) -> None:
-        self.group = group
-        self.vocab_size = vocab_size
-
-    def __call__(self, out: torch.Tensor) -> torch.Tensor:
-        return self.group.all_gather_last(out)[..., :self.vocab_size]
-
-
-class VocabParallel:
-    """Vocab-parallel embedding: rows [start, start + size) here, zeros for other ids."""
-
-    def __init__(self, start: int, size: int, group: TPGroup) -> None:
-        self.start, self.size, self.group = start, size, group
-
-    def lookup(self, lookup, ids: torch.Tensor) -> torch.Tensor:
-        local = ids - self.start
-        inside = (local >= 0) & (local < self.size)
-        rows = lookup(torch.where(inside, local, 0))
-        rows = rows.masked_fill(~inside.unsqueeze(-1), 0.0)
-        return self.group.all_reduce(rows.contiguous())
+    def embed(self, lookup, ids: torch.Tensor, rows: int) -> torch.Tensor:
+        local = ids - self.rank * rows
+        inside = (local >= 0) & (local < rows)
+        found = lookup(torch.where(inside, local, 0))
+        found = found.masked_fill(~inside.unsqueeze(-1), 0.0)
+        return self.group.all_reduce(found.contiguous())

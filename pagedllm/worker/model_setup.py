@@ -13,6 +13,7 @@ from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
+from pagedllm.model.layers.parallel import tensor_parallel_layers
 from pagedllm.model.layers.quant import hf_checkpoint
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
@@ -47,7 +48,8 @@ def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
     t0 = time.perf_counter()
     cls = get_model_class(getattr(ckpt.config, "architectures", None))
     model_config = ckpt.config if tp is None else tp[0].model_config(ckpt.config)
-    with torch.device("meta"):
+    collectives = None if tp is None else tp[0].collectives(tp[1])
+    with torch.device("meta"), tensor_parallel_layers(collectives):
         model = cls(model_config)
     model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
     n_params = sum(p.numel() for p in model.parameters())
@@ -57,8 +59,6 @@ def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
     if tp is not None:
         weights = tp[0].shard_weights(weights)
     model.load_weights(weights)
-    if tp is not None:
-        tp[0].mark_layers(model, tp[1])
     model.eval()
     logger.info("loaded %s (%s, %.1fM parameters, %s on %s, weights %s) in %.1f s: "
                 "%.1f MiB of weights resident", ckpt.source.name, cls.__name__, n_params / 1e6,

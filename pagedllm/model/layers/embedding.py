@@ -3,8 +3,8 @@
 Dense: `F.embedding` over `weight` as before. Quantized (adopted with `set_quantized`, e.g. a
 GGUF Q8_0 `token_embd`): only the looked-up rows are dequantized, and a tied lm_head adopts
 the same quantized object, so the table is held once.
-Tensor parallelism sets `parallel` (distributed.sharding.VocabParallel): this rank holds a
-range of the vocabulary's rows, looks up the ids in it and all-reduces.
+Under tensor parallelism (constructed inside layers/parallel.tensor_parallel_layers) this rank
+holds a range of the vocabulary's rows, looks the ids up in it and all-reduces.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.model.layers.parallel import embedding_collective
 from pagedllm.model.layers.quant import QuantizedWeight
 
 
@@ -23,7 +24,7 @@ class VocabEmbedding(nn.Module):
         self.embedding_dim = embedding_dim
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
         self.quant: QuantizedWeight | None = None
-        self.parallel = None  # distributed.sharding.VocabParallel under tensor parallelism
+        self.parallel = embedding_collective()  # None on one rank
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
         """Adopt a quantized table [num_embeddings, embedding_dim] (frees the dense one)."""
@@ -36,7 +37,7 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.parallel is not None:
-            return self.parallel.lookup(self._lookup, ids)
+            return self.parallel.embed(self._lookup, ids, self.num_embeddings)
         return self._lookup(ids)
 
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,11 @@ checkpoint); `finalize()` then picks the dense layout for the device once
 weight (`quant.QuantizedWeight`, adopted with `set_quantized`) is the method instead: its own
 kernel runs and the dense weight is never materialised. Model code never asks which format a
 layer holds: the method answers `apply`, `nbytes` and `fused_ref` (quant/base.py).
-Tensor parallelism (pagedllm/distributed/sharding.py) loads each rank's shard of the weight
-and sets `parallel`: the collective that completes the layer's output (all-reduce after a
-row-parallel o_proj / down_proj, all-gather of a vocab-parallel lm_head); None otherwise.
+Under tensor parallelism each rank loads its shard of the weight
+(pagedllm/distributed/sharding.py) and `parallel` is the collective that completes the layer's
+output, taken at construction from what the model code declares (`combine="sum"`: all-reduce
+after a row-parallel o_proj / down_proj; `"vocab"`: all-gather of a vocab-parallel lm_head;
+layers/parallel.py); None on one rank.
 LoRA wraps the layer from outside (pagedllm/lora/layer.py `LoRALinear`): this layer knows
 nothing of it.
 """
@@ -20,12 +22,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagedllm.model.layers.parallel import Combine, output_collective
 from pagedllm.model.layers.quant import LinearMethod, QuantizedWeight
 from pagedllm.model.layers.quant.dense import dense_method
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 combine: Combine | None = None) -> None:
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
@@ -35,7 +39,7 @@ class Linear(nn.Module):
         self.method: LinearMethod | None = None  # set by set_quantized() or finalize()
         # Training (pagedllm.finetune) keeps the HF layout: F.linear has a backward for x.
         self.keep_dense = False
-        self.parallel = None  # distributed.sharding hook: completes a tensor-parallel output
+        self.parallel = output_collective(combine)  # completes a tensor-parallel output
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
         """Adopt a quantized weight as the method (frees the dense storage)."""

@@ -48,7 +48,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = Linear(self.q_size, config.hidden_size,
                              bias=bool(getattr(config, "attention_bias", False))
-                             and config.model_type != "qwen2")
+                             and config.model_type != "qwen2", combine="sum")
         self.rotary = rotary
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
@@ -66,7 +66,7 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.inter = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * self.inter)
-        self.down_proj = Linear(self.inter, config.hidden_size)
+        self.down_proj = Linear(self.inter, config.hidden_size, combine="sum")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -133,7 +133,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = self.model_cls(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, combine="vocab")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, max_pos: int,
                 kv_caches: list[LayerKVCache],
@@ -204,14 +204,7 @@ class LlamaForCausalLM(nn.Module):
             else:
                 self.lm_head.weight = self.model.embed_tokens.weight
             loaded.add("lm_head.weight")
-        expected = set()
-        for pname in params:
-            if "qkv_proj" in pname:
-                expected |= {f"{pname}:{s}" for s in "qkv"}
-            elif "gate_up_proj" in pname:
-                expected |= {f"{pname}:0", f"{pname}:1"}
-            else:
-                expected.add(pname)
+        expected = self.expected_weights(params)
         if self.tie_word_embeddings:
             expected.add("lm_head.weight")
         missing = expected - loaded
@@ -220,6 +213,20 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.finalize()
+
+    def expected_weights(self, params: dict[str, nn.Parameter]) -> set[str]:
+        """What `load_weights` must have loaded: every parameter, fused ones per shard
+        ("...qkv_proj.weight:q"). Variants that load some parameters themselves (the MoE
+        models' stacked experts) leave those out."""
+        expected = set()
+        for pname in params:
+            if "qkv_proj" in pname:
+                expected |= {f"{pname}:{s}" for s in "qkv"}
+            elif "gate_up_proj" in pname:
+                expected |= {f"{pname}:0", f"{pname}:1"}
+            else:
+                expected.add(pname)
+        return expected
 
     @staticmethod
     def _module_of(modules: dict[str, nn.Module], param_name: str) -> Linear | VocabEmbedding:

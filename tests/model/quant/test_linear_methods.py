@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as T
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.parallel import tensor_parallel_layers
 from pagedllm.model.layers.quant import LinearMethod, concat_quantized, gguf, gguf_a8_panels
 from pagedllm.model.layers.quant.dense import DenseWeight, TransposedWeight, dense_method
 from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
@@ -20,6 +21,19 @@ ops = cpu_ops.load()
 needs_decode_loop = pytest.mark.skipif(ops is None or not hasattr(ops, "decode_layers"),
                                        reason="C++ decode loop unavailable")
 N, K = 40, 64
+
+
+class _OneRank:
+    """Collectives of a group of one: what a row-parallel layer does on a single rank."""
+
+    def all_reduce(self, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def embed(self, lookup, ids: torch.Tensor, rows: int) -> torch.Tensor:
+        return lookup(ids)
 
 
 def _formats() -> dict[str, LinearMethod]:
@@ -75,8 +89,12 @@ def test_fused_ref_is_the_formats_own(name: str) -> None:
     assert ref is not None
     x = torch.randn(3, k)
     torch.testing.assert_close(ref(x), layer(x), rtol=0, atol=0)
-    layer.parallel = lambda out: out
-    assert layer.fused_ref(ops) is None
+    with tensor_parallel_layers(_OneRank()):
+        row_parallel = Linear(k, n, bias=True, combine="sum")
+    row_parallel.bias.data.copy_(layer.bias)
+    row_parallel.method = method
+    assert row_parallel.fused_ref(ops) is None
+    torch.testing.assert_close(row_parallel(x), layer(x), rtol=0, atol=0)
 
 
 def test_finalize_picks_the_dense_layout_once() -> None:
