@@ -125,9 +125,9 @@ class LLMEngine(EngineChecks):
                 continue
             outputs.append(self._output(gid, kind))
         t3 = time.perf_counter()
-        self.stats.on_step(sched, result, update.num_tokens, self.scheduler, {
-            "schedule": (t1 - t0) * 1e3, **result.timings_ms, "output": (t3 - t2) * 1e3})
         self._update_gauges()
+        self.stats.on_step(sched, result, update.num_tokens, {
+            "schedule": (t1 - t0) * 1e3, **result.timings_ms, "output": (t3 - t2) * 1e3})
         if self.debug_steps:
             logger.info(self.stats.step_line())
         return outputs

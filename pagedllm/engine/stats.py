@@ -19,7 +19,7 @@ class StepRecord:
     decode_seqs: int
     preempted: int
     kv_usage: float
-    running: int
+    running: int  # requests (an n > 1 request once), as the gauges
     waiting: int
     timings_ms: dict[str, float]
     swapped: int = 0          # requests in the swap pool after the step
@@ -88,13 +88,10 @@ class EngineStats:
         reason), as the server's request_success_total counts."""
         self.finished[reason] += 1
 
-    def on_step(self, sched, result, num_generated: int, scheduler,
-                timings_ms: dict[str, float]) -> None:
+    def on_step(self, sched, result, num_generated: int, timings_ms: dict[str, float]) -> None:
         """Count one step: `sched` and `result` are its SchedulerOutput and RunnerOutput,
-        `num_generated` the tokens the requests kept; the queues are read off `scheduler`."""
-        kv_usage = scheduler.block_manager.usage
-        running, waiting, swapped = (len(scheduler.running), len(scheduler.waiting),
-                                     len(scheduler.swapped))
+        `num_generated` the tokens the requests kept. The step record takes the queue and
+        KV gauges as `observe_queues` set them after the step (the engine calls it first)."""
         self.num_steps += 1
         decodes = sum(1 for s in sched.scheduled
                       if s.num_new_tokens - s.num_draft_tokens == 1)
@@ -111,8 +108,9 @@ class EngineStats:
         self.prefix_cache_hits += sched.prefix_cache_hits
         self.last = StepRecord(
             step=self.num_steps, prefill_tokens=sched.num_batched_tokens - decodes,
-            decode_seqs=decodes, preempted=len(sched.preempted), kv_usage=kv_usage,
-            running=running, waiting=waiting, timings_ms=timings_ms, swapped=swapped,
+            decode_seqs=decodes, preempted=len(sched.preempted), kv_usage=self.kv_usage,
+            running=self.running, waiting=self.waiting, timings_ms=timings_ms,
+            swapped=self.swapped,
             swap_out_blocks=len(sched.blocks_to_swap_out),
             swap_in_blocks=len(sched.blocks_to_swap_in))
 
