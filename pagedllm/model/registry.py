@@ -7,6 +7,12 @@ from torch import nn
 from pagedllm.errors import ModelLoadError
 from pagedllm.model.models.gemma3 import Gemma3ForCausalLM
 from pagedllm.model.models.llama import LlamaForCausalLM
+from pagedllm.model.models.moe import (
+    MixtralForCausalLM,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM,
+)
+from pagedllm.model.models.olmoe import OlmoeForCausalLM
 from pagedllm.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
@@ -15,6 +21,10 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
 }
 
 

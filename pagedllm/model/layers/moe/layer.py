@@ -1,0 +1,88 @@
+"""A mixture-of-experts block, used in place of a decoder layer's MLP:
+
+    y = sum_k w_k * expert_{id_k}(x)              router: gate(x) -> select_experts
+      + sigmoid(x W_g) * shared_expert(x)         where the family has one (Qwen2-MoE: gated)
+
+Parameter names follow HF's (`gate` is the router, `experts`, `shared_expert`,
+`shared_expert_gate`), so checkpoints map onto them like any layer's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedllm.model.layers.activation import silu_and_mul
+from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.moe.experts import StackedExperts
+from pagedllm.model.layers.moe.router import RouterSpec, select_experts
+from pagedllm.model.layers.moe.spec import MoESpec
+
+
+class SharedExpert(nn.Module):
+    """A SwiGLU MLP that every token goes through (gate and up fused, as in Llama's MLP)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size)
+        self.down_proj = Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class FusedMoE(nn.Module):
+    """Router + stacked experts (+ shared expert) over a flattened token batch [T, H].
+
+    `expert_bias` (DeepSeek-V3's `e_score_correction_bias`) is a parameter only when
+    `with_expert_bias`; it steers which experts are chosen, not their weights.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        router: RouterSpec,
+        shared_intermediate_size: int = 0,
+        shared_expert_gate: bool = False,
+        with_expert_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.router = router
+        self.gate = Linear(hidden_size, router.num_experts)
+        self.experts = StackedExperts(router.num_experts, hidden_size, intermediate_size)
+        self.expert_bias = (
+            nn.Parameter(torch.zeros(router.num_experts), requires_grad=False)
+            if with_expert_bias
+            else None
+        )
+        self.shared_expert = (
+            SharedExpert(hidden_size, shared_intermediate_size)
+            if shared_intermediate_size
+            else None
+        )
+        self.shared_expert_gate = Linear(hidden_size, 1) if shared_expert_gate else None
+        if shared_expert_gate and self.shared_expert is None:
+            raise ValueError(
+                "a shared expert gate needs a shared expert (shared_intermediate_size > 0)"
+            )
+
+    @classmethod
+    def from_spec(cls, spec: MoESpec) -> FusedMoE:
+        return cls(
+            spec.hidden_size,
+            spec.intermediate_size,
+            spec.router,
+            spec.shared_intermediate_size,
+            spec.shared_expert_gate,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_experts(self.gate(x), self.router, self.expert_bias)
+        out = self.experts(x, weights, ids)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
+        return out

@@ -1,0 +1,95 @@
+"""Tiny random mixture-of-experts checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), saved
+by HF transformers with `save_pretrained` (per-expert tensors, as on the Hub).
+
+Each has 4 experts with top-2 routing, 2 layers of hidden 64 and 2 KV heads of 16 (512 KV
+bytes per token in fp32, as the dense tiny models); Qwen2-MoE has its sigmoid-gated shared
+expert and one dense layer (`mlp_only_layers`), Qwen3-MoE renormalizes its top-k
+(`norm_topk_prob`), OLMoE clips q/k/v.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.conftest import TINY_VOCAB
+
+COMMON = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=TINY_VOCAB,
+    max_position_embeddings=1024,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=None,
+    tie_word_embeddings=False,
+    rms_norm_eps=1e-6,
+    num_experts_per_tok=2,
+)
+
+FAMILIES = {
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(intermediate_size=96, num_local_experts=4),
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=48,
+            num_experts=4,
+            shared_expert_intermediate_size=80,
+            mlp_only_layers=[1],
+            norm_topk_prob=False,
+        ),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            intermediate_size=128,
+            moe_intermediate_size=48,
+            num_experts=4,
+            head_dim=16,
+            norm_topk_prob=True,
+        ),
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(intermediate_size=48, num_experts=4, clip_qkv=6.0, norm_topk_prob=False),
+    ),
+}
+
+
+def make_moe_checkpoint(
+    path: Path,
+    family: str,
+    tokenizer,
+    seed: int = 0,
+    weight_scale: float = 8.0,
+    norm_jitter: float = 0.3,
+    **overrides,
+) -> Path:
+    """Save a random tiny `family` model to `path`: matrices x `weight_scale` (so greedy
+    is decisive), norm weights jittered by `norm_jitter`."""
+    import transformers
+
+    cfg_name, model_name, extra = FAMILIES[family]
+    cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(weight_scale if p.dim() > 1 else 1.0)
+            elif norm_jitter:
+                p.add_(norm_jitter * torch.randn_like(p))
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
