@@ -150,7 +150,7 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     runner = ModelRunner(rank.model, cache, rank.attention_backend, vocab_size=hf.vocab_size,
                          device=config.torch_device, sliding_window=rank.window,
                          seed=config.seed, lora=lora, structured_output=structured,
-                         workers=executor, draft=draft, graphs=graphs)
+                         tp_executor=executor, draft=draft, graphs=graphs)
     stats = EngineStats(max_lora=config.max_loras if lora else 0,
                         speculative=speculator.new_stats() if speculator else None)
     return EngineParts(

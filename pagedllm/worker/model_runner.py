@@ -4,7 +4,7 @@ One forward pass per step over every scheduled token (prefill chunks and decodes
 `compute_logits` runs only on the last token of the requests that sample, and on the prompt
 positions of requests asking for prompt logprobs (worker/prompt_logprobs.py, in bounded
 slices). A request with n > 1 samples that has just finished its prompt gets n sampling rows on the same logits.
-Under tensor parallelism (`workers`, pagedllm/distributed/) this is rank 0: it first sends
+Under tensor parallelism (`tp_executor`, pagedllm/distributed/) this is rank 0: it first sends
 the step's compact message to the other ranks, whose forward passes pair with its own.
 """
 
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     """One rank's step executor. Its collaborators come in at construction: the rank's
     `attention_backend` (selected once by worker/rank_builder.py; it builds each step's
-    attention metadata), the TP `workers` (rank 0 of a tensor-parallel group), the
+    attention metadata), the `tp_executor` (rank 0 of a tensor-parallel group), the
     speculative `draft` model that mirrors every forward pass and captured CUDA `graphs`
     (those three None when unused)."""
 
@@ -51,7 +51,7 @@ class ModelRunner:
                  attention_backend: PagedAttentionBackend, *, vocab_size: int,
                  device: torch.device, sliding_window: int | None = None,
                  seed: int = 0, structured_output=None, lora: LoRAManager | None = None,
-                 workers=None, draft=None, graphs=None) -> None:
+                 tp_executor=None, draft=None, graphs=None) -> None:
         self.model = model
         self.cache = cache
         self.attention_backend = attention_backend
@@ -66,7 +66,7 @@ class ModelRunner:
         self.batch = PersistentBatch(vocab_size, device)  # block tables, penalty counts
         self.structured_output = structured_output  # StructuredOutputManager or None
         self.lora = lora
-        self.workers = workers  # distributed.executor.TPExecutor under tensor parallelism
+        self.tp_executor = tp_executor  # distributed.executor.TPExecutor (rank 0 of TP > 1)
         self.draft = draft  # speculative.draft_model.DraftModel
         self.graphs = graphs  # cuda_graphs.DecodeGraphs (CUDA, not --enforce-eager)
 
@@ -76,8 +76,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         batch, plan = self._prepare(sched)
         prompt = plan_prompt_rows(batch) if batch is not None else []
-        if self.workers is not None:
-            self._send_to_workers(sched, batch, plan.row_index + row_indices(prompt))
+        if self.tp_executor is not None:
+            self._send_to_ranks(sched, batch, plan.row_index + row_indices(prompt))
         self._move_blocks(sched.blocks_to_swap_out, sched.blocks_to_swap_in, sched.blocks_to_copy)
         if batch is None:
             return RunnerOutput()
@@ -114,11 +114,11 @@ class ModelRunner:
                              self.sliding_window, self.batch, self.cache.spec.groups)
         return batch, plan_sampling(batch)
 
-    def _send_to_workers(self, sched: SchedulerOutput, batch, row_index: list[int]) -> None:
+    def _send_to_ranks(self, sched: SchedulerOutput, batch, row_index: list[int]) -> None:
         """Tensor parallelism: the other ranks mirror this step (swaps, forward, gather)."""
-        self.workers.send_step(batch.host if batch is not None else None, row_index,
-                               sched.blocks_to_swap_out, sched.blocks_to_swap_in,
-                               sched.blocks_to_copy)
+        self.tp_executor.send_step(batch.host if batch is not None else None, row_index,
+                                   sched.blocks_to_swap_out, sched.blocks_to_swap_in,
+                                   sched.blocks_to_copy)
 
     def _move_blocks(self, swap_out, swap_in, copies) -> None:
         # Swap-outs first: a device block they read may be a swap-in's or a copy's target.
