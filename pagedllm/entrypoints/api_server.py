@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: FastAPI app (routes, errors; guard.py: auth, hosts,
 content type, shutdown) and `run_server` (http_server.py: timeouts, graceful shutdown).
 
-Errors always have OpenAI's shape {"error": {"message", "type", "param", "code"}}: invalid
+Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}} (on /v1/messages*
+Anthropic's, anthropic_errors.py; those routes: serving_messages.py): invalid
 parameters and schema errors are 400 (not FastAPI's 422), an unknown model 404, a missing or
 wrong API key 401, a non-JSON POST 415, and everything but /metrics and /version is 503 once
 shutdown began.
@@ -13,8 +14,7 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import Awaitable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,6 +28,7 @@ from pagedllm.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
 from pagedllm.engine.metrics import CONTENT_TYPE
 from pagedllm.entrypoints.body_limit import BodyLimitMiddleware
 from pagedllm.entrypoints.chat_page import add_chat_page
+from pagedllm.entrypoints.disconnect import with_disconnect
 from pagedllm.entrypoints.guard import GuardMiddleware, error_response
 from pagedllm.entrypoints.http_server import DrainingServer, bind_socket, timed_h11
 from pagedllm.entrypoints.lora_routes import add_lora_routes
@@ -54,6 +55,7 @@ from pagedllm.entrypoints.server_options import ServerOptions
 from pagedllm.entrypoints.serving import APIError, ServingBase
 from pagedllm.entrypoints.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.serving_messages import add_messages_routes
 from pagedllm.entrypoints.serving_models import ServingModels
 from pagedllm.entrypoints.template_sandbox import TemplateSandbox
 from pagedllm.lora.request import LoRARequest
@@ -63,29 +65,6 @@ logger = logging.getLogger(__name__)
 
 _error = error_response
 _ALWAYS_GET = {k: v for k, v in GET_ERRORS.items() if k != 401}
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def with_disconnect(request: Request, work: Awaitable[Response]) -> Response:
-    """Run `work`, cancelling it if the client disconnects first (its cleanup aborts the
-    engine requests). A streaming response is returned as soon as it is built; from then on
-    the SSE response watches the connection itself."""
-    task = asyncio.ensure_future(work)
-    listener = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        listener.cancel()
-    if not task.done():
-        task.cancel()
-        with suppress(asyncio.CancelledError, Exception):
-            await task
-        return Response(status_code=499)  # nobody is listening
-    return task.result()
 
 
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
@@ -218,6 +197,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         return DetokenizeResponse(prompt=base.tokenizer.decode(body.tokens)).model_dump()
 
     add_lora_routes(app, served)
+    add_messages_routes(app, chat)  # last: its error-shape middleware is the outermost
     without_422(app)
     return app
 

@@ -7,7 +7,8 @@
 3. a POST to a JSON route whose Content-Type is not JSON (415: a browser sends a cross-site
    form POST as
    text/plain without a CORS preflight, JSON needs one; other paths keep their 404 / 405);
-4. /v1/*, /tokenize and /detokenize without the API key (401).
+4. /v1/*, /tokenize and /detokenize without the API key (401): `Authorization: Bearer <key>`
+   (OpenAI's clients) or `x-api-key: <key>` (Anthropic's).
 
 Every response echoes the client's X-Request-Id header, errors included.
 
@@ -26,7 +27,8 @@ from pagedllm.entrypoints.errors import APIError
 PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 OPEN_WHILE_SHUTTING_DOWN = ("/metrics", "/version")
 JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-                         "/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+                         "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/messages",
+                         "/v1/messages/count_tokens", "/v1/responses"})
 SHUTDOWN_RETRY_AFTER_S = 5
 
 
@@ -85,10 +87,12 @@ class GuardMiddleware:
                             code="unsupported_media_type")
         if self.api_key is not None and path.startswith(PROTECTED):
             auth = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(auth, b"Bearer " + self.api_key):
+            bearer = hmac.compare_digest(auth, b"Bearer " + self.api_key)
+            x_api_key = hmac.compare_digest(headers.get(b"x-api-key", b""), self.api_key)
+            if not (bearer or x_api_key):
                 return APIError(401, "missing or invalid API key (send 'Authorization: "
-                                "Bearer <key>')", type="authentication_error",
-                                code="invalid_api_key")
+                                "Bearer <key>' or 'x-api-key: <key>')",
+                                type="authentication_error", code="invalid_api_key")
         return None
 
 
