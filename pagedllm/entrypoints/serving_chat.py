@@ -48,74 +48,119 @@ from pagedllm.outputs import RequestOutput, SampleLogprobs
 
 
 class OpenAIServingChat(ServingBase):
-    def __init__(self, engine, served_model_names: list[str], models=None, *,
-                 tool_parser: str | None = None, enable_auto_tool_choice: bool = False,
-                 **shared) -> None:
+    def __init__(
+        self,
+        engine,
+        served_model_names: list[str],
+        models=None,
+        *,
+        tool_parser: str | None = None,
+        enable_auto_tool_choice: bool = False,
+        **shared,
+    ) -> None:
         super().__init__(engine, served_model_names, models, **shared)
         self.tool_parser = tool_parser
         self.enable_auto_tool_choice = enable_auto_tool_choice
 
-    async def create(self, req: ChatCompletionRequest, header_id: str | None = None
-                     ) -> Response:
+    async def create(self, req: ChatCompletionRequest, header_id: str | None = None) -> Response:
         lora = self.check_model(req.model)
         num_top = None
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
             if not 0 <= req.top_logprobs <= self.max_logprobs:
-                raise APIError(400, f"top_logprobs must be in [0, {self.max_logprobs}], got "
-                               f"{req.top_logprobs}", param="top_logprobs")
+                raise APIError(
+                    400,
+                    f"top_logprobs must be in [0, {self.max_logprobs}], got {req.top_logprobs}",
+                    param="top_logprobs",
+                )
         if req.logprobs:
             num_top = req.top_logprobs or 0
-        max_tokens = (req.max_tokens if req.max_completion_tokens is None
-                      else req.max_completion_tokens)
+        max_tokens = (
+            req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
+        )
         plan = plan_tools(req, self.tool_parser, self.enable_auto_tool_choice)
         if plan.mode == "auto" and not req.parallel_tool_calls:
-            raise APIError(400, "parallel_tool_calls=false is not supported with tool_choice "
-                           '"auto" (the model may call several tools; use "required" or a '
-                           "named tool to get exactly one)", param="parallel_tool_calls")
+            raise APIError(
+                400,
+                "parallel_tool_calls=false is not supported with tool_choice "
+                '"auto" (the model may call several tools; use "required" or a '
+                "named tool to get exactly one)",
+                param="parallel_tool_calls",
+            )
         params = self.sampling_params(req, max_tokens, num_top, structured=plan.structured)
         api_id, echoed_id = self.request_id("chatcmpl", req, header_id)
         ids = await self.apply_chat_template(
-            req.messages, req.add_generation_prompt, tools=plan.tools or None,
-            chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs)
+            req.messages,
+            req.add_generation_prompt,
+            tools=plan.tools or None,
+            chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
         self.check_length(len(ids), max_tokens, "messages")
-        stream = await self.submit([EngineRequest(api_id, ids, params, time.monotonic(),
-                                                  cache_salt=req.cache_salt,
-                                                  lora_request=lora, priority=req.priority)])
+        stream = await self.submit(
+            [
+                EngineRequest(
+                    api_id,
+                    ids,
+                    params,
+                    time.monotonic(),
+                    cache_salt=req.cache_salt,
+                    lora_request=lora,
+                    priority=req.priority,
+                )
+            ]
+        )
         prompt_ids = ids if req.return_token_ids else None
         headers = {"X-Request-Id": echoed_id}
         model = self.response_model(lora)
         if req.stream:
-            gen = self._stream(req, model, plan, api_id, stream, prompt_ids or [], len(ids),
-                               num_top)
+            gen = self._stream(
+                req, model, plan, api_id, stream, prompt_ids or [], len(ids), num_top
+            )
             return SSEResponse(gen, on_close=stream.abort, headers=headers)
         try:
-            return JSONResponse(await self._full(model, plan, api_id, stream, len(ids), num_top,
-                                                 prompt_ids), headers=headers)
+            return JSONResponse(
+                await self._full(model, plan, api_id, stream, len(ids), num_top, prompt_ids),
+                headers=headers,
+            )
         finally:
             stream.abort()
 
-    def _logprobs(self, token_ids: list[int], logprobs: SampleLogprobs | None,
-                  num_top: int | None) -> ChatLogprobs | None:
+    def _logprobs(
+        self, token_ids: list[int], logprobs: SampleLogprobs | None, num_top: int | None
+    ) -> ChatLogprobs | None:
         if logprobs is None or num_top is None:
             return None
         content = []
         for tid, entry in zip(token_ids, logprobs, strict=True):
-            top = sorted((v.rank or 0, t, v.logprob) for t, v in entry.items()
-                         if v.rank is not None and v.rank <= num_top)[:num_top]
-            content.append(ChatTokenLogprob(
-                **self._top(tid, entry[tid].logprob),
-                top_logprobs=[TopLogprob(**self._top(t, lp)) for _, t, lp in top]))
+            top = sorted(
+                (v.rank or 0, t, v.logprob)
+                for t, v in entry.items()
+                if v.rank is not None and v.rank <= num_top
+            )[:num_top]
+            content.append(
+                ChatTokenLogprob(
+                    **self._top(tid, entry[tid].logprob),
+                    top_logprobs=[TopLogprob(**self._top(t, lp)) for _, t, lp in top],
+                )
+            )
         return ChatLogprobs(content=content)
 
     def _top(self, token_id: int, logprob: float) -> dict:
         tok = self.token_str(token_id)
         return {"token": tok, "logprob": logprob, "bytes": list(tok.encode("utf-8"))}
 
-    async def _full(self, model: str, plan: ToolPlan, api_id: str, stream: RequestStream,
-                    num_prompt: int, num_top: int | None,
-                    prompt_ids: list[int] | None) -> dict:
+    async def _full(
+        self,
+        model: str,
+        plan: ToolPlan,
+        api_id: str,
+        stream: RequestStream,
+        num_prompt: int,
+        num_top: int | None,
+        prompt_ids: list[int] | None,
+    ) -> dict:
         final: RequestOutput | None = None
         try:
             async for outs in stream:
@@ -129,22 +174,41 @@ class OpenAIServingChat(ServingBase):
             if plan.parses:
                 parsed = plan.parse(c.text)
                 if parsed.calls:
-                    message = AssistantMessage(content=parsed.content.strip() or None,
-                                               tool_calls=to_tool_calls(parsed.calls))
+                    message = AssistantMessage(
+                        content=parsed.content.strip() or None,
+                        tool_calls=to_tool_calls(parsed.calls),
+                    )
                     finish = _tool_finish(finish)
-            choices.append(ChatChoice(index=c.index, message=message,
-                                      logprobs=self._logprobs(c.token_ids, c.logprobs, num_top),
-                                      finish_reason=finish, stop_reason=c.stop_reason,
-                                      token_ids=list(c.token_ids) if prompt_ids else None))
+            choices.append(
+                ChatChoice(
+                    index=c.index,
+                    message=message,
+                    logprobs=self._logprobs(c.token_ids, c.logprobs, num_top),
+                    finish_reason=finish,
+                    stop_reason=c.stop_reason,
+                    token_ids=list(c.token_ids) if prompt_ids else None,
+                )
+            )
         completion = sum(len(c.token_ids) for c in final.outputs)
         return ChatCompletionResponse(
-            id=api_id, model=model, choices=choices,
+            id=api_id,
+            model=model,
+            choices=choices,
             usage=make_usage(num_prompt, completion, final.num_cached_tokens),
-            prompt_token_ids=prompt_ids).model_dump()
+            prompt_token_ids=prompt_ids,
+        ).model_dump()
 
-    async def _stream(self, req: ChatCompletionRequest, model: str, plan: ToolPlan, api_id: str,
-                      stream: RequestStream, prompt_ids: list[int], num_prompt: int,
-                      num_top: int | None):
+    async def _stream(
+        self,
+        req: ChatCompletionRequest,
+        model: str,
+        plan: ToolPlan,
+        api_id: str,
+        stream: RequestStream,
+        prompt_ids: list[int],
+        num_prompt: int,
+        num_top: int | None,
+    ):
         """`prompt_ids` non-empty: return_token_ids (prompt ids in the first chunk, each
         chunk's token ids on its choice)."""
         created, n = int(time.time()), req.n
@@ -157,14 +221,25 @@ class OpenAIServingChat(ServingBase):
 
         def chunk(choice: ChatChunkChoice, first_ids: list[int] | None = None) -> str:
             usage = make_usage(num_prompt, sum(tokens), cached) if continuous else None
-            return sse(ChatCompletionChunk(id=api_id, created=created, model=model,
-                                           choices=[choice], usage=usage,
-                                           prompt_token_ids=first_ids).model_dump_json())
+            return sse(
+                ChatCompletionChunk(
+                    id=api_id,
+                    created=created,
+                    model=model,
+                    choices=[choice],
+                    usage=usage,
+                    prompt_token_ids=first_ids,
+                ).model_dump_json()
+            )
 
         try:
-            yield "".join(chunk(ChatChunkChoice(
-                index=i, delta=DeltaMessage(role="assistant", content="")),
-                prompt_ids if i == 0 and prompt_ids else None) for i in range(n))
+            yield "".join(
+                chunk(
+                    ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")),
+                    prompt_ids if i == 0 and prompt_ids else None,
+                )
+                for i in range(n)
+            )
             async for outs in stream:
                 events = []
                 cached = outs[-1].num_cached_tokens
@@ -178,11 +253,20 @@ class OpenAIServingChat(ServingBase):
                     finish = c.finish_reason
                     if finish is not None and streamers[i].num_calls:
                         finish = _tool_finish(finish)
-                    events.append(chunk(ChatChunkChoice(
-                        index=i, delta=delta,
-                        logprobs=self._logprobs(c.delta_token_ids, c.delta_logprobs, num_top),
-                        finish_reason=finish, stop_reason=c.stop_reason,
-                        token_ids=list(c.delta_token_ids) if prompt_ids else None)))
+                    events.append(
+                        chunk(
+                            ChatChunkChoice(
+                                index=i,
+                                delta=delta,
+                                logprobs=self._logprobs(
+                                    c.delta_token_ids, c.delta_logprobs, num_top
+                                ),
+                                finish_reason=finish,
+                                stop_reason=c.stop_reason,
+                                token_ids=list(c.delta_token_ids) if prompt_ids else None,
+                            )
+                        )
+                    )
                 if events:
                     yield "".join(events)
         except RequestAborted as exc:  # shutdown ran out of time: an error event, not "abort"
@@ -194,9 +278,15 @@ class OpenAIServingChat(ServingBase):
             yield SSE_DONE
             return
         if include_usage:
-            yield sse(ChatCompletionChunk(
-                id=api_id, created=created, model=model, choices=[],
-                usage=make_usage(num_prompt, sum(tokens), cached)).model_dump_json())
+            yield sse(
+                ChatCompletionChunk(
+                    id=api_id,
+                    created=created,
+                    model=model,
+                    choices=[],
+                    usage=make_usage(num_prompt, sum(tokens), cached),
+                ).model_dump_json()
+            )
         yield SSE_DONE
 
     @staticmethod
@@ -204,15 +294,22 @@ class OpenAIServingChat(ServingBase):
         """One choice's delta: content as it comes; a named call's arguments as they come;
         other tool calls whole, once each closes."""
         if plan.mode == "named":
-            calls = []
-            if streamer.num_calls == 0:  # the first delta opens the call
+            # One entry per call index per chunk, as OpenAI sends: the first opens the call
+            # (id, name) with the arguments so far; later ones carry only arguments. Two
+            # entries of one index in a chunk broke openai 3.3's stream and instructor.
+            if streamer.num_calls == 0:
                 streamer.num_calls = 1
-                calls.append(DeltaToolCall(index=0, id=tool_call_id(), type="function",
-                                           function=DeltaFunctionCall(name=plan.name,
-                                                                      arguments="")))
-            if text:
-                calls.append(DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text)))
-            return DeltaMessage(tool_calls=calls or None)
+                call = DeltaToolCall(
+                    index=0,
+                    id=tool_call_id(),
+                    type="function",
+                    function=DeltaFunctionCall(name=plan.name, arguments=text),
+                )
+            elif text:
+                call = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text))
+            else:
+                return DeltaMessage()
+            return DeltaMessage(tool_calls=[call])
         before = streamer.num_calls
         out = streamer.feed(text)
         if last:
