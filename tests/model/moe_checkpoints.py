@@ -4,7 +4,7 @@ by HF transformers with `save_pretrained` (per-expert tensors, as on the Hub).
 Each has 4 experts with top-2 routing, 2 layers of hidden 64 and 2 KV heads of 16 (512 KV
 bytes per token in fp32, as the dense tiny models); Qwen2-MoE has its sigmoid-gated shared
 expert and one dense layer (`mlp_only_layers`), Qwen3-MoE renormalizes its top-k
-(`norm_topk_prob`), OLMoE clips q/k/v.
+(`norm_topk_prob`), OLMoE clips q/k/v at 2 (which the normed q, k and the v rows exceed).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ FAMILIES = {
     "olmoe": (
         "OlmoeConfig",
         "OlmoeForCausalLM",
-        dict(intermediate_size=48, num_experts=4, clip_qkv=6.0, norm_topk_prob=False),
+        dict(intermediate_size=48, num_experts=4, clip_qkv=2.0, norm_topk_prob=False),
     ),
 }
 
