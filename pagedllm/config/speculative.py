@@ -44,8 +44,8 @@ class SpeculativeConfig:
         if self.method == "draft_model" and not self.model:
             raise ValueError('speculative method "draft_model" needs "model" (a directory '
                              "of a smaller model with the target's vocabulary)")
-        if self.method == "ngram" and self.model is not None:
-            raise ValueError('"model" is only for method "draft_model", not "ngram"')
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(f'"model" is only for method "draft_model", not {self.method!r}')
         if not 0.0 <= self.min_acceptance_rate <= 1.0:
             raise ValueError(f"min_acceptance_rate must be in [0, 1], got "
                              f"{self.min_acceptance_rate!r}")

@@ -23,12 +23,14 @@ import numpy as np
 import torch
 
 from pagedllm.config import EngineConfig
+from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
 from pagedllm.loader import load_checkpoint
 from pagedllm.model.layers.attention_backends import BatchLayout
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.speculative.adaptive import DraftState
+from pagedllm.speculative.proposer import Proposer
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import BatchInputs
 from pagedllm.worker.rank_builder import build_rank
@@ -36,8 +38,13 @@ from pagedllm.worker.rank_builder import build_rank
 logger = logging.getLogger(__name__)
 
 
-class DraftModel:
-    def __init__(self, path: str, config: EngineConfig, target_vocab_size: int) -> None:
+class DraftModel(Proposer):
+    mirrors_target = True
+    drafts_forked_requests = False  # its KV writes into a block forked siblings share
+
+    def __init__(self, spec_config: SpeculativeConfig, config: EngineConfig,
+                 target_vocab_size: int) -> None:
+        path = spec_config.model
         ckpt = load_checkpoint(path, quantization=None)
         vocab = ckpt.config.vocab_size
         if vocab != target_vocab_size:

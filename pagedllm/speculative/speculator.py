@@ -20,8 +20,8 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
 from pagedllm.core.runner_output import RunnerOutput
 from pagedllm.speculative.adaptive import DraftState, num_to_propose, required_acceptance
-from pagedllm.speculative.draft_model import DraftModel
-from pagedllm.speculative.ngram import NgramProposer
+from pagedllm.speculative.proposer import Proposer
+from pagedllm.speculative.registry import PROPOSERS
 from pagedllm.speculative.stats import SpeculativeStats
 
 logger = logging.getLogger(__name__)
@@ -32,15 +32,18 @@ class Speculator:
                  vocab_size: int) -> None:
         self.config = config
         self.max_model_len = engine_config.max_model_len
-        self.ngram = (NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-                      if config.method == "ngram" else None)
-        self.draft = (DraftModel(config.model, engine_config, vocab_size)
-                      if config.method == "draft_model" else None)
+        self.proposer: Proposer = PROPOSERS[config.method](config, engine_config, vocab_size)
 
     @property
     def draft_kv_spec(self):
-        """The draft's KV layout (None for n-gram): each block also holds this much."""
-        return None if self.draft is None else self.draft.kv_spec
+        """The proposer's own KV layout (None without a model): each block also holds this
+        much."""
+        return self.proposer.kv_spec
+
+    @property
+    def draft(self) -> Proposer | None:
+        """The proposer the model runner mirrors every forward pass on (None: none)."""
+        return self.proposer if self.proposer.mirrors_target else None
 
     def new_stats(self) -> SpeculativeStats:
         return SpeculativeStats(self.config.num_speculative_tokens)
@@ -73,16 +76,13 @@ class Speculator:
                 req.draft_state = DraftState()
             k = num_to_propose(self.config, req.num_output_tokens, req.max_tokens,
                                req.num_tokens, self.max_model_len)
-            if self.draft is not None and req.sampling_params.n > 1:
+            if not self.proposer.drafts_forked_requests and req.sampling_params.n > 1:
                 k = 0  # forked siblings share a partial block: copy-on-write would race
             if k == 0 or not req.draft_state.may_propose(threshold, self.config.backoff_steps):
                 drafts.append((req, []))
                 continue
             todo.append(req)
             ks.append(req.draft_state.num_drafts(k))
-        if self.ngram is not None:
-            drafts += [(req, self.ngram.propose(req.all_token_ids, k))
-                       for req, k in zip(todo, ks, strict=True)]
-        elif todo:
-            drafts += zip(todo, self.draft.propose(todo, ks, bm), strict=True)
+        if todo:
+            drafts += zip(todo, self.proposer.propose(todo, ks, bm), strict=True)
         return drafts

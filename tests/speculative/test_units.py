@@ -7,12 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.config.speculative import SpeculativeConfig
+from pagedllm.config.speculative import METHODS, SpeculativeConfig
 from pagedllm.core.block_manager import BlockInvariantError, BlockManager
 from pagedllm.core.request import Request
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.speculative.adaptive import DraftState, num_to_propose, required_acceptance
 from pagedllm.speculative.ngram import NgramProposer
+from pagedllm.speculative.proposer import Proposer
+from pagedllm.speculative.registry import PROPOSERS
 from pagedllm.worker.rejection_sampler import num_matching, rejection_sample
 
 
@@ -45,15 +47,22 @@ def test_config_validation_and_parse():
 
 
 def test_ngram_proposals():
-    p = NgramProposer(min_n=2, max_n=3)
+    p = NgramProposer(SpeculativeConfig(prompt_lookup_min=2, prompt_lookup_max=3))
     # suffix "2 3" (and "1 2 3") occurred before: propose what followed its last occurrence
-    assert p.propose([1, 2, 3, 4, 5, 9, 1, 2, 3], 2) == [4, 5]
-    assert p.propose([7, 2, 3, 8, 2, 3, 6, 6, 2, 3], 3) == [6, 6, 2]  # most recent match
-    assert p.propose([1, 2, 3, 4], 3) == []  # no recurring suffix
-    assert p.propose([5, 5], 3) == []  # too short for min_n = 2 plus a continuation
-    assert p.propose([1, 2, 1, 2], 5) == [1, 2]  # continuation cut by the context's end
-    assert p.propose([4, 4, 4, 4, 4, 4], 3) == [4, 4, 4]  # a run: not the last match
-    assert p.propose([1, 2, 1, 2], 0) == []
+    assert p.propose_tokens([1, 2, 3, 4, 5, 9, 1, 2, 3], 2) == [4, 5]
+    assert p.propose_tokens([7, 2, 3, 8, 2, 3, 6, 6, 2, 3], 3) == [6, 6, 2]  # most recent match
+    assert p.propose_tokens([1, 2, 3, 4], 3) == []  # no recurring suffix
+    assert p.propose_tokens([5, 5], 3) == []  # too short for min_n = 2 plus a continuation
+    assert p.propose_tokens([1, 2, 1, 2], 5) == [1, 2]  # continuation cut by the context's end
+    assert p.propose_tokens([4, 4, 4, 4, 4, 4], 3) == [4, 4, 4]  # a run: not the last match
+    assert p.propose_tokens([1, 2, 1, 2], 0) == []
+
+
+def test_every_method_has_a_proposer():
+    """config/speculative.METHODS (validated without importing proposers) and the registry
+    name the same methods; each proposer implements the interface."""
+    assert set(METHODS) == set(PROPOSERS)
+    assert all(issubclass(cls, Proposer) for cls in PROPOSERS.values())
 
 
 def test_num_matching():

@@ -11,15 +11,31 @@ occurrence of the longest suffix that has one (and k tokens after it, when one h
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from pagedllm.speculative.proposer import Proposer
 
-class NgramProposer:
-    def __init__(self, min_n: int, max_n: int) -> None:
-        self.min_n, self.max_n = min_n, max_n
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+    from pagedllm.config.speculative import SpeculativeConfig
+    from pagedllm.core.block_manager import BlockManager
+    from pagedllm.core.request import Request
 
-    def propose(self, token_ids: list[int], k: int) -> list[int]:
+
+class NgramProposer(Proposer):
+    def __init__(self, config: SpeculativeConfig, engine_config: EngineConfig | None = None,
+                 vocab_size: int = 0) -> None:
+        self.min_n, self.max_n = config.prompt_lookup_min, config.prompt_lookup_max
+
+    def propose(self, requests: list[Request], ks: list[int], bm: BlockManager
+                ) -> list[list[int]]:
+        return [self.propose_tokens(req.all_token_ids, k)
+                for req, k in zip(requests, ks, strict=True)]
+
+    def propose_tokens(self, token_ids: list[int], k: int) -> list[int]:
         """Up to `k` tokens continuing `token_ids` ([] when no suffix recurs)."""
         n_tok = len(token_ids)
         if k <= 0 or n_tok < self.min_n + 1:
