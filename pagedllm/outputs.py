@@ -79,8 +79,8 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
-    # SamplingParams.prompt_logprobs: set once the whole prompt is scored (with DELTA
-    # outputs on the first output after that only).
+    # SamplingParams.prompt_logprobs: set once the whole prompt is scored (DELTA outputs:
+    # on the first output after that and on the final one).
     prompt_logprobs: PromptLogprobs | None = None
     # Set when the engine failed this request (finished, blocks freed; other requests go on).
     error: BaseException | None = None

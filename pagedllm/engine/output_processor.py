@@ -199,16 +199,17 @@ class OutputProcessor:
                              prompt_token_ids=first.prompt_token_ids, outputs=outputs,
                              finished=finished, metrics=metrics,
                              num_cached_tokens=first.num_cached_tokens or 0,
-                             prompt_logprobs=self._prompt_logprobs(group, kind))
+                             prompt_logprobs=self._prompt_logprobs(group, kind, finished))
 
-    def _prompt_logprobs(self, group: RequestGroup, kind: RequestOutputKind
+    def _prompt_logprobs(self, group: RequestGroup, kind: RequestOutputKind, finished: bool
                          ) -> PromptLogprobs | None:
         """The group's prompt logprobs once its whole prompt is scored (their tokens decoded
-        the first time); a DELTA output carries them once, as vLLM's."""
+        the first time); DELTA outputs carry them in the first output after that, as vLLM's,
+        and in the final one, as they carry the cumulative token lists."""
         seq = group.seqs[0]
         if seq.prompt_logprobs is None or seq.prompt_scoring_pending:
             return None
-        if group.prompt_reported and kind is RequestOutputKind.DELTA:
+        if group.prompt_reported and kind is RequestOutputKind.DELTA and not finished:
             return None
         if not group.prompt_reported:
             group.prompt_reported = True

@@ -69,7 +69,7 @@ class SamplingFields(RequestBody):
     model_config = ConfigDict(extra="allow")
     # field -> its neutral value; any other value is a 400 (not implemented)
     UNSUPPORTED: ClassVar[dict[str, Any]] = {
-        "prompt_logprobs": None, "use_beam_search": False, "length_penalty": 1.0,
+        "use_beam_search": False, "length_penalty": 1.0,
         "truncate_prompt_tokens": None, "logits_processors": None,
         "return_tokens_as_token_ids": False, "vllm_xargs": None, "kv_transfer_params": None,
         "thinking_token_budget": None, "logprob_token_ids": None, "truncation_side": None,
@@ -114,8 +114,9 @@ class SamplingFields(RequestBody):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
+    # vLLM's: the prompt tokens' logprobs (+ top k) in the response; not with stream=true
+    prompt_logprobs: int | None = None
     # declared so that they are found (see UNSUPPORTED / IGNORED), not implemented
-    prompt_logprobs: Any = None
     use_beam_search: Any = False
     length_penalty: Any = 1.0
     truncate_prompt_tokens: Any = None

@@ -32,9 +32,20 @@ class CompletionLogprobs(OpenAIBaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """One token's entry in vLLM's `prompt_logprobs` ({token id: this} per prompt position)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobsJSON = list[dict[int, PromptLogprob] | None]
+
+
 def _drop_unset_ids(data: dict) -> dict:
-    """The `return_token_ids` fields appear only when asked for (None: not asked)."""
-    for key in ("prompt_token_ids", "token_ids"):
+    """The `return_token_ids` fields (and `prompt_logprobs`) appear only when asked for."""
+    for key in ("prompt_token_ids", "token_ids", "prompt_logprobs"):
         if key in data and data[key] is None:
             del data[key]
     return data
@@ -48,6 +59,7 @@ class CompletionChoice(OpenAIBaseModel):
     stop_reason: int | str | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids (vLLM's shape)
     token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobsJSON | None = None  # vLLM's prompt_logprobs (or echo)
 
     @model_serializer(mode="wrap")
     def _ids(self, handler):
@@ -104,6 +116,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     prompt_token_ids: list[int] | None = None  # return_token_ids
+    prompt_logprobs: PromptLogprobsJSON | None = None  # vLLM's prompt_logprobs field
 
     @model_serializer(mode="wrap")
     def _ids(self, handler):

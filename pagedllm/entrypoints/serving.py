@@ -200,10 +200,14 @@ class ServingBase:
     # ----------------------------------------------------------- sampling
     def sampling_params(self, req: SamplingFields, max_tokens: int | None,
                         logprobs: int | None,
-                        structured: StructuredOutputsParams | None = None) -> SamplingParams:
+                        structured: StructuredOutputsParams | None = None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """400 for unimplemented fields; `structured` overrides the request's own constraint
-        (tool_choice required / named)."""
+        (tool_choice required / named), `prompt_logprobs` the request's own (echo)."""
         check_request_fields(req)
+        if req.prompt_logprobs and req.stream:  # vLLM's rule (0 asks for nothing visible)
+            raise APIError(400, "prompt_logprobs are not available with stream=true",
+                           param="prompt_logprobs")
         for name in ("stop_token_ids", "allowed_token_ids"):
             if getattr(req, name):
                 self.check_token_ids(getattr(req, name), name)
@@ -221,6 +225,8 @@ class ServingBase:
                 seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens,
                 ignore_eos=req.ignore_eos, stop=req.stop, stop_token_ids=req.stop_token_ids,
                 include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
+                prompt_logprobs=(req.prompt_logprobs if prompt_logprobs is None
+                                 else prompt_logprobs),
                 skip_special_tokens=req.skip_special_tokens,
                 spaces_between_special_tokens=req.spaces_between_special_tokens,
                 structured_outputs=structured, logit_bias=logit_bias_of(req),

@@ -12,6 +12,7 @@ import time
 from starlette.responses import JSONResponse, Response
 
 from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
+from pagedllm.entrypoints.completion_logprobs import prompt_logprobs_json
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
 )
@@ -196,6 +197,7 @@ class OpenAIServingChat(ServingBase):
             choices=choices,
             usage=make_usage(num_prompt, completion, final.num_cached_tokens),
             prompt_token_ids=prompt_ids,
+            prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs),
         ).model_dump()
 
     async def _stream(

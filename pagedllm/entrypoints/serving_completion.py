@@ -2,6 +2,11 @@
 
 Prompt p's sample i is choice `p * n + i`. Streaming sends one event per engine step with the
 choices that gained tokens; each choice's finish_reason appears in its last chunk only.
+
+`echo` puts the prompt before the completion; with `logprobs` the prompt tokens are scored
+too (vLLM's rule: prompt_logprobs = logprobs unless given), in the legacy logprobs shape
+(completion_logprobs.py). `echo` with `max_tokens=0` only scores the prompt: the engine
+samples one token to end the request, and the response leaves it out (vLLM's).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import time
 from starlette.responses import JSONResponse, Response
 
 from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
+from pagedllm.entrypoints.completion_logprobs import legacy_logprobs, prompt_logprobs_json
 from pagedllm.entrypoints.protocol import (
     CompletionRequest,
 )
@@ -67,10 +73,10 @@ class OpenAIServingCompletion(ServingBase):
             raise APIError(400, "suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of is not supported (it must equal n)", param="best_of")
-        if req.echo and req.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported (prompt logprobs are not "
-                           "computed)", param="echo")
-        params = self.sampling_params(req, req.max_tokens, req.logprobs)
+        score_only = req.echo and req.max_tokens == 0
+        params = self.sampling_params(
+            req, 1 if score_only else req.max_tokens, req.logprobs,
+            prompt_logprobs=req.logprobs if req.echo and req.prompt_logprobs is None else None)
         api_id, echoed_id = self.request_id("cmpl", req, header_id)
         prompts = await self._prompts(req)
         for _, ids in prompts:
@@ -102,23 +108,21 @@ class OpenAIServingCompletion(ServingBase):
         finally:
             stream.abort()
 
-    def _logprobs(self, token_ids: list[int], logprobs: SampleLogprobs | None, offset: int
+    def _logprobs(self, req: CompletionRequest, token_ids: list[int],
+                  logprobs: SampleLogprobs | None, offset: int
                   ) -> tuple[CompletionLogprobs | None, int]:
         """OpenAI's completions shape; `offset` is where the first token starts in the text."""
-        if logprobs is None:
+        if logprobs is None or req.logprobs is None:
             return None, offset
-        lp = CompletionLogprobs()
-        for tid, entry in zip(token_ids, logprobs, strict=True):
-            tok = self.token_str(tid)
-            lp.tokens.append(tok)
-            lp.token_logprobs.append(entry[tid].logprob)
-            top: dict[str, float] = {}
-            for t, v in entry.items():  # distinct ids may decode alike: keep the likeliest
-                top[self.token_str(t)] = max(v.logprob, top.get(self.token_str(t), v.logprob))
-            lp.top_logprobs.append(top)
-            lp.text_offset.append(offset)
-            offset += len(tok)
-        return lp, offset
+        return legacy_logprobs(token_ids, logprobs, req.logprobs, offset, self.token_str)
+
+    def _echo_logprobs(self, req: CompletionRequest, prompt: list[int], out: RequestOutput
+                       ) -> tuple[CompletionLogprobs | None, int]:
+        """The prompt tokens' part of an echoed choice's logprobs (None without logprobs)."""
+        if req.logprobs is None or not req.echo:
+            return None, 0
+        entries = out.prompt_logprobs or [None] * len(prompt)  # None: the request failed
+        return legacy_logprobs(prompt, entries, req.logprobs, 0, self.token_str)
 
     async def _full(self, req: CompletionRequest, model: str, api_id: str,
                     stream: RequestStream, echo: list[str], num_prompt: int,
@@ -131,15 +135,23 @@ class OpenAIServingCompletion(ServingBase):
         except RequestAborted as exc:
             raise APIError(503, str(exc), type="service_unavailable") from exc
         choices, completion_tokens = [], 0
+        score_only = req.echo and req.max_tokens == 0
         for p, rid in enumerate(stream.request_ids):
-            for c in final[rid].outputs:
-                completion_tokens += len(c.token_ids)
-                lp, _ = self._logprobs(c.token_ids, c.logprobs, len(echo[p]))
+            out = final[rid]
+            head, offset = self._echo_logprobs(req, out.prompt_token_ids, out)
+            for c in out.outputs:
+                ids, lps, text = ([], [], "") if score_only else (c.token_ids, c.logprobs, c.text)
+                completion_tokens += len(ids)
+                lp, _ = self._logprobs(req, ids, lps,
+                                       offset if head is not None else len(echo[p]))
+                if head is not None:
+                    lp = _joined(head, lp)
                 choices.append(CompletionChoice(
-                    index=p * req.n + c.index, text=echo[p] + c.text, logprobs=lp,
-                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                    prompt_token_ids=prompt_ids[p] if prompt_ids else None,
-                    token_ids=list(c.token_ids) if prompt_ids else None))
+                    index=p * req.n + c.index, text=echo[p] + text, logprobs=lp,
+                    finish_reason=c.finish_reason, stop_reason=None if score_only else
+                    c.stop_reason, prompt_token_ids=prompt_ids[p] if prompt_ids else None,
+                    token_ids=list(ids) if prompt_ids else None,
+                    prompt_logprobs=prompt_logprobs_json(out.prompt_logprobs)))
         usage = make_usage(num_prompt, completion_tokens,
                            sum(final[rid].num_cached_tokens for rid in stream.request_ids))
         return CompletionResponse(id=api_id, model=model, choices=choices,
@@ -159,6 +171,10 @@ class OpenAIServingCompletion(ServingBase):
         started = [False] * num_choices  # return_token_ids: prompt ids go in the first chunk
         cached: dict[str, int] = {}  # request id -> prompt tokens found in the prefix cache
         offset = [len(echo[i // n]) for i in range(num_choices)]
+        score_only = req.echo and req.max_tokens == 0
+        # echo + logprobs: the prompt goes out with its logprobs, in the first output
+        late_echo = req.echo and req.logprobs is not None
+        echoed: set[str] = set()
 
         def chunk(choices: list[CompletionChoice]) -> str:
             usage = (make_usage(num_prompt, sum(tokens), sum(cached.values()))
@@ -173,7 +189,7 @@ class OpenAIServingCompletion(ServingBase):
             return prompt_ids[i // n]
 
         try:
-            if req.echo:
+            if req.echo and not late_echo:
                 yield "".join(chunk([CompletionChoice(index=i, text=echo[i // n],
                                                       prompt_token_ids=first_ids(i))])
                               for i in range(num_choices))
@@ -182,19 +198,28 @@ class OpenAIServingCompletion(ServingBase):
                 for out in outs:
                     p = prompt_of[out.request_id]
                     cached[out.request_id] = out.num_cached_tokens
+                    if late_echo and out.request_id not in echoed:
+                        echoed.add(out.request_id)
+                        head, end = self._echo_logprobs(req, out.prompt_token_ids, out)
+                        for i in range(p * n, p * n + n):
+                            offset[i] = end
+                            events.append(chunk([CompletionChoice(
+                                index=i, text=echo[p], logprobs=head,
+                                prompt_token_ids=first_ids(i))]))
                     for c in out.outputs:
                         i = p * n + c.index
-                        if done[i] or not (c.delta_token_ids or c.delta_text or c.finish_reason):
+                        ids, lps, text = (([], [], "") if score_only else
+                                          (c.delta_token_ids, c.delta_logprobs, c.delta_text))
+                        if done[i] or not (ids or text or c.finish_reason):
                             continue
-                        tokens[i] += len(c.delta_token_ids)
+                        tokens[i] += len(ids)
                         done[i] = c.finish_reason is not None
-                        lp, offset[i] = self._logprobs(c.delta_token_ids, c.delta_logprobs,
-                                                       offset[i])
+                        lp, offset[i] = self._logprobs(req, ids, lps, offset[i])
                         events.append(chunk([CompletionChoice(
-                            index=i, text=c.delta_text, logprobs=lp,
-                            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                            index=i, text=text, logprobs=lp, finish_reason=c.finish_reason,
+                            stop_reason=None if score_only else c.stop_reason,
                             prompt_token_ids=first_ids(i),
-                            token_ids=list(c.delta_token_ids) if prompt_ids else None)]))
+                            token_ids=list(ids) if prompt_ids else None)]))
                 if events:
                     yield "".join(events)
         except RequestAborted as exc:  # shutdown ran out of time: an error event, not "abort"
@@ -211,3 +236,13 @@ class OpenAIServingCompletion(ServingBase):
                 usage=make_usage(num_prompt, sum(tokens), sum(cached.values()))
             ).model_dump_json())
         yield SSE_DONE
+
+
+def _joined(head: CompletionLogprobs, tail: CompletionLogprobs | None) -> CompletionLogprobs:
+    """An echoed choice's logprobs: the prompt's columns, then the completion's."""
+    if tail is None:
+        return head
+    return CompletionLogprobs(tokens=head.tokens + tail.tokens,
+                              token_logprobs=head.token_logprobs + tail.token_logprobs,
+                              top_logprobs=head.top_logprobs + tail.top_logprobs,
+                              text_offset=head.text_offset + tail.text_offset)

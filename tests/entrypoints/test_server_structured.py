@@ -266,7 +266,6 @@ def test_bad_tool_requests_are_400(server, body, param):
 
 # --------------------------------------------------- fields we do not implement
 @pytest.mark.parametrize(("path", "field", "value"), [
-    ("completions", "prompt_logprobs", 1),
     ("completions", "use_beam_search", True),
     ("completions", "best_of", 3),
     ("completions", "length_penalty", 0.5),
@@ -279,7 +278,6 @@ def test_bad_tool_requests_are_400(server, body, param):
     ("chat/completions", "reasoning_effort", "high"),
     ("chat/completions", "web_search_options", {}),
     ("chat/completions", "continue_final_message", True),
-    ("chat/completions", "prompt_logprobs", 2),
     ("chat/completions", "response_format", {"type": "structural_tag"}),
     ("completions", "thinking_token_budget", 8),
     ("completions", "logprob_token_ids", [3]),
