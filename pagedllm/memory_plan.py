@@ -1,7 +1,9 @@
 """Memory planning from a model config alone (no weights): what fits in a memory budget.
 
     weights      = parameter count x dtype bytes (from the config's shapes), or for a GGUF
-                   file the bytes of its (quantized) tensors, which the engine keeps as they are
+                   file the bytes of its (quantized) tensors, which the engine keeps as they are;
+                   a mixture-of-experts model holds every expert but a token reads only its
+                   top-k: the plan shows total and active parameters and the experts' bytes
     KV per token = 2 (K and V) x layers x kv_heads x head_dim x KV dtype bytes   (GQA aware)
     KV per seq   = KV per token x max_model_len (rounded up to whole blocks); with sliding-
                    window layers (Gemma 3, Mistral) their group keeps only the window's
@@ -25,6 +27,7 @@ import torch
 
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.model.layers.moe.spec import MoESpec
 
 GiB = 2**30
 _DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2,
@@ -57,17 +60,34 @@ def config_dtype_bytes(cfg: SimpleNamespace) -> int:
 
 def parameter_count(cfg: SimpleNamespace) -> int:
     """Parameters of a Llama-family decoder from its shapes (embeddings counted once if tied)."""
+    return parameter_counts(cfg)[0]
+
+
+def parameter_counts(cfg: SimpleNamespace) -> tuple[int, int]:
+    """(total, active per token) parameters: equal for a dense model; a mixture-of-experts
+    model (model/layers/moe/spec.py) counts every expert in the total, its top-k in the
+    active."""
     h, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     hd = getattr(cfg, "head_dim", None) or h // heads
-    ffn = cfg.intermediate_size
     attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
-    if getattr(cfg, "model_type", "") == "qwen2" or getattr(cfg, "attention_bias", False):
+    if (getattr(cfg, "model_type", "") == "qwen2" or getattr(cfg, "attention_bias", False)
+            or getattr(cfg, "qkv_bias", False)):
         attn += heads * hd + 2 * kv * hd
-    per_layer = attn + 3 * h * ffn + 2 * h
+    family = getattr(cfg, "model_type", "")
+    if family in ("qwen3", "qwen3_moe"):  # q/k RMSNorm per head
+        attn += 2 * hd
+    elif family == "olmoe":  # q/k RMSNorm over all heads
+        attn += (heads + kv) * hd
     tied = getattr(cfg, "tie_word_embeddings", False)
-    return vocab * h * (1 if tied else 2) + layers * per_layer + h
+    fixed = vocab * h * (1 if tied else 2) + layers * (attn + 2 * h) + h
+    moe = MoESpec.from_config(cfg)
+    if moe is None:
+        total = fixed + layers * 3 * h * cfg.intermediate_size
+        return total, total
+    total, active = moe.mlp_parameters()
+    return fixed + total, fixed + active
 
 
 @dataclass
@@ -82,6 +102,10 @@ class MemoryPlan:
     num_blocks: int
     full_length_seqs: int
     pairs: list[tuple[int, int]]  # (max_model_len, largest max_num_seqs at that length)
+    moe: MoESpec | None = None  # a mixture-of-experts model's shape
+    parameters: int = 0
+    active_parameters: int = 0  # read per token (the top-k experts of a MoE model)
+    expert_bytes: int = 0  # of the routed experts, in the weights' dtype
 
     def lines(self) -> list[str]:
         s = self.kv_spec
@@ -90,6 +114,7 @@ class MemoryPlan:
         kv_dtype = str(s.dtype).removeprefix("torch.")
         out = [
             f"weights:            {self.weight_bytes / GiB:8.2f} GiB ({dtype})",
+            *self.moe_lines(),
             f"KV cache dtype:     {kv_dtype}",
             f"KV bytes per token: {self.kv_bytes_per_token} B = {self.kv_bytes_per_token / 1024:g} "
             f"KiB (2 x {s.num_layers} layers x {s.num_kv_heads} kv_heads x {s.head_dim} head_dim "
@@ -111,6 +136,20 @@ class MemoryPlan:
                     f"{self.kv_bytes_per_seq / GiB:.3f} GiB, against {every / GiB:.3f} GiB "
                     f"keeping every layer's KV ({every / self.kv_bytes_per_seq:.2f}x)"]
         return out
+
+    def moe_lines(self) -> list[str]:
+        """Total vs active parameters and the experts' share of the weights (MoE only)."""
+        if self.moe is None:
+            return []
+        per_expert = self.expert_bytes / self.moe.num_experts / sum(self.moe.sparse_layers)
+        return [
+            f"mixture of experts: {self.moe.describe()}",
+            f"parameters:         {self.parameters / 1e9:.2f}B total, "
+            f"{self.active_parameters / 1e9:.2f}B active per token "
+            f"({self.active_parameters / self.parameters:.0%})",
+            f"routed experts:     {self.expert_bytes / GiB:8.2f} GiB of the weights "
+            f"({per_expert / 2**20:.1f} MiB per expert per layer)",
+        ]
 
 
 def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
@@ -173,12 +212,18 @@ def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: 
           budget: int | None, memory_bytes: int | None, utilization: float,
           max_num_batched_tokens: int, clamp: bool, weights: int | None = None) -> MemoryPlan:
     wbytes = torch.empty((), dtype=dtype).element_size()
-    weights = int(weights) if weights else parameter_count(cfg) * wbytes
+    total, active = parameter_counts(cfg)
+    moe = MoESpec.from_config(cfg)
+    weights = int(weights) if weights else total * wbytes
     if budget is None:
         if memory_bytes is None:
             raise ValueError("pass memory_gib (device memory) or kv_cache_memory_gib (KV budget)")
-        # Activation peak of one step: hidden states, fused qkv / gate-up and the logits rows.
-        act = max_num_batched_tokens * (4 * cfg.hidden_size + 2 * cfg.intermediate_size) * wbytes
+        # Activation peak of one step: hidden states, fused qkv / gate-up and the logits rows;
+        # a MoE layer's token rows are copied once per chosen expert (k rows of H and 2 I).
+        ffn = 2 * cfg.intermediate_size
+        if moe is not None:
+            ffn = max(ffn, moe.top_k * 2 * (cfg.hidden_size + moe.intermediate_size))
+        act = max_num_batched_tokens * (4 * cfg.hidden_size + ffn) * wbytes
         act += 256 * cfg.vocab_size * 4
         usable = int(memory_bytes * utilization)
         budget = usable - weights - act
@@ -203,4 +248,6 @@ def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: 
                       kv_bytes_per_token=spec.bytes_per_token, max_model_len=max_len,
                       kv_bytes_per_seq=per_seq_blocks * spec.bytes_per_block,
                       kv_budget=budget, num_blocks=blocks,
-                      full_length_seqs=usable // per_seq_blocks, pairs=pairs)
+                      full_length_seqs=usable // per_seq_blocks, pairs=pairs, moe=moe,
+                      parameters=total, active_parameters=active,
+                      expert_bytes=moe.expert_parameters() * wbytes if moe else 0)

@@ -10,6 +10,7 @@ cross-feature question itself:
     prefix caching off when every layer is sliding    resolve_plan (blocks leave the window)
     one KV group under tensor parallelism             model_setup.single_kv_group
     CUDA graphs only without speculation and TP       resolve_plan
+    CUDA graphs off for mixture-of-experts models     resolve_plan (expert groups sized on host)
     a block holds target + draft KV                   split_kv_budget
     int8 activations auto                             EngineConfig.resolve_int8_activations
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.model.layers.moe.spec import MoESpec
 from pagedllm.model.layers.rope_scaling import rope_parameters
 from pagedllm.worker.model_setup import single_kv_group
 
@@ -51,6 +53,10 @@ def resolve_plan(config: EngineConfig, hf_config, layout: KVGroupLayout) -> Engi
         caching = False
     graphs = (config.torch_device.type == "cuda" and not config.enforce_eager
               and config.speculative_config is None and config.tensor_parallel_size == 1)
+    if graphs and MoESpec.from_config(hf_config) is not None:
+        logger.info("CUDA graphs off: a mixture-of-experts layer reads its tokens-per-expert "
+                    "counts on the host to size each expert's GEMM")
+        graphs = False
     return EnginePlan(prefix_caching=caching, single_kv_group=single_kv_group(config),
                       cuda_graphs=graphs)
 
