@@ -51,12 +51,14 @@ from pagedllm.entrypoints.protocol_responses import (
     ModelList,
     TokenizeResponse,
 )
+from pagedllm.entrypoints.response_store import ResponseStore
 from pagedllm.entrypoints.server_options import ServerOptions
 from pagedllm.entrypoints.serving import APIError, ServingBase
 from pagedllm.entrypoints.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.serving_messages import add_messages_routes
 from pagedllm.entrypoints.serving_models import ServingModels
+from pagedllm.entrypoints.serving_responses import add_responses_routes
 from pagedllm.entrypoints.template_sandbox import TemplateSandbox
 from pagedllm.lora.request import LoRARequest
 
@@ -197,6 +199,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         return DetokenizeResponse(prompt=base.tokenizer.decode(body.tokens)).model_dump()
 
     add_lora_routes(app, served)
+    add_responses_routes(app, chat, ResponseStore(opts.max_stored_responses))
     add_messages_routes(app, chat)  # last: its error-shape middleware is the outermost
     without_422(app)
     return app

@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 DEFAULT_MAX_PROMPTS_PER_REQUEST = 1024
+DEFAULT_MAX_STORED_RESPONSES = 1000  # response_store.py
 
 
 @dataclass
@@ -27,8 +28,12 @@ class ServerOptions:
     timeout_request_body: float = 30.0  # seconds from the headers to the end of the body
     limit_concurrency: int | None = 1024  # connections + requests; past it: 503
     allowed_hosts: list[str] | None = None  # Host header names (None: any)
+    max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES  # /v1/responses store=true
 
     def __post_init__(self) -> None:
+        if self.max_stored_responses < 1:
+            raise ValueError(f"max_stored_responses must be >= 1, got "
+                             f"{self.max_stored_responses}")
         if self.max_prompts_per_request < 1:
             raise ValueError("max_prompts_per_request must be >= 1, got "
                              f"{self.max_prompts_per_request}")
@@ -76,6 +81,10 @@ def add_server_option_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--limit-concurrency", type=int, default=d.limit_concurrency,
                    help="most open connections plus requests in progress; past it new "
                    "requests get 503 (default %(default)s)")
+    g.add_argument("--max-stored-responses", type=int, default=d.max_stored_responses,
+                   help="most /v1/responses results kept in memory for previous_response_id "
+                   "and GET /v1/responses/{id}; past it the least recently used is dropped "
+                   "(default %(default)s)")
     g.add_argument("--allowed-hosts", nargs="+", default=None, metavar="HOST",
                    help="accept only requests whose Host header names one of these (port "
                    "ignored; 400 otherwise), against DNS rebinding (default: any host)")
