@@ -27,6 +27,7 @@ from pagedllm.config.vocabulary import DEFAULT_MAX_REQUEST_BODY_BYTES
 from pagedllm.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
 from pagedllm.engine.metrics import CONTENT_TYPE
 from pagedllm.entrypoints.body_limit import BodyLimitMiddleware
+from pagedllm.entrypoints.chat_options import ChatOptions
 from pagedllm.entrypoints.chat_page import add_chat_page
 from pagedllm.entrypoints.disconnect import with_disconnect
 from pagedllm.entrypoints.guard import GuardMiddleware, error_response
@@ -72,7 +73,7 @@ _ALWAYS_GET = {k: v for k, v in GET_ERRORS.items() if k != 401}
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
               api_key: str | None = None,
               max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES, *,
-              tool_parser: str | None = None, enable_auto_tool_choice: bool = False,
+              chat_options: ChatOptions | None = None,
               lora_modules: list[LoRARequest] | None = None, log_requests: bool = True,
               metrics_vllm_compat: bool = False,
               options: ServerOptions | None = None) -> FastAPI:
@@ -88,8 +89,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
     inputs = PromptInputs(tokenizer, engine.engine.config.max_model_len, sandbox)
     shared = {"inputs": inputs, "options": opts, "log_requests": log_requests}
     completions = OpenAIServingCompletion(engine, names, served, **shared)
-    chat = OpenAIServingChat(engine, names, served, tool_parser=tool_parser,
-                             enable_auto_tool_choice=enable_auto_tool_choice, **shared)
+    chat = OpenAIServingChat(engine, names, served, chat_options=chat_options, **shared)
     base = ServingBase(engine, names, served, **shared)
 
     @asynccontextmanager
@@ -208,8 +208,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
 def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names: list[str],
                api_key: str | None, access_log: bool = True,
                max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
-               sock: socket.socket | None = None, tool_parser: str | None = None,
-               enable_auto_tool_choice: bool = False,
+               sock: socket.socket | None = None, chat_options: ChatOptions | None = None,
                lora_modules: list[LoRARequest] | None = None, log_requests: bool = True,
                uvicorn_log_level: str = "info", metrics_vllm_compat: bool = False,
                options: ServerOptions | None = None) -> int:
@@ -217,7 +216,7 @@ def run_server(engine: AsyncEngine, *, host: str, port: int, served_model_names:
     until the engine thread dies (returns 1, so a supervisor restarts the process)."""
     opts = options or ServerOptions()
     app = build_app(engine, served_model_names, api_key, max_request_body_bytes,
-                    tool_parser=tool_parser, enable_auto_tool_choice=enable_auto_tool_choice,
+                    chat_options=chat_options,
                     lora_modules=lora_modules, log_requests=log_requests,
                     metrics_vllm_compat=metrics_vllm_compat, options=opts)
     config = uvicorn.Config(app, host=host, port=port, access_log=access_log,

@@ -21,6 +21,7 @@ from pagedllm.config.vocabulary import (
     QUANTIZATION_METHODS,
     SCHEDULING_POLICIES,
 )
+from pagedllm.entrypoints.chat_options import add_chat_option_args
 from pagedllm.entrypoints.server_options import add_server_option_args
 from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import MAX_LOGPROBS
@@ -208,12 +209,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                    help="no uvicorn access log line per HTTP request")
     g.add_argument("--disable-log-requests", action="store_true",
                    help="no log line per accepted generation request (vLLM's flag)")
-    g.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help='allow tool_choice "auto": the model decides, --tool-call-parser reads '
-                   "its calls (required / named choices work without it)")
-    g.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json"],
-                   help="format of the model's tool calls for tool_choice auto: hermes "
-                   "(<tool_call>{json}</tool_call>) or llama3_json")
+    add_chat_option_args(g)  # tool-call parser, structured output strictness
     g.add_argument("--max-num-queued-reqs", type=int, default=None,
                    help="refuse new requests (429 + Retry-After) while this many wait to be "
                    "scheduled (None: unbounded)")

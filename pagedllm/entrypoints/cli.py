@@ -132,7 +132,7 @@ def cmd_serve(args) -> int:
     from pagedllm.startup import warm_up
 
     if args.enable_auto_tool_choice and not args.tool_call_parser:
-        raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json)")
+        raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser")
     try:
         lora_modules = number_lora_modules(args.lora_modules)
     except ValueError as e:
@@ -180,14 +180,14 @@ def cmd_serve(args) -> int:
 
 def _run(args, engine, names, sock, lora_modules) -> int:
     from pagedllm.entrypoints.api_server import run_server
+    from pagedllm.entrypoints.chat_options import ChatOptions
     from pagedllm.entrypoints.server_options import ServerOptions
 
     return run_server(engine, host=args.host, port=args.port,
                       served_model_names=names, api_key=args.api_key,
                       access_log=not args.disable_access_log,
                       max_request_body_bytes=args.max_request_body_bytes, sock=sock,
-                      tool_parser=args.tool_call_parser,
-                      enable_auto_tool_choice=args.enable_auto_tool_choice,
+                      chat_options=ChatOptions.from_args(args),
                       lora_modules=lora_modules,
                       log_requests=not args.disable_log_requests,
                       uvicorn_log_level=args.uvicorn_log_level,

@@ -12,6 +12,7 @@ import time
 from starlette.responses import JSONResponse, Response
 
 from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
+from pagedllm.entrypoints.chat_options import ChatOptions
 from pagedllm.entrypoints.completion_logprobs import prompt_logprobs_json
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -42,6 +43,7 @@ from pagedllm.entrypoints.tool_calls import (
     ToolPlan,
     delta_tool_calls,
     plan_tools,
+    strict_response_format,
     to_tool_calls,
     tool_call_id,
 )
@@ -55,13 +57,11 @@ class OpenAIServingChat(ServingBase):
         served_model_names: list[str],
         models=None,
         *,
-        tool_parser: str | None = None,
-        enable_auto_tool_choice: bool = False,
+        chat_options: ChatOptions | None = None,
         **shared,
     ) -> None:
         super().__init__(engine, served_model_names, models, **shared)
-        self.tool_parser = tool_parser
-        self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.chat_options = chat_options or ChatOptions()
 
     async def create(self, req: ChatCompletionRequest, header_id: str | None = None) -> Response:
         lora = self.check_model(req.model)
@@ -80,16 +80,9 @@ class OpenAIServingChat(ServingBase):
         max_tokens = (
             req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
         )
-        plan = plan_tools(req, self.tool_parser, self.enable_auto_tool_choice)
-        if plan.mode == "auto" and not req.parallel_tool_calls:
-            raise APIError(
-                400,
-                "parallel_tool_calls=false is not supported with tool_choice "
-                '"auto" (the model may call several tools; use "required" or a '
-                "named tool to get exactly one)",
-                param="parallel_tool_calls",
-            )
-        params = self.sampling_params(req, max_tokens, num_top, structured=plan.structured)
+        plan = plan_tools(req, self.chat_options)
+        structured = plan.structured or strict_response_format(req, self.chat_options)
+        params = self.sampling_params(req, max_tokens, num_top, structured=structured)
         api_id, echoed_id = self.request_id("chatcmpl", req, header_id)
         ids = await self.apply_chat_template(
             req.messages,

@@ -8,7 +8,12 @@ choice's text becomes OpenAI `tool_calls` (whole, or as streamed deltas).
     named         tools rendered  JSON schema: that tool's parameters  one call, text = arguments
 
 `required` and named calls are enforced by structured output from the tools' schemas (as vLLM
-does), so they are valid even from a model that knows nothing about tools.
+does), so they are valid even from a model that knows nothing about tools. Those schemas, and a
+`strict: true` json_schema response format, are compiled strictly by default: an object that
+says nothing of `additionalProperties` admits no undeclared key (structured_output/
+strict_schema.py; `ChatOptions.disable_additional_properties`). `parallel_tool_calls: false`
+holds in every mode: `required` allows one array element, a named choice is one call anyway,
+and `auto` keeps the first call the model writes (later ones are dropped, as vLLM does).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from pagedllm.entrypoints.chat_options import ChatOptions
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -27,8 +33,10 @@ from pagedllm.entrypoints.protocol_responses import (
     DeltaFunctionCall,
     DeltaToolCall,
 )
+from pagedllm.entrypoints.request_fields import structured_outputs_of
 from pagedllm.entrypoints.tool_parsers import TOOL_PARSERS, ParsedToolCall, ParseResult, ToolParser
 from pagedllm.structured_output.params import StructuredOutputsParams
+from pagedllm.structured_output.strict_schema import close_objects
 
 
 def tool_call_id() -> str:
@@ -42,6 +50,7 @@ class ToolPlan:
     structured: StructuredOutputsParams | None = None
     parser: type[ToolParser] | None = None
     name: str | None = None  # the named tool
+    max_calls: int | None = None  # parallel_tool_calls=false: 1
 
     @property
     def parses(self) -> bool:
@@ -57,8 +66,7 @@ class ToolPlan:
         return out
 
 
-def plan_tools(req: ChatCompletionRequest, tool_parser: str | None,
-               enable_auto_tool_choice: bool) -> ToolPlan:
+def plan_tools(req: ChatCompletionRequest, options: ChatOptions) -> ToolPlan:
     """Validate tools / tool_choice (400s) and decide how this request is decoded and parsed."""
     tools = req.tools or []
     choice = req.tool_choice
@@ -73,36 +81,83 @@ def plan_tools(req: ChatCompletionRequest, tool_parser: str | None,
     if len(set(names)) != len(names):
         raise APIError(400, "tool function names must be unique", param="tools")
     constrained = choice == "required" or not isinstance(choice, str)
-    if constrained and (req.structured_outputs is not None or req.guided_json is not None
-                        or (req.response_format is not None
-                            and req.response_format.type != "text")):
-        raise APIError(400, "tool_choice required or named cannot be combined with "
-                       "response_format / structured_outputs", param="tool_choice")
+    if constrained and (
+        req.structured_outputs is not None
+        or req.guided_json is not None
+        or (req.response_format is not None and req.response_format.type != "text")
+    ):
+        raise APIError(
+            400,
+            "tool_choice required or named cannot be combined with "
+            "response_format / structured_outputs",
+            param="tool_choice",
+        )
+    max_calls = None if req.parallel_tool_calls else 1
     if choice == "none":
         return ToolPlan("none", defs)
     if choice == "auto":
-        if not (enable_auto_tool_choice and tool_parser):
-            raise APIError(400, '"auto" tool choice requires --enable-auto-tool-choice and '
-                           "--tool-call-parser to be set", param="tool_choice")
-        return ToolPlan("auto", defs, parser=TOOL_PARSERS[tool_parser])
+        if not (options.enable_auto_tool_choice and options.tool_call_parser):
+            raise APIError(
+                400,
+                '"auto" tool choice requires --enable-auto-tool-choice and '
+                "--tool-call-parser to be set",
+                param="tool_choice",
+            )
+        parser = TOOL_PARSERS[options.tool_call_parser]
+        return ToolPlan("auto", defs, parser=parser, max_calls=max_calls)
+
+    def params_of(tool) -> dict:
+        schema = _parameters(tool.function.parameters)
+        return close_objects(schema) if options.disable_additional_properties else schema
+
     if choice == "required":
-        items = [{"type": "object", "properties": {
-            "name": {"type": "string", "enum": [t.function.name]},
-            "parameters": _parameters(t.function.parameters)},
-            "required": ["name", "parameters"], "additionalProperties": False}
-            for t in tools]
-        schema = {"type": "array", "minItems": 1,
-                  "items": items[0] if len(items) == 1 else {"anyOf": items}}
-        if not req.parallel_tool_calls:
-            schema["maxItems"] = 1
+        items = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "enum": [t.function.name]},
+                    "parameters": params_of(t),
+                },
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+        schema = {
+            "type": "array",
+            "minItems": 1,
+            "items": items[0] if len(items) == 1 else {"anyOf": items},
+        }
+        if max_calls is not None:
+            schema["maxItems"] = max_calls
         return ToolPlan("required", defs, StructuredOutputsParams(json=schema))
     name = choice.function.name
     tool = next((t for t in tools if t.function.name == name), None)
     if tool is None:
-        raise APIError(400, f"tool_choice names function {name!r}, which is not in tools "
-                       f"({', '.join(names)})", param="tool_choice")
-    return ToolPlan("named", defs, StructuredOutputsParams(
-        json=_parameters(tool.function.parameters)), name=name)
+        raise APIError(
+            400,
+            f"tool_choice names function {name!r}, which is not in tools ({', '.join(names)})",
+            param="tool_choice",
+        )
+    return ToolPlan("named", defs, StructuredOutputsParams(json=params_of(tool)), name=name)
+
+
+def strict_response_format(
+    req: ChatCompletionRequest, options: ChatOptions
+) -> StructuredOutputsParams | None:
+    """A `strict: true` json_schema response format, compiled strictly (see the module
+    docstring); None for anything else (the request's own constraint applies unchanged)."""
+    rf = req.response_format
+    if not options.disable_additional_properties or rf is None or rf.type != "json_schema":
+        return None
+    if rf.json_schema is None or not rf.json_schema.strict:
+        return None
+    params = structured_outputs_of(req)  # the 400s for a malformed format
+    if params is None or params.json is None:
+        return None
+    return StructuredOutputsParams(
+        json=close_objects(params.json), whitespace_pattern=params.whitespace_pattern
+    )
 
 
 def _parameters(schema: dict | None) -> dict:
@@ -110,8 +165,10 @@ def _parameters(schema: dict | None) -> dict:
 
 
 def to_tool_calls(calls: list[ParsedToolCall]) -> list[ToolCall]:
-    return [ToolCall(id=tool_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
-            for c in calls]
+    return [
+        ToolCall(id=tool_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+        for c in calls
+    ]
 
 
 class ToolCallStreamer:
@@ -133,8 +190,7 @@ class ToolCallStreamer:
             out = self._array_calls(final=False) if mode == "required" else ParseResult()
         else:
             out = ParseResult(content=delta)
-        self.num_calls += len(out.calls)
-        return out
+        return self._count(out)
 
     def finish(self) -> ParseResult:
         mode = self.plan.mode
@@ -146,6 +202,13 @@ class ToolCallStreamer:
             out = ParseResult(calls=[ParsedToolCall(self.plan.name, self._buf)])
         else:
             out = ParseResult()
+        return self._count(out)
+
+    def _count(self, out: ParseResult) -> ParseResult:
+        """Count the calls emitted; past `max_calls` they are dropped."""
+        limit = self.plan.max_calls
+        if limit is not None:
+            del out.calls[max(0, limit - self.num_calls) :]
         self.num_calls += len(out.calls)
         return out
 
@@ -167,8 +230,9 @@ class ToolCallStreamer:
             except ValueError:
                 break
             if index >= self._emitted:
-                call = ParsedToolCall(obj.get("name", ""), json.dumps(
-                    obj.get("parameters", {}), ensure_ascii=False))
+                call = ParsedToolCall(
+                    obj.get("name", ""), json.dumps(obj.get("parameters", {}), ensure_ascii=False)
+                )
                 out.calls.append(call)
                 self._emitted += 1
             index += 1
@@ -177,6 +241,12 @@ class ToolCallStreamer:
 
 def delta_tool_calls(calls: list[ParsedToolCall], first_index: int) -> list[DeltaToolCall]:
     """Each complete call as one streamed delta (id, name and all its arguments)."""
-    return [DeltaToolCall(index=first_index + k, id=tool_call_id(), type="function",
-                          function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
-            for k, c in enumerate(calls)]
+    return [
+        DeltaToolCall(
+            index=first_index + k,
+            id=tool_call_id(),
+            type="function",
+            function=DeltaFunctionCall(name=c.name, arguments=c.arguments),
+        )
+        for k, c in enumerate(calls)
+    ]

@@ -254,9 +254,6 @@ def test_conversation_with_tool_calls_and_tool_results(server):
      "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice"),
-    # auto mode cannot hold the model to one call: refused, not silently ignored (#28)
-    ({"tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": False},
-     "parallel_tool_calls"),
 ])
 def test_bad_tool_requests_are_400(server, body, param):
     r = _post(server, "chat/completions", {"messages": MSGS, **body})

@@ -5,6 +5,8 @@ these check the wire shape and the grammar, not the model."""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Literal
 
 import httpx
@@ -121,3 +123,83 @@ def test_instructor_create_partial_in_tools_mode(client, model):
         max_retries=0,
     )
     assert isinstance(full, GetWeather) and full.unit == last.unit
+
+
+class Forecast(BaseModel):
+    """Weather in a city; LangChain leaves `additionalProperties` out of this schema."""
+
+    city: str = Field(max_length=8)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+def test_langchain_bind_tools_named_choice_gives_valid_calls(server, model):
+    # Compiled to the letter, the tiny model invents keys after the declared ones until
+    # max_tokens cuts the JSON (every seed here did): strict grammars by default (#32).
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        base_url=f"{server.base_url}/v1",
+        api_key="unused",
+        model=model,
+        max_tokens=60,
+        temperature=1.0,
+        max_retries=0,
+    )
+    bound = llm.bind_tools([Forecast], tool_choice="Forecast")
+    (tool,) = bound.kwargs["tools"]
+    assert "additionalProperties" not in json.dumps(tool["function"]["parameters"])
+    for seed in range(4):
+        msg = bound.invoke("Weather in Paris?", seed=seed)
+        assert not msg.invalid_tool_calls, msg.invalid_tool_calls
+        (call,) = msg.tool_calls
+        assert call["name"] == "Forecast" and set(call["args"]) == {"city", "unit"}
+
+
+def test_strict_response_format_admits_no_undeclared_keys(client, model):
+    schema = Forecast.model_json_schema()
+    assert "additionalProperties" not in schema
+    for seed in range(3):
+        out = client.chat.completions.create(
+            model=model,
+            messages=MSGS,
+            max_tokens=60,
+            temperature=1.0,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "f", "schema": schema, "strict": True},
+            },
+        )
+        assert set(json.loads(out.choices[0].message.content)) == {"city", "unit"}
+
+
+HERMES_TWO = (
+    '<tool_call>{"name": "GetWeather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+    '</tool_call><tool_call>{"name": "GetWeather", "arguments": {"city": "Rome", '
+    '"unit": "celsius"}}</tool_call>'
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_parallel_tool_calls_false_under_auto_keeps_the_first(client, model, stream):
+    # The tiny model is scripted (a regex) to write two Hermes calls.
+    body = dict(
+        model=model,
+        messages=MSGS,
+        max_tokens=300,
+        seed=1,
+        tools=[openai.pydantic_function_tool(GetWeather)],
+        tool_choice="auto",
+        extra_body={"structured_outputs": {"regex": re.escape(HERMES_TWO)}},
+    )
+    for parallel, cities in ((True, ["Paris", "Rome"]), (False, ["Paris"])):
+        if stream:
+            with client.chat.completions.stream(parallel_tool_calls=parallel, **body) as s:
+                for _ in s:
+                    pass
+                final = s.get_final_completion()
+        else:
+            final = client.chat.completions.create(parallel_tool_calls=parallel, **body)
+        calls = final.choices[0].message.tool_calls
+        assert [json.loads(c.function.arguments)["city"] for c in calls] == cities
+        assert final.choices[0].finish_reason == "tool_calls"
