@@ -61,6 +61,7 @@ from pagedllm.entrypoints.serving_messages import add_messages_routes
 from pagedllm.entrypoints.serving_models import ServingModels
 from pagedllm.entrypoints.serving_responses import add_responses_routes
 from pagedllm.entrypoints.template_sandbox import TemplateSandbox
+from pagedllm.entrypoints.tokenizer_info import add_tokenizer_info_route
 from pagedllm.lora.request import LoRARequest
 
 __all__ = ["bind_socket", "build_app", "run_server", "with_disconnect"]
@@ -199,6 +200,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         return DetokenizeResponse(prompt=base.tokenizer.decode(body.tokens)).model_dump()
 
     add_lora_routes(app, served)
+    if opts.enable_tokenizer_info_endpoint:
+        add_tokenizer_info_route(app, tokenizer)
     add_responses_routes(app, chat, ResponseStore(opts.max_stored_responses))
     add_messages_routes(app, chat)  # last: its error-shape middleware is the outermost
     without_422(app)

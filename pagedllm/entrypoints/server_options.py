@@ -29,6 +29,7 @@ class ServerOptions:
     limit_concurrency: int | None = 1024  # connections + requests; past it: 503
     allowed_hosts: list[str] | None = None  # Host header names (None: any)
     max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES  # /v1/responses store=true
+    enable_tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (tokenizer_info.py)
 
     def __post_init__(self) -> None:
         if self.max_stored_responses < 1:
@@ -85,6 +86,10 @@ def add_server_option_args(g: argparse._ArgumentGroup) -> None:
                    help="most /v1/responses results kept in memory for previous_response_id "
                    "and GET /v1/responses/{id}; past it the least recently used is dropped "
                    "(default %(default)s)")
+    g.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (vLLM's: the tokenizer's configuration, "
+                   "special tokens and chat template, e.g. for lm-eval's remote tokenizer); "
+                   "off by default, then it is 404")
     g.add_argument("--allowed-hosts", nargs="+", default=None, metavar="HOST",
                    help="accept only requests whose Host header names one of these (port "
                    "ignored; 400 otherwise), against DNS rebinding (default: any host)")

@@ -26,6 +26,7 @@ def server(tmp_path_factory, tiny_model_path):
             "16",
             "--max-logprobs",
             str(MAX_LOGPROBS),
+            "--enable-tokenizer-info-endpoint",
         ],
     )
     yield srv
@@ -226,3 +227,14 @@ def test_chat_prompt_logprobs(server, hf, tok):
         assert pl[p][str(ids[p])]["logprob"] == pytest.approx(float(ref[p - 1, ids[p]]), abs=1e-4)
     plain = ok(server, {"messages": messages, "max_tokens": 2}, "chat/completions")
     assert "prompt_logprobs" not in plain
+
+
+def test_lm_eval_remote_tokenizer(server, tok):
+    """lm-eval's tokenizer_backend=remote: /tokenizer_info, then /tokenize and /detokenize."""
+    from lm_eval.utils import RemoteTokenizer
+
+    remote = RemoteTokenizer(f"{server.base_url}/v1/completions")
+    text = "Remote tokenizers tokenize as the server does"
+    assert remote.encode(text) == tok.encode(text, add_special_tokens=False)
+    assert remote.decode(tok.encode(text)) == text
+    assert remote.eos_token == "</s>" and remote.eos_token_id == tok.eos_token_id
