@@ -45,8 +45,8 @@ def _check_tables(bm: BlockManager, req: Request, holders: list[int]) -> None:
             raise _error(f"{req} has computed tokens beyond its blocks ({group.kind} group)")
         nulls = len(table) - len(real)
         if nulls:
-            if group.window is None:
-                raise _error(f"{req}: the full-attention group's table has NULL_BLOCK")
+            if not group.drops_blocks:
+                raise _error(f"{req}: the {group.kind} group's table has NULL_BLOCK")
             if any(bm.is_null(b) for b in table[nulls:]):
                 raise _error(f"{req}: NULL_BLOCK entries are not a prefix of {table}")
             if nulls > group.first_useful_block(req.num_computed_tokens, bs):

@@ -59,7 +59,7 @@ class BlockManager:
         reserved = 1 if self.layout.frees_blocks else 0  # NULL_BLOCK
         if num_blocks < 1 + reserved:
             raise ValueError(f"num_blocks must be >= {1 + reserved}, got {num_blocks}")
-        if enable_caching and self.layout.groups[0].window is not None:
+        if enable_caching and self.layout.groups[0].drops_blocks:
             raise ValueError("prefix caching needs a full-attention KV group 0; this layout "
                              f"has only sliding-window layers ({self.layout.describe()})")
         self.num_blocks = num_blocks

@@ -39,23 +39,36 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class KVGroup:
-    """Layers sharing one block table; `window` None means full attention."""
+    """The KV spec of layers sharing one block table: their attention `window` (None: full
+    attention), which the attention backend's metadata builder reads, and whether blocks
+    that leave the window go back to the pool (`free_out_of_window`; False when every layer
+    shares one table though some are sliding: `--disable-hybrid-kv-cache-manager`, TP), which
+    the block manager reads. The pool's element type and shape are the same for every group
+    (`config.kv_cache.KVCacheSpec`): a block serves any group."""
 
     layers: tuple[int, ...]
     window: int | None = None
+    free_out_of_window: bool = True
 
     def __post_init__(self) -> None:
         if self.window is not None and self.window < 1:
             raise ValueError(f"sliding window must be >= 1, got {self.window}")
 
     @property
+    def drops_blocks(self) -> bool:
+        """Blocks before the window go back to the pool (NULL_BLOCK in the table)."""
+        return self.window is not None and self.free_out_of_window
+
+    @property
     def kind(self) -> str:
-        return "full" if self.window is None else f"sliding {self.window}"
+        if self.window is None:
+            return "full"
+        return f"sliding {self.window}" + ("" if self.free_out_of_window else " (keeps blocks)")
 
     def first_useful_block(self, num_computed: int, block_size: int) -> int:
         """Index of the first block that a step computing from position `num_computed` on
         (or any later step) reads; blocks before it can be freed."""
-        if self.window is None:
+        if not self.drops_blocks:
             return 0
         return max(0, num_computed - self.window + 1) // block_size
 
@@ -63,7 +76,7 @@ class KVGroup:
         """Most blocks a sequence of `seq_len` tokens holds in this group while a step
         computes `chunk` tokens (1 when decoding)."""
         full = cdiv(seq_len, block_size)
-        if self.window is None:
+        if not self.drops_blocks:
             return full
         return min(full, cdiv(self.window - 1 + chunk, block_size) + 1)
 
@@ -82,9 +95,19 @@ class KVGroupLayout:
             raise ValueError(f"a group holds more than {self.layers_per_block} layers")
 
     @classmethod
-    def single(cls, num_layers: int, window: int | None = None) -> KVGroupLayout:
-        """Every layer in one group (the layout when all layers attend alike)."""
-        return cls((KVGroup(tuple(range(num_layers)), window),), num_layers)
+    def single(cls, num_layers: int, window: int | None = None,
+               free_out_of_window: bool = True) -> KVGroupLayout:
+        """Every layer in one group (the layout when all layers attend alike, or when
+        one table must serve all of them: then `free_out_of_window=False`)."""
+        return cls((KVGroup(tuple(range(num_layers)), window, free_out_of_window),),
+                   num_layers)
+
+    @classmethod
+    def one_table(cls, windows: Sequence[int | None]) -> KVGroupLayout:
+        """Every layer in one group that keeps all its blocks; its window is the layers'
+        common one (None when they differ: the model then applies each layer's own)."""
+        common = windows[0] if len(set(windows)) == 1 else None
+        return cls.single(len(windows), common, free_out_of_window=False)
 
     @classmethod
     def from_windows(cls, windows: Sequence[int | None]) -> KVGroupLayout:
@@ -112,7 +135,7 @@ class KVGroupLayout:
     @property
     def frees_blocks(self) -> bool:
         """A group drops out-of-window blocks (so the pool reserves NULL_BLOCK)."""
-        return any(g.window is not None for g in self.groups)
+        return any(g.drops_blocks for g in self.groups)
 
     @property
     def num_layers(self) -> int:

@@ -47,7 +47,6 @@ class TPWorker:
                                             config.torch_device)
         self.model = None
         self.runner: ModelRunner | None = None  # once the KV shard is allocated
-        self.window: int | None = None
         self.attention_backend = None
 
     def load(self) -> None:
@@ -57,7 +56,7 @@ class TPWorker:
         ckpt = prepare_checkpoint(self.config)
         layout = TPLayout.for_model(ckpt.config, self.rank, self.config.tensor_parallel_size)
         parts = build_rank(self.config, ckpt, tp=(layout, self.group))
-        self.model, self.kv_spec, self.window = parts.model, parts.kv_spec, parts.window
+        self.model, self.kv_spec = parts.model, parts.kv_spec
         self.attention_backend = parts.attention_backend
         self.vocab_size = ckpt.config.vocab_size
 
@@ -67,8 +66,7 @@ class TPWorker:
         cache = CacheEngine(self.kv_spec, num_blocks, self.config.torch_device,
                             num_swap_blocks=num_swap_blocks)
         self.runner = ModelRunner(self.model, cache, self.attention_backend,
-                                  vocab_size=self.vocab_size, device=self.config.torch_device,
-                                  sliding_window=self.window)
+                                  vocab_size=self.vocab_size, device=self.config.torch_device)
 
     def execute(self, data: bytes) -> bool:
         """Replay one step of rank 0; False once rank 0 sent SHUTDOWN."""

@@ -2,7 +2,7 @@
 
     checkpoint (tokenizer, HF config)      open_checkpoint (worker/rank_builder + serving bits)
     TP ranks 1..N-1 start loading          distributed/executor.start_tensor_parallel
-    this rank's model, KV spec, window     rank_builder.build_rank
+    this rank's model, KV spec, backend    rank_builder.build_rank
     cross-feature decisions                plan.resolve_plan (logged once)
     KV budget -> blocks                    model_setup (+ plan.split_kv_budget for a draft)
     KV pool, block manager, scheduler      worker/cache_engine, core/
@@ -148,7 +148,7 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
         with startup.step("CUDA graphs"):
             graphs = cuda_graphs.for_engine(rank, cache, config, lora is not None)
     runner = ModelRunner(rank.model, cache, rank.attention_backend, vocab_size=hf.vocab_size,
-                         device=config.torch_device, sliding_window=rank.window,
+                         device=config.torch_device,
                          seed=config.seed, lora=lora, structured_output=structured,
                          tp_executor=executor, draft=draft, graphs=graphs)
     stats = EngineStats(max_lora=config.max_loras if lora else 0,

@@ -45,7 +45,7 @@ def resolve_plan(config: EngineConfig, hf_config, layout: KVGroupLayout) -> Engi
         logger.warning("prefix caching disabled: with dynamic NTK RoPE a key's rotation "
                        "depends on the length its sequence had when it was computed")
         caching = False
-    if caching and layout.groups[0].window is not None:
+    if caching and layout.groups[0].drops_blocks:
         logger.warning("prefix caching disabled: every layer has a sliding window whose "
                        "out-of-window blocks are freed (%s); pass "
                        "--disable-hybrid-kv-cache-manager to keep them and cache prefixes",

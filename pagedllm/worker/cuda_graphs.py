@@ -201,7 +201,8 @@ def for_engine(rank, cache, config, lora: bool) -> DecodeGraphs | None:
     graphs = DecodeGraphs(rank.model, cache.layer_caches, rank.attention_backend,
                           sizes=bucket_sizes(config.max_num_seqs),
                           max_blocks=-(-config.max_model_len // config.block_size),
-                          max_pos=config.max_model_len - 1, sliding_window=rank.window)
+                          max_pos=config.max_model_len - 1,
+                          sliding_window=rank.kv_spec.groups.groups[0].window)
     before = torch.cuda.memory_reserved(device)
     try:
         graphs.capture()

@@ -97,8 +97,7 @@ def profile_requests(num_tokens: int, max_num_seqs: int, max_model_len: int,
 
 @torch.inference_mode()
 def profile(model: nn.Module, spec: KVCacheSpec, config: EngineConfig, vocab_size: int,
-            attention_backend: PagedAttentionBackend,
-            sliding_window: int | None = None) -> GpuMemoryPlan:
+            attention_backend: PagedAttentionBackend) -> GpuMemoryPlan:
     """Run the profiling step on CUDA through the rank's attention backend and return the
     plan (see the module docstring)."""
     from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, SamplingRow
@@ -115,7 +114,7 @@ def profile(model: nn.Module, spec: KVCacheSpec, config: EngineConfig, vocab_siz
     scratch = CacheEngine(spec, blocks, device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    batch = build_inputs(scheduled, spec.block_size, attention_backend, sliding_window)
+    batch = build_inputs(scheduled, spec.block_size, attention_backend, layout=spec.groups)
     hidden = model(batch.input_ids, batch.positions, batch.max_pos, scratch.layer_caches,
                    batch.meta)
     logits = model.compute_logits(hidden[torch.as_tensor(batch.logits_indices, device=device)])

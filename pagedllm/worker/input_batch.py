@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.core.kv_groups import KVGroup, KVGroupLayout
 from pagedllm.core.scheduler_output import ScheduledRequest
 from pagedllm.model.layers.attention import AttentionMetadata
 from pagedllm.model.layers.attention_backends import BatchLayout, PagedAttentionBackend
@@ -42,9 +42,8 @@ class HostBatch:
     # The first `num_decode_reqs` requests run on the decode path, one row per query token
     # (speculative verification has 1 + k of them); None: those with one new token.
     num_decode_reqs: int | None = None
-    # KV groups 1.. (core/kv_groups.py): their [n, max_blocks] tables and windows.
+    # KV groups 1.. (core/kv_groups.py): their [n, max_blocks] tables.
     group_tables: list[np.ndarray] = field(default_factory=list)
-    group_windows: list[int | None] = field(default_factory=list)
 
 
 @dataclass
@@ -84,12 +83,12 @@ def _block_table(order: list[ScheduledRequest], width: int, group: int,
 
 
 def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
-                 backend: PagedAttentionBackend, sliding_window: int | None = None,
-                 tables: PersistentBatch | None = None,
+                 backend: PagedAttentionBackend, tables: PersistentBatch | None = None,
                  layout: KVGroupLayout | None = None) -> BatchInputs:
     """`backend` (the rank's attention backend) builds the metadata, on its device.
     `tables` keeps block tables across steps (only changes are copied); without it they
-    are built from the requests' block lists. `layout`: the KV groups (None: one)."""
+    are built from the requests' block lists. `layout`: the KV groups, whose specs give the
+    attention windows (None: one group of full attention)."""
     order = sorted(scheduled, key=_is_prefill)
     n = len(order)
     q_lens = np.fromiter((s.num_new_tokens for s in order), np.int64, n)
@@ -105,16 +104,17 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
     if layout is not None and layout.num_groups > 1:
         host.group_tables = [_block_table(order, max_blocks, g, tables)
                              for g in range(1, layout.num_groups)]
-        host.group_windows = [g.window for g in layout.groups[1:]]
-    inputs = inputs_from_host(host, block_size, backend, sliding_window)
+    inputs = inputs_from_host(host, block_size, backend, layout)
     inputs.order = order
     return inputs
 
 
 def inputs_from_host(host: HostBatch, block_size: int, backend: PagedAttentionBackend,
-                     sliding_window: int | None = None) -> BatchInputs:
+                     layout: KVGroupLayout | None = None) -> BatchInputs:
     """The device tensors and attention metadata of one forward pass (no request objects:
-    tensor-parallel workers call this on the arrays rank 0 sent)."""
+    tensor-parallel workers call this on the arrays rank 0 sent). The attention windows
+    are the KV groups' (`layout`; None: one group of full attention)."""
+    groups = layout.groups if layout is not None else (KVGroup(()),)
     ids, q_lens, starts, bt = host.input_ids, host.q_lens, host.starts, host.block_table
     n = len(q_lens)
     seq_lens = starts + q_lens
@@ -126,7 +126,8 @@ def inputs_from_host(host: HostBatch, block_size: int, backend: PagedAttentionBa
           else host.num_decode_reqs)  # decoding requests (drafts or not)
     meta = backend.build_metadata(
         BatchLayout(block_size, q_lens, seq_lens, cu, req_idx, positions, bt, nr,
-                    host.group_tables, host.group_windows), sliding_window)
+                    host.group_tables, [g.window for g in groups[1:]] if host.group_tables
+                    else [], groups[0].window))
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(backend.device)  # noqa: E731
     return BatchInputs(input_ids=to(ids), positions=to(positions),
                        max_pos=int(seq_lens.max()) - 1, meta=meta, order=[],

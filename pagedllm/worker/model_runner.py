@@ -49,7 +49,7 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, cache: CacheEngine,
                  attention_backend: PagedAttentionBackend, *, vocab_size: int,
-                 device: torch.device, sliding_window: int | None = None,
+                 device: torch.device,
                  seed: int = 0, structured_output=None, lora: LoRAManager | None = None,
                  tp_executor=None, draft=None, graphs=None) -> None:
         self.model = model
@@ -58,7 +58,6 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.device = device
         self.block_size = cache.spec.block_size
-        self.sliding_window = sliding_window
         # Unseeded random rows draw from this engine-seeded generator (vLLM seeds its RNG
         # from --seed), so a run's samples are reproducible given the engine seed.
         self.sampler = Sampler(make_generator(seed, device))
@@ -100,7 +99,7 @@ class ModelRunner:
         if host is None:
             return
         batch = inputs_from_host(host, self.block_size, self.attention_backend,
-                                 self.sliding_window)
+                                 self.cache.spec.groups)
         hidden = self._forward(batch, copies)
         for _ in logits_slices(self.model, hidden, list(logits_rows), self.vocab_size):
             pass
@@ -111,7 +110,7 @@ class ModelRunner:
             return None, SamplingPlan()
         self.batch.begin_step()
         batch = build_inputs(sched.scheduled, self.block_size, self.attention_backend,
-                             self.sliding_window, self.batch, self.cache.spec.groups)
+                             self.batch, self.cache.spec.groups)
         return batch, plan_sampling(batch)
 
     def _send_to_ranks(self, sched: SchedulerOutput, batch, row_index: list[int]) -> None:

@@ -86,16 +86,6 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def attention_window(hf_config, model: nn.Module) -> int | None:
-    """The model-wide sliding window the runner applies (None: none, or per-layer windows
-    that the model applies itself)."""
-    window = getattr(hf_config, "sliding_window", None)
-    if window is not None and (not getattr(hf_config, "use_sliding_window", True)
-                               or getattr(model, "per_layer_sliding_window", False)):
-        return None
-    return window
-
-
 def layer_windows(hf_config) -> list[int | None]:
     """Each layer's sliding window (None: full attention), as the model applies them:
     per layer for models that say so (Gemma 3), else the config's one window on every layer
@@ -125,7 +115,7 @@ def single_kv_group(config: EngineConfig) -> bool:
 def kv_layout(config: EngineConfig, windows: list[int | None]) -> KVGroupLayout:
     """The KV group layout of a model whose layers have these sliding windows."""
     if single_kv_group(config):
-        return KVGroupLayout.single(len(windows))
+        return KVGroupLayout.one_table(windows)
     return KVGroupLayout.from_windows(windows)
 
 

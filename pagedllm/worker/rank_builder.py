@@ -4,8 +4,8 @@ The same two calls start the engine (rank 0), every tensor-parallel rank > 0
 (distributed/worker.py) and the speculative draft model (speculative/draft_model.py)::
 
     ckpt  = prepare_checkpoint(config)     int8 auto settled, RoPE overrides, max_model_len
-    parts = build_rank(config, ckpt, tp)   the model (this rank's shard), its KV spec, window
-                                           and attention backend
+    parts = build_rank(config, ckpt, tp)   the model (this rank's shard), its KV spec (KV
+                                           groups with their windows), attention backend
 
 so what one of them loads, the others load the same way. The fronts (LLMEngine, the data-
 parallel router) open it with engine_builder.open_checkpoint, which adds what serving needs.
@@ -35,13 +35,12 @@ logger = logging.getLogger(__name__)
 class RankParts:
     """What one rank runs: its model (shard), the KV spec of its pool, the pool's planning
     spec (under TP the rank with the most KV heads, so every rank fits the same block
-    count), the model-wide sliding window the runner applies and the attention backend that
-    builds its metadata and runs its attention (model/layers/attention_backends/)."""
+    count; its KV groups carry the attention windows) and the attention backend that builds
+    its metadata and runs its attention (model/layers/attention_backends/)."""
 
     model: nn.Module
     kv_spec: KVCacheSpec
     plan_kv_spec: KVCacheSpec
-    window: int | None
     attention_backend: PagedAttentionBackend
 
 
@@ -78,5 +77,4 @@ def build_rank(config: EngineConfig, ckpt: Checkpoint, tp=None) -> RankParts:
     logger.info("attention backend: %s (%s queries, %s KV cache, head size %d)",
                 backend.name, config.torch_dtype, spec.dtype, spec.head_dim)
     return RankParts(model=model, kv_spec=spec, plan_kv_spec=plan_spec,
-                     window=model_setup.attention_window(ckpt.config, model),
                      attention_backend=backend)

@@ -55,6 +55,19 @@ def test_layouts_follow_vllm_grouping() -> None:
     assert KVGroup((0,), 8).first_useful_block(13, 4) == 1     # keys 6.. -> block 1
 
 
+def test_one_table_keeps_blocks_and_the_common_window() -> None:
+    """Every layer in one table (TP, --disable-hybrid-kv-cache-manager): the group keeps all
+    its blocks; its window is the layers' common one (attention applies it), else None."""
+    mistral = KVGroupLayout.one_table([24] * 4)
+    (g,) = mistral.groups
+    assert g.window == 24 and not g.drops_blocks and not mistral.frees_blocks
+    assert g.first_useful_block(100, 4) == 0 and g.max_blocks(100, 4) == 25
+    assert "keeps blocks" in g.kind
+    gemma = KVGroupLayout.one_table([16, 16, None, 16])
+    assert gemma.groups[0].window is None and not gemma.frees_blocks
+    assert KVGroupLayout.from_windows([24] * 4).groups[0].drops_blocks
+
+
 def test_prefix_caching_needs_a_full_group_zero() -> None:
     with pytest.raises(ValueError, match="prefix caching needs a full-attention KV group 0"):
         BlockManager(8, BS, enable_caching=True, layout=KVGroupLayout.single(2, WINDOW))

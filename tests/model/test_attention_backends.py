@@ -121,7 +121,7 @@ def test_unsuitable_name_is_a_value_error(no_triton):
         select_backend(CPU, F32, F32, 64, name="triton")
 
 
-def _layout(block_size=4, group_tables=(), group_windows=()):
+def _layout(block_size=4, group_tables=(), group_windows=(), window=None):
     """decodes r0 (position 17), r1 (position 4) | r2: a chunk of 3 after 5 cached tokens."""
     q_lens = np.array([1, 1, 3])
     starts = np.array([17, 4, 5])
@@ -130,11 +130,11 @@ def _layout(block_size=4, group_tables=(), group_windows=()):
     positions = np.arange(cu[-1]) - cu[:-1][req] + starts[req]
     table = np.array([[10, 11, 12, 13, 14], [20, 21, 0, 0, 0], [30, 31, 0, 0, 0]])
     return BatchLayout(block_size, q_lens, starts + q_lens, cu, req, positions, table, 2,
-                       list(group_tables), list(group_windows))
+                       list(group_tables), list(group_windows), window)
 
 
 def test_builder_lays_out_decodes_and_prefill_chunks(no_triton):
-    meta = TorchBackend(CPU).build_metadata(_layout(), sliding_window=16)
+    meta = TorchBackend(CPU).build_metadata(_layout(window=16))
     assert meta.backend.name == "torch" and meta.varlen is None and meta.groups is None
     assert meta.num_decodes == 2 and meta.sliding_window == 16
     # slot = table[pos // 4] * 4 + pos % 4

@@ -32,7 +32,8 @@ def test_greedy_batch_matches_hf(arch, request, make_llm, hf_reference) -> None:
 
 def test_gemma3_windows_are_per_layer(tiny_gemma3_dir, make_llm) -> None:
     llm = make_llm(tiny_gemma3_dir)
-    assert llm.llm_engine.runner.sliding_window is None   # not applied to every layer
+    groups = llm.llm_engine.kv_spec.groups.groups
+    assert groups[0].window is None  # group 0 (the metadata's default) is full attention
     windows = [layer.self_attn.window for layer in llm.llm_engine.model.model.layers]
     assert windows == [16, 16, None, 16]
 

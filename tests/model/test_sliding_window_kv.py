@@ -110,6 +110,10 @@ def test_mistral_sliding_window_frees_blocks_too(tiny_mistral_dir, make_llm,
     assert seen["freed_entries"] > 0
     keep = make_llm(tiny_mistral_dir, block_size=4, disable_hybrid_kv_cache_manager=True)
     assert keep.llm_engine.block_manager.enable_caching
+    # One table that keeps every block: its spec still carries the window attention applies.
+    (group,) = keep.llm_engine.block_manager.layout.groups
+    assert group.window == 24 and not group.drops_blocks
+    assert_matches_hf(keep, tiny_mistral_dir, hf_reference, PROMPTS)
 
 
 def test_ngram_speculation_with_freeing(tiny_gemma3_dir, make_llm, hf_reference) -> None:

@@ -87,7 +87,7 @@ def test_greedy_batch_matches_hf(arch, request, make_llm, hf_reference) -> None:
 
 def test_mistral_sliding_window_is_exercised(tiny_mistral_dir, make_llm) -> None:
     llm = make_llm(tiny_mistral_dir)
-    assert llm.llm_engine.runner.sliding_window == 24 < max(PROMPT_LENS)
+    assert llm.llm_engine.kv_spec.groups.groups[0].window == 24 < max(PROMPT_LENS)
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32, 64])

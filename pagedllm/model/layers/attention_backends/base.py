@@ -39,8 +39,9 @@ from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache, Var
 class BatchLayout:
     """The host arrays (numpy int64) of one forward pass that attention metadata is built
     from (module docstring). The first `num_decode_reqs` requests run on the decode path,
-    one row per query token; `group_tables` / `group_windows` are KV groups 1.. (group 0's
-    table is `block_table`; core/kv_groups.py)."""
+    one row per query token. `window` is KV group 0's attention window, `group_tables` /
+    `group_windows` those of groups 1.. (group 0's table is `block_table`; the windows come
+    from the KV groups' specs, core/kv_groups.py)."""
 
     block_size: int
     q_lens: np.ndarray         # [n]
@@ -52,6 +53,7 @@ class BatchLayout:
     num_decode_reqs: int
     group_tables: list[np.ndarray] = field(default_factory=list)
     group_windows: list[int | None] = field(default_factory=list)
+    window: int | None = None
 
     def slots(self, table: np.ndarray) -> np.ndarray:
         """[T] the flat slot of each token's K/V in the blocks `table` names."""
@@ -128,8 +130,7 @@ class PagedAttentionBackend(AttentionBackend):
     def _to(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
 
-    def build_metadata(self, layout: BatchLayout,
-                       sliding_window: int | None = None) -> AttentionMetadata:
+    def build_metadata(self, layout: BatchLayout) -> AttentionMetadata:
         """The metadata of one forward pass from its host arrays: slots, the decode rows'
         tables and lengths, the packed prefill rows' tables, offsets and lengths, and with
         several KV groups each group's slots and tables (`meta.groups`)."""
@@ -150,7 +151,7 @@ class PagedAttentionBackend(AttentionBackend):
             pre_lens = to(seq_lens[nr:])
         meta = AttentionMetadata(
             slot_mapping=to(layout.slots(bt)), num_decodes=nd, decode_block_tables=dec_bt,
-            decode_seq_lens=dec_lens, sliding_window=sliding_window,
+            decode_seq_lens=dec_lens, sliding_window=layout.window,
             prefill_block_tables=pre_bt, prefill_query_start=pre_qs, prefill_seq_lens=pre_lens,
             varlen=VarlenBatch(to(bt), to(seq_lens), to(cu.astype(np.int32)),
                                int(q_lens.max())) if self.whole_batch else None,
