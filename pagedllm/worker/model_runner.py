@@ -86,8 +86,9 @@ class ModelRunner:
         t2 = time.perf_counter()
         sampled = self._sample(logits, plan) if plan.rows else []
         t3 = time.perf_counter()
-        return RunnerOutput(sampled, scored, {"prepare": (t1 - t0) * 1e3, "forward": (t2 - t1) * 1e3,
-                                      "sample": (t3 - t2) * 1e3})
+        return RunnerOutput(sampled, scored, {"prepare": (t1 - t0) * 1e3,
+                                              "forward": (t2 - t1) * 1e3,
+                                              "sample": (t3 - t2) * 1e3})
 
     @torch.inference_mode()
     def replay(self, host, logits_rows, swap_out, swap_in, copies) -> None:
