@@ -6,8 +6,7 @@ requests: running requests first, in admission order, each `num_tokens - num_com
 new tokens (1 when decoding, a chunk of the prompt when prefilling) within what is left of the
 budget; then waiting requests while the budget, `max_num_seqs` and free blocks allow. A long
 prompt thus spreads over several steps (chunked prefill) while others keep decoding. An n > 1
-request fans out into n running sequences after its prompt (possibly more than
-`max_num_seqs` running; the ones past the cap keep their blocks and wait their turn).
+request fans out into n sequences after its prompt (those past `max_num_seqs` wait, blocks kept).
 
 When a running request needs a block and none is free, the most recently admitted running
 request is preempted by recompute (blocks freed, `num_computed_tokens` back to 0, front of the
@@ -225,12 +224,11 @@ class Scheduler:
     # ------------------------------------------------------- apply a result
     def update_from_output(self, sched: SchedulerOutput, out: RunnerOutput) -> StepUpdate:
         """Apply one step's result; the only place that does. The scheduled tokens' KV is
-        now computed (draft tokens excepted), filled blocks enter the prefix cache and scored
-        prompt positions keep their logprobs; each
-        sampling request gets its tokens appended (an n > 1 request first fans out into n
-        sequences), its accepted drafts committed and its rejected draft slots given back;
-        stop tokens, finished grammars and length limits finish and free it (core/
-        stop_checks.py). Stop strings are the output processor's: `apply_stop_strings`."""
+        computed (drafts excepted), full blocks enter the prefix cache, scored prompt
+        positions keep their logprobs; each sampling request gets its tokens (an n > 1
+        request fans out first), accepted drafts and freed rejected slots; stop tokens,
+        grammars and length finish and free it (stop_checks.py; stop strings: the output
+        processor's, `apply_stop_strings`)."""
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens
             self.block_manager.cache_full_blocks(s.request)
