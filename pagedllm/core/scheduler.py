@@ -206,9 +206,8 @@ class Scheduler:
                    key=lambda j: (self.running[j].priority, self.running[j].times.arrival, j))
 
     def _swap_in(self, out: SchedulerOutput, budget: int) -> int:
-        """Move swapped requests back to the running batch, oldest first, while the budget,
-        `max_num_seqs` and free blocks allow; each is scheduled in this step. Returns the
-        budget left."""
+        """Move swapped requests back to running, oldest first, while the budget, max_num_seqs
+        and free blocks allow; each is scheduled in this step. Returns the budget left."""
         while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.swapped[0]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
