@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from pagedllm.entrypoints.chat_options import ChatOptions
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.protocol import ChatCompletionRequest
 from pagedllm.entrypoints.tool_calls import plan_tools
@@ -59,18 +60,22 @@ def _req(**kw) -> ChatCompletionRequest:
 
 
 def test_plan_tools():
-    assert plan_tools(_req(tool_choice="none"), None, False).mode == "none"
+    off, hermes = ChatOptions(), ChatOptions("hermes", enable_auto_tool_choice=True)
+    assert plan_tools(_req(tool_choice="none"), off).mode == "none"
     with pytest.raises(APIError, match="enable-auto-tool-choice"):
-        plan_tools(_req(), None, False)  # tools without tool_choice mean auto
-    assert plan_tools(_req(), "hermes", True).parser is TOOL_PARSERS["hermes"]
-    plan = plan_tools(_req(tool_choice="required", parallel_tool_calls=False), None, False)
+        plan_tools(_req(), off)  # tools without tool_choice mean auto
+    assert plan_tools(_req(), hermes).parser is TOOL_PARSERS["hermes"]
+    plan = plan_tools(_req(tool_choice="required", parallel_tool_calls=False), off)
     schema = plan.structured.json
     assert schema["minItems"] == 1 and schema["maxItems"] == 1
     assert schema["items"]["properties"]["name"]["enum"] == ["f"]
     text = '[{"name": "f", "parameters": {"a": 3}}, {"name": "f", "parameters": {}}]'
     assert [(c.name, c.arguments) for c in plan.parse(text).calls] == [
         ("f", '{"a": 3}'), ("f", "{}")]
-    named = plan_tools(_req(tool_choice={"type": "function", "function": {"name": "f"}}),
-                       None, False)
+    named = plan_tools(_req(tool_choice={"type": "function", "function": {"name": "f"}}), off)
     assert named.structured.json["properties"]["a"] == {"type": "integer"}
+    assert named.structured.json["additionalProperties"] is False  # strict by default
+    exact = ChatOptions(disable_additional_properties=False)
+    named = plan_tools(_req(tool_choice={"type": "function", "function": {"name": "f"}}), exact)
+    assert "additionalProperties" not in named.structured.json
     assert [(c.name, c.arguments) for c in named.parse('{"a": 1}').calls] == [("f", '{"a": 1}')]
