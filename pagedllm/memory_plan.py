@@ -78,7 +78,7 @@ def parameter_counts(cfg: SimpleNamespace) -> tuple[int, int]:
     family = getattr(cfg, "model_type", "")
     if family in ("qwen3", "qwen3_moe"):  # q/k RMSNorm per head
         attn += 2 * hd
-    elif family == "olmoe":  # q/k RMSNorm over all heads
+    elif family in ("olmoe", "olmo2"):  # q/k RMSNorm over all heads
         attn += (heads + kv) * hd
     tied = getattr(cfg, "tie_word_embeddings", False)
     fixed = vocab * h * (1 if tied else 2) + layers * (attn + 2 * h) + h

@@ -6,14 +6,17 @@ from torch import nn
 
 from pagedllm.errors import ModelLoadError
 from pagedllm.model.models.gemma3 import Gemma3ForCausalLM
+from pagedllm.model.models.granite import GraniteForCausalLM
 from pagedllm.model.models.llama import LlamaForCausalLM
 from pagedllm.model.models.moe import (
     MixtralForCausalLM,
     Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM,
 )
+from pagedllm.model.models.olmo2 import Olmo2ForCausalLM
 from pagedllm.model.models.olmoe import OlmoeForCausalLM
 from pagedllm.model.models.qwen3 import Qwen3ForCausalLM
+from pagedllm.model.models.smollm3 import SmolLM3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -25,6 +28,9 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
 }
 
 

@@ -1,10 +1,15 @@
-"""Tiny random mixture-of-experts checkpoints (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE), saved
-by HF transformers with `save_pretrained` (per-expert tensors, as on the Hub).
+"""Tiny random checkpoints of the families beyond tests/conftest.py's, saved by HF
+transformers with `save_pretrained` (MoE experts as per-expert tensors, as on the Hub).
 
-Each has 4 experts with top-2 routing, 2 layers of hidden 64 and 2 KV heads of 16 (512 KV
-bytes per token in fp32, as the dense tiny models); Qwen2-MoE has its sigmoid-gated shared
-expert and one dense layer (`mlp_only_layers`), Qwen3-MoE renormalizes its top-k
-(`norm_topk_prob`), OLMoE clips q/k/v at 2 (which the normed q, k and the v rows exceed).
+All have 2 layers of hidden 64 and 2 KV heads of 16 (512 KV bytes per token in fp32, as the
+conftest's tiny models).
+
+MOE_FAMILIES: 4 experts with top-2 routing; Qwen2-MoE has its sigmoid-gated shared expert and
+one dense layer (`mlp_only_layers`), Qwen3-MoE renormalizes its top-k (`norm_topk_prob`),
+OLMoE clips q/k/v at 2 (which the normed q, k and the v rows exceed).
+DENSE_FAMILIES: OLMo 2 (post-norms, q/k norms over all heads), Granite 3 (all four
+multipliers away from 1; untied: with tied embeddings the x12 embedding makes the tiny model
+repeat its input token), SmolLM3 (layer 1 without RoPE).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ COMMON = dict(
     num_experts_per_tok=2,
 )
 
-FAMILIES = {
+MOE_FAMILIES = {
     "mixtral": (
         "MixtralConfig",
         "MixtralForCausalLM",
@@ -67,7 +72,29 @@ FAMILIES = {
 }
 
 
-def make_moe_checkpoint(
+DENSE_FAMILIES = {
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(intermediate_size=128)),
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(
+            intermediate_size=128,
+            embedding_multiplier=12.0,
+            residual_multiplier=0.22,
+            attention_multiplier=0.1,
+            logits_scaling=4.0,
+        ),
+    ),
+    "smollm3": (
+        "SmolLM3Config",
+        "SmolLM3ForCausalLM",
+        dict(intermediate_size=128, no_rope_layers=[1, 0]),
+    ),
+}
+FAMILIES = {**MOE_FAMILIES, **DENSE_FAMILIES}
+
+
+def make_family_checkpoint(
     path: Path,
     family: str,
     tokenizer,

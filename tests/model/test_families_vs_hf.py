@@ -1,9 +1,11 @@
-"""Mixture-of-experts families vs HF transformers on tiny random checkpoints (fp32, CPU).
+"""The families beyond Llama / Qwen / Gemma 3 vs HF transformers on tiny random checkpoints
+(fp32, CPU; tests/model/family_checkpoints.py).
 
-Mixtral, Qwen2-MoE (shared expert, a dense layer), Qwen3-MoE and OLMoE, each with 4 experts
-and top-2 routing (tests/model/moe_checkpoints.py): greedy tokens equal HF's for 8 prompts of
-1 ... 75 tokens through `LLM.generate`, also with chunked prefill and small blocks, with
-preemption and with prefix caching; logprobs within 1e-4 of HF's log_softmax.
+Mixture of experts: Mixtral, Qwen2-MoE (shared expert, a dense layer), Qwen3-MoE and OLMoE,
+each with 4 experts and top-2 routing. Dense: OLMo 2, Granite 3, SmolLM3. Greedy tokens equal
+HF's for 8 prompts of 1 ... 75 tokens through `LLM.generate`, also with chunked prefill and
+small blocks, with preemption and with prefix caching; logprobs within 1e-4 of HF's
+log_softmax.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from pagedllm import SamplingParams
 from pagedllm.errors import ModelLoadError
-from tests.model.moe_checkpoints import FAMILIES, make_moe_checkpoint
+from tests.model.family_checkpoints import FAMILIES, make_family_checkpoint
 from tests.model.test_vs_hf import (
     KV_BYTES_PER_TOKEN,
     MAX_TOKENS,
@@ -29,9 +31,9 @@ ALL = sorted(FAMILIES)
 
 
 @pytest.fixture(scope="module")
-def moe_dirs(tmp_path_factory, tiny_tokenizer):
+def family_dirs(tmp_path_factory, tiny_tokenizer):
     return {
-        family: make_moe_checkpoint(
+        family: make_family_checkpoint(
             tmp_path_factory.mktemp(family), family, tiny_tokenizer, seed=10 + i
         )
         for i, family in enumerate(ALL)
@@ -39,18 +41,18 @@ def moe_dirs(tmp_path_factory, tiny_tokenizer):
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_greedy_batch_matches_hf(family, moe_dirs, make_llm, hf_reference) -> None:
-    llm = make_llm(moe_dirs[family])
+def test_greedy_batch_matches_hf(family, family_dirs, make_llm, hf_reference) -> None:
+    llm = make_llm(family_dirs[family])
     steps = record_schedules(llm)
-    assert_matches_hf(llm, moe_dirs[family], hf_reference, PROMPTS)
+    assert_matches_hf(llm, family_dirs[family], hf_reference, PROMPTS)
     assert len(steps[0]) == len(PROMPTS)  # all prompts prefilled together in one step
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_chunked_prefill_small_blocks(family, moe_dirs, make_llm, hf_reference) -> None:
-    llm = make_llm(moe_dirs[family], block_size=8, max_num_batched_tokens=24)
+def test_chunked_prefill_small_blocks(family, family_dirs, make_llm, hf_reference) -> None:
+    llm = make_llm(family_dirs[family], block_size=8, max_num_batched_tokens=24)
     steps = record_schedules(llm)
-    assert_matches_hf(llm, moe_dirs[family], hf_reference, PROMPTS)
+    assert_matches_hf(llm, family_dirs[family], hf_reference, PROMPTS)
     assert max(sum(p.num_new_tokens for p in step) for step in steps) == 24
     assert any(
         any(p.is_prompt_chunk for p in step) and any(not p.is_prompt_chunk for p in step)
@@ -59,40 +61,40 @@ def test_chunked_prefill_small_blocks(family, moe_dirs, make_llm, hf_reference) 
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_preemption(family, moe_dirs, make_llm, hf_reference) -> None:
+def test_preemption(family, family_dirs, make_llm, hf_reference) -> None:
     llm = make_llm(
-        moe_dirs[family],
+        family_dirs[family],
         block_size=8,
         max_model_len=128,
         max_num_batched_tokens=16,
         kv_cache_memory=20 * 8 * KV_BYTES_PER_TOKEN,
     )
     assert llm.llm_engine.num_blocks == 20
-    assert_matches_hf(llm, moe_dirs[family], hf_reference, PROMPTS)
+    assert_matches_hf(llm, family_dirs[family], hf_reference, PROMPTS)
     assert llm.llm_engine.stats.num_preemptions_total > 0
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_prefix_caching(family, moe_dirs, make_llm, hf_reference) -> None:
+def test_prefix_caching(family, family_dirs, make_llm, hf_reference) -> None:
     """Prompts sharing a 48-token prefix, then the same prompts again: cache hits, HF's
     tokens every time."""
-    llm = make_llm(moe_dirs[family], block_size=8, max_num_batched_tokens=32)
+    llm = make_llm(family_dirs[family], block_size=8, max_num_batched_tokens=32)
     long = PROMPTS[-1]
     prompts = [long[:48] + [3 + extra] for extra in (0, 5, 17)]
     for _ in range(2):
-        assert_matches_hf(llm, moe_dirs[family], hf_reference, prompts)
+        assert_matches_hf(llm, family_dirs[family], hf_reference, prompts)
     assert llm.llm_engine.stats.prefix_cache_hits >= 3 * 48
 
 
 @pytest.mark.parametrize("family", ALL)
-def test_logprobs_within_1e4_of_hf(family, moe_dirs, make_llm, hf_reference) -> None:
+def test_logprobs_within_1e4_of_hf(family, family_dirs, make_llm, hf_reference) -> None:
     k = 5
-    llm = make_llm(moe_dirs[family], max_num_batched_tokens=16)
+    llm = make_llm(family_dirs[family], max_num_batched_tokens=16)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=k)
     prompts = [PROMPTS[2], PROMPTS[6]]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, out in zip(prompts, outputs, strict=True):
-        expected, ref = hf_reference.greedy(moe_dirs[family], prompt, MAX_TOKENS)
+        expected, ref = hf_reference.greedy(family_dirs[family], prompt, MAX_TOKENS)
         assert out.outputs[0].token_ids == expected
         for step, entry in enumerate(out.outputs[0].logprobs):
             top_values, top_ids = ref[step].topk(k)
@@ -101,13 +103,13 @@ def test_logprobs_within_1e4_of_hf(family, moe_dirs, make_llm, hf_reference) -> 
                 assert entry[tid].logprob == pytest.approx(value, abs=1e-4), f"step {step}"
 
 
-def test_stacked_expert_checkpoint_loads(tmp_path, moe_dirs, make_llm, hf_reference) -> None:
+def test_stacked_expert_checkpoint_loads(tmp_path, family_dirs, make_llm, hf_reference) -> None:
     """A checkpoint saved in HF transformers 5's in-memory layout (`experts.gate_up_proj`
     [E, 2I, H], `experts.down_proj` [E, H, I]) loads and generates as the per-expert one."""
     import transformers
     from safetensors.torch import save_file
 
-    source = moe_dirs["qwen2_moe"]
+    source = family_dirs["qwen2_moe"]
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     state = {n: t.contiguous() for n, t in model.state_dict().items()}
     assert "model.layers.0.mlp.experts.gate_up_proj" in state
@@ -125,11 +127,11 @@ def test_stacked_expert_checkpoint_loads(tmp_path, moe_dirs, make_llm, hf_refere
         assert out.outputs[0].token_ids == hf_reference.greedy(source, prompt, MAX_TOKENS)[0]
 
 
-def test_missing_expert_weight_is_a_load_error(tmp_path, moe_dirs, make_llm) -> None:
+def test_missing_expert_weight_is_a_load_error(tmp_path, family_dirs, make_llm) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    source = moe_dirs["mixtral"]
+    source = family_dirs["mixtral"]
     with safe_open(str(source / "model.safetensors"), framework="pt") as f:
         state = {n: f.get_tensor(n) for n in f.keys()}  # noqa: SIM118
     del state["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
@@ -140,14 +142,44 @@ def test_missing_expert_weight_is_a_load_error(tmp_path, moe_dirs, make_llm) -> 
         make_llm(tmp_path)
 
 
-def test_qwen2_moe_layers_follow_the_config(moe_dirs, make_llm) -> None:
+def test_qwen2_moe_layers_follow_the_config(family_dirs, make_llm) -> None:
     """mlp_only_layers=[1]: layer 0 is a MoE block with a gated shared expert, layer 1 a
     dense MLP of intermediate_size."""
     from pagedllm.model.layers.moe import FusedMoE
 
-    config = json.loads((moe_dirs["qwen2_moe"] / "config.json").read_text())
+    config = json.loads((family_dirs["qwen2_moe"] / "config.json").read_text())
     assert config["mlp_only_layers"] == [1]
-    layers = make_llm(moe_dirs["qwen2_moe"]).llm_engine.model.model.layers
+    layers = make_llm(family_dirs["qwen2_moe"]).llm_engine.model.model.layers
     assert isinstance(layers[0].mlp, FusedMoE) and not isinstance(layers[1].mlp, FusedMoE)
     assert layers[0].mlp.shared_expert_gate is not None
     assert layers[1].mlp.inter == config["intermediate_size"]
+
+
+def test_smollm3_layers_without_rope(family_dirs, make_llm) -> None:
+    layers = make_llm(family_dirs["smollm3"]).llm_engine.model.model.layers
+    assert [layer.self_attn.use_rope for layer in layers] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(use_sliding_window=True, sliding_window=16), "use_sliding_window"),
+        (dict(no_rope_layers=[1, 0, 1]), "no_rope_layers names 3 layers; the model has 2"),
+        (dict(mlp_bias=True), "mlp_bias"),
+    ],
+)
+def test_smollm3_refuses_what_it_does_not_run(
+    overrides, message, tmp_path, family_dirs, make_llm
+) -> None:
+    source = family_dirs["smollm3"]
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp_path / name)
+    config = json.loads((source / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **overrides}))
+    with pytest.raises(ModelLoadError, match=message):
+        make_llm(tmp_path)
+
+
+def test_quantized_experts_are_refused(family_dirs, make_llm) -> None:
+    with pytest.raises(ModelLoadError, match="quantized expert weights are not supported yet"):
+        make_llm(family_dirs["mixtral"], quantization="int8")
