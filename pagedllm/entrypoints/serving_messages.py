@@ -37,11 +37,17 @@ from pagedllm.entrypoints.protocol_anthropic import (
     MessagesRequest,
 )
 from pagedllm.entrypoints.serving_chat import OpenAIServingChat
-from pagedllm.entrypoints.sse_translate import TranslatedSSE, named_event
+from pagedllm.entrypoints.sse_translate import SSE_EVENT, TranslatedSSE, named_event
 
 # The same statuses as the OpenAI routes, declared with Anthropic's error body.
 MESSAGES_ERRORS = {
     status: {**spec, "model": AnthropicErrorResponse} for status, spec in POST_ERRORS.items()
+}
+
+
+STREAM_OR_JSON = {
+    "description": "the message (JSON), or its events (SSE) with stream=true",
+    "content": {"text/event-stream": {"schema": SSE_EVENT}},
 }
 
 
@@ -191,7 +197,7 @@ def add_messages_routes(app: FastAPI, chat: OpenAIServingChat) -> None:
     serving = AnthropicServingMessages(chat)
     app.add_middleware(AnthropicErrorShape)
 
-    @app.post("/v1/messages", responses=MESSAGES_ERRORS)
+    @app.post("/v1/messages", responses={**MESSAGES_ERRORS, 200: STREAM_OR_JSON})
     async def create_message(body: MessagesRequest, request: Request) -> Response:
         header_id = request.headers.get("x-request-id")
         return await with_disconnect(request, serving.create(body, header_id))

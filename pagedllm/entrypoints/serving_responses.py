@@ -30,8 +30,16 @@ from pagedllm.entrypoints.responses_convert import (
 )
 from pagedllm.entrypoints.responses_stream import ResponsesStream
 from pagedllm.entrypoints.serving_chat import OpenAIServingChat
-from pagedllm.entrypoints.sse_translate import TranslatedSSE
+from pagedllm.entrypoints.sse_translate import SSE_EVENT, TranslatedSSE
 
+# 200: the response object, or with "stream": true its event stream.
+CREATE_RESPONSES = {
+    **POST_ERRORS,
+    200: {
+        "description": "the response (JSON), or its events (SSE) with stream=true",
+        "content": {"text/event-stream": {"schema": SSE_EVENT}},
+    },
+}
 BY_ID_ERRORS = {
     **GET_ERRORS,
     404: {
@@ -102,13 +110,17 @@ class OpenAIServingResponses:
 def add_responses_routes(app: FastAPI, chat: OpenAIServingChat, store: ResponseStore) -> None:
     serving = OpenAIServingResponses(chat, store)
 
-    @app.post("/v1/responses", responses=POST_ERRORS)
+    @app.post("/v1/responses", responses=CREATE_RESPONSES)
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
         header_id = request.headers.get("x-request-id")
         return await with_disconnect(request, serving.create(body, header_id))
 
-    @app.get("/v1/responses/{response_id}", responses=BY_ID_ERRORS)
-    async def retrieve_response(response_id: str, request: Request) -> dict:
+    # One route for both methods, so that a 405 on the path lists both in Allow.
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], responses=BY_ID_ERRORS)
+    async def response_by_id(response_id: str, request: Request) -> dict:
+        """GET: the stored response; DELETE: forget it."""
+        if request.method == "DELETE":
+            return serving.delete(response_id)
         if request.query_params.get("stream", "false").lower() not in ("false", "0"):
             raise APIError(
                 400,
@@ -116,7 +128,3 @@ def add_responses_routes(app: FastAPI, chat: OpenAIServingChat, store: ResponseS
                 param="stream",
             )
         return serving.retrieve(response_id)
-
-    @app.delete("/v1/responses/{response_id}", responses=BY_ID_ERRORS)
-    async def delete_response(response_id: str) -> dict:
-        return serving.delete(response_id)

@@ -33,6 +33,14 @@ class ChunkConverter(Protocol):
         ...
 
 
+# One event as /openapi.json declares it for the streaming routes (schemathesis checks each).
+SSE_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}},
+}
+
+
 def named_event(event: str, payload: dict) -> str:
     """An SSE event with an `event:` line, as Anthropic and the Responses API send them."""
     return f"event: {event}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
@@ -43,7 +51,8 @@ class TranslatedSSE(Response):
 
     def __init__(self, inner: Response, converter: ChunkConverter) -> None:
         self.inner, self.converter = inner, converter
-        self.status_code, self.background = inner.status_code, None
+        self.status_code, self.raw_headers = inner.status_code, inner.raw_headers
+        self.background = None
         self._pending = ""
 
     async def __call__(self, scope, receive, send) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,12 @@ def pagedllm_server(model: str | None, args: list[str], log_path: Path,
     port = free_port()
     entry = (["-m", "pagedllm.entrypoints.cli"] if "PAGEDLLM_TEST_FAULTS" not in (env or {})
              else [str(Path(__file__).parents[1] / "fault_injection.py")])
+    if "PAGEDLLM_TEST_FAULTS" in (env or {}):
+        # The script's folder (tests/), not the checkout, heads its sys.path: name the
+        # checkout so that pagedllm imports without an (editable) install.
+        root = str(Path(__file__).parents[2])
+        env = {**env, "PYTHONPATH": os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     cmd = [sys.executable, *entry, "serve", *([model] if model else []), "--port", str(port),
            *args]
     return ServerProcess(cmd, port, log_path, env)

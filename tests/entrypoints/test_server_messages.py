@@ -11,9 +11,11 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
+from pydantic import BaseModel, Field
 from server_harness import TINY_SERVER_ARGS, start_server, wait_idle
 
 API_KEY = "sk-test-messages"
+FAULT = "FAULTOUT"  # a prompt with it fails inside the engine (tests/fault_injection.py)
 WEATHER = {
     "name": "get_weather",
     "description": "Weather in a city",
@@ -56,6 +58,7 @@ def server(tmp_path_factory, tiny_model_path):
             "--tool-call-parser",
             "hermes",
         ],
+        env={"PAGEDLLM_TEST_FAULTS": f"output={FAULT}"},
         name="messages",
     )
     yield srv
@@ -241,6 +244,54 @@ def test_tool_choice_any_is_valid_and_streams(client):
     assert any(e.type == "input_json" for e in events)
 
 
+def test_tool_choice_auto_runs_the_tool_parser(server, client):
+    # Unscripted, the tiny model writes no <tool_call>: the hermes parser passes it through as
+    # text, the same text the chat route returns for the same auto request.
+    tools = [WEATHER]
+    msg = client.messages.create(
+        model="tiny", max_tokens=8, messages=USER, tools=tools, extra_body=GREEDY
+    )
+    chat = _chat_text(
+        server,
+        model="tiny",
+        max_tokens=8,
+        **GREEDY,
+        messages=USER,
+        tool_choice="auto",
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": WEATHER["description"],
+                    "parameters": WEATHER["input_schema"],
+                },
+            }
+        ],
+    )
+    assert [b.type for b in msg.content] == ["text"]
+    assert msg.content[0].text == chat["choices"][0]["message"]["content"]
+
+
+class City(BaseModel):
+    name: str = Field(min_length=1, max_length=12)
+    population: int = Field(ge=0, le=10**8)
+
+
+def test_parse_with_output_format(client):
+    # The SDK sends the pydantic model as output_config.format: the chat route's structured
+    # output holds the tiny model to it.
+    msg = client.messages.parse(
+        model="tiny",
+        max_tokens=100,
+        messages=USER,
+        output_format=City,
+        extra_body={"temperature": 1.0},
+    )
+    assert isinstance(msg.parsed_output, City)
+    assert msg.stop_reason == "end_turn"
+
+
 def test_count_tokens_matches_create(client):
     tools = [WEATHER]
     counted = client.messages.count_tokens(model="tiny", messages=USER, system="Hi.", tools=tools)
@@ -339,6 +390,24 @@ def test_errors_through_the_sdk(server, client):
     # The OpenAI routes keep OpenAI's shape.
     r = httpx.post(f"{server.base_url}/v1/chat/completions", json={}, timeout=10)
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_engine_failure_is_an_anthropic_error(server, client):
+    msgs = [{"role": "user", "content": f"{FAULT} please"}]
+    r = _post(server, "/v1/messages", {"model": "tiny", "max_tokens": 5, "messages": msgs})
+    _anthropic_error(r, 500, "api_error")
+    # Streamed: the message starts, then an `error` event ends the stream (no message_stop).
+    r = _post(
+        server, "/v1/messages", {"model": "tiny", "max_tokens": 5, "messages": msgs, "stream": True}
+    )
+    events = _named_events(r.text)
+    assert [name for name, _ in events] == ["message_start", "ping", "error"]
+    assert events[-1][1]["type"] == "error" and events[-1][1]["error"]["type"] == "api_error"
+    with (
+        pytest.raises(anthropic.APIStatusError),
+        client.messages.stream(model="tiny", max_tokens=5, messages=msgs) as stream,
+    ):
+        stream.get_final_message()
 
 
 def test_no_blocks_leak(server):

@@ -33,6 +33,7 @@ WEATHER = {
 }
 GREEDY = {"temperature": 0}
 STORE_SIZE = 3
+FAULT = "FAULTOUT"  # a prompt with it fails inside the engine (tests/fault_injection.py)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def server(tmp_path_factory, tiny_model_path):
             "--max-stored-responses",
             str(STORE_SIZE),
         ],
+        env={"PAGEDLLM_TEST_FAULTS": f"output={FAULT}"},
         name="responses",
     )
     yield srv
@@ -299,6 +301,23 @@ def test_errors_through_the_sdk(client):
     assert err.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="tiny", input=[])
+
+
+def test_engine_failure_is_an_openai_error(server, client):
+    with pytest.raises(openai.InternalServerError):
+        client.responses.create(model="tiny", input=f"{FAULT} now", max_output_tokens=5)
+    # Streamed: created, in_progress, then `error` and response.failed (nothing stored).
+    with client.responses.stream(model="tiny", input=f"{FAULT} now", max_output_tokens=5) as stream:
+        events = list(stream)
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "error",
+        "response.failed",
+    ]
+    assert events[-1].response.status == "failed" and events[-1].response.error.message
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(events[0].response.id)
 
 
 def test_no_blocks_leak(server):
