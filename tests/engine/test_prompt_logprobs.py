@@ -175,3 +175,33 @@ def test_chunks_must_arrive_in_order():
         req.add_prompt_logprobs(2, [{4: None}])
     req.add_prompt_logprobs(1, [{3: None}, {4: None}])
     assert not req.prompt_scoring_pending
+
+
+def test_logits_in_bounded_slices(tiny_llama_dir, make_llm, hf_model, tiny_tokenizer, monkeypatch):
+    """Slices of 3 rows: sampling rows split over slices, a slice mixing sampling and prompt
+    rows, prompt rows over many slices; no compute_logits call sees more than 3 rows and the
+    results are those of one big slice."""
+    from pagedllm.worker import prompt_logprobs
+
+    monkeypatch.setattr(prompt_logprobs, "SLICE_ELEMENTS", 1)
+    monkeypatch.setattr(prompt_logprobs, "MIN_SLICE_ROWS", 3)
+    llm = make_llm(tiny_llama_dir, enable_prefix_caching=False)
+    model = llm.llm_engine.model
+    inner, sizes = model.compute_logits, []
+
+    def compute_logits(hidden):
+        sizes.append(hidden.shape[0])
+        return inner(hidden)
+
+    monkeypatch.setattr(model, "compute_logits", compute_logits)
+    ids = prompts(tiny_tokenizer)
+    plain = SamplingParams(temperature=0.0, max_tokens=4)
+    scored = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=TOP)
+    inputs = [{"prompt_token_ids": x} for x in ids]
+    outs = llm.generate(inputs + inputs, [plain] * 4 + [scored] * 4, use_tqdm=False)
+    assert max(sizes) == 3 and len(sizes) > 10
+    for out, x in zip(outs[4:], ids, strict=True):
+        check_against_hf(hf_model, x, out.prompt_logprobs, TOP)
+    monkeypatch.setattr(model, "compute_logits", inner)
+    alone = llm.generate(inputs, plain, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs[:4]] == [o.outputs[0].token_ids for o in alone]
