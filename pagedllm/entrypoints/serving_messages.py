@@ -52,6 +52,9 @@ STREAM_OR_JSON = {
 
 
 class AnthropicServingMessages:
+    """/v1/messages and /v1/messages/count_tokens over one `OpenAIServingChat` (its model
+    names, template, sampling and tool handling)."""
+
     def __init__(self, chat: OpenAIServingChat) -> None:
         self.chat = chat
 

@@ -50,6 +50,9 @@ BY_ID_ERRORS = {
 
 
 class OpenAIServingResponses:
+    """/v1/responses over one `OpenAIServingChat`, with `store` holding finished responses
+    for previous_response_id and GET / DELETE."""
+
     def __init__(self, chat: OpenAIServingChat, store: ResponseStore) -> None:
         self.chat, self.store = chat, store
 
