@@ -81,6 +81,8 @@ class OpenAIServingChat(ServingBase):
             req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
         )
         plan = plan_tools(req, self.chat_options)
+        if plan.parser is not None and plan.parser.special_tokens:
+            req.skip_special_tokens = False  # its markers are special tokens (as vLLM)
         structured = plan.structured or strict_response_format(req, self.chat_options)
         params = self.sampling_params(req, max_tokens, num_top, structured=structured)
         api_id, echoed_id = self.request_id("chatcmpl", req, header_id)

@@ -176,7 +176,7 @@ class ToolCallStreamer:
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
-        self.parser = plan.parser() if plan.parser is not None else None
+        self.parser = plan.parser(plan.tools) if plan.parser is not None else None
         self._buf = ""
         self._emitted = 0  # calls of a required-choice array emitted so far
         self.num_calls = 0

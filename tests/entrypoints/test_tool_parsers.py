@@ -15,19 +15,28 @@ from pagedllm.entrypoints.tool_parsers import TOOL_PARSERS
 
 TEXTS = {
     "hermes": [
-        ('Let me check. <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n'
-         '<tool_call>{"name": "g", "arguments": {"b": "x</tool_call>"}}</tool_call>',
-         "Let me check. ", [("f", {"a": 1}), ("g", {"b": "x</tool_call>"})]),
+        (
+            'Let me check. <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>\n'
+            '<tool_call>{"name": "g", "arguments": {"b": "x</tool_call>"}}</tool_call>',
+            "Let me check. ",
+            [("f", {"a": 1}), ("g", {"b": "x</tool_call>"})],
+        ),
         ("Just text, with a < sign and <tool", "Just text, with a < sign and <tool", []),
         ('<tool_call>{"name": "f", "arguments": {}}', "", [("f", {})]),  # unclosed at the end
-        ('x <tool_call>{not json}</tool_call> y', "x <tool_call>{not json}</tool_call> y", []),
-        ('<tool_call>{"name": "f", "arguments": "{\\"k\\": 2}"}</tool_call>', "",
-         [("f", {"k": 2})]),
+        ("x <tool_call>{not json}</tool_call> y", "x <tool_call>{not json}</tool_call> y", []),
+        (
+            '<tool_call>{"name": "f", "arguments": "{\\"k\\": 2}"}</tool_call>',
+            "",
+            [("f", {"k": 2})],
+        ),
     ],
     "llama3_json": [
         ('{"name": "f", "parameters": {"a": 1}}', "", [("f", {"a": 1})]),
-        ('<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "arguments": {"z": 0}}',
-         "", [("f", {}), ("g", {"z": 0})]),
+        (
+            '<|python_tag|>{"name": "f", "parameters": {}}; {"name": "g", "arguments": {"z": 0}}',
+            "",
+            [("f", {}), ("g", {"z": 0})],
+        ),
         ("Hello {there}", "Hello {there}", []),
         ('{"name": "f", "parameters": ', '{"name": "f", "parameters": ', []),
     ],
@@ -44,7 +53,7 @@ def test_parsers_whole_and_streamed(parser):
         for size in (1, 2, 5):
             p, got_content, got_calls = cls(), "", []
             for i in range(0, len(text), size):
-                r = p.feed(text[i:i + size])
+                r = p.feed(text[i : i + size])
                 got_content += r.content
                 got_calls += r.calls
             r = p.finish()
@@ -53,10 +62,14 @@ def test_parsers_whole_and_streamed(parser):
 
 
 def _req(**kw) -> ChatCompletionRequest:
-    tool = {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}}}}}
-    return ChatCompletionRequest(messages=[{"role": "user", "content": "x"}],
-                                 tools=[tool], **kw)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        },
+    }
+    return ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=[tool], **kw)
 
 
 def test_plan_tools():
@@ -71,7 +84,9 @@ def test_plan_tools():
     assert schema["items"]["properties"]["name"]["enum"] == ["f"]
     text = '[{"name": "f", "parameters": {"a": 3}}, {"name": "f", "parameters": {}}]'
     assert [(c.name, c.arguments) for c in plan.parse(text).calls] == [
-        ("f", '{"a": 3}'), ("f", "{}")]
+        ("f", '{"a": 3}'),
+        ("f", "{}"),
+    ]
     named = plan_tools(_req(tool_choice={"type": "function", "function": {"name": "f"}}), off)
     assert named.structured.json["properties"]["a"] == {"type": "integer"}
     assert named.structured.json["additionalProperties"] is False  # strict by default

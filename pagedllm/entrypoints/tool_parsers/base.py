@@ -1,15 +1,25 @@
 """Tool-call parsers for `tool_choice="auto"`: find the calls a model wrote in its own format.
 
-A parser is a streaming state machine (`feed` each text delta, then `finish`) that splits the
-text into content (passed through as it arrives, up to the first call) and complete calls
-(emitted when each one closes). The non-streamed answer runs the same machine over the whole
-text, so streamed deltas always reassemble to the non-streamed result.
+The plug-in contract: a subclass of `ToolParser` with a unique `name` (the `--tool-call-parser`
+value), constructed once per choice with the request's tool definitions, that implements
+`feed` (each text delta) and `finish` (end of the text). It splits the text into content
+(passed through as it arrives, up to the first call) and complete calls (emitted as each one
+closes). The non-streamed answer runs the same machine over the whole text, so streamed deltas
+always reassemble to the non-streamed result. Registering is the `@register_tool_parser`
+decorator; every module of this package is imported by `__init__`, so a new parser is one file.
+
+`TaggedToolParser` does the streaming for formats that wrap each call in start / end markers
+(a subclass gives the markers and `parse_call(body)`); `special_tokens = True` marks formats
+whose markers are special tokens (the server then keeps special tokens in the text).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {}
 
 
 @dataclass
@@ -32,6 +42,10 @@ class ToolParser:
     """Base: subclasses implement `feed` and `finish` (see the module docstring)."""
 
     name = ""
+    special_tokens = False  # its markers are special tokens: keep them in the text
+
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        self.tools = tools or []  # OpenAI tool definitions of the request
 
     def feed(self, delta: str) -> ParseResult:
         raise NotImplementedError
@@ -40,11 +54,97 @@ class ToolParser:
         raise NotImplementedError
 
     @classmethod
-    def parse(cls, text: str) -> ParseResult:
+    def parse(cls, text: str, tools: list[dict] | None = None) -> ParseResult:
         """The whole answer at once: content and calls."""
-        parser = cls()
+        parser = cls(tools)
         out = parser.feed(text)
         out.extend(parser.finish())
+        return out
+
+    def parameters_of(self, name: str) -> dict[str, Any]:
+        """The `properties` of tool `name`'s parameter schema ({} if unknown)."""
+        for t in self.tools:
+            fn = t.get("function", {})
+            if fn.get("name") == name:
+                return (fn.get("parameters") or {}).get("properties") or {}
+        return {}
+
+
+def register_tool_parser(cls: type[ToolParser]) -> type[ToolParser]:
+    """Class decorator: make `cls` the parser of `--tool-call-parser cls.name`."""
+    if not cls.name or cls.name in TOOL_PARSERS:
+        raise ValueError(f"tool parser name {cls.name!r} is empty or taken")
+    TOOL_PARSERS[cls.name] = cls
+    return cls
+
+
+class TaggedToolParser(ToolParser):
+    """Calls wrapped in markers: content until `calls_start` (or the first `call_start`),
+    then each `call_start ... call_end` body is handed to `parse_call`; text between calls
+    is dropped (as vLLM). A body that `parse_call` refuses is waited on (its end marker may
+    have been inside a string); an unclosed call at the end is parsed if it parses, and
+    returned as content otherwise, so nothing the model wrote is lost."""
+
+    calls_start = ""  # "" : the first call_start
+    call_start = ""
+    call_end = ""
+
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        super().__init__(tools)
+        self._buf = ""
+        self._in_calls = False  # past calls_start
+        self._raw = ""  # the text from the opener on (content, if no call parses)
+        self._in_call = False  # inside call_start ... (call_end)
+        self._seen_call = False
+
+    def parse_call(self, body: str) -> ParsedToolCall | None:
+        raise NotImplementedError
+
+    def feed(self, delta: str) -> ParseResult:
+        out = ParseResult()
+        self._buf += delta
+        if self._in_calls:
+            self._raw += delta
+        else:
+            opener = self.calls_start or self.call_start
+            i = self._buf.find(opener)
+            if i < 0:
+                cut = len(self._buf) - partial_suffix(self._buf, opener)
+                out.content, self._buf = self._buf[:cut], self._buf[cut:]
+                return out
+            out.content, self._buf = self._buf[:i], self._buf[i:]
+            self._raw, self._in_calls = self._buf, True
+            self._buf = self._buf[len(self.calls_start) :]
+        while True:
+            if not self._in_call:
+                i = self._buf.find(self.call_start)
+                if i < 0:  # keep what may be the start of a marker
+                    keep = partial_suffix(self._buf, self.call_start)
+                    self._buf = self._buf[len(self._buf) - keep :] if keep else ""
+                    return out
+                self._buf, self._in_call = self._buf[i + len(self.call_start) :], True
+            j = self._buf.find(self.call_end)
+            while j >= 0 and self.parse_call(self._buf[:j]) is None:
+                j = self._buf.find(self.call_end, j + 1)
+            if j < 0:
+                return out
+            out.calls.append(self.parse_call(self._buf[:j]))
+            self._seen_call = True
+            self._buf, self._in_call = self._buf[j + len(self.call_end) :], False
+
+    def finish(self) -> ParseResult:
+        out = ParseResult()
+        rest, self._buf = self._buf, ""
+        if not self._in_calls:
+            out.content = rest
+            return out
+        if self._in_call:  # unclosed at the end: a call if it parses
+            call = self.parse_call(rest)
+            if call is not None:
+                out.calls.append(call)
+                self._seen_call = True
+        if not self._seen_call:  # markers but no call: the text is content after all
+            out.content = self._raw
         return out
 
 
@@ -53,6 +153,11 @@ def call_from_json(obj: object) -> ParsedToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
+    return call_with_args(obj["name"], args)
+
+
+def call_with_args(name: str, args: object) -> ParsedToolCall | None:
+    """A call from a name and its arguments (an object, or its JSON text), else None."""
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -60,7 +165,7 @@ def call_from_json(obj: object) -> ParsedToolCall | None:
             return None
     if not isinstance(args, dict):
         return None
-    return ParsedToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    return ParsedToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
 def partial_suffix(text: str, marker: str) -> int:

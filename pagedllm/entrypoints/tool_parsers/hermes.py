@@ -16,15 +16,18 @@ from pagedllm.entrypoints.tool_parsers.base import (
     ToolParser,
     call_from_json,
     partial_suffix,
+    register_tool_parser,
 )
 
 START, END = "<tool_call>", "</tool_call>"
 
 
+@register_tool_parser
 class HermesToolParser(ToolParser):
     name = "hermes"
 
-    def __init__(self) -> None:
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        super().__init__(tools)
         self._buf = ""
         self._in_call = False
         self._seen_call = False
@@ -43,7 +46,7 @@ class HermesToolParser(ToolParser):
                     return out
                 if not self._seen_call:
                     out.content += self._buf[:i]
-                self._buf, self._in_call = self._buf[i + len(START):], True
+                self._buf, self._in_call = self._buf[i + len(START) :], True
             # The first END after which the body is a complete call ends it (an END inside a
             # JSON string does not); none yet: wait for more text.
             j = self._buf.find(END)
@@ -53,7 +56,7 @@ class HermesToolParser(ToolParser):
                 return out
             out.calls.append(_call(self._buf[:j]))
             self._seen_call = True
-            self._buf, self._in_call = self._buf[j + len(END):], False
+            self._buf, self._in_call = self._buf[j + len(END) :], False
 
     def finish(self) -> ParseResult:
         out = ParseResult()

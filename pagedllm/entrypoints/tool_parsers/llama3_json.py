@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import json
 
-from pagedllm.entrypoints.tool_parsers.base import ParseResult, ToolParser, call_from_json
+from pagedllm.entrypoints.tool_parsers.base import (
+    ParseResult,
+    ToolParser,
+    call_from_json,
+    register_tool_parser,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 
 
+@register_tool_parser
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
 
-    def __init__(self) -> None:
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        super().__init__(tools)
         self._buf = ""
         self._mode: str | None = None  # None: undecided; "content" | "calls"
 
