@@ -80,6 +80,8 @@ def parameter_counts(cfg: SimpleNamespace) -> tuple[int, int]:
         attn += 2 * hd
     elif family in ("olmoe", "olmo2"):  # q/k RMSNorm over all heads
         attn += (heads + kv) * hd
+    if family == "gemma2":  # norms before and after the MLP too
+        attn += 2 * h
     tied = getattr(cfg, "tie_word_embeddings", False)
     fixed = vocab * h * (1 if tied else 2) + layers * (attn + 2 * h) + h
     moe = MoESpec.from_config(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from pagedllm.errors import ModelLoadError
+from pagedllm.model.models.gemma2 import Gemma2ForCausalLM
 from pagedllm.model.models.gemma3 import Gemma3ForCausalLM
 from pagedllm.model.models.granite import GraniteForCausalLM
 from pagedllm.model.models.llama import LlamaForCausalLM
@@ -31,6 +32,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
 }
 
 

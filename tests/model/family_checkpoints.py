@@ -9,7 +9,8 @@ one dense layer (`mlp_only_layers`), Qwen3-MoE renormalizes its top-k (`norm_top
 OLMoE clips q/k/v at 2 (which the normed q, k and the v rows exceed).
 DENSE_FAMILIES: OLMo 2 (post-norms, q/k norms over all heads), Granite 3 (all four
 multipliers away from 1; untied: with tied embeddings the x12 embedding makes the tiny model
-repeat its input token), SmolLM3 (layer 1 without RoPE).
+repeat its input token), SmolLM3 (layer 1 without RoPE), Gemma 2 (a 16-token sliding
+window on layer 0, attention and final logit soft-capping that bite).
 """
 
 from __future__ import annotations
@@ -90,8 +91,24 @@ DENSE_FAMILIES = {
         "SmolLM3ForCausalLM",
         dict(intermediate_size=128, no_rope_layers=[1, 0]),
     ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            intermediate_size=128,
+            head_dim=16,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=8.0,
+        ),
+    ),
 }
 FAMILIES = {**MOE_FAMILIES, **DENSE_FAMILIES}
+# Matrices are scaled up so greedy decoding is decisive; Gemma's sqrt(hidden) embedding scale
+# and post-norms make x8 models (and tied embeddings) repeat one token.
+WEIGHT_SCALE = {"gemma2": 4.0}
 
 
 def make_family_checkpoint(
@@ -99,7 +116,7 @@ def make_family_checkpoint(
     family: str,
     tokenizer,
     seed: int = 0,
-    weight_scale: float = 8.0,
+    weight_scale: float | None = None,
     norm_jitter: float = 0.3,
     **overrides,
 ) -> Path:
@@ -108,6 +125,7 @@ def make_family_checkpoint(
     import transformers
 
     cfg_name, model_name, extra = FAMILIES[family]
+    weight_scale = weight_scale or WEIGHT_SCALE.get(family, 8.0)
     cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()

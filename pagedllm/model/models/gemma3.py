@@ -88,10 +88,12 @@ class Gemma3MLP(nn.Module):
 
 
 class Gemma3DecoderLayer(nn.Module):
+    attention_cls: type[nn.Module] = Gemma3Attention  # Gemma 2 swaps it (no q/k norms)
+
     def __init__(self, config, layer_type: str) -> None:
         super().__init__()
         self.layer_type = layer_type
-        self.self_attn = Gemma3Attention(config, layer_type)
+        self.self_attn = self.attention_cls(config, layer_type)
         self.mlp = Gemma3MLP(config)
         h, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = GemmaRMSNorm(h, eps)
@@ -109,6 +111,8 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3Model(nn.Module):
+    layer_cls: type[Gemma3DecoderLayer] = Gemma3DecoderLayer
+
     def __init__(self, config) -> None:
         super().__init__()
         _, _, head_dim = model_dims(config)
@@ -122,7 +126,7 @@ class Gemma3Model(nn.Module):
             raise ValueError("dynamic NTK RoPE is not supported for Gemma 3")
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = math.sqrt(config.hidden_size)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, t) for t in self.layer_types)
+        self.layers = nn.ModuleList(self.layer_cls(config, t) for t in self.layer_types)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, positions, max_pos, kv_caches, meta):
