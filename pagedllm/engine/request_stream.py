@@ -69,6 +69,8 @@ def _merge(into: RequestOutput, new: RequestOutput) -> None:
     into.outputs = [by_index[i] for i in sorted(by_index)]
     into.finished, into.metrics = new.finished, new.metrics
     into.num_cached_tokens = new.num_cached_tokens
+    if new.prompt_logprobs is not None:  # DELTA: only some outputs carry them
+        into.prompt_logprobs = new.prompt_logprobs
 
 
 class RequestStream:

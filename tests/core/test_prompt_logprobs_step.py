@@ -94,3 +94,38 @@ def test_output_processor_reports_them_once_complete(tiny_tokenizer) -> None:
     first, middle, final = (o.prompt_logprobs for o in outputs)
     assert first is not None and middle is None and final == first
     assert first[1][PROMPT[1]].decoded_token == tiny_tokenizer.decode([PROMPT[1]])
+
+
+def test_a_coalescing_stream_keeps_the_prompt_logprobs() -> None:
+    """A slow consumer gets a request's outputs folded into one (RequestStream.put): prompt
+    logprobs carried by only some of them (DELTA) survive the fold in either order."""
+    import asyncio
+
+    from pagedllm.engine.request_stream import EngineRequest, RequestStream
+    from pagedllm.outputs import CompletionOutput, RequestOutput
+
+    entries = [None, {11: Logprob(-0.5, 1)}]
+
+    def output(step: int, with_logprobs: bool) -> RequestOutput:
+        c = CompletionOutput(0, "", [], delta_token_ids=[step])
+        return RequestOutput(
+            "r",
+            None,
+            [10, 11],
+            [c],
+            finished=step == 2,
+            prompt_logprobs=entries if with_logprobs else None,
+        )
+
+    async def consume(order: list[bool]) -> list[RequestOutput]:
+        stream = RequestStream(
+            [EngineRequest("r", [10, 11], SamplingParams())], on_close=lambda *_: None
+        )
+        for step, flag in enumerate(order):
+            stream.put(output(step, flag))
+        return [o for outs in [x async for x in stream] for o in outs]
+
+    for order in ([True, False, True], [False, False, True], [True, False, False]):
+        (merged,) = asyncio.run(consume(order))
+        assert merged.prompt_logprobs == entries
+        assert merged.outputs[0].delta_token_ids == [0, 1, 2]

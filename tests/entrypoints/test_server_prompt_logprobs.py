@@ -238,3 +238,32 @@ def test_lm_eval_remote_tokenizer(server, tok):
     assert remote.encode(text) == tok.encode(text, add_special_tokens=False)
     assert remote.decode(tok.encode(text)) == text
     assert remote.eos_token == "</s>" and remote.eos_token_id == tok.eos_token_id
+
+
+def test_n_choices_and_streamed_score_only(server, hf, tok):
+    """n = 2 echoed choices share the prompt's columns; a streamed score-only request sends
+    the prompt with its logprobs, then only finish_reason "length"."""
+    ids = tok.encode("Two samples of one scored prompt")
+    out = ok(
+        server,
+        {
+            "prompt": ids,
+            "max_tokens": 2,
+            "n": 2,
+            "logprobs": 1,
+            "echo": True,
+            "seed": 7,
+            "ignore_eos": True,
+        },
+    )
+    ref = hf(ids)
+    for c in out["choices"]:
+        lp = c["logprobs"]
+        assert len(lp["tokens"]) == len(ids) + 2 and lp["token_logprobs"][0] is None
+        for p in range(1, len(ids)):
+            assert lp["token_logprobs"][p] == pytest.approx(float(ref[p - 1, ids[p]]), abs=1e-4)
+    r = post(server, {"prompt": ids, "max_tokens": 0, "logprobs": 1, "echo": True, "stream": True})
+    choices = [c for e in parse_sse(r.text) if e != "[DONE]" for c in e["choices"]]
+    assert choices[0]["text"] == tok.decode(ids)
+    assert choices[0]["logprobs"]["tokens"] == [token_str(tok, t) for t in ids]
+    assert [c["text"] for c in choices[1:]] == [""] and choices[-1]["finish_reason"] == "length"
