@@ -100,7 +100,7 @@ class PromptScorer:
         """The logits of the next `len(logits)` prompt rows."""
         a = len(self.entries)
         b = a + logits.shape[0]
-        k = max(self.top[a:b])
+        k = min(max(self.top[a:b]), logits.shape[-1])  # max_logprobs may pass a tiny vocab
         targets = torch.tensor(self.targets[a:b], device=logits.device)
         lp = Sampler.gather_logprobs(logits, targets, k)
         host = torch.cat(
