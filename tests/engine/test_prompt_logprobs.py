@@ -205,3 +205,20 @@ def test_logits_in_bounded_slices(tiny_llama_dir, make_llm, hf_model, tiny_token
     monkeypatch.setattr(model, "compute_logits", inner)
     alone = llm.generate(inputs, plain, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs[:4]] == [o.outputs[0].token_ids for o in alone]
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny_gemma3_dir", "tiny_qwen3_dir", "tiny_mistral_dir"])
+def test_other_families_match_hf(checkpoint, request, make_llm, tiny_tokenizer):
+    """Sliding windows shorter than the prompt (Gemma 3: 16 on 3 of 4 layers, Mistral: 24),
+    several KV groups, per-head q/k norms, chunks of 8."""
+    import transformers
+
+    model_dir = request.getfixturevalue(checkpoint)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    llm = make_llm(model_dir, block_size=8, max_num_batched_tokens=8)
+    ids = prompts(tiny_tokenizer)
+    ids = [ids[0] + ids[0], *ids]
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2)
+    outs = llm.generate([{"prompt_token_ids": x} for x in ids], params, use_tqdm=False)
+    for out, x in zip(outs, ids, strict=True):
+        check_against_hf(hf.eval(), x, out.prompt_logprobs, 2)
