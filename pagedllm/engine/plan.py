@@ -6,7 +6,7 @@ user's request is logged once, here. The start-up code reads the plan and never 
 cross-feature question itself:
 
     rule                                              decided by
-    prefix caching off with dynamic NTK RoPE          resolve_plan
+    prefix caching off with dynamic NTK RoPE          resolve_plan (and LongRoPE: the same rule)
     prefix caching off when every layer is sliding    resolve_plan (blocks leave the window)
     one KV group under tensor parallelism             model_setup.single_kv_group
     CUDA graphs only without speculation and TP       resolve_plan
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pagedllm.config import EngineConfig
 from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.model.layers.moe.spec import MoESpec
-from pagedllm.model.layers.rope_scaling import rope_parameters
+from pagedllm.model.layers.rope_scaling import LENGTH_DEPENDENT_ROPE_TYPES, rope_parameters
 from pagedllm.worker.model_setup import single_kv_group
 
 logger = logging.getLogger(__name__)
@@ -41,9 +41,10 @@ class EnginePlan:
 def resolve_plan(config: EngineConfig, hf_config, layout: KVGroupLayout) -> EnginePlan:
     """The plan for `config` on the model of `hf_config` whose KV is laid out as `layout`."""
     caching = config.enable_prefix_caching
-    if caching and rope_parameters(hf_config).get("rope_type") == "dynamic":
-        logger.warning("prefix caching disabled: with dynamic NTK RoPE a key's rotation "
-                       "depends on the length its sequence had when it was computed")
+    rope_type = rope_parameters(hf_config).get("rope_type")
+    if caching and rope_type in LENGTH_DEPENDENT_ROPE_TYPES:
+        logger.warning("prefix caching disabled: with %s RoPE a key's rotation depends on "
+                       "the length its sequence had when it was computed", rope_type)
         caching = False
     if caching and layout.groups[0].drops_blocks:
         logger.warning("prefix caching disabled: every layer has a sliding window whose "

@@ -51,7 +51,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    "None = the model's trained length")
     g.add_argument("--rope-scaling", type=_rope_scaling, default=None,
                    help="JSON replacing the model's rope scaling, e.g. "
-                   "'{\"rope_type\": \"yarn\", \"factor\": 4.0}' (linear, dynamic, yarn, llama3)")
+                   "'{\"rope_type\": \"yarn\", \"factor\": 4.0}' (linear, dynamic, yarn, llama3, longrope)")
     g.add_argument("--rope-theta", type=float, default=None, help="override the RoPE base")
     g.add_argument("--allow-long-max-model-len", action="store_true",
                    help="allow --max-model-len beyond the model's RoPE maximum (with a warning)")

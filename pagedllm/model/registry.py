@@ -16,6 +16,7 @@ from pagedllm.model.models.moe import (
 )
 from pagedllm.model.models.olmo2 import Olmo2ForCausalLM
 from pagedllm.model.models.olmoe import OlmoeForCausalLM
+from pagedllm.model.models.phi3 import Phi3ForCausalLM
 from pagedllm.model.models.qwen3 import Qwen3ForCausalLM
 from pagedllm.model.models.smollm3 import SmolLM3ForCausalLM
 
@@ -33,6 +34,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "GraniteForCausalLM": GraniteForCausalLM,
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 

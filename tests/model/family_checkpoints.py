@@ -10,7 +10,8 @@ OLMoE clips q/k/v at 2 (which the normed q, k and the v rows exceed).
 DENSE_FAMILIES: OLMo 2 (post-norms, q/k norms over all heads), Granite 3 (all four
 multipliers away from 1; untied: with tied embeddings the x12 embedding makes the tiny model
 repeat its input token), SmolLM3 (layer 1 without RoPE), Gemma 2 (a 16-token sliding
-window on layer 0, attention and final logit soft-capping that bite).
+window on layer 0, attention and final logit soft-capping that bite), Phi-3 (fused qkv / gate-up
+tensors; no sliding window: one on every layer turns prefix caching off).
 """
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ DENSE_FAMILIES = {
             attn_logit_softcapping=3.0,
             final_logit_softcapping=8.0,
         ),
+    ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(intermediate_size=128, sliding_window=None),
     ),
 }
 FAMILIES = {**MOE_FAMILIES, **DENSE_FAMILIES}

@@ -197,7 +197,8 @@ def test_overrides_replace_scaling_and_theta() -> None:
 @pytest.mark.parametrize(("bad", "match"), [
     ("{not json", "not valid JSON"),
     ('["yarn"]', "JSON object"),
-    ('{"rope_type": "longrope"}', "not supported"),
+    ('{"rope_type": "su"}', "not supported"),
+    ('{"rope_type": "longrope"}', "needs short_factor, long_factor"),
     ('{"rope_type": "linear"}', "needs factor"),
     ('{"rope_type": "llama3", "factor": 8}', "low_freq_factor"),
     ('{"rope_type": "dynamic", "factor": 0.5}', ">= 1"),

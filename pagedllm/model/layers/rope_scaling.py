@@ -19,15 +19,19 @@ from types import SimpleNamespace
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 _REQUIRED_KEYS = {
     "default": (),
     "linear": ("factor",),
     "dynamic": ("factor",),
     "yarn": (),  # factor may be left out: HF then uses max_position_embeddings / original
     "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+    "longrope": ("short_factor", "long_factor"),
 }
-_WITH_ORIGINAL_LEN = ("yarn", "llama3")  # HF fills original_max_position_embeddings for these
+# HF fills original_max_position_embeddings for these
+_WITH_ORIGINAL_LEN = ("yarn", "llama3", "longrope")
+# Frequencies that depend on the length a sequence reaches (rotary.RotaryEmbedding.is_dynamic)
+LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")
 DEFAULT_THETA = 10000.0
 _FULL = "full_attention"
 
@@ -172,13 +176,15 @@ def compute_inv_freq(dim: int, params: dict, max_position_embeddings: int,
                      seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """(inv_freq [dim/2] fp32 on CPU, attention factor multiplying cos/sin).
 
-    `seq_len` only matters for "dynamic": the sequence length the frequencies are for
-    (None or <= max_position_embeddings: the unscaled frequencies).
+    `seq_len` only matters for "dynamic" and "longrope": the sequence length the frequencies
+    are for (None or <= the original maximum: the unscaled / short-factor frequencies).
     """
     rope_type = params.get("rope_type", "default")
     base = params["rope_theta"]
     if rope_type == "dynamic":
         return _dynamic(dim, base, float(params["factor"]), max_position_embeddings, seq_len), 1.0
+    if rope_type == "longrope":
+        return _longrope(dim, base, params, max_position_embeddings, seq_len)
     if rope_type == "yarn":
         return _yarn(dim, base, params, max_position_embeddings)
     inv_freq = _default(dim, base)
@@ -207,6 +213,28 @@ def _dynamic(dim: int, base: float, factor: float, max_len: int,
     length = torch.tensor(seq_len, dtype=torch.int64)
     scaled_base = base * ((factor * length / max_len) - (factor - 1)) ** (dim / (dim - 2))
     return _default(dim, scaled_base)
+
+
+def _longrope(dim: int, base: float, cfg: dict, max_position_embeddings: int,
+              seq_len: int | None) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3 / Phi-4): per-frequency divisors, `long_factor` for a sequence longer
+    than original_max_position_embeddings, else `short_factor`; cos/sin scaled by
+    sqrt(1 + ln(factor) / ln(original)) unless `attention_factor` is given."""
+    original = cfg["original_max_position_embeddings"]
+    factor = cfg.get("factor")
+    if factor is None:  # Phi-3 states the extended length in max_position_embeddings
+        factor = max_position_embeddings / original
+    attention_factor = cfg.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (1.0 if factor <= 1.0
+                            else math.sqrt(1 + math.log(factor) / math.log(original)))
+    ext = cfg["long_factor"] if seq_len and seq_len > original else cfg["short_factor"]
+    if len(ext) != dim // 2:
+        raise ValueError(f"longrope factors must have rotary_dim / 2 = {dim // 2} entries; got "
+                         f"{len(ext)}")
+    ext_factors = torch.tensor(ext, dtype=torch.float32)
+    inv_freq_shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (ext_factors * base**inv_freq_shape), attention_factor
 
 
 def _yarn(dim: int, base: float, cfg: dict, max_position_embeddings: int

@@ -23,6 +23,10 @@ HF's padded batches, which use the batch-wide maximum), and nothing is kept betw
 in the cache keep the rotation they were written with, as in HF; so results depend on how
 the prompt was chunked (as HF's depend on prefill_chunk_size), a preempted sequence's
 recomputed keys can differ from the first ones, and prefix caching is off for this type.
+
+LongRoPE (Phi-3 / Phi-4) follows the same rule: HF picks the long factors for a forward call
+whose `max(position_ids) + 1` exceeds original_max_position_embeddings, so here a sequence
+gets them in the steps where its length does (the table holds the short factors).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from torch import nn
 from pagedllm.kernels import cpu_ops
 from pagedllm.kernels import triton as triton_ops
 from pagedllm.model.layers.rope_scaling import (
+    LENGTH_DEPENDENT_ROPE_TYPES,
     compute_inv_freq,
     rope_max_len,
     rope_parameters,
@@ -58,7 +63,11 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rotary_dim(head_dim, params)
         self.max_position_embeddings = max_position_embeddings
         self.max_len = max_len or max_position_embeddings
-        self.is_dynamic = params.get("rope_type") == "dynamic"
+        self.is_dynamic = params.get("rope_type") in LENGTH_DEPENDENT_ROPE_TYPES
+        # The length past which a sequence's frequencies change.
+        self.scaled_from = int(params.get("original_max_position_embeddings")
+                               if params.get("rope_type") == "longrope"
+                               else max_position_embeddings)
         # Plain tensors, not buffers: the model is built on the meta device and these must be
         # real; they are computed on the CPU and moved to the device of the positions.
         with torch.device("cpu"):
@@ -88,7 +97,7 @@ class RotaryEmbedding(nn.Module):
                seq_lens: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 [T, rotary_dim]: cos of the rotary_dim / 2 frequencies, then their sin.
 
-        `seq_lens` [T] (dynamic NTK only): the length each token's sequence reaches in this
+        `seq_lens` [T] (dynamic NTK, LongRoPE): the length each token's sequence reaches in this
         forward call (see `sequence_lengths`); None means `max_pos + 1` for every token.
         """
         halves = self._table(max_pos + 1, positions.device)[positions]
@@ -106,7 +115,7 @@ class RotaryEmbedding(nn.Module):
         """Overwrite the rows of tokens whose sequence is past the original maximum."""
         if seq_lens is None:
             seq_lens = torch.full_like(positions, max_pos + 1)
-        long = seq_lens > self.max_position_embeddings
+        long = seq_lens > self.scaled_from
         if not bool(long.any()):
             return halves
         lengths, inverse = torch.unique(seq_lens[long].cpu(), return_inverse=True)
@@ -117,7 +126,8 @@ class RotaryEmbedding(nn.Module):
             for n in lengths.tolist()]).to(positions.device)
         freqs = positions[long].float()[:, None] * inv_freq[inverse.to(positions.device)]
         halves = halves.clone()
-        halves[long] = torch.cat([freqs.cos(), freqs.sin()], -1)
+        scale = self.attention_scaling  # LongRoPE's; 1.0 for dynamic NTK
+        halves[long] = torch.cat([freqs.cos() * scale, freqs.sin() * scale], -1)
         return halves
 
     @staticmethod
