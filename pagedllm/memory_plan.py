@@ -80,7 +80,7 @@ def parameter_counts(cfg: SimpleNamespace) -> tuple[int, int]:
         attn += 2 * hd
     elif family in ("olmoe", "olmo2"):  # q/k RMSNorm over all heads
         attn += (heads + kv) * hd
-    if family == "gemma2":  # norms before and after the MLP too
+    if family in ("gemma2", "glm4"):  # two more norms per layer (after the sublayers)
         attn += 2 * h
     tied = getattr(cfg, "tie_word_embeddings", False)
     fixed = vocab * h * (1 if tied else 2) + layers * (attn + 2 * h) + h

@@ -7,6 +7,7 @@ from torch import nn
 from pagedllm.errors import ModelLoadError
 from pagedllm.model.models.gemma2 import Gemma2ForCausalLM
 from pagedllm.model.models.gemma3 import Gemma3ForCausalLM
+from pagedllm.model.models.glm4 import Glm4ForCausalLM
 from pagedllm.model.models.granite import GraniteForCausalLM
 from pagedllm.model.models.llama import LlamaForCausalLM
 from pagedllm.model.models.moe import (
@@ -35,6 +36,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Glm4ForCausalLM": Glm4ForCausalLM,
 }
 
 

@@ -11,7 +11,8 @@ DENSE_FAMILIES: OLMo 2 (post-norms, q/k norms over all heads), Granite 3 (all fo
 multipliers away from 1; untied: with tied embeddings the x12 embedding makes the tiny model
 repeat its input token), SmolLM3 (layer 1 without RoPE), Gemma 2 (a 16-token sliding
 window on layer 0, attention and final logit soft-capping that bite), Phi-3 (fused qkv / gate-up
-tensors; no sliding window: one on every layer turns prefix caching off).
+tensors; no sliding window: one on every layer turns prefix caching off), GLM-4 (interleaved
+partial RoPE, sandwich norms, q/k/v biases).
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ DENSE_FAMILIES = {
         "Phi3Config",
         "Phi3ForCausalLM",
         dict(intermediate_size=128, sliding_window=None),
+    ),
+    "glm4": (
+        "Glm4Config",
+        "Glm4ForCausalLM",
+        dict(intermediate_size=128, head_dim=16, attention_bias=True),
     ),
 }
 FAMILIES = {**MOE_FAMILIES, **DENSE_FAMILIES}

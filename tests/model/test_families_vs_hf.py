@@ -184,3 +184,31 @@ def test_smollm3_refuses_what_it_does_not_run(
 def test_quantized_experts_are_refused(family_dirs, make_llm) -> None:
     with pytest.raises(ModelLoadError, match="quantized expert weights are not supported yet"):
         make_llm(family_dirs["mixtral"], quantization="int8")
+
+
+def test_glm4_interleaved_rope_is_rotate_half_on_reordered_rows() -> None:
+    """HF GLM's interleaved rotation of a head equals Llama's rotate-half rotation of the
+    head with its rows in `half_rotation_order` (partial: the last 8 of 16 features pass)."""
+    from transformers.models.glm4.modeling_glm4 import apply_rotary_pos_emb
+
+    from pagedllm.model.layers.rotary import RotaryEmbedding
+    from pagedllm.model.models.glm4 import half_rotation_order
+
+    order = half_rotation_order(16, 8)
+    assert order.tolist() == [0, 2, 4, 6, 1, 3, 5, 7, *range(8, 16)]
+    rotary = RotaryEmbedding(
+        16, {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}, 128
+    )
+    positions = torch.arange(5, 40)
+    cos, sin = rotary.cos_sin(positions, 39)  # [T, 1, 8] halves layout
+    x = torch.randn(len(positions), 3, 16)  # [T, heads, head_dim]
+    q = x.transpose(0, 1).unsqueeze(0)  # HF: [1, heads, T, d]
+    want, _ = apply_rotary_pos_emb(q, q, cos.squeeze(1)[None], sin.squeeze(1)[None])
+    want = want[0].transpose(0, 1)
+    got = RotaryEmbedding.apply(x[..., order], cos, sin)
+    torch.testing.assert_close(got, want[..., order])
+
+
+def test_glm4_refuses_quantized_qk(family_dirs, make_llm) -> None:
+    with pytest.raises(ModelLoadError, match="q/k rows are reordered at load"):
+        make_llm(family_dirs["glm4"], quantization="int8")
