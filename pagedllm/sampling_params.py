@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from pagedllm.structured_output.params import StructuredOutputsParams
+from pagedllm.structured_output.thinking import ThinkingParams
 
 __all__ = ["SamplingParams", "SamplingType", "StructuredOutputsParams"]
 
@@ -72,6 +73,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    # where a reasoning model's thinking ends: the grammar starts after it and
+    # thinking_token_budget caps it (set by the server's --reasoning-parser)
+    thinking: ThinkingParams | None = None
     bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +145,9 @@ class SamplingParams:
         if so is not None and not isinstance(so, StructuredOutputsParams):
             raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(so).__name__}")
+        if self.thinking is not None and not isinstance(self.thinking, ThinkingParams):
+            raise ValueError("thinking must be a ThinkingParams, got "
+                             f"{type(self.thinking).__name__}")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError(f"logit_bias must be a dict of token id -> bias, got "

@@ -21,6 +21,7 @@ from pagedllm.lora.request import LoRARequest
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output.manager import StructuredOutputManager
+from pagedllm.structured_output.thinking_gate import ThinkingGate
 
 
 class RequestIntake:
@@ -94,6 +95,8 @@ class RequestIntake:
         adapter = self.load_lora(lora_request) if lora_request is not None else None
         grammar = (None if params.structured_outputs is None  # GrammarCompileError: ValueError
                    else self.structured_output.grammar_for(params.structured_outputs))
+        if params.thinking is not None:  # the grammar waits for the thinking to end
+            grammar = ThinkingGate(grammar, params.thinking)
         generators = (None if params.seed is None else
                       [make_generator(params.seed + i, config.torch_device)
                        for i in range(params.n)])

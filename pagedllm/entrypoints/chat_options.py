@@ -1,9 +1,11 @@
 """How /v1/chat/completions reads a model's output (`ChatOptions`) and their `serve` flags
-(vLLM's names): which tool-call parser `tool_choice="auto"` uses, and whether tool calls and
+(vLLM's names): which tool-call parser `tool_choice="auto"` uses, which reasoning parser
+splits thinking from the answer (chat_reasoning.py), and whether tool calls and
 `strict: true` JSON schemas are compiled strictly (no undeclared object keys, see
 structured_output/strict_schema.py).
 
     --enable-auto-tool-choice --tool-call-parser NAME       NAME: a key of TOOL_PARSERS
+    --reasoning-parser NAME                                 NAME: a key of REASONING_PARSERS
     --structured-outputs-config '{"disable_additional_properties": false}'   spec-exact schemas
     --structured-outputs-config.disable_additional_properties false          (the same)
 """
@@ -14,6 +16,7 @@ import argparse
 import json
 from dataclasses import dataclass
 
+from pagedllm.entrypoints.reasoning_parsers import REASONING_PARSERS
 from pagedllm.entrypoints.tool_parsers import TOOL_PARSERS
 
 # --structured-outputs-config keys: llguidance is the one backend (vLLM's "guidance").
@@ -27,12 +30,18 @@ class ChatOptions:
     # True (default): tool calls and strict json_schema formats admit no undeclared keys
     # where the schema says nothing of additionalProperties; False: JSON Schema to the letter.
     disable_additional_properties: bool = True
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_PARSERS:
             raise ValueError(
                 f"unknown tool call parser {self.tool_call_parser!r}; known: "
                 f"{', '.join(sorted(TOOL_PARSERS))}"
+            )
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"unknown reasoning parser {self.reasoning_parser!r}; known: "
+                f"{', '.join(sorted(REASONING_PARSERS))}"
             )
 
     @classmethod
@@ -44,6 +53,7 @@ class ChatOptions:
             tool_call_parser=args.tool_call_parser,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
             disable_additional_properties=strict,
+            reasoning_parser=args.reasoning_parser,
         )
 
 
@@ -97,6 +107,13 @@ def add_chat_option_args(g: argparse._ArgumentGroup) -> None:
         default=None,
         choices=sorted(TOOL_PARSERS),
         help="format of the model's tool calls for tool_choice auto",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        help="split the model's thinking into reasoning_content (and `reasoning`); "
+        "structured output and tool calls then start after it, thinking_token_budget caps it",
     )
     g.add_argument(
         "--structured-outputs-config",

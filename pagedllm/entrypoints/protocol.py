@@ -209,8 +209,9 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     UNSUPPORTED: ClassVar[dict[str, Any]] = {
-        **SamplingFields.UNSUPPORTED, "audio": None, "modalities": None, "functions": None,
-        "function_call": None, "web_search_options": None, "reasoning_effort": None,
+        **{k: v for k, v in SamplingFields.UNSUPPORTED.items() if k != "thinking_token_budget"},
+        "audio": None, "modalities": None, "functions": None,
+        "function_call": None, "web_search_options": None,
         "verbosity": None, "documents": None, "continue_final_message": False,
         "echo": False, "mm_processor_kwargs": None}
     audio: Any = None
@@ -218,7 +219,11 @@ class ChatCompletionRequest(SamplingFields):
     functions: Any = None
     function_call: Any = None
     web_search_options: Any = None
-    reasoning_effort: Any = None
+    # reasoning (chat_reasoning.py): the effort reaches the chat template; the budget caps
+    # the thinking (needs --reasoning-parser); include_reasoning=false drops its text
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    thinking_token_budget: int | None = Field(default=None, ge=0)
+    include_reasoning: bool = True
     verbosity: Any = None
     documents: Any = None
     continue_final_message: Any = False

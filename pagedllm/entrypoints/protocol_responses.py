@@ -18,11 +18,32 @@ class PromptTokensDetails(OpenAIBaseModel):
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
+class CompletionTokensDetails(OpenAIBaseModel):
+    reasoning_tokens: int = 0  # output tokens inside the thinking (--reasoning-parser)
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None  # reasoning models only
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_details(self, handler):
+        data = handler(self)
+        if data.get("completion_tokens_details") is None:
+            data.pop("completion_tokens_details", None)
+        return data
+
+
+def _drop_unset_reasoning(data: dict) -> dict:
+    """Reasoning fields appear only with a reasoning parser (`reasoning` is vLLM's newer
+    name of `reasoning_content`; both are sent)."""
+    for key in ("reasoning_content", "reasoning"):
+        if key in data and data[key] is None:
+            del data[key]
+    return data
 
 
 class CompletionLogprobs(OpenAIBaseModel):
@@ -92,7 +113,13 @@ class ChatLogprobs(OpenAIBaseModel):
 class AssistantMessage(OpenAIBaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _reasoning(self, handler):
+        return _drop_unset_reasoning(handler(self))
 
 
 class ChatChoice(OpenAIBaseModel):
@@ -146,6 +173,8 @@ class DeltaToolCall(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")

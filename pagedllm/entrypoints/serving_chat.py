@@ -1,34 +1,41 @@
-"""/v1/chat/completions: messages through the model's chat template, n choices, tool calls.
+"""/v1/chat/completions: messages through the model's chat template, n choices, tool calls,
+reasoning.
 
 Streams start with a role delta per choice (sent at once, before the first token exists), then
-one delta per engine step (content, or tool-call deltas: see tool_calls.py); each choice's
-finish_reason appears in its last chunk only ("tool_calls" when it called tools).
+one delta per engine step (reasoning, content, or tool-call deltas: see chat_choice.py); each
+choice's finish_reason appears in its last chunk only ("tool_calls" when it called tools).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from starlette.responses import JSONResponse, Response
 
 from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
+from pagedllm.entrypoints.chat_choice import ChoiceText
 from pagedllm.entrypoints.chat_options import ChatOptions
+from pagedllm.entrypoints.chat_reasoning import (
+    ReasoningPlan,
+    plan_reasoning,
+    reasoning_effort_kwargs,
+)
 from pagedllm.entrypoints.completion_logprobs import prompt_logprobs_json
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
 )
 from pagedllm.entrypoints.protocol_responses import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
     ChatLogprobs,
     ChatTokenLogprob,
-    DeltaFunctionCall,
+    CompletionTokensDetails,
     DeltaMessage,
-    DeltaToolCall,
     TopLogprob,
+    UsageInfo,
 )
 from pagedllm.entrypoints.serving import (
     SSE_DONE,
@@ -39,14 +46,7 @@ from pagedllm.entrypoints.serving import (
     sse,
     sse_error,
 )
-from pagedllm.entrypoints.tool_calls import (
-    ToolPlan,
-    delta_tool_calls,
-    plan_tools,
-    strict_response_format,
-    to_tool_calls,
-    tool_call_id,
-)
+from pagedllm.entrypoints.tool_calls import ToolPlan, plan_tools, strict_response_format
 from pagedllm.outputs import RequestOutput, SampleLogprobs
 
 
@@ -91,9 +91,18 @@ class OpenAIServingChat(ServingBase):
             req.add_generation_prompt,
             tools=plan.tools or None,
             chat_template=req.chat_template,
-            chat_template_kwargs=req.chat_template_kwargs,
+            chat_template_kwargs=reasoning_effort_kwargs(req),
         )
         self.check_length(len(ids), max_tokens, "messages")
+        reasoning, thinking = plan_reasoning(
+            req,
+            self.chat_options.reasoning_parser,
+            self.tokenizer,
+            ids,
+            grammar=params.structured_outputs is not None,
+        )
+        if thinking is not None:  # the grammar waits for the thinking; the budget caps it
+            params = replace(params, thinking=thinking)
         stream = await self.submit(
             [
                 EngineRequest(
@@ -112,12 +121,14 @@ class OpenAIServingChat(ServingBase):
         model = self.response_model(lora)
         if req.stream:
             gen = self._stream(
-                req, model, plan, api_id, stream, prompt_ids or [], len(ids), num_top
+                req, model, plan, reasoning, api_id, stream, prompt_ids or [], len(ids), num_top
             )
             return SSEResponse(gen, on_close=stream.abort, headers=headers)
         try:
             return JSONResponse(
-                await self._full(model, plan, api_id, stream, len(ids), num_top, prompt_ids),
+                await self._full(
+                    model, plan, reasoning, api_id, stream, len(ids), num_top, prompt_ids
+                ),
                 headers=headers,
             )
         finally:
@@ -151,6 +162,7 @@ class OpenAIServingChat(ServingBase):
         self,
         model: str,
         plan: ToolPlan,
+        reasoning: ReasoningPlan | None,
         api_id: str,
         stream: RequestStream,
         num_prompt: int,
@@ -166,15 +178,8 @@ class OpenAIServingChat(ServingBase):
         assert final is not None
         choices = []
         for c in final.outputs:
-            message, finish = AssistantMessage(content=c.text), c.finish_reason
-            if plan.parses:
-                parsed = plan.parse(c.text)
-                if parsed.calls:
-                    message = AssistantMessage(
-                        content=parsed.content.strip() or None,
-                        tool_calls=to_tool_calls(parsed.calls),
-                    )
-                    finish = _tool_finish(finish)
+            message = ChoiceText(plan, reasoning).message(c.text)
+            finish = _tool_finish(c.finish_reason) if message.tool_calls else c.finish_reason
             choices.append(
                 ChatChoice(
                     index=c.index,
@@ -186,11 +191,16 @@ class OpenAIServingChat(ServingBase):
                 )
             )
         completion = sum(len(c.token_ids) for c in final.outputs)
+        usage = make_usage(num_prompt, completion, final.num_cached_tokens)
+        if reasoning is not None:
+            usage.completion_tokens_details = CompletionTokensDetails(
+                reasoning_tokens=sum(reasoning.reasoning_tokens(c.token_ids) for c in final.outputs)
+            )
         return ChatCompletionResponse(
             id=api_id,
             model=model,
             choices=choices,
-            usage=make_usage(num_prompt, completion, final.num_cached_tokens),
+            usage=usage,
             prompt_token_ids=prompt_ids,
             prompt_logprobs=prompt_logprobs_json(final.prompt_logprobs),
         ).model_dump()
@@ -200,6 +210,7 @@ class OpenAIServingChat(ServingBase):
         req: ChatCompletionRequest,
         model: str,
         plan: ToolPlan,
+        reasoning: ReasoningPlan | None,
         api_id: str,
         stream: RequestStream,
         prompt_ids: list[int],
@@ -213,11 +224,20 @@ class OpenAIServingChat(ServingBase):
         include_usage = bool(opts and opts.include_usage)
         continuous = include_usage and bool(opts and opts.continuous_usage_stats)
         done, tokens = [False] * n, [0] * n
-        streamers = [plan.streamer() for _ in range(n)]
+        texts = [ChoiceText(plan, reasoning) for _ in range(n)]
+        output_ids: list[list[int]] = [[] for _ in range(n)]  # for reasoning_tokens
         cached = 0  # prompt tokens found in the prefix cache
 
+        def usage_now() -> UsageInfo:
+            usage = make_usage(num_prompt, sum(tokens), cached)
+            if reasoning is not None:
+                usage.completion_tokens_details = CompletionTokensDetails(
+                    reasoning_tokens=sum(reasoning.reasoning_tokens(ids) for ids in output_ids)
+                )
+            return usage
+
         def chunk(choice: ChatChunkChoice, first_ids: list[int] | None = None) -> str:
-            usage = make_usage(num_prompt, sum(tokens), cached) if continuous else None
+            usage = usage_now() if continuous else None
             return sse(
                 ChatCompletionChunk(
                     id=api_id,
@@ -245,10 +265,12 @@ class OpenAIServingChat(ServingBase):
                     if done[i] or not (c.delta_token_ids or c.delta_text or c.finish_reason):
                         continue
                     tokens[i] += len(c.delta_token_ids)
+                    if reasoning is not None:
+                        output_ids[i].extend(c.delta_token_ids)
                     done[i] = c.finish_reason is not None
-                    delta = self._delta(plan, streamers[i], c.delta_text, done[i])
+                    delta = texts[i].delta(c.delta_text, done[i])
                     finish = c.finish_reason
-                    if finish is not None and streamers[i].num_calls:
+                    if finish is not None and texts[i].num_calls:
                         finish = _tool_finish(finish)
                     events.append(
                         chunk(
@@ -281,40 +303,10 @@ class OpenAIServingChat(ServingBase):
                     created=created,
                     model=model,
                     choices=[],
-                    usage=make_usage(num_prompt, sum(tokens), cached),
+                    usage=usage_now(),
                 ).model_dump_json()
             )
         yield SSE_DONE
-
-    @staticmethod
-    def _delta(plan: ToolPlan, streamer, text: str, last: bool) -> DeltaMessage:
-        """One choice's delta: content as it comes; a named call's arguments as they come;
-        other tool calls whole, once each closes."""
-        if plan.mode == "named":
-            # One entry per call index per chunk, as OpenAI sends: the first opens the call
-            # (id, name) with the arguments so far; later ones carry only arguments. Two
-            # entries of one index in a chunk broke openai 3.3's stream and instructor.
-            if streamer.num_calls == 0:
-                streamer.num_calls = 1
-                call = DeltaToolCall(
-                    index=0,
-                    id=tool_call_id(),
-                    type="function",
-                    function=DeltaFunctionCall(name=plan.name, arguments=text),
-                )
-            elif text:
-                call = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text))
-            else:
-                return DeltaMessage()
-            return DeltaMessage(tool_calls=[call])
-        before = streamer.num_calls
-        out = streamer.feed(text)
-        if last:
-            out.extend(streamer.finish())
-        if not plan.parses:
-            return DeltaMessage(content=out.content)
-        calls = delta_tool_calls(out.calls, before)
-        return DeltaMessage(content=out.content or None, tool_calls=calls or None)
 
 
 def _tool_finish(finish: str | None) -> str | None:

@@ -272,7 +272,6 @@ def test_bad_tool_requests_are_400(server, body, param):
     ("chat/completions", "function_call", "auto"),
     ("chat/completions", "audio", {"voice": "alloy"}),
     ("chat/completions", "modalities", ["text", "audio"]),
-    ("chat/completions", "reasoning_effort", "high"),
     ("chat/completions", "web_search_options", {}),
     ("chat/completions", "continue_final_message", True),
     ("chat/completions", "response_format", {"type": "structural_tag"}),
