@@ -27,6 +27,7 @@ import torch
 
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.loader.multimodal_text import text_architecture
 from pagedllm.model.layers.moe.spec import MoESpec
 
 GiB = 2**30
@@ -50,7 +51,12 @@ def load_config(model_or_config: str) -> SimpleNamespace:
     if not path.is_file():
         raise ValueError(f"no config.json at {path}; pass a config.json, a model directory or "
                          "a .gguf file")
-    return SimpleNamespace(**json.loads(path.read_text()))
+    raw = json.loads(path.read_text())
+    if (arch := text_architecture(SimpleNamespace(**raw))) is not None:
+        # A vision-language checkpoint: the engine serves its language model alone.
+        dtype = raw.get("torch_dtype") or raw.get("dtype")
+        raw = {"torch_dtype": dtype, **raw["text_config"], "architectures": [arch]}
+    return SimpleNamespace(**raw)
 
 
 def config_dtype_bytes(cfg: SimpleNamespace) -> int:

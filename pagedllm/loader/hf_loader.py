@@ -17,7 +17,9 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer
 
 from pagedllm.errors import ModelNotFoundError
+from pagedllm.loader import multimodal_text
 from pagedllm.loader.checkpoint import Checkpoint
+from pagedllm.loader.errors import UnsupportedModelError
 from pagedllm.model.layers.quant import hf_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -65,6 +67,16 @@ def load_hf_checkpoint(model_dir: Path) -> Checkpoint:
         time.perf_counter() - config_done,
         len(files),
     )
+    if multimodal_text.text_architecture(config) is not None:  # its language model only
+        if hf_checkpoint.checkpoint_quantization(config) is not None:
+            raise UnsupportedModelError(f"{model_dir}: quantized vision-language checkpoints "
+                                        "are not supported yet; use a float checkpoint")
+        return Checkpoint(
+            config=multimodal_text.text_config(config, multimodal_text.weight_names(files)),
+            tokenizer=tokenizer,
+            weights=lambda: multimodal_text.iter_text_weights(files),
+            source=model_dir,
+        )
     return Checkpoint(
         config=config,
         tokenizer=tokenizer,
