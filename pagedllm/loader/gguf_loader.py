@@ -1,6 +1,8 @@
-"""Load a llama- or gemma3-architecture GGUF file as a HF-shaped :class:`Checkpoint`.
+"""Load a llama-, gemma3-, qwen2- or qwen3-architecture GGUF file as a HF-shaped
+:class:`Checkpoint`.
 
-(gemma3 names, config and value fix-ups live in :mod:`gguf_gemma3`.)
+(gemma3 names, config and value fix-ups live in :mod:`gguf_gemma3`; qwen2 / qwen3 in
+:mod:`gguf_qwen`.)
 
 Two weight paths, both with HF parameter names and llama.cpp's q/k rotary row
 permutation undone:
@@ -39,7 +41,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pagedllm.loader import gguf_gemma3
+from pagedllm.loader import gguf_gemma3, gguf_qwen
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
@@ -118,8 +120,9 @@ def _architecture(reader: GGUFReader) -> str:
 def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     """GGUF tensors that have an HF equivalent, with their HF names."""
     planned = []
-    layer_names = (gguf_gemma3.LAYER_NAMES if _architecture(reader) == gguf_gemma3.ARCH
-                   else _LAYER_NAMES)
+    arch = _architecture(reader)
+    layer_names = (gguf_gemma3.LAYER_NAMES if arch == gguf_gemma3.ARCH
+                   else gguf_qwen.LAYER_NAMES if arch in gguf_qwen.ARCHES else _LAYER_NAMES)
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name, layer_names)
         if name is None:
@@ -140,9 +143,12 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
     if arch == gguf_gemma3.ARCH:
         return gguf_gemma3.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
                                   {t.name: _hf_shape(t) for t in reader.tensors})
+    if arch in gguf_qwen.ARCHES:
+        return gguf_qwen.config(arch, lambda key, default=_REQUIRED: _meta(reader, key, default),
+                                {t.name: _hf_shape(t) for t in reader.tensors})
     if arch != "llama":
-        raise UnsupportedModelError(
-            f"GGUF architecture '{arch}' is not supported (only 'llama' and 'gemma3')")
+        raise UnsupportedModelError(f"GGUF architecture '{arch}' is not supported (only "
+                                    f"'llama', 'gemma3', {', '.join(map(repr, gguf_qwen.ARCHES))})")
     names = {tensor.name: tensor for tensor in reader.tensors}
     if "token_embd.weight" not in names:
         raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
@@ -176,8 +182,8 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
 
 def _row_order(name: str, rows: int, config: PretrainedConfig) -> np.ndarray | None:
     """The HF row order of a q/k projection (undoes llama.cpp's rotary permutation; gemma3
-    files are not permuted)."""
-    if getattr(config, "model_type", None) == "gemma3_text":
+    and qwen files are not permuted)."""
+    if getattr(config, "model_type", None) in ("gemma3_text", *gguf_qwen.ARCHES):
         return None
     if ".self_attn.q_proj." in name:
         return reverse_permute(np.arange(rows), config.num_attention_heads)
