@@ -103,3 +103,60 @@ def test_unknown_architecture_is_refused(tmp_path) -> None:
     writer.close()
     with pytest.raises(UnsupportedModelError, match="'mamba' is not supported .*'qwen3'"):
         load_checkpoint(str(path), cache_dir=tmp_path / "cache")
+
+
+def _meta(values):
+    def meta(key, default=KeyError):
+        if key in values:
+            return values[key]
+        if default is KeyError:
+            raise KeyError(key)
+        return default
+
+    return meta
+
+
+BASE = {
+    "qwen2.attention.head_count": 4,
+    "qwen2.embedding_length": 64,
+    "qwen2.feed_forward_length": 128,
+    "qwen2.block_count": 2,
+    "qwen2.context_length": 4096,
+    "qwen2.attention.layer_norm_rms_epsilon": 1e-6,
+    "qwen2.rope.freq_base": 1e6,
+}
+SHAPES = {"token_embd.weight": (512, 64), "blk.0.attn_q.bias": (64,)}
+
+
+def test_yarn_rope_scaling_metadata() -> None:
+    from pagedllm.loader import gguf_qwen
+    from pagedllm.model.layers.rope_scaling import rope_max_len
+
+    config = gguf_qwen.config(
+        "qwen2",
+        _meta(
+            {
+                **BASE,
+                "qwen2.rope.scaling.type": "yarn",
+                "qwen2.rope.scaling.factor": 4.0,
+                "qwen2.rope.scaling.original_context_length": 4096,
+            }
+        ),
+        SHAPES,
+    )
+    assert config.rope_parameters == {
+        "rope_type": "yarn",
+        "rope_theta": 1e6,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+    }
+    assert rope_max_len(config)[0] == 16384
+    assert config.tie_word_embeddings
+
+
+def test_unsupported_rope_scaling_metadata_is_refused() -> None:
+    from pagedllm.loader import gguf_qwen
+    from pagedllm.loader.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="rope scaling 'longrope'"):
+        gguf_qwen.config("qwen2", _meta({**BASE, "qwen2.rope.scaling.type": "longrope"}), SHAPES)
