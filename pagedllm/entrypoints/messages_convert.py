@@ -12,6 +12,10 @@ and a chat completion back as an Anthropic message.
                                             disable_parallel_tool_use -> parallel_tool_calls
     max_tokens, stop_sequences, temperature, top_p, top_k -> the same sampling fields
     output_config.format (json_schema)   -> response_format json_schema (structured output)
+    output_config.effort                 -> reasoning_effort (a chat template variable)
+    thinking enabled / disabled          -> thinking_token_budget / enable_thinking=false
+
+    reasoning_content (--reasoning-parser) -> a thinking block before the text
 
     finish "stop" + a stop string matched -> stop_reason "stop_sequence" (+ stop_sequence)
     finish "stop"                        -> "end_turn"
@@ -25,6 +29,7 @@ import json
 import uuid
 from typing import Any
 
+from pagedllm.entrypoints.chat_translate import chat_request
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.protocol import ChatCompletionRequest
 from pagedllm.entrypoints.protocol_anthropic import (
@@ -33,12 +38,24 @@ from pagedllm.entrypoints.protocol_anthropic import (
     MessagesFields,
     MessagesRequest,
     OutputTextBlock,
+    ThinkingBlock,
+    ThinkingConfig,
     ToolUseBlock,
     Usage,
 )
 from pagedllm.entrypoints.request_fields import check_request_fields
 
 _DROPPED_IN_ASSISTANT = ("thinking", "redacted_thinking")
+# chat request field -> the Anthropic field it came from (400s name the latter)
+_FIELDS = {
+    "max_tokens": "max_tokens",
+    "stop": "stop_sequences",
+    "reasoning_effort": "output_config",
+    "thinking_token_budget": "thinking",
+    "chat_template_kwargs": "thinking",
+    "include_reasoning": "thinking",
+    "response_format": "output_config",
+}
 
 
 def message_id() -> str:
@@ -60,11 +77,11 @@ def to_chat_request(req: MessagesFields, *, count_only: bool = False) -> ChatCom
         body["tools"] = [_tool(i, t) for i, t in enumerate(req.tools)]
     if req.tool_choice is not None:
         body.update(_tool_choice(req))
+    if req.thinking is not None:
+        body.update(_thinking(req.thinking))
     if req.output_config is not None:
         if req.output_config.effort is not None:
-            raise APIError(
-                400, "output_config.effort is not supported by this server", param="output_config"
-            )
+            body["reasoning_effort"] = req.output_config.effort
         if req.output_config.format is not None:
             body["response_format"] = {
                 "type": "json_schema",
@@ -82,7 +99,21 @@ def to_chat_request(req: MessagesFields, *, count_only: bool = False) -> ChatCom
         )
         if req.stream:  # usage in every chunk: message_start carries the input tokens
             body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-    return ChatCompletionRequest.model_validate(body)
+    return chat_request(body, _FIELDS)
+
+
+def _thinking(thinking: ThinkingConfig) -> dict:
+    """The chat fields of Anthropic's thinking config (see ThinkingConfig)."""
+    out: dict[str, Any] = {}
+    if thinking.type == "enabled":
+        if thinking.budget_tokens is None:
+            raise APIError(400, 'thinking of type "enabled" needs budget_tokens', param="thinking")
+        out["thinking_token_budget"] = thinking.budget_tokens
+    elif thinking.type == "disabled":
+        out["chat_template_kwargs"] = {"enable_thinking": False}
+    if thinking.display == "omitted":
+        out["include_reasoning"] = False
+    return out
 
 
 def _tool(index: int, tool) -> dict:
@@ -230,7 +261,9 @@ def to_message(chat: dict, req: MessagesRequest, msg_id: str) -> Message:
     """A chat.completion body (one choice) as an Anthropic message."""
     choice = chat["choices"][0]
     message = choice["message"]
-    blocks: list[OutputTextBlock | ToolUseBlock] = []
+    blocks: list[ThinkingBlock | OutputTextBlock | ToolUseBlock] = []
+    if message.get("reasoning_content"):
+        blocks.append(ThinkingBlock(thinking=message["reasoning_content"]))
     if message.get("content"):
         blocks.append(OutputTextBlock(text=message["content"]))
     for call in message.get("tool_calls") or []:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from pagedllm.entrypoints.protocol import OpenAIBaseModel, RequestBody
 
@@ -85,10 +85,22 @@ class JsonOutputFormat(OpenAIBaseModel):
 
 class OutputConfig(OpenAIBaseModel):
     """`format` constrains the answer to a JSON schema (the chat route's structured output);
-    `effort` is not implemented (400 when set)."""
+    `effort` reaches the chat template as `reasoning_effort` (values the chat route does not
+    know, such as "max", are a 400 there)."""
 
     effort: str | None = None
     format: JsonOutputFormat | None = None
+
+
+class ThinkingConfig(OpenAIBaseModel):
+    """Thinking of a model served with --reasoning-parser (messages_convert.py):
+    enabled + budget_tokens -> thinking_token_budget; disabled -> the template variable
+    enable_thinking=false (Qwen3's switch); adaptive -> the model's own choice;
+    display "omitted" -> no thinking blocks (include_reasoning=false)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+    display: Literal["summarized", "omitted"] | None = None
 
 
 class Metadata(OpenAIBaseModel):
@@ -112,22 +124,16 @@ class MessagesFields(RequestBody):
     workspace_id: Any = None
     # field -> neutral value; any other value is a 400 (not implemented here)
     UNSUPPORTED: ClassVar[dict[str, Any]] = {
-        "thinking": None,
         "mcp_servers": None,
         "container": None,
         "context_management": None,
         "output_format": None,
     }
-    thinking: Any = None  # {"type": "disabled"} is accepted (the neutral value)
+    thinking: ThinkingConfig | None = None
     mcp_servers: Any = None
     container: Any = None
     context_management: Any = None
     output_format: Any = None
-
-    @field_validator("thinking")
-    @classmethod
-    def _thinking_disabled_is_neutral(cls, value: Any) -> Any:
-        return None if value == {"type": "disabled"} else value
 
 
 class MessagesRequest(MessagesFields):
@@ -157,6 +163,15 @@ class OutputTextBlock(OpenAIBaseModel):
     text: str
 
 
+class ThinkingBlock(OpenAIBaseModel):
+    """The model's reasoning (--reasoning-parser). There is no signature to give: it is
+    empty, and thinking blocks sent back are dropped from the prompt."""
+
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
 class ToolUseBlock(OpenAIBaseModel):
     type: Literal["tool_use"] = "tool_use"
     id: str
@@ -179,7 +194,7 @@ class Message(OpenAIBaseModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[OutputTextBlock | ToolUseBlock]
+    content: list[ThinkingBlock | OutputTextBlock | ToolUseBlock]
     stop_reason: StopReason | None = None
     stop_sequence: str | None = None
     usage: Usage

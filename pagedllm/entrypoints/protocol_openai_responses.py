@@ -69,12 +69,20 @@ class TextConfig(OpenAIBaseModel):
     verbosity: Any = None  # a hint to OpenAI's models; does not change sampling here
 
 
+class ReasoningConfig(OpenAIBaseModel):
+    """`effort` reaches the chat template as reasoning_effort; summaries are not generated
+    (400): the reasoning text itself is the reasoning item's content."""
+
+    effort: str | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+
 class ResponsesRequest(RequestBody):
     model_config = ConfigDict(extra="allow")
     UNSUPPORTED: ClassVar[dict[str, Any]] = {
         "background": False,
         "include": None,
-        "reasoning": None,
         "truncation": "disabled",
         "top_logprobs": None,
         "conversation": None,
@@ -96,6 +104,8 @@ class ResponsesRequest(RequestBody):
     store: bool = True
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None  # echoed in the response
+    reasoning: ReasoningConfig | None = None
+    thinking_token_budget: int | None = Field(default=None, ge=0)  # vLLM's, as on chat
     # Do not change the output: accepted, not used.
     user: str | None = None
     safety_identifier: Any = None
@@ -105,17 +115,16 @@ class ResponsesRequest(RequestBody):
     # Declared so that they are found (UNSUPPORTED), not implemented.
     background: Any = False
     include: Any = None
-    reasoning: Any = None
     truncation: Any = "disabled"
     top_logprobs: Any = None
     conversation: Any = None
     prompt: Any = None
     max_tool_calls: Any = None
 
-    @field_validator("include", "reasoning", "top_logprobs")
+    @field_validator("include", "top_logprobs")
     @classmethod
     def _empty_is_neutral(cls, value: Any) -> Any:
-        """`include: []`, `reasoning: {"effort": null}` and `top_logprobs: 0` ask for nothing."""
+        """`include: []` and `top_logprobs: 0` ask for nothing."""
         if value in ([], 0) or (isinstance(value, dict) and not any(value.values())):
             return None
         return value

@@ -1,6 +1,6 @@
-"""OpenAI Responses <-> the chat route: a /v1/responses request as a chat-completions request
-(so it runs on the chat route's path: template, sampling, structured output, tool calling),
-and a chat completion back as Responses output items.
+"""OpenAI Responses -> the chat route: a /v1/responses request as a chat-completions request
+(so it runs on the chat route's path: template, sampling, structured output, tool calling,
+reasoning).
 
     instructions                          -> a system message (first; not carried over by
                                              previous_response_id, as OpenAI)
@@ -13,29 +13,31 @@ and a chat completion back as Responses output items.
     tools [{type: function, name, ...}]   -> function tools; tool_choice the same names
     text.format json_schema / json_object -> response_format (structured output)
     max_output_tokens, temperature, top_p -> max_tokens, temperature, top_p
+    reasoning.effort                      -> reasoning_effort (a chat template variable)
+    thinking_token_budget (vLLM's extra)  -> the same (caps the thinking)
 
-    chat content                          -> a "message" item with one output_text part
-    chat tool_calls                       -> "function_call" items (call_id = the chat call id)
-    finish "length"                       -> status "incomplete", reason max_output_tokens
+Chat results back as Responses objects: responses_output.py.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
+from pagedllm.entrypoints.chat_translate import chat_request
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.protocol import ChatCompletionRequest
 from pagedllm.entrypoints.protocol_openai_responses import ResponsesRequest
 from pagedllm.entrypoints.request_fields import check_request_fields
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
+# chat request field -> the Responses field it came from (400s name the latter)
+_FIELDS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "reasoning_effort": "reasoning",
+    "response_format": "text",
+}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-
-
-def item_id(prefix: str) -> str:
-    """OpenAI-style ids: resp_..., msg_..., fc_..."""
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def input_items(req: ResponsesRequest) -> list[dict]:
@@ -74,6 +76,17 @@ def to_chat_request(req: ResponsesRequest, items: list[dict]) -> ChatCompletionR
             if isinstance(choice, str)
             else {"type": "function", "function": {"name": choice.name}}
         )
+    if req.reasoning is not None:
+        if req.reasoning.summary is not None or req.reasoning.generate_summary is not None:
+            raise APIError(
+                400,
+                "reasoning summaries are not supported (the reasoning text is "
+                "the reasoning item's content)",
+                param="reasoning",
+            )
+        body["reasoning_effort"] = req.reasoning.effort
+    if req.thinking_token_budget is not None:
+        body["thinking_token_budget"] = req.thinking_token_budget
     fmt = req.text.format if req.text is not None else None
     if fmt is not None and fmt.type == "json_schema":
         if fmt.json_schema is None:
@@ -82,7 +95,7 @@ def to_chat_request(req: ResponsesRequest, items: list[dict]) -> ChatCompletionR
         body["response_format"] = {"type": "json_schema", "json_schema": spec}
     elif fmt is not None and fmt.type == "json_object":
         body["response_format"] = {"type": "json_object"}
-    return ChatCompletionRequest.model_validate(body)
+    return chat_request(body, _FIELDS)
 
 
 def _tool(index: int, tool) -> dict:
@@ -175,112 +188,3 @@ def _text(content: str | list[dict] | None, where: str) -> str:
             )
         parts.append(part["text"])
     return "".join(parts)
-
-
-# ------------------------------------------------------------------ results
-def message_item(text: str, status: str, msg_id: str | None = None) -> dict:
-    return {
-        "id": msg_id or item_id("msg"),
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": [output_text(text)],
-    }
-
-
-def output_text(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def function_call_item(
-    call_id: str, name: str, arguments: str, status: str = "completed", fc_id: str | None = None
-) -> dict:
-    return {
-        "id": fc_id or item_id("fc"),
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-    }
-
-
-def output_items(chat: dict) -> list[dict]:
-    """A chat.completion body's first choice as Responses output items."""
-    choice = chat["choices"][0]
-    message = choice["message"]
-    calls = message.get("tool_calls") or []
-    status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-    items = []
-    if message.get("content") or not calls:
-        items.append(message_item(message.get("content") or "", status))
-    for call in calls:
-        fn = call["function"]
-        items.append(function_call_item(call["id"], fn["name"], fn["arguments"]))
-    return items
-
-
-def usage(prompt: int, completion: int, cached: int) -> dict:
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
-        "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + completion,
-    }
-
-
-def chat_usage(chat_usage_info: dict) -> dict:
-    details = chat_usage_info.get("prompt_tokens_details") or {}
-    return usage(
-        chat_usage_info["prompt_tokens"],
-        chat_usage_info["completion_tokens"],
-        details.get("cached_tokens", 0),
-    )
-
-
-def response_object(
-    req: ResponsesRequest,
-    resp_id: str,
-    created_at: int,
-    model: str,
-    status: str,
-    output: list[dict],
-    usage_info: dict | None,
-) -> dict:
-    """The `response` object (the body of a call, of GET, and of the stream's
-    response.created / response.completed events)."""
-    fmt = req.text.format if req.text is not None and req.text.format is not None else None
-    text = {"format": fmt.model_dump(exclude_none=True, by_alias=True) if fmt else {"type": "text"}}
-    choice = req.tool_choice
-    return {
-        "id": resp_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "error": None,
-        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "model": model,
-        "output": output,
-        "parallel_tool_calls": req.parallel_tool_calls,
-        "previous_response_id": req.previous_response_id,
-        "reasoning": None,
-        "store": req.store,
-        "temperature": req.temperature,
-        "text": text,
-        "tool_choice": (
-            choice
-            if isinstance(choice, str)
-            else choice.model_dump()
-            if choice is not None
-            else "auto"
-        ),
-        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
-        "top_p": req.top_p,
-        "truncation": "disabled",
-        "usage": usage_info,
-        "metadata": req.metadata or {},
-        "user": req.user,
-    }

@@ -2,6 +2,7 @@
 
     response.created, response.in_progress
     per output item, in order:
+      reasoning (--reasoning-parser): as text, with response.reasoning_text.delta / .done
       text:  response.output_item.added (message), response.content_part.added,
              response.output_text.delta*, response.output_text.done,
              response.content_part.done, response.output_item.done
@@ -21,15 +22,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pagedllm.entrypoints.protocol_openai_responses import ResponsesRequest
-from pagedllm.entrypoints.responses_convert import (
+from pagedllm.entrypoints.responses_output import (
     chat_usage,
     function_call_item,
     item_id,
     message_item,
     output_text,
+    reasoning_item,
+    reasoning_text,
     response_object,
 )
 from pagedllm.entrypoints.sse_translate import named_event
+
+# item type -> the prefix of its text events
+_TEXT_EVENTS = {"message": "response.output_text", "reasoning": "response.reasoning_text"}
 
 
 class ResponsesStream:
@@ -46,7 +52,7 @@ class ResponsesStream:
         self.model: str | None = None
         self.output: list[dict] = []  # finished items
         self.item: dict | None = None  # the item being streamed
-        self.text = ""  # its text (message) or arguments (function_call)
+        self.text = ""  # its text (message, reasoning) or arguments (function_call)
         self.tool_index: int | None = None
         self.usage: dict | None = None
         self.finish: str | None = None
@@ -74,39 +80,50 @@ class ResponsesStream:
             out.append(self._event("response.in_progress", response=created))
         for choice in data["choices"]:
             delta = choice["delta"]
+            if delta.get("reasoning_content"):
+                out.append(self._text_delta("reasoning", delta["reasoning_content"]))
             if delta.get("content"):
-                if self.item is None or self.item["type"] != "message":
-                    out.append(self._close())
-                    out.append(self._open_message())
-                self.text += delta["content"]
-                out.append(
-                    self._event(
-                        "response.output_text.delta",
-                        item_id=self.item["id"],
-                        output_index=len(self.output),
-                        content_index=0,
-                        delta=delta["content"],
-                        logprobs=[],
-                    )
-                )
+                out.append(self._text_delta("message", delta["content"]))
             for call in delta.get("tool_calls") or []:
                 out.append(self._tool_delta(call))
             if choice.get("finish_reason") is not None:
                 self.finish = choice["finish_reason"]
         return "".join(out)
 
-    def _open_message(self) -> str:
-        self.item, self.text = message_item("", "in_progress"), ""
-        self.item["content"] = []
+    def _text_delta(self, kind: str, text: str) -> str:
+        """Text of a message or reasoning item (opened first if another item is open)."""
+        out = ""
+        if self.item is None or self.item["type"] != kind:
+            out = self._close() + self._open_text(kind)
+        self.text += text
+        extra = {"logprobs": []} if kind == "message" else {}
+        return out + self._event(
+            f"{_TEXT_EVENTS[kind]}.delta",
+            item_id=self.item["id"],
+            output_index=len(self.output),
+            content_index=0,
+            delta=text,
+            **extra,
+        )
+
+    def _open_text(self, kind: str) -> str:
+        item = (
+            message_item("", "in_progress")
+            if kind == "message"
+            else reasoning_item("", "in_progress")
+        )
+        part = output_text("") if kind == "message" else reasoning_text("")
+        item["content"] = []
+        self.item, self.text = item, ""
         index = len(self.output)
         return self._event(
-            "response.output_item.added", output_index=index, item=self.item
+            "response.output_item.added", output_index=index, item=item
         ) + self._event(
             "response.content_part.added",
-            item_id=self.item["id"],
+            item_id=item["id"],
             output_index=index,
             content_index=0,
-            part=output_text(""),
+            part=part,
         )
 
     def _tool_delta(self, call: dict) -> str:
@@ -146,23 +163,24 @@ class ResponsesStream:
         if item is None:
             return ""
         index = len(self.output)
-        if item["type"] == "message":
+        if item["type"] in _TEXT_EVENTS:
             status = "incomplete" if self.finish == "length" else "completed"
-            done = message_item(self.text, status, msg_id=item["id"])
-            part = done["content"][0]
+            make = message_item if item["type"] == "message" else reasoning_item
+            done = make(self.text, status, item["id"])
+            extra = {"logprobs": []} if item["type"] == "message" else {}
             out = self._event(
-                "response.output_text.done",
+                f"{_TEXT_EVENTS[item['type']]}.done",
                 item_id=item["id"],
                 output_index=index,
                 content_index=0,
                 text=self.text,
-                logprobs=[],
+                **extra,
             ) + self._event(
                 "response.content_part.done",
                 item_id=item["id"],
                 output_index=index,
                 content_index=0,
-                part=part,
+                part=done["content"][0],
             )
         else:
             done = function_call_item(item["call_id"], item["name"], self.text, fc_id=item["id"])
@@ -196,7 +214,7 @@ class ResponsesStream:
             return ""
         out = self._close()
         if not self.output:  # nothing at all was generated: one empty message, as unstreamed
-            out += self._open_message() + self._close()
+            out += self._open_text("message") + self._close()
         status = "incomplete" if self.finish == "length" else "completed"
         final = self._response(status, self.output, self.usage)
         self.on_complete(final)

@@ -6,9 +6,9 @@ translated back. Errors leave in Anthropic's shape (anthropic_errors.py).
 A stream is Anthropic's event sequence:
 
     message_start, ping,
-    (content_block_start, content_block_delta*, content_block_stop)*   text_delta for text,
-                                                                       input_json_delta for
-                                                                       a tool_use's input
+    (content_block_start, content_block_delta*, content_block_stop)*   one per block: thinking
+                                                 (thinking_delta), text (text_delta), tool_use
+                                                 (input_json_delta: the input's JSON text)
     message_delta (stop_reason, stop_sequence, usage), message_stop
     ... or an `error` event where the chat stream reports an engine error
 """
@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from pagedllm.entrypoints.anthropic_errors import AnthropicErrorShape, stream_error_body
+from pagedllm.entrypoints.chat_reasoning import reasoning_effort_kwargs
 from pagedllm.entrypoints.disconnect import with_disconnect
 from pagedllm.entrypoints.messages_convert import (
     message_id,
@@ -73,7 +74,12 @@ class AnthropicServingMessages:
         chat_req = to_chat_request(req, count_only=True)
         self.chat.check_model(chat_req.model)
         tools = [t.model_dump(exclude_none=True) for t in chat_req.tools or []]
-        ids = await self.chat.apply_chat_template(chat_req.messages, True, tools=tools or None)
+        ids = await self.chat.apply_chat_template(
+            chat_req.messages,
+            True,
+            tools=tools or None,
+            chat_template_kwargs=reasoning_effort_kwargs(chat_req),
+        )
         return CountTokensResponse(input_tokens=len(ids))
 
 
@@ -84,7 +90,7 @@ class MessagesStream:
         self.msg_id, self.stop_sequences = msg_id, stop_sequences
         self.started = self.failed = False
         self.block = -1  # index of the last block opened
-        self.open: str | None = None  # "text" | "tool_use": the block still open
+        self.open: str | None = None  # "thinking" | "text" | "tool_use": the open block
         self.tool_index: int | None = None  # the chat tool-call index of the open tool_use
         self.input_tokens = self.output_tokens = 0
         self.finish: str | None = None
@@ -119,6 +125,12 @@ class MessagesStream:
             out.append(named_event("ping", {"type": "ping"}))
         for choice in data["choices"]:
             delta = choice["delta"]
+            if delta.get("reasoning_content"):
+                if self.open != "thinking":
+                    block = {"type": "thinking", "thinking": "", "signature": ""}
+                    out.append(self._open(block, "thinking"))
+                thinking = {"type": "thinking_delta", "thinking": delta["reasoning_content"]}
+                out.append(self._delta(thinking))
             if delta.get("content"):
                 if self.open != "text":
                     out.append(self._open({"type": "text", "text": ""}, "text"))

@@ -1,9 +1,10 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{id} (the OpenAI Responses API), served
 by the chat route: the request (with the stored conversation of `previous_response_id`) is
 translated into a chat request (responses_convert.py), the chat route runs it (template,
-sampling, structured output, tool calling, engine), and its result or stream
-(responses_stream.py) is translated back. With `store` (the default, as OpenAI's) the
-finished response is kept in a bounded in-memory store (response_store.py).
+sampling, structured output, tool calling, reasoning, engine), and its result
+(responses_output.py) or stream (responses_stream.py) is translated back. With `store` (the
+default, as OpenAI's) the finished response is kept in a bounded in-memory store
+(response_store.py).
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from pagedllm.entrypoints.openapi_spec import GET_ERRORS, POST_ERRORS
 from pagedllm.entrypoints.protocol import ErrorResponse
 from pagedllm.entrypoints.protocol_openai_responses import ResponsesRequest
 from pagedllm.entrypoints.response_store import ResponseStore, StoredResponse
-from pagedllm.entrypoints.responses_convert import (
+from pagedllm.entrypoints.responses_convert import input_items, to_chat_request
+from pagedllm.entrypoints.responses_output import (
     chat_usage,
-    input_items,
     item_id,
     output_items,
     response_object,
-    to_chat_request,
 )
 from pagedllm.entrypoints.responses_stream import ResponsesStream
 from pagedllm.entrypoints.serving_chat import OpenAIServingChat

@@ -12,7 +12,8 @@ from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.messages_convert import stop_reason, to_chat_request
 from pagedllm.entrypoints.protocol_anthropic import MessagesRequest
 from pagedllm.entrypoints.protocol_openai_responses import ResponsesRequest
-from pagedllm.entrypoints.responses_convert import items_to_messages, output_items
+from pagedllm.entrypoints.responses_convert import items_to_messages
+from pagedllm.entrypoints.responses_output import output_items
 from pagedllm.entrypoints.responses_stream import ResponsesStream
 from pagedllm.entrypoints.serving_messages import MessagesStream
 
@@ -260,3 +261,69 @@ def test_responses_stream_error():
     events = _events(text)
     assert [n for n, _ in events][-2:] == ["error", "response.failed"]
     assert events[-1][1]["response"]["status"] == "failed" and not stored
+
+
+# ------------------------------------------------------------------ reasoning
+def test_anthropic_stream_thinking_block_first():
+    conv = MessagesStream("msg_1", None)
+    text = conv.chunk(_chunk({"role": "assistant", "content": ""}))
+    text += conv.chunk(_chunk({"reasoning_content": "Hm, "}))
+    text += conv.chunk(_chunk({"reasoning_content": "seven."}))
+    text += conv.chunk(_chunk({"content": "Yes."}, finish="stop"))
+    text += conv.done()
+    events = _events(text)
+    starts = [d["content_block"] for n, d in events if n == "content_block_start"]
+    assert starts == [
+        {"type": "thinking", "thinking": "", "signature": ""},
+        {"type": "text", "text": ""},
+    ]
+    deltas = [d["delta"] for n, d in events if n == "content_block_delta"]
+    assert deltas == [
+        {"type": "thinking_delta", "thinking": "Hm, "},
+        {"type": "thinking_delta", "thinking": "seven."},
+        {"type": "text_delta", "text": "Yes."},
+    ]
+
+
+def test_responses_reasoning_item_streamed_and_not():
+    chat = {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "message": {"content": "Yes.", "reasoning_content": "Hm, seven."},
+            }
+        ]
+    }
+    items = output_items(chat)
+    assert [i["type"] for i in items] == ["reasoning", "message"]
+    assert items[0]["content"] == [{"type": "reasoning_text", "text": "Hm, seven."}]
+    # cut inside the thinking: only the (incomplete) reasoning item
+    chat = {
+        "choices": [
+            {"finish_reason": "length", "message": {"content": None, "reasoning_content": "Hm"}}
+        ]
+    }
+    (item,) = output_items(chat)
+    assert item["type"] == "reasoning" and item["status"] == "incomplete"
+
+    req = ResponsesRequest.model_validate({"model": "m", "input": "x"})
+    conv = ResponsesStream(req, "resp_1", 0, lambda final: None)
+    text = conv.chunk(_chunk({"role": "assistant", "content": ""}))
+    text += conv.chunk(_chunk({"reasoning_content": "Hm, "}))
+    text += conv.chunk(_chunk({"reasoning_content": "seven."}))
+    text += conv.chunk(_chunk({"content": "Yes."}, finish="stop"))
+    text += conv.done()
+    events = _events(text)
+    assert [n for n, _ in events][2:9] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    final = events[-1][1]["response"]
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
+    assert final["output"][0]["content"][0]["text"] == "Hm, seven."
+    assert final["output"][1]["content"][0]["text"] == "Yes."
