@@ -181,11 +181,6 @@ def test_smollm3_refuses_what_it_does_not_run(
         make_llm(tmp_path)
 
 
-def test_quantized_experts_are_refused(family_dirs, make_llm) -> None:
-    with pytest.raises(ModelLoadError, match="quantized expert weights are not supported yet"):
-        make_llm(family_dirs["mixtral"], quantization="int8")
-
-
 def test_glm4_interleaved_rope_is_rotate_half_on_reordered_rows() -> None:
     """HF GLM's interleaved rotation of a head equals Llama's rotate-half rotation of the
     head with its rows in `half_rotation_order` (partial: the last 8 of 16 features pass)."""

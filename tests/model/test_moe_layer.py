@@ -269,3 +269,37 @@ def test_expert_loading_checks_shapes_and_parts() -> None:
         experts.load_expert(2, "gate", gate)
     with pytest.raises(ValueError, match="'w4' is not one of"):
         experts.load_expert(0, "w4", gate)
+
+
+def _int8_experts(experts: StackedExperts, skip: tuple[int, str] | None = None):
+    """(the experts with int8 weights, the same experts holding the dequantized weights)."""
+    from pagedllm.model.layers.quant.int8 import Int8Weight
+
+    n = experts.num_experts
+    quantized, dequantized = StackedExperts(n, H, INTER), StackedExperts(n, H, INTER)
+    for e in range(n):
+        gate, up = experts.gate_up_proj[e].chunk(2)
+        for part, w in (("gate", gate), ("up", up), ("down", experts.down_proj[e])):
+            q = Int8Weight.quantize(w.contiguous())
+            quantized.load_expert(e, part, w if (e, part) == skip else q)
+            dequantized.load_expert(e, part, q.dequantize())
+    return quantized, dequantized
+
+
+def test_quantized_experts_run_their_format() -> None:
+    quantized, dequantized = _int8_experts(random_experts(4))
+    quantized.finalize()
+    assert quantized.quant.format == "int8" and quantized.gate_up_proj.numel() == 0
+    # int8 rows plus an fp32 scale per row (of 24 or 32 values), against fp32
+    assert quantized.weight_nbytes == quantized.quant.nbytes < dequantized.weight_nbytes / 2.5
+    x = torch.randn(23, H)
+    weights, ids = select_experts(torch.randn(23, 4), RouterSpec(4, 2, renormalize=True))
+    torch.testing.assert_close(
+        quantized(x, weights, ids), reference(dequantized, x, weights, ids), atol=1e-4, rtol=1e-4
+    )
+
+
+def test_partly_quantized_experts_are_refused() -> None:
+    quantized, _ = _int8_experts(random_experts(2), skip=(1, "up"))
+    with pytest.raises(ValueError, match=r"partly quantized: \[\(1, 'up'\)\] are not"):
+        quantized.finalize()

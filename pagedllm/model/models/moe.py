@@ -120,11 +120,6 @@ class MoEForCausalLM(LlamaForCausalLM):
                     module = hit.group(1)
                     if module not in experts:
                         raise ModelLoadError(f"checkpoint has unexpected weight {name!r}")
-                    if isinstance(tensor, QuantizedWeight):
-                        raise ModelLoadError(
-                            f"{name!r} is quantized ({tensor!r}); quantized expert weights "
-                            "are not supported yet: load the float checkpoint"
-                        )
                     loaded[module] |= _load_experts(experts[module], hit, tensor)
                     continue
                 yield name, tensor
@@ -137,6 +132,8 @@ class MoEForCausalLM(LlamaForCausalLM):
                     f"checkpoint is missing expert weights of {name!r}: "
                     f"(expert, part) {sorted(want - loaded[name])[:8]}"
                 )
+        for module in experts.values():
+            module.finalize()
         self._log_experts(experts)
 
     def expected_weights(self, params: dict[str, nn.Parameter]) -> set[str]:
@@ -150,7 +147,7 @@ class MoEForCausalLM(LlamaForCausalLM):
         spec = self.moe_spec
         total, active = spec.mlp_parameters()
         other = self.other_parameters
-        expert_bytes = sum(m.gate_up_proj.nbytes + m.down_proj.nbytes for m in experts.values())
+        expert_bytes = sum(m.weight_nbytes for m in experts.values())
         logger.info(
             "mixture of experts: %s; %.1fM of %.1fM parameters active per token; "
             "routed experts hold %.1f MiB",
@@ -165,10 +162,15 @@ def _load_experts(
     module: StackedExperts, hit: re.Match, tensor: torch.Tensor
 ) -> set[tuple[int, str]]:
     """Copy a per-expert or a stacked expert tensor; the (expert, part) pairs it filled."""
-    if hit.re is _PER_EXPERT:
+    if hit.re is _PER_EXPERT:  # float or quantized (kept as it is)
         expert, part = int(hit.group(2)), _PART[hit.group(3)]
         module.load_expert(expert, part, tensor)
         return {(expert, part)}
+    if isinstance(tensor, QuantizedWeight):
+        raise ModelLoadError(
+            f"stacked expert weight {hit.group(0)!r} is quantized ({tensor!r}); "
+            "only per-expert quantized weights are supported"
+        )
     param = module.gate_up_proj if hit.group(2) == "gate_up_proj" else module.down_proj
     if tuple(tensor.shape) != tuple(param.shape):
         raise ModelLoadError(

@@ -19,16 +19,40 @@ One forward over T tokens routed to k experts each:
     y = zeros[T, H].index_add_(0, order // k, out)     the weighted combine
 
 Rows are added in ascending expert order, the order HF's per-expert loop adds them.
+
+Experts whose checkpoint weights arrive quantized (`QuantizedWeight`: int8 made at load, ...)
+stay so: `finalize` fuses each expert's gate and up and frees the dense storage, and each
+group's GEMMs run the format's own kernel (`QuantizedExperts`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from pagedllm.model.layers.activation import silu_and_mul
+from pagedllm.model.layers.quant import QuantizedWeight, concat_quantized
 
 EXPERT_PARTS = ("gate", "up", "down")
+
+
+@dataclass
+class QuantizedExperts:
+    """Every expert's weights in a quantized format: gate|up fused, and down."""
+
+    gate_up: list[QuantizedWeight]
+    down: list[QuantizedWeight]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all experts (what worker/model_setup.weight_bytes counts as `quant`)."""
+        return sum(w.nbytes for w in (*self.gate_up, *self.down))
+
+    @property
+    def format(self) -> str:
+        return self.down[0].format
 
 
 def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
@@ -52,10 +76,38 @@ class StackedExperts(nn.Module):
         self.down_proj = nn.Parameter(
             torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False
         )
+        self._quantized: dict[tuple[int, str], QuantizedWeight] = {}
+        self.quant: QuantizedExperts | None = None  # set by finalize for quantized weights
+
+    def finalize(self) -> None:
+        """Called once after loading: experts loaded quantized become `quant` (gate and up
+        fused per expert) and the dense storage is freed; all or none must be quantized."""
+        if not self._quantized:
+            return
+        want = {(e, p) for e in range(self.num_experts) for p in EXPERT_PARTS}
+        if set(self._quantized) != want:
+            missing = sorted(want - set(self._quantized))[:4]
+            raise ValueError(f"expert weights are partly quantized: {missing} are not")
+        q = self._quantized
+        self.quant = QuantizedExperts(
+            gate_up=[concat_quantized([q[e, "gate"], q[e, "up"]]) for e in range(self.num_experts)],
+            down=[q[e, "down"] for e in range(self.num_experts)],
+        )
+        self._quantized = {}
+        for name in ("gate_up_proj", "down_proj"):
+            old = getattr(self, name)
+            setattr(
+                self,
+                name,
+                nn.Parameter(
+                    torch.empty(0, dtype=old.dtype, device=old.device), requires_grad=False
+                ),
+            )
 
     @torch.no_grad()
-    def load_expert(self, expert: int, part: str, tensor: torch.Tensor) -> None:
-        """Copy one expert's HF weight ([I, H] for gate / up, [H, I] for down) into place."""
+    def load_expert(self, expert: int, part: str, tensor: torch.Tensor | QuantizedWeight) -> None:
+        """Copy one expert's HF weight ([I, H] for gate / up, [H, I] for down) into place, or
+        keep it as it is when quantized (`finalize` assembles those)."""
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} is outside this layer's {self.num_experts} experts")
         inter = self.intermediate_size
@@ -66,6 +118,14 @@ class StackedExperts(nn.Module):
             target = self.gate_up_proj[expert, start : start + inter]
         else:
             raise ValueError(f"expert weight part {part!r} is not one of {EXPERT_PARTS}")
+        if isinstance(tensor, QuantizedWeight):
+            if tensor.shape != tuple(target.shape):
+                raise ValueError(
+                    f"quantized expert {expert} {part} weight {tensor!r} does not fit "
+                    f"{tuple(target.shape)}"
+                )
+            self._quantized[expert, part] = tensor
+            return
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(
                 f"expert {expert} {part} weight has shape {tuple(tensor.shape)}; "
@@ -74,11 +134,11 @@ class StackedExperts(nn.Module):
         target.copy_(tensor)
 
     @property
-    def expert_nbytes(self) -> int:
-        """Bytes of one expert's weights."""
-        return (self.gate_up_proj[0].numel() + self.down_proj[0].numel()) * (
-            self.gate_up_proj.element_size()
-        )
+    def weight_nbytes(self) -> int:
+        """Bytes the experts' weights occupy, in whatever format they are held."""
+        if self.quant is not None:
+            return self.quant.nbytes
+        return self.gate_up_proj.nbytes + self.down_proj.nbytes
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """sum over each token's k experts of weight * expert(x): x [T, H], weights / ids
@@ -93,8 +153,12 @@ class StackedExperts(nn.Module):
             if n == 0:
                 continue
             rows = slice(start, start + n)
-            h = silu_and_mul(torch.mm(xs[rows], self.gate_up_proj[expert].t()))
-            torch.mm(h, self.down_proj[expert].t(), out=out[rows])
+            if self.quant is None:
+                h = silu_and_mul(torch.mm(xs[rows], self.gate_up_proj[expert].t()))
+                torch.mm(h, self.down_proj[expert].t(), out=out[rows])
+            else:
+                h = silu_and_mul(self.quant.gate_up[expert].apply(xs[rows], None))
+                out[rows] = self.quant.down[expert].apply(h, None)
             start += n
         out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
         return torch.zeros_like(x).index_add_(0, tokens, out)
