@@ -4,12 +4,14 @@
 Every error of /v1/messages* is made in OpenAI's shape by the code that refuses the request
 (the guard's 401 / 415, the body limit's 408 / 413, validation's 400, a route's APIError, ...);
 `AnthropicErrorShape`, the outermost middleware, rewrites those bodies for these paths, so no
-refusal can slip out in the other API's shape. Status codes stay as they are.
+refusal can slip out in the other API's shape (an unhandled exception is answered here as
+a 500 `api_error`). Status codes stay as they are.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
 _TYPE_BY_STATUS = {
@@ -33,6 +35,7 @@ _TYPE_BY_OPENAI_TYPE = {
 }
 
 MESSAGES_PATH = "/v1/messages"
+logger = logging.getLogger(__name__)
 
 
 def error_type(status: int) -> str:
@@ -99,4 +102,30 @@ class AnthropicErrorShape:
             await send({**start, "headers": headers})
             await send({"type": "http.response.body", "body": body})
 
-        await self.app(scope, receive, reshaping)
+        sent = False
+
+        async def tracking(message) -> None:
+            nonlocal sent
+            sent = sent or message["type"] == "http.response.start"
+            await reshaping(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception as exc:
+            # The app's catch-all handler sits outside every middleware (Starlette's
+            # ServerErrorMiddleware): answer here, so that a 500 has this API's shape too.
+            if sent:
+                raise
+            logger.exception("unhandled error")
+            body = json.dumps(error_body("api_error", f"internal error: {exc}")).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 500,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})

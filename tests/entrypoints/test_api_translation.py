@@ -4,10 +4,12 @@ orders a real stream can take (text then calls, several calls, nothing at all)."
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from pagedllm.entrypoints.anthropic_errors import AnthropicErrorShape
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.messages_convert import stop_reason, to_chat_request
 from pagedllm.entrypoints.protocol_anthropic import MessagesRequest
@@ -327,3 +329,55 @@ def test_responses_reasoning_item_streamed_and_not():
     assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
     assert final["output"][0]["content"][0]["text"] == "Hm, seven."
     assert final["output"][1]["content"][0]["text"] == "Yes."
+
+
+# ------------------------------------------------------------------ Anthropic errors
+def _asgi_call(app, path: str) -> tuple[int, bytes]:
+    """One GET through `app` (an ASGI callable): (status, body)."""
+    out: dict = {"body": b""}
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+        else:
+            out["body"] += message.get("body", b"")
+
+    scope = {"type": "http", "path": path, "method": "GET", "headers": []}
+    asyncio.run(app(scope, receive, send))
+    return out["status"], out["body"]
+
+
+def test_anthropic_error_shape_middleware():
+    async def openai_404(scope, receive, send):
+        body = json.dumps({"error": {"message": "no such model", "type": "x"}}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 404,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"3")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body[:10], "more_body": True})
+        await send({"type": "http.response.body", "body": body[10:]})
+
+    async def boom(scope, receive, send):
+        raise RuntimeError("kaput")
+
+    status, body = _asgi_call(AnthropicErrorShape(openai_404), "/v1/messages")
+    assert status == 404 and json.loads(body) == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "no such model"},
+    }
+    # other paths keep the OpenAI shape
+    status, body = _asgi_call(AnthropicErrorShape(openai_404), "/v1/chat/completions")
+    assert json.loads(body)["error"]["message"] == "no such model"
+    status, body = _asgi_call(AnthropicErrorShape(boom), "/v1/messages/count_tokens")
+    assert status == 500 and json.loads(body)["error"] == {
+        "type": "api_error",
+        "message": "internal error: kaput",
+    }
+    with pytest.raises(RuntimeError):
+        _asgi_call(AnthropicErrorShape(boom), "/v1/completions")
