@@ -226,3 +226,25 @@ def test_qwen3_enable_thinking_switch(qwen3):
         qwen3, **body, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
     )
     assert reasoning == "" and content
+
+
+def test_openai_stream_helper_accumulates_reasoning_and_content(r1):
+    # a schema ends the answer ("stop"): the helper refuses a length-cut completion
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}
+    body = dict(
+        model="r1",
+        messages=MSGS,
+        max_tokens=60,
+        temperature=1.0,
+        seed=9,
+        response_format=fmt,
+        extra_body={"thinking_token_budget": 5},
+    )
+    whole = r1.chat.completions.create(**body).choices[0].message
+    with r1.chat.completions.stream(**body) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "stop"
+    assert final.message.content == whole.content
+    assert final.message.model_dump().get("reasoning_content") == whole.reasoning_content
