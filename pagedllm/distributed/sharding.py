@@ -19,7 +19,10 @@ group of G' queries per KV head)::
     H=4 kvh=1 N=2   rank 0 q 0-1 -> kv [0]             (replicated: kv_heads < N, like vLLM)
     H=6 kvh=3 N=2   rank 0 q 0-2 -> kv [0, 0, 1]       (neither: one KV copy per query head)
 
-A row-parallel bias is added once (rank 0 holds it, the others zeros). The vocabulary is
+Qwen3's and Gemma 3's q/k norms act per head over head_dim, so every rank holds them whole;
+Gemma 3's sliding and full layers share one block table under TP (`KVGroupLayout.one_table`),
+each layer applying its own window. A row-parallel bias is added once (rank 0 holds it, the
+others zeros). The vocabulary is
 padded to N * ceil(V / N) rows; the padded logits are cut off after the gather.
 """
 
@@ -38,7 +41,8 @@ from pagedllm.model.layers.quant import QuantizedWeight
 from pagedllm.model.models.llama import model_dims
 
 # Architectures whose layers this module knows how to split (tested against TP=1).
-TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                    "Qwen3ForCausalLM", "Gemma3ForCausalLM")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class Gemma3Attention(QKNormAttention, nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias, combine="sum")
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.scale = float(config.query_pre_attn_scalar) ** -0.5
@@ -80,7 +80,7 @@ class Gemma3MLP(nn.Module):
             raise ValueError(f"Gemma 3 hidden_activation {act!r} is not supported "
                              "(only gelu_pytorch_tanh)")
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, combine="sum")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, -1)
