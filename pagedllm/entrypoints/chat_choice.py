@@ -14,7 +14,8 @@ from pagedllm.entrypoints.protocol_responses import (
     DeltaMessage,
     DeltaToolCall,
 )
-from pagedllm.entrypoints.tool_calls import ToolPlan, delta_tool_calls, to_tool_calls, tool_call_id
+from pagedllm.entrypoints.tool_call_deltas import ToolCallDeltas
+from pagedllm.entrypoints.tool_calls import ToolPlan, to_tool_calls, tool_call_id
 
 
 class ChoiceText:
@@ -23,6 +24,7 @@ class ChoiceText:
         self.reasoning = reasoning
         self.reasoner = reasoning.parser() if reasoning is not None else None
         self.tools = plan.streamer()
+        self.deltas = ToolCallDeltas(plan.max_calls)
 
     @property
     def num_calls(self) -> int:
@@ -49,8 +51,9 @@ class ChoiceText:
 
     # ----------------------------------------------------------- streamed
     def delta(self, text: str, last: bool) -> DeltaMessage:
-        """This step's delta: reasoning as it comes; content as it comes; a named call's
-        arguments as they come; other tool calls whole, once each closes."""
+        """This step's delta: reasoning as it comes; content as it comes; tool-call arguments as
+        they come (a named call's; under `auto`, those of parsers that report the open call),
+        other tool calls whole, once each closes (tool_call_deltas.py)."""
         reasoning = ""
         if self.reasoner is not None:
             out = self.reasoner.feed(text)
@@ -89,5 +92,5 @@ class ChoiceText:
             out.extend(tools.finish())
         if not plan.parses:
             return DeltaMessage(content=out.content)
-        calls = delta_tool_calls(out.calls, before)
+        calls = self.deltas.entries(before, out.calls, None if last else tools.partial())
         return DeltaMessage(content=out.content or None, tool_calls=calls or None)

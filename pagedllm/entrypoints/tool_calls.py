@@ -29,12 +29,9 @@ from pagedllm.entrypoints.protocol import (
     FunctionCall,
     ToolCall,
 )
-from pagedllm.entrypoints.protocol_responses import (
-    DeltaFunctionCall,
-    DeltaToolCall,
-)
 from pagedllm.entrypoints.request_fields import structured_outputs_of
 from pagedllm.entrypoints.tool_parsers import TOOL_PARSERS, ParsedToolCall, ParseResult, ToolParser
+from pagedllm.entrypoints.tool_parsers.base import PartialCall
 from pagedllm.structured_output.params import StructuredOutputsParams
 from pagedllm.structured_output.strict_schema import close_objects
 
@@ -204,6 +201,10 @@ class ToolCallStreamer:
             out = ParseResult()
         return self._count(out)
 
+    def partial(self) -> PartialCall | None:
+        """The call being written under `auto` (see ToolParser.partial), else None."""
+        return self.parser.partial() if self.parser is not None else None
+
     def _count(self, out: ParseResult) -> ParseResult:
         """Count the calls emitted; past `max_calls` they are dropped."""
         limit = self.plan.max_calls
@@ -237,16 +238,3 @@ class ToolCallStreamer:
                 self._emitted += 1
             index += 1
         return out
-
-
-def delta_tool_calls(calls: list[ParsedToolCall], first_index: int) -> list[DeltaToolCall]:
-    """Each complete call as one streamed delta (id, name and all its arguments)."""
-    return [
-        DeltaToolCall(
-            index=first_index + k,
-            id=tool_call_id(),
-            type="function",
-            function=DeltaFunctionCall(name=c.name, arguments=c.arguments),
-        )
-        for k, c in enumerate(calls)
-    ]

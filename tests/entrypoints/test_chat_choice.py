@@ -38,15 +38,22 @@ def _plans(tool_choice="auto", include=True):
 
 
 def _streamed(tools, reasoning, pieces):
+    """Reassemble the deltas as a client does, checking OpenAI's shape on the way: one entry
+    per call index per chunk, id and name in an index's first entry only."""
     choice, out = ChoiceText(tools, reasoning), {"reasoning": "", "content": "", "calls": []}
+    calls: dict[int, dict] = {}
     for k, piece in enumerate(pieces):
         d = choice.delta(piece, k == len(pieces) - 1).model_dump()
         out["reasoning"] += d.get("reasoning_content") or ""
         out["content"] += d.get("content") or ""
-        out["calls"] += [
-            (c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in d.get("tool_calls") or []
-        ]
+        entries = d.get("tool_calls") or []
+        assert len({e["index"] for e in entries}) == len(entries)
+        for e in entries:
+            first = e["index"] not in calls
+            assert ("id" in e) is first and ("name" in e["function"]) is first
+            call = calls.setdefault(e["index"], {"name": e["function"].get("name"), "args": ""})
+            call["args"] += e["function"].get("arguments", "")
+    out["calls"] = [(calls[i]["name"], json.loads(calls[i]["args"])) for i in sorted(calls)]
     return out
 
 

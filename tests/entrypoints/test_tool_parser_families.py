@@ -185,3 +185,50 @@ def test_registry_takes_a_new_parser_class_and_refuses_a_taken_name():
     assert {"hermes", "llama3_json", "qwen3_coder", "mistral", "pythonic", "deepseek_v3"} <= set(
         TOOL_PARSERS
     )
+
+
+HERMES = (
+    'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
+    '</tool_call><tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>'
+)
+STREAMED = {  # parser -> (output, does it stream arguments before the call closes)
+    "hermes": (HERMES, True),
+    "mistral": (CASES["mistral"][0][0], True),
+    "mistral_v11": (CASES["mistral"][1][0], True),
+    "deepseek_v3": (DS_V3, True),
+    "deepseek_v31": (DS_V31, True),
+    "qwen3_coder": (QWEN3_CODER, False),
+    "pythonic": (CASES["pythonic"][0][0], False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STREAMED))
+def test_streamed_entries_reassemble_to_the_whole_calls(case):
+    from pagedllm.entrypoints.chat_choice import ChoiceText
+    from pagedllm.entrypoints.chat_options import ChatOptions
+    from pagedllm.entrypoints.protocol import ChatCompletionRequest
+    from pagedllm.entrypoints.tool_calls import plan_tools
+
+    text, incremental = STREAMED[case]
+    name = case.removesuffix("_v11").replace("deepseek_v31", "deepseek_v3")
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=TOOLS)
+    plan = plan_tools(req, ChatOptions(name, enable_auto_tool_choice=True))
+    whole = ChoiceText(plan, None).message(text)
+    want = [(c.function.name, c.function.arguments) for c in whole.tool_calls]
+    assert want
+    for size in (1, 4, 9):
+        choice, calls, pieces = ChoiceText(plan, None), {}, 0
+        chunks = [text[i : i + size] for i in range(0, len(text), size)]
+        for k, chunk in enumerate(chunks):
+            d = choice.delta(chunk, k == len(chunks) - 1).model_dump()
+            entries = d.get("tool_calls") or []
+            assert len({e["index"] for e in entries}) == len(entries)
+            for e in entries:
+                first = e["index"] not in calls
+                assert ("id" in e) is first and ("name" in e["function"]) is first
+                call = calls.setdefault(e["index"], [e["function"].get("name"), ""])
+                call[1] += e["function"].get("arguments", "")
+                pieces += 1
+        assert [tuple(calls[i]) for i in sorted(calls)] == want, size
+        if size == 1:  # arguments arrived in several entries, or each call in one
+            assert (pieces > len(want)) is incremental

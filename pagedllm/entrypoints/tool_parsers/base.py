@@ -16,6 +16,7 @@ whose markers are special tokens (the server then keeps special tokens in the te
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,15 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {}
 class ParsedToolCall:
     name: str
     arguments: str  # JSON text
+
+
+@dataclass
+class PartialCall:
+    """The call being written: its name, and its arguments so far (a prefix of the
+    `arguments` its complete ParsedToolCall will carry, so streamed pieces add up)."""
+
+    name: str
+    arguments: str
 
 
 @dataclass
@@ -52,6 +62,11 @@ class ToolParser:
 
     def finish(self) -> ParseResult:
         raise NotImplementedError
+
+    def partial(self) -> PartialCall | None:
+        """The open call once its name is known (streams send its arguments as they come);
+        None: no call open, or this format's arguments are only known whole."""
+        return None
 
     @classmethod
     def parse(cls, text: str, tools: list[dict] | None = None) -> ParseResult:
@@ -98,7 +113,24 @@ class TaggedToolParser(ToolParser):
         self._seen_call = False
 
     def parse_call(self, body: str) -> ParsedToolCall | None:
+        """A whole call body -> the call (its raw JSON arguments where `locate_args` finds
+        them, so that they extend what `partial` streamed), else None."""
         raise NotImplementedError
+
+    def locate_args(self, body: str) -> tuple[str, int] | None:
+        """(name, where the arguments' JSON object starts) in a call body written so far, for
+        formats that stream arguments; None: not known (yet)."""
+        return None
+
+    def partial(self) -> PartialCall | None:
+        if not self._in_call:
+            return None
+        found = self.locate_args(self._buf)
+        if found is None:
+            return None
+        name, start = found
+        end = json_value_end(self._buf, start)
+        return PartialCall(name, self._buf[start:end])
 
     def feed(self, delta: str) -> ParseResult:
         out = ParseResult()
@@ -166,6 +198,66 @@ def call_with_args(name: str, args: object) -> ParsedToolCall | None:
     if not isinstance(args, dict):
         return None
     return ParsedToolCall(name, json.dumps(args, ensure_ascii=False))
+
+
+_NAME_FIRST = re.compile(
+    r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)'
+)
+
+
+def locate_json_args(text: str, pos: int = 0) -> tuple[str, int] | None:
+    """`{"name": "f", "arguments": {` (or "parameters") at `pos` -> ("f", where the arguments
+    object starts); None if the text does not (yet) read so."""
+    m = _NAME_FIRST.match(text, pos)
+    if m is None:
+        return None
+    return json.loads(f'"{m.group(1)}"'), m.end()
+
+
+def raw_json_call(text: str, pos: int = 0) -> ParsedToolCall | None:
+    """A whole `{"name": ..., "arguments": {...}, ...}` object at `pos` with its arguments
+    kept as written (what `locate_json_args` streamed), else None."""
+    found = locate_json_args(text, pos)
+    if found is None:
+        return None
+    name, start = found
+    end = json_value_end(text, start)
+    if end is None:
+        return None
+    return call_with_raw_args(name, text[start:end])
+
+
+def call_with_raw_args(name: str, raw: str) -> ParsedToolCall | None:
+    """A call whose arguments are `raw` as written, if `raw` is one JSON object."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return ParsedToolCall(name, raw) if isinstance(value, dict) else None
+
+
+def json_value_end(text: str, start: int) -> int | None:
+    """End (exclusive) of the JSON object or array opening at `text[start]`, None while it is
+    not closed; strings (and their escapes) are skipped."""
+    depth, quote, escape = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
+                quote = False
+        elif ch == '"':
+            quote = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
 
 
 def partial_suffix(text: str, marker: str) -> int:

@@ -8,7 +8,8 @@
     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}
     <｜tool▁call▁end｜><｜tool▁calls▁end｜>                                   (V3.1)
 
-Text before the calls marker is content; each call is emitted when its end marker arrives.
+Text before the calls marker is content; each call's arguments stream as they are written and
+the call completes when its end marker arrives.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ import re
 from pagedllm.entrypoints.tool_parsers.base import (
     ParsedToolCall,
     TaggedToolParser,
-    call_with_args,
+    call_with_raw_args,
+    json_value_end,
     register_tool_parser,
 )
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-_FENCED = re.compile(r"\A([^\n]+)\n```(?:json)?\n(.*)\n```\s*\Z", re.DOTALL)
+# V3: the type, <sep>, the name, a fenced JSON block; V3.1: the name, <sep>, the JSON
+_V3 = re.compile(r"[^\n]*?" + re.escape(SEP) + r"([^\n]+)\n```(?:json)?\n(?=\{)")
+_V31 = re.compile(r"([^\n<]+?)" + re.escape(SEP) + r"\s*(?=\{)")
+_V3_TAIL = re.compile(r"\s*```\s*\Z")
 
 
 @register_tool_parser
@@ -33,11 +38,20 @@ class DeepSeekV3ToolParser(TaggedToolParser):
     special_tokens = True
     calls_start, call_start, call_end = CALLS_BEGIN, CALL_BEGIN, CALL_END
 
+    def locate_args(self, body: str) -> tuple[str, int] | None:
+        m = _V3.match(body) or _V31.match(body)
+        return (m.group(1).strip(), m.end()) if m else None
+
     def parse_call(self, body: str) -> ParsedToolCall | None:
-        kind, sep, rest = body.partition(SEP)
-        if not sep:
+        found = self.locate_args(body)
+        if found is None:
             return None
-        fenced = _FENCED.match(rest.strip("\n"))
-        if fenced is not None:  # V3: the type, then the name and a fenced JSON block
-            return call_with_args(fenced.group(1).strip(), fenced.group(2))
-        return call_with_args(kind.strip(), rest.strip())  # V3.1: name<sep>JSON
+        name, start = found
+        end = json_value_end(body, start)
+        if end is None:
+            return None
+        fenced = _V3.match(body) is not None
+        tail = body[end:]
+        if (fenced and not _V3_TAIL.match(tail)) or (not fenced and tail.strip()):
+            return None
+        return call_with_raw_args(name, body[start:end])

@@ -4,7 +4,8 @@
     [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}     (v11+)
 
 (v13's `[CALL_ID]id` after the name is accepted and ignored: the server makes its own ids.)
-Text before the first `[TOOL_CALLS]` is content; each call is emitted once its JSON closes.
+Text before the first `[TOOL_CALLS]` is content; a call's arguments stream as they are written
+and the call completes when its JSON closes.
 `[TOOL_CALLS]` is a special token, so the server keeps special tokens in the text (as vLLM).
 """
 
@@ -14,10 +15,14 @@ import json
 
 from pagedllm.entrypoints.tool_parsers.base import (
     ParseResult,
+    PartialCall,
     ToolParser,
     call_from_json,
-    call_with_args,
+    call_with_raw_args,
+    json_value_end,
+    locate_json_args,
     partial_suffix,
+    raw_json_call,
     register_tool_parser,
 )
 
@@ -38,6 +43,7 @@ class MistralToolParser(ToolParser):
         self._in_array = False
         self._seen_call = False
         self._failed = False
+        self._partial: PartialCall | None = None
 
     def feed(self, delta: str) -> ParseResult:
         out = ParseResult()
@@ -56,8 +62,10 @@ class MistralToolParser(ToolParser):
         return out
 
     def _calls(self) -> list:
-        """Complete calls at the head of the buffer (consumed); the rest waits."""
+        """Complete calls at the head of the buffer (consumed); the rest waits (the open
+        call's arguments so far are `partial()`)."""
         calls = []
+        self._partial = None
         while not self._failed:
             text = self._buf.lstrip()
             if self._in_array:
@@ -65,11 +73,15 @@ class MistralToolParser(ToolParser):
                 if text.startswith("]"):
                     self._in_array, self._buf = False, text[1:]
                     continue
+                found = locate_json_args(text)
                 try:
                     obj, end = _DECODER.raw_decode(text)
                 except ValueError:
+                    if found is not None:
+                        name, start = found
+                        self._partial = PartialCall(name, text[start : json_value_end(text, start)])
                     return calls
-                call = call_from_json(obj)
+                call = (raw_json_call(text) if found else None) or call_from_json(obj)
             elif TOOL_CALLS.startswith(text):  # nothing yet, or a marker arriving
                 return calls
             elif text.startswith(TOOL_CALLS):
@@ -83,12 +95,15 @@ class MistralToolParser(ToolParser):
                 if not sep:
                     return calls
                 name = head.split(CALL_ID, 1)[0].strip()
-                try:
-                    args, end = _DECODER.raw_decode(rest.lstrip())
-                except ValueError:
+                start = len(text) - len(rest.lstrip())
+                if start == len(text):
                     return calls
-                end += len(text) - len(rest.lstrip())
-                call = call_with_args(name, args) if name else None
+                end = json_value_end(text, start) if text[start] == "{" else -1
+                if end is None:
+                    if name:
+                        self._partial = PartialCall(name, text[start:])
+                    return calls
+                call = call_with_raw_args(name, text[start:end]) if name and end > 0 else None
             if call is None:  # not a call after all: stop parsing, finish() decides
                 self._failed = True
                 return calls
@@ -97,8 +112,12 @@ class MistralToolParser(ToolParser):
             self._buf = text[end:]
         return calls
 
+    def partial(self) -> PartialCall | None:
+        return self._partial
+
     def finish(self) -> ParseResult:
         out = ParseResult()
+        self._partial = None
         if not self._in_calls:
             out.content, self._buf = self._buf, ""
         elif not self._seen_call:
