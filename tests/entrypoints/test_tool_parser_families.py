@@ -197,13 +197,13 @@ STREAMED = {  # parser -> (output, does it stream arguments before the call clos
     "mistral_v11": (CASES["mistral"][1][0], True),
     "deepseek_v3": (DS_V3, True),
     "deepseek_v31": (DS_V31, True),
-    "qwen3_coder": (QWEN3_CODER, False),
+    "qwen3_coder": (QWEN3_CODER, True),  # parameter by parameter
     "pythonic": (CASES["pythonic"][0][0], False),
 }
 
 
 @pytest.mark.parametrize("case", sorted(STREAMED))
-def test_streamed_entries_reassemble_to_the_whole_calls(case):
+def test_streamed_entries_reassemble_to_the_whole_calls(case, caplog):
     from pagedllm.entrypoints.chat_choice import ChoiceText
     from pagedllm.entrypoints.chat_options import ChatOptions
     from pagedllm.entrypoints.protocol import ChatCompletionRequest
@@ -232,3 +232,4 @@ def test_streamed_entries_reassemble_to_the_whole_calls(case):
         assert [tuple(calls[i]) for i in sorted(calls)] == want, size
         if size == 1:  # arguments arrived in several entries, or each call in one
             assert (pieces > len(want)) is incremental
+    assert "differ from those streamed" not in caplog.text

@@ -24,11 +24,13 @@ import re
 
 from pagedllm.entrypoints.tool_parsers.base import (
     ParsedToolCall,
+    PartialCall,
     TaggedToolParser,
     register_tool_parser,
 )
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
+_OPENED = re.compile(r"\s*<function=([^>\n]+)>")
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
@@ -42,12 +44,27 @@ class Qwen3CoderToolParser(TaggedToolParser):
         if m is None:
             return None
         name = m.group(1).strip()
+        return ParsedToolCall(name, json.dumps(self._args(name, m.group(2)), ensure_ascii=False))
+
+    def partial(self) -> PartialCall | None:
+        """Once `<function=NAME>` is in: the arguments of the parameters closed so far, as the
+        head of the JSON the whole call will carry (`{"a": 1` before `, "b": 2}`)."""
+        m = _OPENED.match(self._buf) if self._in_call else None
+        if m is None:
+            return None
+        name = m.group(1).strip()
+        params = self._buf[m.end() :]
+        end = params.rfind("</parameter>")
+        done = params[: end + len("</parameter>")] if end >= 0 else ""  # closed ones only
+        return PartialCall(name, json.dumps(self._args(name, done), ensure_ascii=False)[:-1])
+
+    def _args(self, name: str, params: str) -> dict:
         types = self.parameters_of(name)
         args = {}
-        for key, raw in _PARAMETER.findall(m.group(2)):
+        for key, raw in _PARAMETER.findall(params):
             key = key.strip()
             args[key] = _value(_trim(raw), (types.get(key) or {}).get("type"))
-        return ParsedToolCall(name, json.dumps(args, ensure_ascii=False))
+        return args
 
 
 def _trim(raw: str) -> str:
