@@ -48,6 +48,7 @@ from pagedllm.loader.errors import UnsupportedModelError
 from pagedllm.loader.hf_loader import load_hf_checkpoint
 from pagedllm.model.layers.quant import QuantizedWeight, gguf_a8
 from pagedllm.model.layers.quant import gguf as gguf_quant
+from pagedllm.model.layers.quant.gguf_matrix import GGUFMatrix
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,8 @@ def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     planned = []
     arch = _architecture(reader)
     layer_names = (gguf_gemma3.LAYER_NAMES if arch == gguf_gemma3.ARCH
-                   else gguf_qwen.LAYER_NAMES if arch in gguf_qwen.ARCHES else _LAYER_NAMES)
+                   else {**gguf_qwen.LAYER_NAMES, **gguf_qwen.EXPERT_NAMES}
+                   if arch in gguf_qwen.ARCHES else _LAYER_NAMES)
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name, layer_names)
         if name is None:
@@ -183,7 +185,7 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
 def _row_order(name: str, rows: int, config: PretrainedConfig) -> np.ndarray | None:
     """The HF row order of a q/k projection (undoes llama.cpp's rotary permutation; gemma3
     and qwen files are not permuted)."""
-    if getattr(config, "model_type", None) in ("gemma3_text", *gguf_qwen.ARCHES):
+    if getattr(config, "model_type", None) in ("gemma3_text", *gguf_qwen.MODEL_TYPES):
         return None
     if ".self_attn.q_proj." in name:
         return reverse_permute(np.arange(rows), config.num_attention_heads)
@@ -202,16 +204,24 @@ def iter_gguf_tensors(reader: GGUFReader, config: PretrainedConfig
             array = gguf_gemma3.to_hf(name, array)
         elif (order := _row_order(name, array.shape[0], config)) is not None:
             array = array[order]
-        yield name, np.ascontiguousarray(array, dtype=np.float32)
+        for hf_name, part in gguf_qwen.split(name, array):  # MoE experts: one per expert
+            yield hf_name, np.ascontiguousarray(part, dtype=np.float32)
 
 
 def iter_gguf_quantized(
-    reader: GGUFReader, config: LlamaConfig, int8_activations: bool = False
-) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    reader: GGUFReader, config: LlamaConfig, int8_activations: bool = False,
+    unbuilt: bool = False,
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight | GGUFMatrix]]:
     """Yield ``(hf_name, weight)``: block-quantized matrices as `GGUFWeight` (kept quantized;
     `GGUFA8Weight` in the file's row layout with `int8_activations`), F32/F16/BF16 tensors as
-    float32 tensors (Gemma 3's norms lose llama.cpp's +1)."""
+    float32 tensors (Gemma 3's norms lose llama.cpp's +1). `unbuilt`: each 2-D quantized
+    matrix as a `GGUFMatrix` (the file's bytes, for a tensor-parallel rank to cut)."""
     make = gguf_a8.gguf_a8_weight if int8_activations else gguf_quant.gguf_weight
+    if unbuilt:
+        def make(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> GGUFMatrix:
+            qtype, shape = gguf_quant.matrix_type_and_shape(tensor)
+            return GGUFMatrix.of(qtype, np.asarray(tensor.data), shape, tensor.name, row_order,
+                                 int8_activations)
     gemma3 = _architecture(reader) == gguf_gemma3.ARCH
     for tensor, name in _tensors(reader):
         qtype = tensor.tensor_type
@@ -221,7 +231,12 @@ def iter_gguf_quantized(
                 array = gguf_gemma3.to_hf(name, array)
             elif (order := _row_order(name, array.shape[0], config)) is not None:
                 array = array[order]
-            yield name, torch.from_numpy(np.array(array, dtype=np.float32))
+            for hf_name, part in gguf_qwen.split(name, array):
+                yield hf_name, torch.from_numpy(np.array(part, dtype=np.float32))
+            continue
+        if "{}" in name:  # stacked MoE experts: each expert's matrix stays quantized
+            for e, view in enumerate(gguf_qwen.expert_views(tensor)):
+                yield name.format(e), make(view)
             continue
         if gemma3 and name.endswith("norm.weight"):
             raise UnsupportedModelError(f"GGUF gemma3 norm {tensor.name} is {qtype.name}; "
@@ -253,7 +268,8 @@ def _write_weights(entry: Path, reader: GGUFReader, config: LlamaConfig) -> None
     """Add the dequantized fp32 ``model.safetensors`` to a cache entry (written to a temporary
     name and renamed, so a killed process leaves no half-written file)."""
     start = time.perf_counter()
-    specs = [(name, _hf_shape(tensor)) for tensor, name in _tensors(reader)]
+    specs = [spec for tensor, name in _tensors(reader)
+             for spec in gguf_qwen.hf_specs(name, _hf_shape(tensor))]
     tmp = entry / f".model.safetensors.tmp-{os.getpid()}"
     try:
         write_safetensors(tmp, specs, iter_gguf_tensors(reader, config))
@@ -405,7 +421,8 @@ def load_gguf_checkpoint(
             if quantized:
                 return Checkpoint(config, tokenizer,
                                   lambda: iter_gguf_quantized(reader, config, int8_activations),
-                                  path, quantization="gguf")
+                                  path, quantization="gguf", unbuilt_weights=lambda:
+                                  iter_gguf_quantized(reader, config, int8_activations, True))
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
     if quantized:
         config, tokenizer = _entry_meta(entry)
@@ -416,7 +433,8 @@ def load_gguf_checkpoint(
                     entry, time.perf_counter() - start)
         return Checkpoint(config, tokenizer,
                           lambda: iter_gguf_quantized(reader, config, int8_activations), path,
-                          quantization="gguf")
+                          quantization="gguf", unbuilt_weights=lambda:
+                          iter_gguf_quantized(reader, config, int8_activations, True))
     if not (entry / WEIGHTS_FILE).is_file():
         reader = reader or open_gguf(path)
         try:

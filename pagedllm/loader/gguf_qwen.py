@@ -1,4 +1,5 @@
-"""The `qwen2` and `qwen3` GGUF architectures: their config and tensor names in HF terms.
+"""The `qwen2`, `qwen3`, `qwen2moe` and `qwen3moe` GGUF architectures: their config and
+tensor names in HF terms.
 
 Dispatched to from :mod:`gguf_loader` on ``general.architecture``. What differs from llama's
 GGUF files:
@@ -6,19 +7,42 @@ GGUF files:
   * q/k rows are not permuted (Qwen uses NEOX-style RoPE): no reverse permutation;
   * qwen2 has q/k/v biases (``attn_q.bias``, ...); qwen3 has per-head q/k RMSNorms
     (``attn_q_norm``, ``attn_k_norm``) and a head size of its own (``attention.key_length``);
-  * metadata keys are ``qwen2.*`` / ``qwen3.*`` with llama's meanings.
+  * metadata keys are ``<arch>.*`` with llama's meanings, plus the experts' for the MoE
+    files (``expert_count``, ``expert_used_count``, ``expert_feed_forward_length``,
+    ``expert_shared_feed_forward_length``);
+  * MoE experts are stacked per layer (``ffn_gate_exps`` [E, I, H], ...): gguf_loader splits
+    them into HF's per-expert tensors (``EXPERT_NAMES``); the router is ``ffn_gate_inp``, the
+    shared expert ``*_shexp`` with its gate ``ffn_gate_inp_shexp`` (one row);
+  * llama.cpp always renormalizes qwen3moe's top-k weights and never qwen2moe's (HF's
+    `norm_topk_prob`, which the files do not carry).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
-from transformers import PretrainedConfig, Qwen2Config, Qwen3Config
+import numpy as np
+from gguf import ReaderTensor
+from transformers import (
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from pagedllm.loader.errors import UnsupportedModelError
 
-ARCHES = ("qwen2", "qwen3")
+ARCHES = ("qwen2", "qwen3", "qwen2moe", "qwen3moe")
+MODEL_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # their HF configs' model_type
+_CONFIGS = {  # arch -> (config class, HF architecture)
+    "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
+    "qwen3": (Qwen3Config, "Qwen3ForCausalLM"),
+    "qwen2moe": (Qwen2MoeConfig, "Qwen2MoeForCausalLM"),
+    "qwen3moe": (Qwen3MoeConfig, "Qwen3MoeForCausalLM"),
+}
 
 # GGUF layer tensor name -> HF name (gguf_loader.hf_tensor_name maps with it; the global
 # names are llama's).
@@ -34,6 +58,17 @@ LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+# Stacked expert tensors -> the HF per-expert name, "{}" standing for the expert index.
+EXPERT_NAMES = {
+    "ffn_gate_exps": "mlp.experts.{}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{}.up_proj",
+    "ffn_down_exps": "mlp.experts.{}.down_proj",
 }
 
 
@@ -62,19 +97,30 @@ def config(
         }
     elif scaling != "none":
         raise UnsupportedModelError(f"GGUF {arch} rope scaling {scaling!r} is not supported")
-    cls, extra = (
-        (Qwen2Config, {})
-        if arch == "qwen2"
-        else (
-            Qwen3Config,
-            {
-                "head_dim": int(meta(f"{arch}.attention.key_length", hidden // heads)),
-                "attention_bias": "blk.0.attn_q.bias" in tensor_shapes,
-            },
+    cls, hf_arch = _CONFIGS[arch]
+    extra: dict[str, Any] = {}
+    if arch in ("qwen3", "qwen3moe"):
+        extra = {
+            "head_dim": int(meta(f"{arch}.attention.key_length", hidden // heads)),
+            "attention_bias": "blk.0.attn_q.bias" in tensor_shapes,
+        }
+    elif arch == "qwen2moe":
+        extra = {"qkv_bias": "blk.0.attn_q.bias" in tensor_shapes}
+    if arch.endswith("moe"):
+        extra |= {
+            "num_experts": int(meta(f"{arch}.expert_count")),
+            "num_experts_per_tok": int(meta(f"{arch}.expert_used_count")),
+            "moe_intermediate_size": int(meta(f"{arch}.expert_feed_forward_length")),
+            "norm_topk_prob": arch == "qwen3moe",
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
+    if arch == "qwen2moe":
+        extra["shared_expert_intermediate_size"] = int(
+            meta(f"{arch}.expert_shared_feed_forward_length")
         )
-    )
     return cls(
-        architectures=["Qwen2ForCausalLM" if arch == "qwen2" else "Qwen3ForCausalLM"],
+        architectures=[hf_arch],
         vocab_size=tensor_shapes["token_embd.weight"][0],
         hidden_size=hidden,
         intermediate_size=int(meta(f"{arch}.feed_forward_length")),
@@ -90,3 +136,36 @@ def config(
         pad_token_id=meta("tokenizer.ggml.padding_token_id", None),
         **extra,
     )
+
+
+def hf_specs(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """The HF (name, shape) of every tensor a GGUF tensor of HF `name` / `shape` becomes:
+    one per expert for stacked experts, the shared-expert gate as one row."""
+    if "{}" in name:
+        return [(name.format(e), shape[1:]) for e in range(shape[0])]
+    if name.endswith("shared_expert_gate.weight") and len(shape) == 1:
+        return [(name, (1, shape[0]))]
+    return [(name, shape)]
+
+
+def split(name: str, array: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+    """A dequantized GGUF tensor under its HF name(s) (see `hf_specs`)."""
+    for (hf_name, shape), part in zip(
+        hf_specs(name, array.shape),
+        array if "{}" in name else [array],
+        strict=True,
+    ):
+        yield hf_name, part.reshape(shape)
+
+
+def expert_views(tensor: ReaderTensor) -> list[SimpleNamespace]:
+    """Each expert's matrix of a stacked quantized expert tensor, as a 2-D tensor view that
+    the GGUF weight constructors take (ggml dimension order: [K, N, E] -> [K, N])."""
+    k, n, experts = (int(d) for d in tensor.shape)
+    data = np.asarray(tensor.data)
+    return [
+        SimpleNamespace(
+            name=f"{tensor.name}[{e}]", tensor_type=tensor.tensor_type, shape=[k, n], data=data[e]
+        )
+        for e in range(experts)
+    ]

@@ -1,11 +1,13 @@
 """Write a tiny HF checkpoint (tests/conftest.py's) as a GGUF file the way llama.cpp's
-converter lays out qwen2 / qwen3 models: `<arch>.*` metadata, the byte-level BPE vocabulary
-as a "gpt2" tokenizer with its merges, llama.cpp tensor names, q/k rows unpermuted (NEOX
-RoPE), matrices in `qtype` (gguf-py's quantizer) and norms / biases in F32."""
+converter lays out qwen2 / qwen3 / qwen2moe / qwen3moe models: `<arch>.*` metadata, the
+byte-level BPE vocabulary as a "gpt2" tokenizer with its merges, llama.cpp tensor names, q/k
+rows unpermuted (NEOX RoPE), each layer's experts stacked ([E, N, K]), matrices in `qtype`
+(gguf-py's quantizer) and norms / biases / routers in F32."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import gguf
@@ -24,8 +26,14 @@ _LAYER = {
     "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
 def gguf_name(hf_name: str) -> str:
@@ -37,14 +45,7 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_LAYER[sub]}.{suffix}"
 
 
-def write_gguf(
-    model_dir: Path,
-    out: Path,
-    arch: str,
-    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-) -> Path:
-    cfg = json.loads((model_dir / "config.json").read_text())
-    writer = gguf.GGUFWriter(str(out), arch)
+def _add_metadata(writer: gguf.GGUFWriter, cfg: dict, arch: str, qtype) -> None:
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     writer.add_context_length(cfg["max_position_embeddings"])
@@ -58,7 +59,15 @@ def write_gguf(
     writer.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_file_type(int(qtype) if qtype != gguf.GGMLQuantizationType.F32 else 0)
+    if arch.endswith("moe"):
+        writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
 
+
+def _add_tokenizer(writer: gguf.GGUFWriter, model_dir: Path, cfg: dict) -> None:
     tok = json.loads((model_dir / "tokenizer.json").read_text())
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
     special = {t["content"] for t in tok["added_tokens"]}
@@ -75,15 +84,34 @@ def write_gguf(
     writer.add_eos_token_id(cfg["eos_token_id"])
     writer.add_add_bos_token(False)
 
+
+def write_gguf(
+    model_dir: Path,
+    out: Path,
+    arch: str,
+    qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+) -> Path:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    writer = gguf.GGUFWriter(str(out), arch)
+    _add_metadata(writer, cfg, arch, qtype)
+    _add_tokenizer(writer, model_dir, cfg)
+    tensors: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
     with safe_open(str(model_dir / "model.safetensors"), framework="np") as f:
         for name in f.keys():  # noqa: SIM118 - safe_open is not a Mapping
             array = f.get_tensor(name).astype(np.float32)
-            if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
-                writer.add_tensor(
-                    gguf_name(name), gguf.quants.quantize(array, qtype), raw_dtype=qtype
-                )
+            if hit := _EXPERT.fullmatch(name):
+                layer, expert, part = hit.groups()
+                experts.setdefault(f"blk.{layer}.ffn_{part}_exps.weight", {})[int(expert)] = array
             else:
-                writer.add_tensor(gguf_name(name), array)
+                tensors[gguf_name(name)] = array
+    for name, parts in experts.items():
+        tensors[name] = np.stack([parts[e] for e in range(len(parts))])
+    for name, array in tensors.items():
+        if array.ndim >= 2 and "gate_inp" not in name and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
