@@ -191,6 +191,10 @@ HERMES = (
     'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'
     '</tool_call><tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>'
 )
+TEXTS_LLAMA = (
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+    '{"name": "get_time", "parameters": {"zone": "CET"}}'
+)
 STREAMED = {  # parser -> (output, does it stream arguments before the call closes)
     "hermes": (HERMES, True),
     "mistral": (CASES["mistral"][0][0], True),
@@ -199,6 +203,7 @@ STREAMED = {  # parser -> (output, does it stream arguments before the call clos
     "deepseek_v31": (DS_V31, True),
     "qwen3_coder": (QWEN3_CODER, True),  # parameter by parameter
     "pythonic": (CASES["pythonic"][0][0], False),
+    "llama3_json": (TEXTS_LLAMA, True),
 }
 
 
