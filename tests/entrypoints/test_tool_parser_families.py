@@ -202,7 +202,7 @@ STREAMED = {  # parser -> (output, does it stream arguments before the call clos
     "deepseek_v3": (DS_V3, True),
     "deepseek_v31": (DS_V31, True),
     "qwen3_coder": (QWEN3_CODER, True),  # parameter by parameter
-    "pythonic": (CASES["pythonic"][0][0], False),
+    "pythonic": (CASES["pythonic"][0][0], True),  # keyword by keyword
     "llama3_json": (TEXTS_LLAMA, True),
 }
 

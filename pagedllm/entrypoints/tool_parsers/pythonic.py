@@ -5,8 +5,9 @@ literal keyword arguments, optionally inside Llama 4's `<|python_start|>` ... `<
 
 An answer that does not start with `[` (or the start tag) is content, streamed as it comes.
 One that does is scanned as it arrives: each call is emitted once its closing parenthesis
-(outside strings) arrives and it reads as `name(key=literal, ...)`. If the text turns out not
-to be a list of calls, the whole answer is returned as content at the end (vLLM's rule).
+(outside strings) arrives and it reads as `name(key=literal, ...)`; before that its arguments
+stream keyword by keyword (`partial`). If the text turns out not to be a list of calls, the
+whole answer is returned as content at the end (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 from pagedllm.entrypoints.tool_parsers.base import (
     ParsedToolCall,
     ParseResult,
+    PartialCall,
     ToolParser,
     register_tool_parser,
 )
@@ -38,6 +40,7 @@ class PythonicToolParser(ToolParser):
         self._quote = ""  # the open string's quote, "" outside strings
         self._escape = False
         self._call_at: int | None = None  # where the call being scanned starts
+        self._args_end: int | None = None  # its keyword arguments are complete up to here
         self._calls = 0
         self._failed = False
 
@@ -75,6 +78,8 @@ class PythonicToolParser(ToolParser):
                 self._quote = ch
             elif ch in _OPEN:
                 self._depth += 1
+                if self._depth == 1 and ch == "(" and self._call_at is not None:
+                    self._args_end = self._pos  # the call's name is known
             elif ch in _CLOSE:
                 self._depth -= 1
                 if self._depth == 0 and ch == ")" and self._call_at is not None:
@@ -83,11 +88,21 @@ class PythonicToolParser(ToolParser):
                         self._failed = True
                         break
                     calls.append(call)
-                    self._call_at = None
+                    self._call_at = self._args_end = None
+            elif ch == "," and self._depth == 1 and self._args_end is not None:
+                self._args_end = self._pos - 1  # keyword arguments complete up to here
             elif self._depth == 0 and self._call_at is None and not (ch.isspace() or ch == ","):
                 self._call_at = self._pos - 1
         self._calls += len(calls)
         return calls
+
+    def partial(self) -> PartialCall | None:
+        """The open call's name and its complete keyword arguments, as the head of the JSON
+        the whole call will carry."""
+        if self._call_at is None or self._args_end is None or self._failed:
+            return None
+        call = _call(self._buf[self._call_at : self._args_end] + ")")
+        return None if call is None else PartialCall(call.name, call.arguments[:-1])
 
     def finish(self) -> ParseResult:
         text, self._buf = self._buf, ""
