@@ -92,17 +92,17 @@ def weight_format_before_loading(config: EngineConfig) -> str | None:
 
 def check_tensor_parallel(config: EngineConfig, method: str | None) -> None:
     """Raise ValueError for what tensor parallelism does not support yet: quantized weights
-    (`method`, None = not known yet), LoRA, speculative decoding. `pagedllm serve` runs it
-    with `weight_format_before_loading` before loading anything, the engine again with the
-    checkpoint's own format."""
+    other than GGUF's (`method`, None = not known yet), LoRA, speculative decoding.
+    `pagedllm serve` runs it with `weight_format_before_loading` before loading anything, the
+    engine again with the checkpoint's own format."""
     n = config.tensor_parallel_size
     if n == 1:
         return
-    if method not in (None, "none"):
+    if method not in (None, "none", "gguf"):
         raise ValueError(f"tensor_parallel_size {n}: quantized weights ({method}) are not "
-                         f"supported with tensor parallelism yet; pass --quantization none "
-                         f"(quantization='none') to load them dequantized, or use "
-                         f"tensor_parallel_size 1")
+                         f"supported with tensor parallelism yet (GGUF files are); pass "
+                         f"--quantization none (quantization='none') to load them "
+                         f"dequantized, or use tensor_parallel_size 1")
     if config.enable_lora:
         raise ValueError(f"tensor_parallel_size {n}: LoRA is not supported with tensor "
                          "parallelism yet")

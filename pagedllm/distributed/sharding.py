@@ -34,10 +34,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
 
+import numpy as np
 import torch
 
 from pagedllm.distributed.parallel_state import TPGroup
 from pagedllm.model.layers.quant import QuantizedWeight
+from pagedllm.model.layers.quant.gguf_matrix import GGUFMatrix
 from pagedllm.model.models.llama import model_dims
 
 # Architectures whose layers this module knows how to split (tested against TP=1).
@@ -131,39 +133,64 @@ class TPLayout:
         return cfg
 
     # ----------------------------------------------------------- weights
-    def shard_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]
-                      ) -> Iterator[tuple[str, torch.Tensor]]:
-        """This rank's part of each HF-named tensor (streamed; nothing else is kept)."""
-        for name, tensor in weights:
-            if isinstance(tensor, QuantizedWeight):
-                raise ValueError(f"tensor parallelism supports unquantized (fp32/bf16/fp16) "
-                                 f"weights only; {name} is quantized ({tensor!r})")
-            yield name, self.shard(name, tensor)
+    def shard_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight |
+                                                     GGUFMatrix]]
+                      ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """This rank's part of each HF-named weight (streamed; nothing else is kept). GGUF
+        matrices arrive unbuilt (`GGUFMatrix`): this rank's rows or block columns are cut from
+        the file's bytes, then built; other quantized formats are refused."""
+        for name, w in weights:
+            if isinstance(w, GGUFMatrix):
+                yield name, self._shard_matrix(name, w).build()
+            elif isinstance(w, QuantizedWeight):
+                raise ValueError(f"tensor parallelism supports unquantized (fp32/bf16/fp16) and "
+                                 f"GGUF weights; {name} is {w!r}")
+            else:
+                yield name, self.shard(name, w)
 
-    def shard(self, name: str, t: torch.Tensor) -> torch.Tensor:
+    def _cut(self, name: str, num_rows: int) -> tuple[str, object]:
+        """What this rank holds of weight `name` (HF layout, `num_rows` output rows):
+        ("rows", index: -1 = a zero row), ("cols", (start, end)), ("bias0", None): a
+        row-parallel bias (rank 0 adds it once), or ("whole", None)."""
         hd, r = self.head_dim, self.rank
         first, end = self.head_range
         if ".q_proj." in name:
-            return t[first * hd:end * hd]
+            return "rows", np.arange(first * hd, end * hd)
         if ".k_proj." in name or ".v_proj." in name:
-            return torch.cat([t[kv * hd:(kv + 1) * hd] for kv in self.local_kv_heads])
+            return "rows", np.concatenate([np.arange(kv * hd, (kv + 1) * hd)
+                                           for kv in self.local_kv_heads])
+        n = self.local_intermediate
         if ".gate_proj." in name or ".up_proj." in name:
-            n = self.local_intermediate
-            return t[r * n:(r + 1) * n]
+            return "rows", np.arange(r * n, (r + 1) * n)
         if ".o_proj." in name or ".down_proj." in name:
             if name.endswith(".bias"):  # added once, after the all-reduce sums the shards
-                return t if r == 0 else torch.zeros_like(t)
-            if ".o_proj." in name:
-                return t[:, first * hd:end * hd]
-            n = self.local_intermediate
-            return t[:, r * n:(r + 1) * n]
+                return "bias0", None
+            return "cols", (first * hd, end * hd) if ".o_proj." in name else (r * n, (r + 1) * n)
         if name.endswith(("embed_tokens.weight", "lm_head.weight")):
-            n = self.vocab_shard
-            part = t[r * n:(r + 1) * n]
-            if part.shape[0] < n:  # the last shard of a vocabulary N does not divide
-                part = torch.cat([part, part.new_zeros(n - part.shape[0], *part.shape[1:])])
-            return part
-        return t  # norms: replicated
+            v = self.vocab_shard  # the last shard of a vocabulary N does not divide: zero rows
+            rows = np.arange(r * v, (r + 1) * v)
+            return "rows", np.where(rows < num_rows, rows, -1)
+        return "whole", None  # norms: replicated
+
+    def shard(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        kind, cut = self._cut(name, t.shape[0])
+        if kind == "rows":
+            index = torch.from_numpy(cut)
+            part = t[index.clamp(min=0)]
+            return part.masked_fill_((index < 0).view(-1, *[1] * (t.dim() - 1)), 0.0)
+        if kind == "cols":
+            return t[:, cut[0]:cut[1]]
+        if kind == "bias0":
+            return t if self.rank == 0 else torch.zeros_like(t)
+        return t
+
+    def _shard_matrix(self, name: str, m: GGUFMatrix) -> GGUFMatrix:
+        kind, cut = self._cut(name, m.shape[0])
+        if kind == "rows":
+            return m.rows(cut)
+        if kind == "cols":
+            return m.cols(*cut)
+        return m
 
     def collectives(self, group: TPGroup) -> TPCollectives:
         """This rank's collectives, which the layers take at construction

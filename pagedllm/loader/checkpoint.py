@@ -45,6 +45,9 @@ class Checkpoint:
     weights: WeightsFn
     source: Path
     quantization: str = "none"
+    # GGUF kept quantized: `weights` with each block-quantized matrix unbuilt (a
+    # `quant.gguf_matrix.GGUFMatrix`), for tensor parallelism to cut before building.
+    unbuilt_weights: WeightsFn | None = None
 
     @property
     def architecture(self) -> str:

@@ -48,6 +48,7 @@ from pagedllm.loader.errors import UnsupportedModelError
 from pagedllm.loader.hf_loader import load_hf_checkpoint
 from pagedllm.model.layers.quant import QuantizedWeight, gguf_a8
 from pagedllm.model.layers.quant import gguf as gguf_quant
+from pagedllm.model.layers.quant.gguf_matrix import GGUFMatrix
 
 logger = logging.getLogger(__name__)
 
@@ -208,12 +209,19 @@ def iter_gguf_tensors(reader: GGUFReader, config: PretrainedConfig
 
 
 def iter_gguf_quantized(
-    reader: GGUFReader, config: LlamaConfig, int8_activations: bool = False
-) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    reader: GGUFReader, config: LlamaConfig, int8_activations: bool = False,
+    unbuilt: bool = False,
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight | GGUFMatrix]]:
     """Yield ``(hf_name, weight)``: block-quantized matrices as `GGUFWeight` (kept quantized;
     `GGUFA8Weight` in the file's row layout with `int8_activations`), F32/F16/BF16 tensors as
-    float32 tensors (Gemma 3's norms lose llama.cpp's +1)."""
+    float32 tensors (Gemma 3's norms lose llama.cpp's +1). `unbuilt`: each 2-D quantized
+    matrix as a `GGUFMatrix` (the file's bytes, for a tensor-parallel rank to cut)."""
     make = gguf_a8.gguf_a8_weight if int8_activations else gguf_quant.gguf_weight
+    if unbuilt:
+        def make(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> GGUFMatrix:
+            qtype, shape = gguf_quant.matrix_type_and_shape(tensor)
+            return GGUFMatrix.of(qtype, np.asarray(tensor.data), shape, tensor.name, row_order,
+                                 int8_activations)
     gemma3 = _architecture(reader) == gguf_gemma3.ARCH
     for tensor, name in _tensors(reader):
         qtype = tensor.tensor_type
@@ -413,7 +421,8 @@ def load_gguf_checkpoint(
             if quantized:
                 return Checkpoint(config, tokenizer,
                                   lambda: iter_gguf_quantized(reader, config, int8_activations),
-                                  path, quantization="gguf")
+                                  path, quantization="gguf", unbuilt_weights=lambda:
+                                  iter_gguf_quantized(reader, config, int8_activations, True))
             return Checkpoint(config, tokenizer, lambda: _stream_from_gguf(reader, config), path)
     if quantized:
         config, tokenizer = _entry_meta(entry)
@@ -424,7 +433,8 @@ def load_gguf_checkpoint(
                     entry, time.perf_counter() - start)
         return Checkpoint(config, tokenizer,
                           lambda: iter_gguf_quantized(reader, config, int8_activations), path,
-                          quantization="gguf")
+                          quantization="gguf", unbuilt_weights=lambda:
+                          iter_gguf_quantized(reader, config, int8_activations, True))
     if not (entry / WEIGHTS_FILE).is_file():
         reader = reader or open_gguf(path)
         try:

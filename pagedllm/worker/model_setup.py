@@ -53,9 +53,9 @@ def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
         model = cls(model_config)
     model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
     n_params = sum(p.numel() for p in model.parameters())
-    if getattr(ckpt.config, "tie_word_embeddings", False):
+    if getattr(model, "tie_word_embeddings", False):  # (a classifier has no lm_head)
         n_params -= model.lm_head.weight.numel()
-    weights = hf_checkpoint.prepare_weights(ckpt, config)  # --quantization
+    weights = hf_checkpoint.prepare_weights(ckpt, config, unbuilt=tp is not None)
     if tp is not None:
         weights = tp[0].shard_weights(weights)
     model.load_weights(weights)

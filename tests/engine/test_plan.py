@@ -3,6 +3,7 @@ without loading anything."""
 
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -66,9 +67,10 @@ def test_offline_engine_refuses_tp_with_quantized_weights_before_loading(tmp_pat
 
     monkeypatch.setattr(rank_builder, "load_checkpoint", reached)
     monkeypatch.setattr(cpu_ops, "load", reached)
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF")  # never read: the suffix says what it holds
+    model = tmp_path / "awq"
+    model.mkdir()  # never read past config.json, which says what it holds
+    (model / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "awq"}}))
     t0 = time.perf_counter()
-    with pytest.raises(ValueError, match="quantized weights"):
+    with pytest.raises(ValueError, match=r"quantized weights \(awq\)"):
         LLMEngine(EngineConfig(model=str(model), tensor_parallel_size=2))
     assert time.perf_counter() - t0 < 1.0

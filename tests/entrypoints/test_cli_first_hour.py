@@ -99,7 +99,7 @@ def _quantized_hf_dir(tmp_path: Path) -> Path:
     return d
 
 
-@pytest.mark.parametrize("kind", ["gguf", "awq"])
+@pytest.mark.parametrize("kind", ["awq", "int8"])
 def test_tensor_parallel_with_quantized_weights_is_refused_before_loading(
         kind, tmp_path, monkeypatch, capsys):
     """Nothing may be loaded: the checkpoint loader, the kernel build and the socket bind all
@@ -114,13 +114,14 @@ def test_tensor_parallel_with_quantized_weights_is_refused_before_loading(
     monkeypatch.setattr(rank_builder, "load_checkpoint", reached)
     monkeypatch.setattr(cpu_ops, "load", reached)
     monkeypatch.setattr(api_server, "bind_socket", reached)
-    if kind == "gguf":
-        model = tmp_path / "model.gguf"
-        model.write_bytes(b"GGUF")  # never read: the suffix says what it holds
-    else:
-        model = _quantized_hf_dir(tmp_path)
+    model = _quantized_hf_dir(tmp_path)
+    extra = ["--quantization", "int8"] if kind == "int8" else []
+    if kind == "int8":  # --quantization int8 of a float checkpoint
+        (model / "config.json").write_text(json.dumps(
+            {k: v for k, v in json.loads((model / "config.json").read_text()).items()
+             if k != "quantization_config"}))
     t0 = time.perf_counter()
-    code = main(["serve", str(model), "--tensor-parallel-size", "2"])
+    code = main(["serve", str(model), "--tensor-parallel-size", "2", *extra])
     elapsed = time.perf_counter() - t0
     err = capsys.readouterr().err
     assert code == 1

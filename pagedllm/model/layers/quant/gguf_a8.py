@@ -99,8 +99,14 @@ def gguf_a8_weight(tensor: ReaderTensor, row_order: np.ndarray | None = None) ->
     """`gguf.gguf_weight`'s contract, for the int8-activation kernels: Q8_0 / Q4_0 / Q4_1
     matrices in the panels of `gguf_a8_panels`, the other block types in the file's rows."""
     qtype, shape = matrix_type_and_shape(tensor)
+    return a8_weight_from_blocks(qtype, np.asarray(tensor.data), shape, row_order, tensor.name)
+
+
+def a8_weight_from_blocks(qtype: T, blocks: np.ndarray, shape: tuple[int, int],
+                          row_order: np.ndarray | None = None,
+                          name: str = "tensor") -> QuantizedWeight:
+    """`gguf_a8_weight` from raw GGUF bytes [N, K / block * block bytes] of HF shape (N, K)."""
     if qtype in gguf_a8_panels.PANEL_TYPES and gguf_a8_panels.kernels() is not None:
         return gguf_a8_panels.GGUFA8PanelWeight.from_blocks(
-            qtype, np.asarray(tensor.data), shape, row_order=row_order, name=tensor.name)
-    return GGUFA8Weight.from_blocks(qtype, np.asarray(tensor.data), shape,
-                                    row_order=row_order, name=tensor.name)
+            qtype, blocks, shape, row_order=row_order, name=name)
+    return GGUFA8Weight.from_blocks(qtype, blocks, shape, row_order=row_order, name=name)

@@ -155,8 +155,9 @@ def _dequantized(weights: Weights) -> Weights:
         yield name, t.dequantize() if isinstance(t, QuantizedWeight) else t
 
 
-def prepare_weights(ckpt, config) -> Weights:
-    """The checkpoint's weights as the engine's `quantization` asks (module docstring)."""
+def prepare_weights(ckpt, config, unbuilt: bool = False) -> Weights:
+    """The checkpoint's weights as the engine's `quantization` asks (module docstring);
+    `unbuilt`: GGUF matrices kept quantized come unbuilt (for a tensor-parallel shard)."""
     want = config.quantization
     have = checkpoint_quantization(ckpt.config)
     method = have.method if have is not None else None
@@ -176,4 +177,6 @@ def prepare_weights(ckpt, config) -> Weights:
     if want == "none" and method is not None:
         logger.info("--quantization none: dequantizing the %s checkpoint to float", method)
         return _dequantized(ckpt.weights())
+    if unbuilt and ckpt.unbuilt_weights is not None:
+        return ckpt.unbuilt_weights()
     return ckpt.weights()
