@@ -4,7 +4,8 @@ The plug-in contract: a subclass of `ToolParser` with a unique `name` (the `--to
 value), constructed once per choice with the request's tool definitions, that implements
 `feed` (each text delta) and `finish` (end of the text). It splits the text into content
 (passed through as it arrives, up to the first call) and complete calls (emitted as each one
-closes). The non-streamed answer runs the same machine over the whole text, so streamed deltas
+closes); `partial` reports the call still being written (its name and arguments so far, a
+prefix of its final arguments), so streams send arguments as they come. The non-streamed answer runs the same machine over the whole text, so streamed deltas
 always reassemble to the non-streamed result. Registering is the `@register_tool_parser`
 decorator; every module of this package is imported by `__init__`, so a new parser is one file.
 
