@@ -15,6 +15,7 @@ _EXPORTS = {
     "LLMEngine": "pagedllm.engine.llm_engine",
     "LoRARequest": "pagedllm.lora.request",
     "SamplingParams": "pagedllm.sampling_params",
+    "BeamSearchParams": "pagedllm.beam_search",
     "StructuredOutputsParams": "pagedllm.sampling_params",
     "RequestOutput": "pagedllm.outputs",
     "CompletionOutput": "pagedllm.outputs",
@@ -26,6 +27,7 @@ __all__ = [
     "LLMEngine",
     "LoRARequest",
     "SamplingParams",
+    "BeamSearchParams",
     "StructuredOutputsParams",
     "RequestOutput",
     "CompletionOutput",
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from pagedllm.beam_search import BeamSearchParams
     from pagedllm.engine.llm import LLM
     from pagedllm.engine.llm_engine import LLMEngine
     from pagedllm.errors import PagedLLMError

@@ -1,4 +1,4 @@
-"""`LLM`: the vLLM-compatible offline API (generate, chat)."""
+"""`LLM`: the vLLM-compatible offline API (generate, chat, beam_search)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from pagedllm.beam_search import BeamSearchOutput, BeamSearchParams
+from pagedllm.engine.beam_search_loop import run_beam_search
 from pagedllm.engine.chat_template import check_chat_template, resolve_chat_template
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.llm_pooling import PoolingAPI
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -19,7 +22,7 @@ Prompt = str | Sequence[int] | dict
 Conversation = list[dict[str, str]]
 
 
-class LLM:
+class LLM(PoolingAPI):
     """Offline batched generation: all prompts are queued, then the engine steps until done.
 
     `LLM(model=None)` loads the default model (SmolLM2-135M-Instruct GGUF); engine arguments
@@ -68,6 +71,15 @@ class LLM:
             if len(loras) != len(prompts):
                 raise ValueError(f"got {len(loras)} lora_requests for {len(prompts)} prompts")
         return self._run(prompts, list(params), use_tqdm, cache_salt, loras)
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams, *,
+                    use_tqdm: bool = False,
+                    lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                    ) -> list[BeamSearchOutput]:
+        """vLLM's `LLM.beam_search`: per prompt, the best `params.beam_width` sequences (prompt
+        + generated tokens, text, logprobs, score), best first (engine/beam_search_loop.py)."""
+        return run_beam_search(self, self._normalize_prompts(prompts), params,
+                               use_tqdm=use_tqdm, lora_request=lora_request)
 
     def chat(self, messages: Conversation | Sequence[Conversation],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,

@@ -1,0 +1,216 @@
+"""`LLM.beam_search` against HF `generate(num_beams=4, do_sample=False)` on a tiny random
+Llama whose EOS is a token the beams often propose (so hypotheses finish at different
+lengths and length_penalty / early_stopping decide), with the block accounting checked after
+every engine step: beams share their prefix blocks (refcount = beams holding them) and every
+refcount is back to 0 after the search."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from pagedllm import BeamSearchParams
+from pagedllm.beam_search import InvalidBeamSearchParams
+from tests.conftest import make_tiny_checkpoint
+
+EOS = 207  # a token this checkpoint's beams propose often (seed 5, weights x2)
+PROMPTS = [
+    "Hello there, how are",
+    "The quick brown fox jumps over the lazy dog and",
+    "In the beginning",
+    "def f(x): return",
+    "A",
+]
+BEAMS, MAX_TOKENS, BLOCK_SIZE = 4, 12, 4
+
+
+@pytest.fixture(scope="module")
+def eos_model_dir(tmp_path_factory, tiny_tokenizer):
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("beam_llama"),
+        "llama",
+        tiny_tokenizer,
+        seed=5,
+        weight_scale=2.0,
+        eos_token_id=EOS,
+    )
+
+
+@pytest.fixture(scope="module")
+def llm(eos_model_dir, make_llm):
+    return make_llm(eos_model_dir, max_model_len=128, block_size=BLOCK_SIZE)
+
+
+@pytest.fixture(scope="module")
+def hf_model(eos_model_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        eos_model_dir, dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_tokenizer):
+    return [tiny_tokenizer.encode(t) for t in PROMPTS]
+
+
+class StepWatch:
+    """Block invariants after every engine step; while a step runs (its requests finish
+    within it: one token each), the most references one block had and the most tokens a
+    request computed after the first step (the prompts' prefill)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.steps, self.max_refcount = engine, 0, 0
+        self.executes, self.max_new_tokens_later = 0, 0
+        self._step, self._execute = engine.step, engine.runner.execute
+        engine.step, engine.runner.execute = self.step, self.execute
+
+    def step(self, *args, **kwargs):
+        out = self._step(*args, **kwargs)
+        self.engine.check_invariants()
+        self.steps += 1
+        return out
+
+    def execute(self, sched):
+        self.engine.check_invariants()
+        self.max_refcount = max(
+            self.max_refcount, max(b.ref_cnt for b in self.engine.block_manager.blocks)
+        )
+        if self.executes:
+            self.max_new_tokens_later = max(
+                self.max_new_tokens_later, *(s.num_new_tokens for s in sched.scheduled)
+            )
+        self.executes += 1
+        return self._execute(sched)
+
+    def restore(self) -> None:
+        self.engine.step, self.engine.runner.execute = self._step, self._execute
+
+
+def hf_beams(model, prompt: list[int], eos: int | None = EOS, **kwargs):
+    """HF's `num_return_sequences=BEAMS` beams (generated tokens, up to and with the first EOS:
+    HF pads with EOS) and their scores."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        num_beams=BEAMS,
+        do_sample=False,
+        num_return_sequences=BEAMS,
+        max_new_tokens=MAX_TOKENS,
+        return_dict_in_generate=True,
+        output_scores=True,
+        pad_token_id=0,
+        eos_token_id=eos,
+        **kwargs,
+    )
+    beams = []
+    for seq in out.sequences[:, len(prompt) :].tolist():
+        beams.append(seq[: seq.index(EOS) + 1] if eos is not None and EOS in seq else seq)
+    return beams, out.sequences_scores.tolist()
+
+
+@pytest.mark.parametrize("early_stopping", [False, True, "never"])
+@pytest.mark.parametrize("length_penalty", [1.0, 0.0, 2.0, -0.5])
+def test_equals_hf_beam_search(llm, hf_model, prompt_ids, length_penalty, early_stopping):
+    engine = llm.llm_engine
+    watch = StepWatch(engine)
+    try:
+        params = BeamSearchParams(
+            beam_width=BEAMS,
+            max_tokens=MAX_TOKENS,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+        )
+        outs = llm.beam_search([{"prompt_token_ids": p} for p in prompt_ids], params)
+    finally:
+        watch.restore()
+    reasons = set()
+    for prompt, out in zip(prompt_ids, outs, strict=True):
+        want, scores = hf_beams(
+            hf_model, prompt, length_penalty=length_penalty, early_stopping=early_stopping
+        )
+        got = [s.tokens[len(prompt) :] for s in out.sequences]
+        assert got == want
+        assert [s.tokens[: len(prompt)] for s in out.sequences] == [prompt] * BEAMS
+        assert [s.score for s in out.sequences] == pytest.approx(scores, abs=1e-4)
+        for s in out.sequences:
+            n = len(s.tokens) - len(prompt)
+            assert len(s.logprobs) == n
+            assert s.cum_logprob == pytest.approx(
+                sum(
+                    lp[t].logprob for lp, t in zip(s.logprobs, s.tokens[len(prompt) :], strict=True)
+                )
+            )
+            assert s.score == pytest.approx(s.cum_logprob / n**length_penalty)
+            assert s.finish_reason == ("stop" if s.tokens[-1] == EOS else "length")
+            assert s.text == llm.get_tokenizer().decode(s.tokens)
+            reasons.add(s.finish_reason)
+    assert reasons == {"stop", "length"}  # hypotheses of both kinds were ranked
+    assert watch.max_refcount >= BEAMS  # the beams of a step shared their prefix blocks
+    # ... found in the prefix cache: each beam computed only its last, partly filled block
+    assert 1 <= watch.max_new_tokens_later <= BLOCK_SIZE
+    assert engine.block_manager.num_free_blocks == engine.num_blocks  # refcounts all 0
+    engine.check_idle()
+
+
+def test_ignore_eos_runs_every_beam_to_max_tokens(llm, hf_model, prompt_ids):
+    """ignore_eos: EOS is an ordinary token (HF: no EOS at all)."""
+    params = BeamSearchParams(beam_width=BEAMS, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = llm.beam_search([{"prompt_token_ids": p} for p in prompt_ids], params)
+    for prompt, out in zip(prompt_ids, outs, strict=True):
+        want, scores = hf_beams(hf_model, prompt, eos=None)
+        assert [s.tokens[len(prompt) :] for s in out.sequences] == want
+        assert [s.score for s in out.sequences] == pytest.approx(scores, abs=1e-4)
+        assert {s.finish_reason for s in out.sequences} == {"length"}
+    assert any(EOS in s.tokens for out in outs for s in out.sequences)
+
+
+def test_text_prompts_beam_width_one_is_greedy(llm):
+    from pagedllm import SamplingParams
+
+    out = llm.beam_search(PROMPTS[1], BeamSearchParams(beam_width=1, max_tokens=8))
+    greedy = llm.generate(
+        PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False
+    )[0]
+    (seq,) = out[0].sequences
+    assert seq.tokens[len(greedy.prompt_token_ids) :] == greedy.outputs[0].token_ids
+    assert seq.text == llm.get_tokenizer().decode(seq.tokens)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(beam_width=0, max_tokens=4), "beam_width must be an integer >= 1, got 0"),
+        (dict(beam_width=2, max_tokens=0), "max_tokens must be an integer >= 1, got 0"),
+        (dict(beam_width=2, max_tokens=4, temperature=0.7), "temperature must be 0, got 0.7"),
+        (
+            dict(beam_width=2, max_tokens=4, length_penalty=float("nan")),
+            "length_penalty must be a finite number",
+        ),
+        (
+            dict(beam_width=2, max_tokens=4, early_stopping="sometimes"),
+            "early_stopping must be true, false or 'never'",
+        ),
+    ],
+)
+def test_invalid_params(kwargs, message):
+    with pytest.raises(InvalidBeamSearchParams, match=message):
+        BeamSearchParams(**kwargs)
+
+
+def test_limits_are_checked_before_anything_runs(llm, prompt_ids):
+    engine = llm.llm_engine
+    with pytest.raises(
+        ValueError,
+        match=r"beam_width 11 needs 22 logprobs per step; "
+        r"max_logprobs is 20 .* must be <= 10",
+    ):
+        llm.beam_search("Hi", BeamSearchParams(beam_width=11, max_tokens=4))
+    with pytest.raises(ValueError, match=r"max_tokens is 120: .* > max_model_len 128"):
+        llm.beam_search(
+            ["Hi", {"prompt_token_ids": prompt_ids[1]}],
+            BeamSearchParams(beam_width=2, max_tokens=120),
+        )
+    with pytest.raises(ValueError, match="prompt must not be empty"):
+        llm.beam_search([[]], BeamSearchParams(beam_width=2, max_tokens=4))
+    assert not engine.has_unfinished_requests()
+    engine.check_idle()
