@@ -45,7 +45,9 @@ def load_config(model_or_config: str) -> SimpleNamespace:
         reader = open_gguf(path, vocabulary=False)  # a plan needs no vocabulary
         # The engine keeps GGUF blocks quantized: its weights are the file's tensor bytes.
         return SimpleNamespace(**gguf_config(reader).to_dict(),
-                               weight_bytes=sum(int(t.n_bytes) for t in reader.tensors))
+                               weight_bytes=sum(int(t.n_bytes) for t in reader.tensors),
+                               expert_weight_bytes=sum(int(t.n_bytes) for t in reader.tensors
+                                                       if "_exps." in t.name))
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
@@ -160,6 +162,17 @@ class MemoryPlan:
         ]
 
 
+def _expert_bytes(cfg: SimpleNamespace, moe: MoESpec | None, wbytes: int,
+                  measured: bool) -> int:
+    """The routed experts' bytes: the GGUF file's `*_exps` tensors when the weights are the
+    file's bytes, else their parameters x dtype bytes."""
+    if moe is None:
+        return 0
+    if measured and getattr(cfg, "expert_weight_bytes", None):
+        return int(cfg.expert_weight_bytes)
+    return moe.expert_parameters() * wbytes
+
+
 def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
          kv_cache_memory_gib: float | None = None, max_model_len: int | None = None,
          block_size: int = 16, kv_dtype_bytes: int | None = None, weight_dtype_bytes: int | None
@@ -222,6 +235,7 @@ def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: 
     wbytes = torch.empty((), dtype=dtype).element_size()
     total, active = parameter_counts(cfg)
     moe = MoESpec.from_config(cfg)
+    weights_measured = bool(weights)
     weights = int(weights) if weights else total * wbytes
     if budget is None:
         if memory_bytes is None:
@@ -258,4 +272,4 @@ def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: 
                       kv_budget=budget, num_blocks=blocks,
                       full_length_seqs=usable // per_seq_blocks, pairs=pairs, moe=moe,
                       parameters=total, active_parameters=active,
-                      expert_bytes=moe.expert_parameters() * wbytes if moe else 0)
+                      expert_bytes=_expert_bytes(cfg, moe, wbytes, measured=weights_measured))

@@ -86,3 +86,17 @@ def test_moe_gguf_matches_hf(
     else:
         assert all(m.quant is None for m in experts)
     assert_matches_hf(llm, ref, hf_reference, PROMPTS)
+
+
+def test_plan_counts_the_files_expert_blocks(moe_gguf) -> None:
+    """`pagedllm plan` on the GGUF file: the experts' bytes are their Q8_0 blocks (34 bytes
+    per 32 values), not their parameters in a float dtype."""
+    from pagedllm.memory_plan import load_config, plan
+
+    _, path, _ = moe_gguf
+    cfg = load_config(str(path))
+    result = plan(cfg, kv_cache_memory_gib=1)
+    per_matrix = 64 * (64 // 32) * 34  # [64, 64] in Q8_0
+    assert result.expert_bytes == 2 * 4 * 3 * per_matrix  # layers x experts x gate/up/down
+    assert result.weight_bytes == cfg.weight_bytes > result.expert_bytes
+    assert "4 experts of width 64, top-2" in "\n".join(result.lines())
