@@ -21,7 +21,7 @@ FORBIDDEN = {
     # The scheduler's world: requests, blocks, step messages. No model, no device code.
     "core": {"model", "worker", "engine", "entrypoints", "loader", "kernels", "distributed",
              "speculative", "structured_output", "config", "lora", "data_parallel",
-             "finetune"},
+             "finetune", "pooling"},
     # Layers and models know nothing of how they are scheduled or served.
     "model": {"engine", "worker", "core", "entrypoints", "distributed", "speculative",
               "data_parallel", "config", "loader", "finetune"},
@@ -30,6 +30,8 @@ FORBIDDEN = {
     # Capabilities plug into the engine through hooks; they never import the engine.
     "speculative": {"engine", "entrypoints", "distributed", "data_parallel"},
     "lora": {"engine", "entrypoints", "worker", "core", "distributed", "speculative"},
+    "pooling": {"engine", "entrypoints", "worker", "distributed", "speculative",
+                "data_parallel"},
     "structured_output": {"engine", "entrypoints", "worker", "core", "model", "distributed"},
     "distributed": {"engine", "entrypoints", "speculative", "data_parallel"},
     "config": {"engine", "entrypoints", "worker", "distributed", "speculative",

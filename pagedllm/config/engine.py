@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.config.generation import validate_generation_config
+from pagedllm.config.pooler import PoolerConfig, validate_runner
 from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.config.vocabulary import (
     DISTRIBUTED_BACKENDS,
@@ -116,6 +117,11 @@ class EngineConfig:
     # Keep sliding-window layers' KV for the whole sequence, like full attention (vLLM's
     # flag): no per-group block tables, no freeing of blocks that leave the window.
     disable_hybrid_kv_cache_manager: bool = False
+    # Pooling (config/pooler.py, pagedllm/pooling/): generate or pool, the conversion of a
+    # decoder checkpoint, and the pooler (a PoolerConfig, its dict or JSON text).
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: PoolerConfig | dict | str | None = None
 
     def __post_init__(self) -> None:
         if self.device == "auto":
@@ -168,6 +174,8 @@ class EngineConfig:
                              f"for mp), got {self.distributed_executor_backend!r}")
         self.rope_scaling = parse_rope_scaling(self.rope_scaling)
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        validate_runner(self.runner, self.convert)
+        self.pooler_config = PoolerConfig.parse(self.pooler_config)
         if (self.speculative_config is not None and self.preemption_mode == "swap"
                 and self.speculative_config.method == "draft_model"):
             raise ValueError("speculative method draft_model does not support "

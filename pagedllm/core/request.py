@@ -17,6 +17,7 @@ import torch
 
 from pagedllm.errors import InvariantError
 from pagedllm.outputs import Logprob
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ class Request:
                  arrival_time: float | None = None, cache_salt: str | None = None,
                  lora: LoRAAdapter | None = None, priority: int = 0, grammar=None,
                  max_tokens: int | None = None,
-                 generators: list[torch.Generator | None] | None = None) -> None:
+                 generators: list[torch.Generator | None] | None = None,
+                 pooling_params: PoolingParams | None = None) -> None:
         self.request_id = request_id
         self.priority = priority  # the priority scheduling policy: lower runs earlier
         self.queue_order: int | None = None  # arrival order in the waiting queue (ties)
@@ -115,6 +117,11 @@ class Request:
         # verified by the next step (none while prefilling), and the proposer's own state.
         self.draft_token_ids: list[int] = []
         self.draft_state = None  # speculative.adaptive.DraftState
+        # A pooling request (prefill only, never samples): its pooled sum over the prompt
+        # positions pooled so far (core/runner_output.PooledChunk), finished with the prompt.
+        self.pooling_params = pooling_params
+        self.pooled: torch.Tensor | None = None
+        self.num_pooled_positions = 0
 
     # ------------------------------------------------------------ block table
     @property
@@ -160,6 +167,17 @@ class Request:
                 f"prompt logprobs from position {first_position} for {self}, which has "
                 f"{scored} positions scored")
         self.prompt_logprobs.extend(entries)
+
+    def add_pooled(self, first_position: int, num_positions: int,
+                   data: torch.Tensor | None) -> bool:
+        """Add a chunk's pooled part (positions `first_position ...`); True once the whole
+        prompt is pooled. A chunk from position 0 starts over (recomputed after preemption)."""
+        if first_position == 0:
+            self.pooled = None
+        if data is not None:
+            self.pooled = data if self.pooled is None else self.pooled + data
+        self.num_pooled_positions = first_position + num_positions
+        return self.num_pooled_positions >= self.num_prompt_tokens
 
     @property
     def generator(self) -> torch.Generator | None:

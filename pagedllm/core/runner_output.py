@@ -2,12 +2,14 @@
 and `Scheduler.update_from_output` (vLLM v1's `ModelRunnerOutput`).
 
 It lives in core/ so the scheduler can be driven, and unit-tested, with runner outputs made by
-hand: nothing here knows about tensors or models.
+hand: nothing here knows about models (a pooled vector is a plain CPU tensor).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 from pagedllm.core.request import Request
 from pagedllm.outputs import Logprob
@@ -41,7 +43,21 @@ class ScoredPrompt:
 
 
 @dataclass
+class PooledChunk:
+    """A pooling request's prompt positions `first_position ...` computed this step and
+    their pooled part (pagedllm/pooling/step_pooler.py): MEAN the sum of their hidden states,
+    LAST / CLS the row it pools if this chunk holds it, else None; through the classifier's
+    score head for a classification model. A CPU float32 vector."""
+
+    request: Request
+    first_position: int
+    num_positions: int
+    data: torch.Tensor | None
+
+
+@dataclass
 class RunnerOutput:
     sampled: list[SampledTokens] = field(default_factory=list)
     prompt_logprobs: list[ScoredPrompt] = field(default_factory=list)
+    pooled: list[PooledChunk] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)

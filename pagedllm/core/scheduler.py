@@ -2,27 +2,25 @@
 the one place a step's result is applied.
 
 Each step hands out at most `max_num_batched_tokens` tokens to at most `max_num_seqs`
-requests: running requests first, in admission order, each `num_tokens - num_computed_tokens`
-new tokens (1 when decoding, a chunk of the prompt when prefilling) within what is left of the
-budget; then waiting requests while the budget, `max_num_seqs` and free blocks allow. A long
-prompt thus spreads over several steps (chunked prefill) while others keep decoding. An n > 1
-request fans out into n sequences after its prompt (those past `max_num_seqs` wait, blocks kept).
+requests: running ones first, in admission order, each `num_tokens - num_computed_tokens` new
+tokens (1 decoding, a prompt chunk prefilling) within the budget left; then waiting ones while
+budget, `max_num_seqs` and free blocks allow: long prompts spread over steps (chunked
+prefill). An n > 1 request fans out after its prompt (past `max_num_seqs`: wait, blocks kept).
 
-When a running request needs a block and none is free, the most recently admitted running
-request is preempted by recompute (blocks freed, `num_computed_tokens` back to 0, front of the
-waiting queue; its prompt and generated tokens are prefilled again, so its output is
-unchanged) or, with a `SwapManager` (preemption mode "swap"), its blocks are copied to the CPU
-swap pool and it joins the swapped queue (recompute when the pool is full). Swapped requests
-come back (oldest first) before any waiting request is admitted::
+When a running request needs a block and none is free, the last admitted running request
+is preempted by recompute (blocks freed, `num_computed_tokens` 0, front of the waiting queue;
+prefilled again, so its output is unchanged) or, with a `SwapManager` (preemption mode
+"swap"), its blocks are copied to the CPU swap pool and it joins the swapped queue (recompute
+when the pool is full). Swapped requests come back (oldest first) before any admission::
 
     running ──preempt──▶ swapped (CPU) ──swap in, next steps with free blocks──▶ running
        └──────preempt, swap pool full──▶ waiting (recompute)
 
-With prefix caching an admitted request first takes the cached blocks holding the longest
-prefix of its tokens (`num_computed_tokens` starts at hits x block_size); filled blocks are
-registered after each forward pass. Blocks are counted over every KV group. The "priority"
-policy (core/waiting_queue.py) orders waiting requests by (priority, arrival) and preempts
-the highest value first; a request whose LoRA adapter would exceed `max_loras` waits.
+With prefix caching an admitted request first takes the cached blocks of the longest prefix
+of its tokens (`num_computed_tokens` starts there); filled blocks are registered after each
+forward pass; blocks count over every KV group. "priority" (core/waiting_queue.py) orders
+waiting requests by (priority, arrival), preempting the highest value first; a request whose
+LoRA adapter would exceed `max_loras` waits. A pooling request is prefill only.
 """
 
 from __future__ import annotations
@@ -198,16 +196,15 @@ class Scheduler:
         return out
 
     def _victim_index(self) -> int:
-        """Where in `running` the request to preempt is: the last admitted (fcfs), or the
-        one with the highest priority value, the latest arrived among equals."""
+        """Index in `running` of the one to preempt: the last admitted (fcfs), or the highest
+        priority value, the latest arrived among equals."""
         if not self.waiting.by_priority:
             return len(self.running) - 1
         return max(range(len(self.running)),
                    key=lambda j: (self.running[j].priority, self.running[j].times.arrival, j))
 
     def _swap_in(self, out: SchedulerOutput, budget: int) -> int:
-        """Move swapped requests back to running, oldest first, while the budget, max_num_seqs
-        and free blocks allow; each is scheduled in this step. Returns the budget left."""
+        """Swapped requests back to running and scheduled, oldest first, as budget allows."""
         while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.swapped[0]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -223,17 +220,20 @@ class Scheduler:
     # ------------------------------------------------------- apply a result
     def update_from_output(self, sched: SchedulerOutput, out: RunnerOutput) -> StepUpdate:
         """Apply one step's result; the only place that does. The scheduled tokens' KV is
-        computed (drafts excepted), full blocks enter the prefix cache, scored prompt
-        positions keep their logprobs; each sampling request gets its tokens (an n > 1
-        request fans out first), accepted drafts and freed rejected slots; stop tokens,
-        grammars and length finish and free it (stop_checks.py; stop strings: the output
-        processor's, `apply_stop_strings`)."""
+        computed (drafts excepted), full blocks enter the prefix cache, prompt logprobs and
+        pooled chunks are kept (a pooled prompt finishes); each sampling request gets its
+        tokens (n > 1 fans out first), accepted drafts, freed rejected slots; stop tokens,
+        grammars, length finish it (stop_checks.py; stop strings: `apply_stop_strings`)."""
         for s in sched.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens - s.num_draft_tokens
             self.block_manager.cache_full_blocks(s.request)
         for scored in out.prompt_logprobs:
             scored.request.add_prompt_logprobs(scored.first_position, scored.entries)
         update = StepUpdate()
+        for chunk in out.pooled:  # a pooling request ends with its prompt: blocks freed now
+            if chunk.request.add_pooled(chunk.first_position, chunk.num_positions, chunk.data):
+                self.finish_request(chunk.request, RequestStatus.FINISHED_STOPPED)
+                update.pooled.append(chunk.request)
         now = time.monotonic()
         for st in out.sampled:
             req = st.request

@@ -64,6 +64,7 @@ class StepUpdate:
     appended: dict[Request, int] = field(default_factory=dict)  # sequence -> tokens appended
     forked: list[Request] = field(default_factory=list)  # n > 1 siblings born this step
     errors: dict[str, str] = field(default_factory=dict)  # group id -> why it failed
+    pooled: list[Request] = field(default_factory=list)  # pooling requests finished
 
     @property
     def num_tokens(self) -> int:

@@ -41,6 +41,8 @@ from pagedllm.engine.plan import EnginePlan, resolve_plan, split_kv_budget
 from pagedllm.engine.stats import EngineStats
 from pagedllm.loader import Checkpoint
 from pagedllm.lora.manager import LoRAManager
+from pagedllm.pooling.setup import PoolingSetup, resolve_pooling
+from pagedllm.pooling.step_pooler import StepPooler
 from pagedllm.speculative.speculator import Speculator
 from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.worker import cuda_graphs, gpu_memory, model_setup
@@ -78,6 +80,7 @@ class EngineParts:
     output_processor: OutputProcessor
     intake: RequestIntake
     stats: EngineStats
+    pooling: PoolingSetup | None  # --runner pooling: what the model pools (else None)
 
 
 def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
@@ -104,11 +107,12 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     with startup.step("checkpoint (config, tokenizer)"):
         ckpt, model_name, defaults = open_checkpoint(config)
     hf, tokenizer = ckpt.config, ckpt.tokenizer
+    pooling = resolve_pooling(config, hf)  # --runner / --convert refused before loading
     executor = start_tensor_parallel(config, ckpt)  # ranks 1..N-1 load while this one does
     if executor is not None:  # also when the rest of start-up raises
         weakref.finalize(owner, executor.shutdown)
     rank = build_rank(config, ckpt, tp=executor.shard if executor is not None else None)
-    plan = resolve_plan(config, hf, rank.kv_spec.groups)
+    plan = resolve_plan(config, hf, rank.kv_spec.groups, pooling)
     eos = getattr(hf, "eos_token_id", None)
     eos = eos[0] if isinstance(eos, list) else eos
     eos = eos if eos is not None else tokenizer.eos_token_id
@@ -150,7 +154,8 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     runner = ModelRunner(rank.model, cache, rank.attention_backend, vocab_size=hf.vocab_size,
                          device=config.torch_device,
                          seed=config.seed, lora=lora, structured_output=structured,
-                         tp_executor=executor, draft=draft, graphs=graphs)
+                         tp_executor=executor, draft=draft, graphs=graphs,
+                         pooler=_pooler(pooling, rank.model))
     stats = EngineStats(max_lora=config.max_loras if lora else 0,
                         speculative=speculator.new_stats() if speculator else None)
     return EngineParts(
@@ -159,8 +164,17 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
         kv_spec=rank.kv_spec, num_blocks=num_blocks, num_swap_blocks=num_swap, cache=cache,
         block_manager=bm, swap_manager=swap, scheduler=scheduler, lora=lora,
         structured_output=structured, speculator=speculator, executor=executor,
-        runner=runner, output_processor=OutputProcessor(tokenizer), stats=stats,
-        intake=RequestIntake(config, tokenizer, hf.vocab_size, eos, lora, structured))
+        runner=runner, output_processor=OutputProcessor(tokenizer, pooling), stats=stats,
+        intake=RequestIntake(config, tokenizer, hf.vocab_size, eos, lora, structured, pooling),
+        pooling=pooling)
+
+
+def _pooler(pooling: PoolingSetup | None, model: nn.Module) -> StepPooler | None:
+    """The runner's pooling hook (a classifier's score head applied to each pooled part)."""
+    if pooling is None:
+        return None
+    return StepPooler(pooling.pooling_type,
+                      model.score if pooling.task == "classify" else None)
 
 
 def _gpu_peak(config: EngineConfig, rank, vocab_size: int) -> int | None:

@@ -19,6 +19,8 @@ from pagedllm.lora.adapter import LoRAAdapter
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.lora.request import LoRARequest
 from pagedllm.model.layers.sampler import make_generator
+from pagedllm.pooling.setup import PoolingSetup, check_pooling_params
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.structured_output.thinking_gate import ThinkingGate
@@ -27,8 +29,10 @@ from pagedllm.structured_output.thinking_gate import ThinkingGate
 class RequestIntake:
     def __init__(self, config: EngineConfig, tokenizer, vocab_size: int,
                  eos_token_id: int | None, lora: LoRAManager | None,
-                 structured_output: StructuredOutputManager) -> None:
+                 structured_output: StructuredOutputManager,
+                 pooling: PoolingSetup | None = None) -> None:
         self.config = config
+        self.pooling = pooling  # the pooling model's setup; None: the engine generates
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
@@ -79,6 +83,12 @@ class RequestIntake:
                      priority: int) -> Request:
         """The request, validated (see the module doc)."""
         config = self.config
+        if isinstance(params, PoolingParams):
+            return self.make_pooling_request(request_id, prompt, params, arrival_time,
+                                             cache_salt, lora_request, priority)
+        if self.pooling is not None:
+            raise ValueError(f"this engine runs a pooling model (--runner pooling, "
+                             f"{self.pooling.task}): it does not generate text")
         if priority and config.scheduling_policy != "priority":
             raise ValueError(f"priority {priority} given but the scheduling policy is "
                              f"{config.scheduling_policy!r} (--scheduling-policy priority)")
@@ -105,3 +115,21 @@ class RequestIntake:
                        lora=adapter, priority=priority, grammar=grammar,
                        max_tokens=params.max_tokens or config.max_model_len - len(token_ids),
                        generators=generators)
+
+    def make_pooling_request(self, request_id: str, prompt, params: PoolingParams,
+                             arrival_time: float | None, cache_salt: str | None,
+                             lora_request: LoRARequest | None, priority: int) -> Request:
+        """A pooling request (prefill only): its SamplingParams is the default, unused."""
+        check_pooling_params(self.pooling, params)
+        if priority and self.config.scheduling_policy != "priority":
+            raise ValueError(f"priority {priority} given but the scheduling policy is "
+                             f"{self.config.scheduling_policy!r} (--scheduling-policy priority)")
+        if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        text, token_ids = self.tokenize_prompt(prompt)
+        self.validate_prompt(token_ids)
+        adapter = self.load_lora(lora_request) if lora_request is not None else None
+        return Request(request_id, token_ids, SamplingParams(max_tokens=1),
+                       eos_token_id=self.eos_token_id, prompt=text, arrival_time=arrival_time,
+                       cache_salt=cache_salt, lora=adapter, priority=priority, max_tokens=1,
+                       pooling_params=params)

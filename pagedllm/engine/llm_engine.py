@@ -28,6 +28,8 @@ from pagedllm.engine.engine_checks import EngineChecks
 from pagedllm.lora.adapter import LoRAAdapter
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput, RequestOutputKind
+from pagedllm.pooling.outputs import PoolingRequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ class LLMEngine(EngineChecks):
 
     # -------------------------------------------------------------- requests
     def add_request(self, prompt: str | Sequence[int] | dict,
-                    params: SamplingParams | None = None,
+                    params: SamplingParams | PoolingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None,
                     cache_salt: str | None = None,
                     lora_request: LoRARequest | None = None, priority: int = 0) -> str:
@@ -139,7 +141,8 @@ class LLMEngine(EngineChecks):
         out = self.output_processor.make_output(group_id, kind=kind)
         if out.finished:  # any sequence still unfinished (an error) is aborted
             self.scheduler.finish_requests(seqs, RequestStatus.FINISHED_ABORTED)
-            self.stats.on_finish("error" if out.error is not None
+            self.stats.on_finish("error" if out.error is not None else "stop"
+                                 if isinstance(out, PoolingRequestOutput)
                                  else out.outputs[0].finish_reason or "abort")
         return out
 

@@ -24,6 +24,9 @@ from pagedllm.outputs import (
     RequestOutput,
     RequestOutputKind,
 )
+from pagedllm.pooling.finalize import finalize
+from pagedllm.pooling.outputs import PoolingOutput, PoolingRequestOutput
+from pagedllm.pooling.setup import PoolingSetup
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +57,15 @@ class ProcessedStep:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, pooling: PoolingSetup | None = None) -> None:
         self.tokenizer = tokenizer
+        self.pooling = pooling  # a pooling model's setup: finalizes pooled vectors
         self.groups: dict[str, RequestGroup] = {}
         self._token_text: dict[int, str] = {}  # Logprob.decoded_token cache (bounded by vocab)
 
     def add(self, request: Request) -> None:
-        request.detokenizer = self._detokenizer(request)
+        if request.pooling_params is None:  # a pooling request has no text to decode
+            request.detokenizer = self._detokenizer(request)
         self.groups[request.group_id] = RequestGroup(request.group_id, [request])
 
     def __contains__(self, group_id: str) -> bool:
@@ -98,7 +103,7 @@ class OutputProcessor:
         for child in update.forked:
             child.detokenizer = self._detokenizer(child)
             self.groups[child.group_id].seqs.append(child)
-        step = ProcessedStep(set(update.errors), [], [])
+        step = ProcessedStep(set(update.errors) | {r.group_id for r in update.pooled}, [], [])
         for group_id, error in update.errors.items():
             step.to_abort += self._fail(group_id, ValueError(error))
         for seq, num_new in update.appended.items():
@@ -166,9 +171,15 @@ class OutputProcessor:
                              prompt_token_ids=first.prompt_token_ids, outputs=[],
                              finished=True, error=group.error)
 
-    def _make_output(self, group: RequestGroup, kind: RequestOutputKind) -> RequestOutput:
+    def _make_output(self, group: RequestGroup, kind: RequestOutputKind
+                     ) -> RequestOutput | PoolingRequestOutput:
         group_id = group.request_id
         first = group.seqs[0]
+        if first.pooling_params is not None:  # reported once, when its prompt is pooled
+            del self.groups[group_id]
+            return PoolingRequestOutput(group_id, PoolingOutput(finalize(self.pooling, first)),
+                                        first.prompt_token_ids, True,
+                                        first.num_cached_tokens or 0)
         finished = group.finished
         outputs = []
         for seq in sorted(group.seqs, key=lambda s: s.index):

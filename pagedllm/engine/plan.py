@@ -8,6 +8,7 @@ cross-feature question itself:
     rule                                              decided by
     prefix caching off with dynamic NTK RoPE          resolve_plan (and LongRoPE: the same rule)
     prefix caching off when every layer is sliding    resolve_plan (blocks leave the window)
+    prefix caching off for MEAN / CLS pooling         resolve_plan (cached positions unpooled)
     one KV group under tensor parallelism             model_setup.single_kv_group
     CUDA graphs only without speculation and TP       resolve_plan
     CUDA graphs off for mixture-of-experts models     resolve_plan (expert groups sized on host)
@@ -24,6 +25,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.model.layers.moe.spec import MoESpec
 from pagedllm.model.layers.rope_scaling import LENGTH_DEPENDENT_ROPE_TYPES, rope_parameters
+from pagedllm.pooling.setup import PoolingSetup
 from pagedllm.worker.model_setup import single_kv_group
 
 logger = logging.getLogger(__name__)
@@ -38,9 +40,15 @@ class EnginePlan:
     cuda_graphs: bool
 
 
-def resolve_plan(config: EngineConfig, hf_config, layout: KVGroupLayout) -> EnginePlan:
-    """The plan for `config` on the model of `hf_config` whose KV is laid out as `layout`."""
+def resolve_plan(config: EngineConfig, hf_config, layout: KVGroupLayout,
+                 pooling: PoolingSetup | None = None) -> EnginePlan:
+    """The plan for `config` on the model of `hf_config` whose KV is laid out as `layout`
+    (`pooling`: what a pooling model pools)."""
     caching = config.enable_prefix_caching
+    if caching and pooling is not None and not pooling.caches_prefixes:
+        logger.warning("prefix caching disabled: %s pooling needs every prompt position "
+                       "computed, which a cached prefix would skip", pooling.pooling_type)
+        caching = False
     rope_type = rope_parameters(hf_config).get("rope_type")
     if caching and rope_type in LENGTH_DEPENDENT_ROPE_TYPES:
         logger.warning("prefix caching disabled: with %s RoPE a key's rotation depends on "

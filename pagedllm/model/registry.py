@@ -19,6 +19,7 @@ from pagedllm.model.models.olmo2 import Olmo2ForCausalLM
 from pagedllm.model.models.olmoe import OlmoeForCausalLM
 from pagedllm.model.models.phi3 import Phi3ForCausalLM
 from pagedllm.model.models.qwen3 import Qwen3ForCausalLM
+from pagedllm.model.models.seq_cls import SEQ_CLS_SUFFIX, as_seq_cls_model
 from pagedllm.model.models.smollm3 import SmolLM3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
@@ -45,9 +46,14 @@ class UnsupportedArchitectureError(ModelLoadError):
 
 
 def get_model_class(architectures: list[str] | None) -> type[nn.Module]:
+    """The class of the first known architecture; `XForSequenceClassification` is the
+    decoder of `XForCausalLM` with a score head (model/models/seq_cls.py)."""
     for arch in architectures or []:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
+        causal = arch.removesuffix(SEQ_CLS_SUFFIX) + "ForCausalLM"
+        if arch.endswith(SEQ_CLS_SUFFIX) and causal in MODEL_REGISTRY:
+            return as_seq_cls_model(MODEL_REGISTRY[causal])
     raise UnsupportedArchitectureError(
         f"model architecture {architectures} is not supported; supported architectures: "
         f"{', '.join(sorted(MODEL_REGISTRY))}")

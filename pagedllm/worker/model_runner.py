@@ -44,14 +44,14 @@ class ModelRunner:
     """One rank's step executor. Its collaborators come in at construction: the rank's
     `attention_backend` (selected once by worker/rank_builder.py; it builds each step's
     attention metadata), the `tp_executor` (rank 0 of a tensor-parallel group), the
-    speculative `draft` model that mirrors every forward pass and captured CUDA `graphs`
-    (those three None when unused)."""
+    speculative `draft` model that mirrors every forward pass, captured CUDA `graphs` and
+    the `pooler` of a pooling model (those four None when unused)."""
 
     def __init__(self, model: nn.Module, cache: CacheEngine,
                  attention_backend: PagedAttentionBackend, *, vocab_size: int,
                  device: torch.device,
                  seed: int = 0, structured_output=None, lora: LoRAManager | None = None,
-                 tp_executor=None, draft=None, graphs=None) -> None:
+                 tp_executor=None, draft=None, graphs=None, pooler=None) -> None:
         self.model = model
         self.cache = cache
         self.attention_backend = attention_backend
@@ -68,6 +68,7 @@ class ModelRunner:
         self.tp_executor = tp_executor  # distributed.executor.TPExecutor (rank 0 of TP > 1)
         self.draft = draft  # speculative.draft_model.DraftModel
         self.graphs = graphs  # cuda_graphs.DecodeGraphs (CUDA, not --enforce-eager)
+        self.pooler = pooler  # pooling.step_pooler.StepPooler (--runner pooling)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -85,10 +86,11 @@ class ModelRunner:
         logits, scored = self._logits(hidden, plan, prompt)
         t2 = time.perf_counter()
         sampled = self._sample(logits, plan) if plan.rows else []
+        pooled = self.pooler.pool(batch, hidden) if self.pooler is not None else []
         t3 = time.perf_counter()
-        return RunnerOutput(sampled, scored, {"prepare": (t1 - t0) * 1e3,
-                                              "forward": (t2 - t1) * 1e3,
-                                              "sample": (t3 - t2) * 1e3})
+        return RunnerOutput(sampled, scored, pooled, {"prepare": (t1 - t0) * 1e3,
+                                                      "forward": (t2 - t1) * 1e3,
+                                                      "sample": (t3 - t2) * 1e3})
 
     @torch.inference_mode()
     def replay(self, host, logits_rows, swap_out, swap_in, copies) -> None:

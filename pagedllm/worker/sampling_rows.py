@@ -1,6 +1,6 @@
 """The sampling rows of one step, and the tokens they yield per request.
 
-A request sampling this step gets one row on the hidden state of its last query token, or n
+A request sampling this step (pooling requests never do) gets one row on the hidden state of its last query token, or n
 rows on the same logits when an n > 1 request has just finished its prompt, or k + 1 rows
 when it verifies k draft tokens (worker/draft_verification.py). `plan_sampling` lays the rows out,
 `collect` turns the sampler's rows back into one `SampledTokens` per request.
@@ -39,7 +39,7 @@ def plan_sampling(batch) -> SamplingPlan:
     """The rows of the requests of `batch` (BatchInputs) that sample this step."""
     plan = SamplingPlan()
     for s, last in zip(batch.order, batch.logits_indices, strict=True):
-        if not s.samples:
+        if not s.samples or s.request.pooling_params is not None:  # pooling: no sampling
             continue
         req, last = s.request, int(last)
         if s.num_draft_tokens:
