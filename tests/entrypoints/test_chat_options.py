@@ -49,3 +49,12 @@ def test_tool_call_parser_choices_are_the_registry():
         assert _options("--tool-call-parser", name).tool_call_parser == name
     with pytest.raises(ValueError, match="unknown tool call parser 'nope'"):
         ChatOptions(tool_call_parser="nope")
+
+
+def test_reasoning_parser_flag_is_the_registry():
+    assert _options().reasoning_parser is None
+    assert _options("--reasoning-parser", "qwen3").reasoning_parser == "qwen3"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m", "--reasoning-parser", "nope"])
+    with pytest.raises(ValueError, match="unknown reasoning parser 'nope'"):
+        ChatOptions(reasoning_parser="nope")

@@ -248,3 +248,26 @@ def test_openai_stream_helper_accumulates_reasoning_and_content(r1):
     assert final.finish_reason == "stop"
     assert final.message.content == whole.content
     assert final.message.model_dump().get("reasoning_content") == whole.reasoning_content
+
+
+def test_n_choices_each_think_within_the_budget(r1):
+    # n > 1 forks the request (and its thinking gate) after the prompt
+    body = dict(
+        model="r1",
+        messages=MSGS,
+        max_tokens=10,
+        temperature=1.0,
+        seed=11,
+        n=2,
+        extra_body={"thinking_token_budget": 3},
+    )
+    out = r1.chat.completions.create(**body)
+    assert [bool(c.message.reasoning_content) for c in out.choices] == [True, True]
+    assert out.usage.completion_tokens_details.reasoning_tokens == 6
+    streamed = {}
+    for chunk in r1.chat.completions.create(stream=True, **body):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (
+                c.delta.model_dump().get("reasoning_content") or ""
+            )
+    assert [streamed[i] for i in (0, 1)] == [c.message.reasoning_content for c in out.choices]
