@@ -31,7 +31,12 @@ from pagedllm.entrypoints.protocol import (
 )
 from pagedllm.entrypoints.request_fields import structured_outputs_of
 from pagedllm.entrypoints.tool_parsers import TOOL_PARSERS, ParsedToolCall, ParseResult, ToolParser
-from pagedllm.entrypoints.tool_parsers.base import PartialCall
+from pagedllm.entrypoints.tool_parsers.base import (
+    PartialCall,
+    json_value_end,
+    locate_json_args,
+    raw_json_call,
+)
 from pagedllm.structured_output.params import StructuredOutputsParams
 from pagedllm.structured_output.strict_schema import close_objects
 
@@ -176,6 +181,7 @@ class ToolCallStreamer:
         self.parser = plan.parser(plan.tools) if plan.parser is not None else None
         self._buf = ""
         self._emitted = 0  # calls of a required-choice array emitted so far
+        self._partial: PartialCall | None = None  # its open element
         self.num_calls = 0
 
     def feed(self, delta: str) -> ParseResult:
@@ -202,7 +208,10 @@ class ToolCallStreamer:
         return self._count(out)
 
     def partial(self) -> PartialCall | None:
-        """The call being written under `auto` (see ToolParser.partial), else None."""
+        """The call being written (see ToolParser.partial): the parser's under `auto`, the open
+        array element's under `required`; None otherwise."""
+        if self.plan.mode == "required":
+            return self._partial
         return self.parser.partial() if self.parser is not None else None
 
     def _count(self, out: ParseResult) -> ParseResult:
@@ -214,8 +223,10 @@ class ToolCallStreamer:
         return out
 
     def _array_calls(self, final: bool) -> ParseResult:
-        """Complete elements of the `[{"name", "parameters"}, ...]` text not yet emitted."""
+        """Complete elements of the `[{"name", "parameters"}, ...]` text not yet emitted (their
+        parameters as written, so that what `partial` streamed adds up to them)."""
         out = ParseResult()
+        self._partial = None
         decoder, text = json.JSONDecoder(), self._buf
         pos = text.find("[") + 1
         if pos == 0:
@@ -226,14 +237,18 @@ class ToolCallStreamer:
                 pos += 1
             if pos >= len(text) or text[pos] == "]":
                 break
+            start = pos
             try:
                 obj, pos = decoder.raw_decode(text, pos)
             except ValueError:
+                found = None if final else locate_json_args(text, start)
+                if found is not None:
+                    name, at = found
+                    self._partial = PartialCall(name, text[at : json_value_end(text, at)])
                 break
             if index >= self._emitted:
-                call = ParsedToolCall(
-                    obj.get("name", ""), json.dumps(obj.get("parameters", {}), ensure_ascii=False)
-                )
+                params = json.dumps(obj.get("parameters", {}), ensure_ascii=False)
+                call = raw_json_call(text, start) or ParsedToolCall(obj.get("name", ""), params)
                 out.calls.append(call)
                 self._emitted += 1
             index += 1

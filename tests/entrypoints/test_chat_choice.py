@@ -87,3 +87,13 @@ def test_named_call_opens_after_the_thinking(include):
     assert choice.delta("2}", True).model_dump()["tool_calls"] == [
         {"index": 0, "function": {"arguments": "2}"}}
     ]
+
+
+def test_required_calls_stream_their_parameters():
+    tools, _ = _plans("required")
+    text = '[{"name": "f", "parameters": {"a": 1}}, {"name": "f", "parameters": {"a": 22}}]'
+    whole = ChoiceText(tools, None).message(text)
+    want = [(c.function.name, json.loads(c.function.arguments)) for c in whole.tool_calls]
+    assert want == [("f", {"a": 1}), ("f", {"a": 22})]
+    got = _streamed(tools, None, list(text))  # a character per step
+    assert got["calls"] == want and got["content"] == ""
