@@ -41,7 +41,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pagedllm.loader import gguf_gemma3, gguf_qwen
+from pagedllm.loader import gguf_gemma3, gguf_moe, gguf_qwen
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
@@ -123,8 +123,8 @@ def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     planned = []
     arch = _architecture(reader)
     layer_names = (gguf_gemma3.LAYER_NAMES if arch == gguf_gemma3.ARCH
-                   else {**gguf_qwen.LAYER_NAMES, **gguf_qwen.EXPERT_NAMES}
-                   if arch in gguf_qwen.ARCHES else _LAYER_NAMES)
+                   else {**gguf_qwen.LAYER_NAMES, **gguf_moe.EXPERT_NAMES}
+                   if arch in gguf_qwen.ARCHES else {**_LAYER_NAMES, **gguf_moe.LLAMA_MOE_NAMES})
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name, layer_names)
         if name is None:
@@ -151,6 +151,9 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
     if arch != "llama":
         raise UnsupportedModelError(f"GGUF architecture '{arch}' is not supported (only "
                                     f"'llama', 'gemma3', {', '.join(map(repr, gguf_qwen.ARCHES))})")
+    meta = lambda key, default=_REQUIRED: _meta(reader, key, default)  # noqa: E731
+    if gguf_moe.is_llama_moe(meta):  # Mixtral
+        return gguf_moe.mixtral_config(meta, {t.name: _hf_shape(t) for t in reader.tensors})
     names = {tensor.name: tensor for tensor in reader.tensors}
     if "token_embd.weight" not in names:
         raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
@@ -204,7 +207,7 @@ def iter_gguf_tensors(reader: GGUFReader, config: PretrainedConfig
             array = gguf_gemma3.to_hf(name, array)
         elif (order := _row_order(name, array.shape[0], config)) is not None:
             array = array[order]
-        for hf_name, part in gguf_qwen.split(name, array):  # MoE experts: one per expert
+        for hf_name, part in gguf_moe.split(name, array):  # MoE experts: one per expert
             yield hf_name, np.ascontiguousarray(part, dtype=np.float32)
 
 
@@ -231,11 +234,11 @@ def iter_gguf_quantized(
                 array = gguf_gemma3.to_hf(name, array)
             elif (order := _row_order(name, array.shape[0], config)) is not None:
                 array = array[order]
-            for hf_name, part in gguf_qwen.split(name, array):
+            for hf_name, part in gguf_moe.split(name, array):
                 yield hf_name, torch.from_numpy(np.array(part, dtype=np.float32))
             continue
         if "{}" in name:  # stacked MoE experts: each expert's matrix stays quantized
-            for e, view in enumerate(gguf_qwen.expert_views(tensor)):
+            for e, view in enumerate(gguf_moe.expert_views(tensor)):
                 yield name.format(e), make(view)
             continue
         if gemma3 and name.endswith("norm.weight"):
@@ -269,7 +272,7 @@ def _write_weights(entry: Path, reader: GGUFReader, config: LlamaConfig) -> None
     name and renamed, so a killed process leaves no half-written file)."""
     start = time.perf_counter()
     specs = [spec for tensor, name in _tensors(reader)
-             for spec in gguf_qwen.hf_specs(name, _hf_shape(tensor))]
+             for spec in gguf_moe.hf_specs(name, _hf_shape(tensor))]
     tmp = entry / f".model.safetensors.tmp-{os.getpid()}"
     try:
         write_safetensors(tmp, specs, iter_gguf_tensors(reader, config))

@@ -11,7 +11,7 @@ GGUF files:
     files (``expert_count``, ``expert_used_count``, ``expert_feed_forward_length``,
     ``expert_shared_feed_forward_length``);
   * MoE experts are stacked per layer (``ffn_gate_exps`` [E, I, H], ...): gguf_loader splits
-    them into HF's per-expert tensors (``EXPERT_NAMES``); the router is ``ffn_gate_inp``, the
+    them into HF's per-expert tensors (:mod:`gguf_moe`); the router is ``ffn_gate_inp``, the
     shared expert ``*_shexp`` with its gate ``ffn_gate_inp_shexp`` (one row);
   * llama.cpp always renormalizes qwen3moe's top-k weights and never qwen2moe's (HF's
     `norm_topk_prob`, which the files do not carry).
@@ -19,12 +19,9 @@ GGUF files:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from types import SimpleNamespace
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-from gguf import ReaderTensor
 from transformers import (
     PretrainedConfig,
     Qwen2Config,
@@ -63,12 +60,6 @@ LAYER_NAMES = {
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj",
     "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-}
-# Stacked expert tensors -> the HF per-expert name, "{}" standing for the expert index.
-EXPERT_NAMES = {
-    "ffn_gate_exps": "mlp.experts.{}.gate_proj",
-    "ffn_up_exps": "mlp.experts.{}.up_proj",
-    "ffn_down_exps": "mlp.experts.{}.down_proj",
 }
 
 
@@ -136,36 +127,3 @@ def config(
         pad_token_id=meta("tokenizer.ggml.padding_token_id", None),
         **extra,
     )
-
-
-def hf_specs(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
-    """The HF (name, shape) of every tensor a GGUF tensor of HF `name` / `shape` becomes:
-    one per expert for stacked experts, the shared-expert gate as one row."""
-    if "{}" in name:
-        return [(name.format(e), shape[1:]) for e in range(shape[0])]
-    if name.endswith("shared_expert_gate.weight") and len(shape) == 1:
-        return [(name, (1, shape[0]))]
-    return [(name, shape)]
-
-
-def split(name: str, array: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
-    """A dequantized GGUF tensor under its HF name(s) (see `hf_specs`)."""
-    for (hf_name, shape), part in zip(
-        hf_specs(name, array.shape),
-        array if "{}" in name else [array],
-        strict=True,
-    ):
-        yield hf_name, part.reshape(shape)
-
-
-def expert_views(tensor: ReaderTensor) -> list[SimpleNamespace]:
-    """Each expert's matrix of a stacked quantized expert tensor, as a 2-D tensor view that
-    the GGUF weight constructors take (ggml dimension order: [K, N, E] -> [K, N])."""
-    k, n, experts = (int(d) for d in tensor.shape)
-    data = np.asarray(tensor.data)
-    return [
-        SimpleNamespace(
-            name=f"{tensor.name}[{e}]", tensor_type=tensor.tensor_type, shape=[k, n], data=data[e]
-        )
-        for e in range(experts)
-    ]

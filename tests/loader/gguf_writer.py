@@ -1,7 +1,8 @@
 """Write a tiny HF checkpoint (tests/conftest.py's) as a GGUF file the way llama.cpp's
-converter lays out qwen2 / qwen3 / qwen2moe / qwen3moe models: `<arch>.*` metadata, the
-byte-level BPE vocabulary as a "gpt2" tokenizer with its merges, llama.cpp tensor names, q/k
-rows unpermuted (NEOX RoPE), each layer's experts stacked ([E, N, K]), matrices in `qtype`
+converter lays out qwen2 / qwen3 / qwen2moe / qwen3moe models and Mixtral (as `llama`):
+`<arch>.*` metadata, the byte-level BPE vocabulary as a "gpt2" tokenizer with its merges,
+llama.cpp tensor names, q/k rows unpermuted for NEOX RoPE (qwen) or in llama.cpp's
+interleaved order (llama), each layer's experts stacked ([E, N, K]), matrices in `qtype`
 (gguf-py's quantizer) and norms / biases / routers in F32."""
 
 from __future__ import annotations
@@ -31,9 +32,30 @@ _LAYER = {
     "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
 }
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+_EXPERT = re.compile(
+    r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
+    r"(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight"
+)
+_PART = {
+    "gate_proj": "gate",
+    "w1": "gate",
+    "up_proj": "up",
+    "w3": "up",
+    "down_proj": "down",
+    "w2": "down",
+}
+
+
+def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row order for its interleaved RoPE (convert_hf_to_gguf `permute`)."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def gguf_name(hf_name: str) -> str:
@@ -59,9 +81,10 @@ def _add_metadata(writer: gguf.GGUFWriter, cfg: dict, arch: str, qtype) -> None:
     writer.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_file_type(int(qtype) if qtype != gguf.GGMLQuantizationType.F32 else 0)
-    if arch.endswith("moe"):
+    if arch.endswith("moe") or "num_local_experts" in cfg:
         writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
         writer.add_expert_used_count(cfg["num_experts_per_tok"])
+    if arch.endswith("moe"):
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
@@ -102,9 +125,13 @@ def write_gguf(
             array = f.get_tensor(name).astype(np.float32)
             if hit := _EXPERT.fullmatch(name):
                 layer, expert, part = hit.groups()
-                experts.setdefault(f"blk.{layer}.ffn_{part}_exps.weight", {})[int(expert)] = array
-            else:
-                tensors[gguf_name(name)] = array
+                key = f"blk.{layer}.ffn_{_PART[part]}_exps.weight"
+                experts.setdefault(key, {})[int(expert)] = array
+                continue
+            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = cfg["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+                array = llama_permute(array, heads)
+            tensors[gguf_name(name)] = array
     for name, parts in experts.items():
         tensors[name] = np.stack([parts[e] for e in range(len(parts))])
     for name, array in tensors.items():

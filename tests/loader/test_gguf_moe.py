@@ -1,8 +1,9 @@
-"""qwen2moe / qwen3moe GGUF files (tests/loader/gguf_writer.py: experts stacked per layer, Q8_0
-matrices, F32 routers) loaded by pagedllm with every expert's matrix kept in Q8_0 blocks, or
-dequantized: greedy tokens equal HF transformers on the source checkpoint whose quantized
-tensors hold their Q8_0 round trip (HF's own GGUF loader does not read the experts' width
-nor llama.cpp's top-k renormalization of qwen3moe)."""
+"""MoE GGUF files: qwen2moe, qwen3moe and Mixtral (written as `llama`) by
+tests/loader/gguf_writer.py (experts stacked per layer, Q8_0 matrices, F32 routers), loaded by
+pagedllm with every expert's matrix kept in Q8_0 blocks, or dequantized: greedy tokens equal HF
+transformers on the source checkpoint whose quantized tensors hold their Q8_0 round trip (HF's
+own GGUF loader reads neither the experts' width, nor llama.cpp's top-k renormalization of
+qwen3moe, nor Mixtral files)."""
 
 from __future__ import annotations
 
@@ -34,12 +35,20 @@ ARCHES = {
         ),
     ),
     "qwen3moe": ("qwen3_moe", dict(norm_topk_prob=True, moe_intermediate_size=64)),
+    "llama": ("mixtral", dict(intermediate_size=64)),
+}
+MODEL_CLASS = {
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "llama": "MixtralForCausalLM",
 }
 
 
 def _round_trip(name: str, t: torch.Tensor) -> torch.Tensor:
     """What the writer's Q8_0 blocks hold for a tensor (routers and vectors stay F32)."""
-    if t.dim() < 2 or name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+    if t.dim() < 2 or name.endswith(
+        ("mlp.gate.weight", "shared_expert_gate.weight", "block_sparse_moe.gate.weight")
+    ):
         return t
     a = t.float().numpy()
     return torch.from_numpy(
@@ -73,12 +82,9 @@ def test_moe_gguf_matches_hf(
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
     llm = make_llm(path, quantization=quantization, int8_activations=False, max_model_len=512)
     model = llm.llm_engine.model
-    assert (
-        type(model).__name__
-        == {"qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}[arch]
-    )
+    assert type(model).__name__ == MODEL_CLASS[arch]
     blocks = [m for m in model.modules() if isinstance(m, FusedMoE)]
-    assert len(blocks) == 2 and blocks[0].router.renormalize == (arch == "qwen3moe")
+    assert len(blocks) == 2 and blocks[0].router.renormalize == (arch != "qwen2moe")
     assert (blocks[0].shared_expert is not None) == (arch == "qwen2moe")
     experts = [m for m in model.modules() if isinstance(m, StackedExperts)]
     if quantization is None:  # kept in the file's blocks, one weight per expert
