@@ -39,13 +39,17 @@ def warm_up(engine) -> None:
     """One short request through the whole step (prefill, a decode, sampling), so the first
     user request does not pay for first-call costs (kernel loads, allocator growth, thread
     pools). The engine's counters are reset afterwards: metrics start at zero."""
+    from pagedllm.pooling_params import PoolingParams
     from pagedllm.sampling_params import SamplingParams
 
     token = engine.eos_token_id if engine.eos_token_id is not None else 0
     n = max(1, min(4, engine.config.block_size - 1))
+    pooling = getattr(engine, "pooling", None)  # a pooling model: one prefill, pooled
+    params = (PoolingParams(task="encode") if pooling is not None
+              else SamplingParams(max_tokens=2, ignore_eos=True))
     with step("warm-up forward pass"):
-        engine.add_request([token] * n, SamplingParams(max_tokens=2, ignore_eos=True),
-                           request_id=WARMUP_REQUEST_ID, cache_salt=_WARMUP_SALT)
+        engine.add_request([token] * n, params, request_id=WARMUP_REQUEST_ID,
+                           cache_salt=_WARMUP_SALT)
         while engine.has_unfinished_requests():
             engine.step()
     engine.reset_stats()

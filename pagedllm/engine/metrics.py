@@ -241,6 +241,10 @@ class ServingMetrics:
 
     def observe(self, out: RequestOutput, now: float) -> None:
         """Record one (possibly coalesced) output of a request, produced by a step ending at `now`."""
+        if not isinstance(out, RequestOutput):  # a pooling result: one final output
+            self._reasons.add("stop")
+            self._success.labels(self.model_name, "stop").inc()
+            return
         m = out.metrics
         if any(c.delta_token_ids for c in out.outputs):
             prev = self._last_token_time.get(out.request_id)

@@ -59,6 +59,7 @@ from pagedllm.entrypoints.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.serving_messages import add_messages_routes
 from pagedllm.entrypoints.serving_models import ServingModels
+from pagedllm.entrypoints.serving_pooling import OpenAIServingPooling, add_pooling_routes
 from pagedllm.entrypoints.serving_responses import add_responses_routes
 from pagedllm.entrypoints.template_sandbox import TemplateSandbox
 from pagedllm.entrypoints.tokenizer_info import add_tokenizer_info_route
@@ -200,6 +201,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
         return DetokenizeResponse(prompt=base.tokenizer.decode(body.tokens)).model_dump()
 
     add_lora_routes(app, served)
+    add_pooling_routes(app, OpenAIServingPooling(engine, names, served, **shared))
     if opts.enable_tokenizer_info_endpoint:
         add_tokenizer_info_route(app, tokenizer)
     add_responses_routes(app, chat, ResponseStore(opts.max_stored_responses))

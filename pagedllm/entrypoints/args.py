@@ -13,6 +13,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from pagedllm.config.pooler import CONVERTS, RUNNERS, PoolerConfig
 from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.config.vocabulary import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -61,6 +62,15 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                    help="keep sliding-window layers' KV for the whole sequence like full "
                    "attention (one block table; by default their out-of-window blocks are freed)")
+    g.add_argument("--runner", default="auto", choices=RUNNERS,
+                   help="generate, or pooling (embeddings / scores: /v1/embeddings, /pooling, "
+                   "/score, /rerank); auto: pooling for *ForSequenceClassification checkpoints")
+    g.add_argument("--convert", default="auto", choices=CONVERTS,
+                   help="with --runner pooling: embed (a decoder's pooled hidden state) or "
+                   "classify (a *ForSequenceClassification score head); auto picks by checkpoint")
+    g.add_argument("--pooler-config", type=_pooler_config, default=None,
+                   help="JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}' "
+                   "(pooling_type LAST | MEAN | CLS, normalize, activation)")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPES],
                    help="KV cache storage: auto (the model dtype), int8 or fp8 (= fp8_e4m3), "
                    "fp8_e5m2; 8-bit caches hold ~2x (vs fp16) or ~4x (vs fp32) the tokens, with "
@@ -186,6 +196,13 @@ def _speculative_config(text: str) -> SpeculativeConfig | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _pooler_config(text: str) -> PoolerConfig | None:
+    try:
+        return PoolerConfig.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _rope_scaling(text: str) -> dict | None:
     from pagedllm.model.layers.rope_scaling import parse_rope_scaling
 
@@ -305,4 +322,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         distributed_executor_backend=args.distributed_executor_backend,
         speculative_config=getattr(args, "speculative_config", None),
         enforce_eager=args.enforce_eager,
-        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager)
+        disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
+        runner=args.runner, convert=args.convert, pooler_config=args.pooler_config)

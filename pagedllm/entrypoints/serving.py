@@ -47,6 +47,7 @@ from pagedllm.entrypoints.server_options import ServerOptions
 from pagedllm.entrypoints.serving_models import ServingModels
 from pagedllm.errors import ModelNotFoundError
 from pagedllm.lora.request import LoRARequest
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedllm.structured_output.backend import GrammarCompileError
 
@@ -261,7 +262,7 @@ class ServingBase:
         engine thread only copies it: a huge JSON schema took seconds to compile there, and
         no other request stepped meanwhile. GrammarCompileError is the caller's 400."""
         manager = getattr(self.engine.engine, "structured_output", None)
-        if params.structured_outputs is not None and manager is not None:
+        if getattr(params, "structured_outputs", None) is not None and manager is not None:
             await asyncio.to_thread(manager.compiler.template, params.structured_outputs)
 
     def token_str(self, token_id: int) -> str:
@@ -280,9 +281,11 @@ def prompts_summary(requests: list[EngineRequest]) -> str:
     return f"{len(sizes)} prompts of {sum(sizes)} {unit} in all"
 
 
-def params_summary(p: SamplingParams) -> str:
+def params_summary(p: SamplingParams | PoolingParams) -> str:
     """What a log line may say about a request's sampling: numbers and sizes (a 4 MB stop
     string made a 4 MB log line when the whole SamplingParams was logged)."""
+    if isinstance(p, PoolingParams):
+        return f"pooling task={p.task} dimensions={p.dimensions}"
     stops = p.stop if isinstance(p.stop, list) else [p.stop] if p.stop else []
     parts = [f"n={p.n}", f"max_tokens={p.max_tokens}", f"temperature={p.temperature}",
              f"top_p={p.top_p}", f"top_k={p.top_k}", f"seed={p.seed}"]
