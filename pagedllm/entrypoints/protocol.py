@@ -143,12 +143,21 @@ class SamplingFields(RequestBody):
 
 
 class CompletionRequest(SamplingFields):
+    # beam search is implemented here (entrypoints/serving_beam_search.py), not on chat
+    UNSUPPORTED: ClassVar[dict[str, Any]] = {
+        k: v for k, v in SamplingFields.UNSUPPORTED.items()
+        if k not in ("use_beam_search", "length_penalty")}
+
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    # vLLM's beam search: n beams; HF's length_penalty and early_stopping
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
 
 
 class TextPart(OpenAIBaseModel):

@@ -7,6 +7,7 @@ choices that gained tokens; each choice's finish_reason appears in its last chun
 too (vLLM's rule: prompt_logprobs = logprobs unless given), in the legacy logprobs shape
 (completion_logprobs.py). `echo` with `max_tokens=0` only scores the prompt: the engine
 samples one token to end the request, and the response leaves it out (vLLM's).
+`use_beam_search` takes its own path (serving_beam_search.py).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ from pagedllm.entrypoints.serving import (
     sse,
     sse_error,
 )
+from pagedllm.entrypoints.serving_beam_search import BeamSearchCompletion
 from pagedllm.outputs import RequestOutput, SampleLogprobs
 
 
-class OpenAIServingCompletion(ServingBase):
+class OpenAIServingCompletion(BeamSearchCompletion, ServingBase):
     async def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         """(text or None, token ids) per prompt; at most --max-prompts-per-request."""
         p = req.prompt
@@ -73,6 +75,8 @@ class OpenAIServingCompletion(ServingBase):
             raise APIError(400, "suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of is not supported (it must equal n)", param="best_of")
+        if req.use_beam_search:
+            return await self._beam_search(req, lora, header_id)
         score_only = req.echo and req.max_tokens == 0
         params = self.sampling_params(
             req, 1 if score_only else req.max_tokens, req.logprobs,

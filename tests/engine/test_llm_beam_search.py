@@ -12,29 +12,15 @@ import transformers
 
 from pagedllm import BeamSearchParams
 from pagedllm.beam_search import InvalidBeamSearchParams
-from tests.conftest import make_tiny_checkpoint
+from tests.beam_search_reference import EOS, PROMPTS, make_beam_checkpoint
+from tests.beam_search_reference import hf_beams as hf_reference_beams
 
-EOS = 207  # a token this checkpoint's beams propose often (seed 5, weights x2)
-PROMPTS = [
-    "Hello there, how are",
-    "The quick brown fox jumps over the lazy dog and",
-    "In the beginning",
-    "def f(x): return",
-    "A",
-]
 BEAMS, MAX_TOKENS, BLOCK_SIZE = 4, 12, 4
 
 
 @pytest.fixture(scope="module")
 def eos_model_dir(tmp_path_factory, tiny_tokenizer):
-    return make_tiny_checkpoint(
-        tmp_path_factory.mktemp("beam_llama"),
-        "llama",
-        tiny_tokenizer,
-        seed=5,
-        weight_scale=2.0,
-        eos_token_id=EOS,
-    )
+    return make_beam_checkpoint(tmp_path_factory.mktemp("beam_llama"), tiny_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -87,25 +73,8 @@ class StepWatch:
         self.engine.step, self.engine.runner.execute = self._step, self._execute
 
 
-def hf_beams(model, prompt: list[int], eos: int | None = EOS, **kwargs):
-    """HF's `num_return_sequences=BEAMS` beams (generated tokens, up to and with the first EOS:
-    HF pads with EOS) and their scores."""
-    out = model.generate(
-        torch.tensor([prompt]),
-        num_beams=BEAMS,
-        do_sample=False,
-        num_return_sequences=BEAMS,
-        max_new_tokens=MAX_TOKENS,
-        return_dict_in_generate=True,
-        output_scores=True,
-        pad_token_id=0,
-        eos_token_id=eos,
-        **kwargs,
-    )
-    beams = []
-    for seq in out.sequences[:, len(prompt) :].tolist():
-        beams.append(seq[: seq.index(EOS) + 1] if eos is not None and EOS in seq else seq)
-    return beams, out.sequences_scores.tolist()
+def hf_beams(model, prompt: list[int], **kwargs):
+    return hf_reference_beams(model, prompt, BEAMS, MAX_TOKENS, **kwargs)
 
 
 @pytest.mark.parametrize("early_stopping", [False, True, "never"])

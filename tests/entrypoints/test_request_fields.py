@@ -30,7 +30,7 @@ def test_neutral_values_pass_and_others_are_400(caplog):
         check_request_fields(ok)
     assert "unknown" not in caplog.text
     with pytest.raises(APIError) as e:
-        check_request_fields(CompletionRequest(prompt="x", use_beam_search=True))
+        check_request_fields(_chat(use_beam_search=True))  # completions implement it
     assert e.value.param == "use_beam_search" and e.value.status == 400
     with caplog.at_level(logging.WARNING):
         check_request_fields(CompletionRequest(prompt="x", zebra=1, apple=2))
