@@ -30,13 +30,21 @@ class ReasoningPlan:
     start_id: int | None  # the markers' token ids (None: not one token)
     end_id: int | None
     include: bool  # include_reasoning: send the reasoning text
+    tokenizer: object = None  # for markers that are not one token (see reasoning_tokens)
 
     def parser(self) -> ReasoningParser:
         return self.parser_cls(self.in_thinking)
 
     def reasoning_tokens(self, token_ids: list[int]) -> int:
-        """Output tokens inside the thinking (markers not counted)."""
+        """Output tokens inside the thinking (markers not counted). Markers that are not one
+        token each (gpt-oss's channel header): the tokens of the reasoning text, re-encoded."""
         ids = list(token_ids)
+        if (self.start_id is None or self.end_id is None) and self.tokenizer is not None:
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            reasoning = self.parser_cls.split(text, self.in_thinking).reasoning
+            return (
+                len(self.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+            )
         first = 1 if ids and ids[0] == self.start_id else 0
         if not (self.in_thinking or first):
             return 0
@@ -78,7 +86,9 @@ def plan_reasoning(
     if parser is None:  # thinking off for this request: nothing to split, budget moot
         return None, None
     start_id, end_id = _token_id(tokenizer, cls.start), _token_id(tokenizer, cls.end)
-    plan = ReasoningPlan(cls, parser.state == "thinking", start_id, end_id, req.include_reasoning)
+    plan = ReasoningPlan(
+        cls, parser.state == "thinking", start_id, end_id, req.include_reasoning, tokenizer
+    )
     if budget is None and not grammar:
         return plan, None
     if start_id is None or end_id is None:
@@ -91,6 +101,11 @@ def plan_reasoning(
             param=param,
         )
     return plan, ThinkingParams(start_id, end_id, thinking=plan.in_thinking, budget=budget)
+
+
+def keeps_special_tokens(parser_name: str | None) -> bool:
+    """The parser's markers are special tokens (gpt-oss): the text must keep them."""
+    return parser_name is not None and REASONING_PARSERS[parser_name].special_tokens
 
 
 def _token_id(tokenizer, marker: str) -> int | None:

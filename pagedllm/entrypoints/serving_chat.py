@@ -18,6 +18,7 @@ from pagedllm.entrypoints.chat_choice import ChoiceText
 from pagedllm.entrypoints.chat_options import ChatOptions
 from pagedllm.entrypoints.chat_reasoning import (
     ReasoningPlan,
+    keeps_special_tokens,
     plan_reasoning,
     reasoning_effort_kwargs,
 )
@@ -81,8 +82,9 @@ class OpenAIServingChat(ServingBase):
             req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
         )
         plan = plan_tools(req, self.chat_options)
-        if plan.parser is not None and plan.parser.special_tokens:
-            req.skip_special_tokens = False  # its markers are special tokens (as vLLM)
+        special = plan.parser is not None and plan.parser.special_tokens
+        if special or keeps_special_tokens(self.chat_options.reasoning_parser):
+            req.skip_special_tokens = False  # the parsers' markers are special tokens (as vLLM)
         structured = plan.structured or strict_response_format(req, self.chat_options)
         params = self.sampling_params(req, max_tokens, num_top, structured=structured)
         api_id, echoed_id = self.request_id("chatcmpl", req, header_id)

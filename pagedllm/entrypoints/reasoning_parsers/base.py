@@ -41,6 +41,7 @@ class ReasoningParser:
     # show it opening (vLLM's DeepSeek-R1 rule); otherwise only a prompt that opened it, or
     # a leading `start` in the output, starts the thinking.
     always_thinking = False
+    special_tokens = False  # its markers are special tokens: the server keeps them in the text
 
     def __init__(self, in_thinking: bool) -> None:
         self.state = THINKING if in_thinking else MAYBE
