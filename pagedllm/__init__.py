@@ -21,6 +21,11 @@ _EXPORTS = {
     "CompletionOutput": "pagedllm.outputs",
     "Logprob": "pagedllm.outputs",
     "PagedLLMError": "pagedllm.errors",
+    "PoolingParams": "pagedllm.pooling_params",
+    "PoolingRequestOutput": "pagedllm.pooling.outputs",
+    "EmbeddingRequestOutput": "pagedllm.pooling.outputs",
+    "ClassificationRequestOutput": "pagedllm.pooling.outputs",
+    "ScoringRequestOutput": "pagedllm.pooling.outputs",
 }
 __all__ = [
     "LLM",
@@ -33,6 +38,11 @@ __all__ = [
     "CompletionOutput",
     "Logprob",
     "PagedLLMError",
+    "PoolingParams",
+    "PoolingRequestOutput",
+    "EmbeddingRequestOutput",
+    "ClassificationRequestOutput",
+    "ScoringRequestOutput",
 ]
 
 if TYPE_CHECKING:
@@ -42,6 +52,13 @@ if TYPE_CHECKING:
     from pagedllm.errors import PagedLLMError
     from pagedllm.lora.request import LoRARequest
     from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+    from pagedllm.pooling.outputs import (
+        ClassificationRequestOutput,
+        EmbeddingRequestOutput,
+        PoolingRequestOutput,
+        ScoringRequestOutput,
+    )
+    from pagedllm.pooling_params import PoolingParams
     from pagedllm.sampling_params import SamplingParams, StructuredOutputsParams
 
 

@@ -78,6 +78,9 @@ def resolve_pooling(config: EngineConfig, hf_config) -> PoolingSetup | None:
             "pooling models run with tensor_parallel_size 1 (the score "
             "head and the pooler are not sharded)"
         )
+    if config.speculative_config is not None:
+        raise PoolingConfigError("speculative decoding does not apply to a pooling model "
+                                 "(it generates nothing); drop --speculative-config")
     convert = config.convert
     if convert == "auto":
         convert = "classify" if seq_cls else "embed"

@@ -9,9 +9,7 @@ import pytest
 import torch
 from hf_pooling import hf_hidden, hf_seq_cls_logits
 
-from pagedllm.pooling.outputs import EmbeddingRequestOutput, PoolingRequestOutput
-from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import SamplingParams
+from pagedllm import EmbeddingRequestOutput, PoolingParams, PoolingRequestOutput, SamplingParams
 from tests.conftest import make_tiny_checkpoint
 
 PROMPTS = [
@@ -194,6 +192,13 @@ def test_refusals(make_llm, tiny_llama_dir, tiny_scorer_dir):
         (dict(runner="pooling", convert="classify"), "ForSequenceClassification"),
         (dict(runner="pooling", convert="reward"), "not supported"),
         (dict(runner="generate", convert="embed"), "needs runner='pooling'"),
+        (
+            dict(
+                runner="pooling",
+                speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+            ),
+            "speculative decoding does not apply",
+        ),
         (dict(pooler_config='{"pooling_type": "max"}'), "LAST, MEAN, CLS"),
         (dict(pooler_config='{"pool": "MEAN"}'), "unknown keys"),
     ]:
