@@ -68,6 +68,7 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1+)
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _REQUIRED = object()
 WEIGHTS_FILE = "model.safetensors"
@@ -126,6 +127,8 @@ def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
                    else {**gguf_qwen.LAYER_NAMES, **gguf_moe.EXPERT_NAMES}
                    if arch in gguf_qwen.ARCHES else {**_LAYER_NAMES, **gguf_moe.LLAMA_MOE_NAMES})
     for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:  # read into the config (gguf_config)
+            continue
         name = hf_tensor_name(tensor.name, layer_names)
         if name is None:
             logger.warning("skipping GGUF tensor %s: no HF Llama equivalent", tensor.name)
@@ -182,6 +185,10 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
         bos_token_id=_meta(reader, "tokenizer.ggml.bos_token_id", None),
         eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id", None),
         pad_token_id=_meta(reader, "tokenizer.ggml.padding_token_id", None),
+        # Llama 3.1+: the llama3 RoPE scaling as one divisor per frequency (rope_scaling.py)
+        rope_freq_factors=(dequantize(names[ROPE_FREQS].data, names[ROPE_FREQS].tensor_type)
+                           .astype(np.float32).reshape(-1).tolist()
+                           if ROPE_FREQS in names else None),
     )
 
 

@@ -67,6 +67,27 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{_LAYER[sub]}.{suffix}"
 
 
+def llama3_rope_factors(cfg: dict) -> np.ndarray:
+    """llama.cpp's `rope_freqs` for a llama3-scaled model (convert_hf_to_gguf.py's
+    LlamaModel.generate_extra_tensors): one divisor per rotary frequency."""
+    rope = cfg["rope_parameters"]
+    dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def _add_metadata(writer: gguf.GGUFWriter, cfg: dict, arch: str, qtype) -> None:
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -139,6 +160,8 @@ def write_gguf(
             writer.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, array)
+    if arch == "llama" and cfg["rope_parameters"].get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

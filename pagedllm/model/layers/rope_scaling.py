@@ -89,6 +89,9 @@ def rope_parameters(config) -> dict:
     partial = getattr(config, "partial_rotary_factor", None)
     if partial is not None:
         params.setdefault("partial_rotary_factor", partial)
+    factors = getattr(config, "rope_freq_factors", None)
+    if factors is not None:  # llama.cpp's per-frequency divisors (a GGUF's rope_freqs)
+        params["freq_factors"] = [float(f) for f in factors]
     if params["rope_type"] in _WITH_ORIGINAL_LEN:
         top_level = getattr(config, "original_max_position_embeddings", None)
         if top_level is not None:  # Phi3-style configs keep it outside; HF gives it priority
@@ -192,7 +195,18 @@ def compute_inv_freq(dim: int, params: dict, max_position_embeddings: int,
         inv_freq /= params["factor"]
     elif rope_type == "llama3":
         inv_freq = _llama3(inv_freq, params)
+    if params.get("freq_factors") is not None:
+        inv_freq = _divided(inv_freq, params["freq_factors"])
     return inv_freq, 1.0
+
+
+def _divided(inv_freq: torch.Tensor, factors: list[float]) -> torch.Tensor:
+    """Frequencies divided by llama.cpp's `rope_freqs` factors (how a Llama-3.1 GGUF carries
+    its llama3 scaling: the converter computes one factor per frequency)."""
+    if len(factors) != inv_freq.shape[0]:
+        raise ValueError(f"rope_freqs has {len(factors)} factors; the rotary dimension needs "
+                         f"{inv_freq.shape[0]}")
+    return inv_freq / torch.tensor(factors, dtype=torch.float32)
 
 
 def _default(dim: int, base) -> torch.Tensor:
