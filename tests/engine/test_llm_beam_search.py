@@ -183,3 +183,35 @@ def test_limits_are_checked_before_anything_runs(llm, prompt_ids):
         llm.beam_search([[]], BeamSearchParams(beam_width=2, max_tokens=4))
     assert not engine.has_unfinished_requests()
     engine.check_idle()
+
+
+@pytest.mark.parametrize(
+    "engine_args",
+    [
+        # no prefix caching: every step recomputes whole beams (and says so once)
+        dict(enable_prefix_caching=False),
+        # a pool of 40 blocks: a step's beams do not all fit, cached prefixes are evicted
+        dict(kv_cache_memory=40 * BLOCK_SIZE * 512, max_model_len=64),
+    ],
+    ids=["no-prefix-caching", "small-pool"],
+)
+def test_same_beams_without_cache_and_under_memory_pressure(
+    eos_model_dir, make_llm, hf_model, prompt_ids, engine_args, caplog
+):
+    llm = make_llm(eos_model_dir, block_size=BLOCK_SIZE, **{"max_model_len": 128, **engine_args})
+    engine = llm.llm_engine
+    watch = StepWatch(engine)
+    params = BeamSearchParams(beam_width=BEAMS, max_tokens=MAX_TOKENS)
+    outs = llm.beam_search([{"prompt_token_ids": p} for p in prompt_ids], params)
+    watch.restore()
+    for prompt, out in zip(prompt_ids, outs, strict=True):
+        want, scores = hf_beams(hf_model, prompt)
+        assert [s.tokens[len(prompt) :] for s in out.sequences] == want
+        assert [s.score for s in out.sequences] == pytest.approx(scores, abs=1e-4)
+    if engine.block_manager.enable_caching:
+        assert engine.num_blocks == 40
+        assert watch.executes > MAX_TOKENS + 1  # some steps' beams ran in several batches
+    else:
+        assert "without prefix caching" in caplog.text
+        assert watch.max_new_tokens_later > BLOCK_SIZE
+    engine.check_idle()
