@@ -73,6 +73,8 @@ def check_beam_search_request(req: CompletionRequest) -> None:
         raise APIError(
             400, "structured output is not supported with use_beam_search", param="response_format"
         )
+    if req.logprobs is not None and req.logprobs < 0:
+        raise APIError(400, f"logprobs must be >= 0, got {req.logprobs}", param="logprobs")
     if req.echo and req.logprobs is not None:
         raise APIError(
             400,
@@ -109,7 +111,8 @@ class BeamSearchCompletion:
         instances = []
         for _, ids in prompts:
             self.check_length(len(ids), req.max_tokens, "prompt")
-            params = beam_search_params(req, req.max_tokens or self.max_model_len - len(ids))
+            budget = self.max_model_len - len(ids) if req.max_tokens is None else req.max_tokens
+            params = beam_search_params(req, budget)
             try:
                 check_beam_width(params, self.max_logprobs)
             except InvalidBeamSearchParams as exc:

@@ -118,6 +118,9 @@ def test_beam_width_one_is_greedy(client, tiny_tokenizer):
     "body, param, message",
     [
         ({"n": 0}, "n", "n must be an integer >= 1, got 0"),
+        ({"max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1, got 0"),
+        ({"logprobs": -1}, "logprobs", "logprobs must be >= 0, got -1"),
+        ({"logprobs": 21}, "logprobs", "logprobs must be <= max_logprobs (20"),
         ({"n": 11}, "n", "n 11 needs 22 logprobs per step; max_logprobs is 20"),
         ({"stream": True}, "stream", "stream=True is not supported with use_beam_search"),
         ({"temperature": 0.7}, "temperature", "temperature=0.7 is not supported"),
