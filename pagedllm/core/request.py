@@ -28,6 +28,11 @@ class PromptLogprobsOrderError(InvariantError):
     """A chunk of prompt logprobs does not follow the positions already scored."""
 
 
+class PooledChunkOrderError(InvariantError):
+    """A pooled chunk skips or repeats positions already summed (MEAN / CLS pooling take no
+    prefix-cache hits, engine/plan.py)."""
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -171,9 +176,14 @@ class Request:
     def add_pooled(self, first_position: int, num_positions: int,
                    data: torch.Tensor | None) -> bool:
         """Add a chunk's pooled part (positions `first_position ...`); True once the whole
-        prompt is pooled. A chunk from position 0 starts over (recomputed after preemption)."""
+        prompt is pooled. A chunk from position 0 starts over (recomputed after preemption);
+        one after a prefix-cache hit (LAST pooling only) starts where the hit ends."""
         if first_position == 0:
             self.pooled = None
+        elif first_position != self.num_pooled_positions and self.pooled is not None:
+            raise PooledChunkOrderError(
+                f"pooled chunk from position {first_position} for {self}, which has "
+                f"{self.num_pooled_positions} positions pooled")
         if data is not None:
             self.pooled = data if self.pooled is None else self.pooled + data
         self.num_pooled_positions = first_position + num_positions

@@ -26,6 +26,7 @@ from pagedllm.engine.engine_builder import open_checkpoint
 from pagedllm.engine.stats import EngineStats
 from pagedllm.errors import EngineError, EngineFatalError
 from pagedllm.outputs import CompletionOutput, RequestOutput
+from pagedllm.pooling.setup import resolve_pooling
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ class DPEngine:
             raise ValueError("data_parallel_size > 1: LoRA is not supported yet")
         self.config = config
         ckpt, self.model_name, self.sampling_defaults = open_checkpoint(config)
+        if resolve_pooling(config, ckpt.config) is not None:
+            raise ValueError("data_parallel_size > 1: pooling models (--runner pooling) are "
+                             "not supported yet")
         self.tokenizer = ckpt.tokenizer
         self.vocab_size = ckpt.config.vocab_size
         threads = config.num_threads or max(1, (os.cpu_count() or 1) // n)

@@ -206,3 +206,8 @@ def test_refusals(make_llm, tiny_llama_dir, tiny_scorer_dir):
             make_llm(tiny_llama_dir, **args)
     with pytest.raises(ValueError, match="--runner pooling"):
         make_llm(tiny_scorer_dir, runner="generate")
+    from pagedllm.config import EngineConfig
+    from pagedllm.data_parallel.client import DPEngine
+
+    with pytest.raises(ValueError, match="pooling models .* not supported yet"):
+        DPEngine(EngineConfig(model=str(tiny_scorer_dir), data_parallel_size=2, num_threads=1))
