@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
 from pagedllm.entrypoints.chat_choice import ChoiceText
+from pagedllm.entrypoints.chat_logprobs import chat_logprobs
 from pagedllm.entrypoints.chat_options import ChatOptions
 from pagedllm.entrypoints.chat_reasoning import (
     ReasoningPlan,
@@ -31,11 +32,8 @@ from pagedllm.entrypoints.protocol_responses import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
-    ChatLogprobs,
-    ChatTokenLogprob,
     CompletionTokensDetails,
     DeltaMessage,
-    TopLogprob,
     UsageInfo,
 )
 from pagedllm.entrypoints.serving import (
@@ -48,7 +46,7 @@ from pagedllm.entrypoints.serving import (
     sse_error,
 )
 from pagedllm.entrypoints.tool_calls import ToolPlan, plan_tools, strict_response_format
-from pagedllm.outputs import RequestOutput, SampleLogprobs
+from pagedllm.outputs import RequestOutput
 
 
 class OpenAIServingChat(ServingBase):
@@ -136,30 +134,6 @@ class OpenAIServingChat(ServingBase):
         finally:
             stream.abort()
 
-    def _logprobs(
-        self, token_ids: list[int], logprobs: SampleLogprobs | None, num_top: int | None
-    ) -> ChatLogprobs | None:
-        if logprobs is None or num_top is None:
-            return None
-        content = []
-        for tid, entry in zip(token_ids, logprobs, strict=True):
-            top = sorted(
-                (v.rank or 0, t, v.logprob)
-                for t, v in entry.items()
-                if v.rank is not None and v.rank <= num_top
-            )[:num_top]
-            content.append(
-                ChatTokenLogprob(
-                    **self._top(tid, entry[tid].logprob),
-                    top_logprobs=[TopLogprob(**self._top(t, lp)) for _, t, lp in top],
-                )
-            )
-        return ChatLogprobs(content=content)
-
-    def _top(self, token_id: int, logprob: float) -> dict:
-        tok = self.token_str(token_id)
-        return {"token": tok, "logprob": logprob, "bytes": list(tok.encode("utf-8"))}
-
     async def _full(
         self,
         model: str,
@@ -186,7 +160,7 @@ class OpenAIServingChat(ServingBase):
                 ChatChoice(
                     index=c.index,
                     message=message,
-                    logprobs=self._logprobs(c.token_ids, c.logprobs, num_top),
+                    logprobs=chat_logprobs(self.token_str, c.token_ids, c.logprobs, num_top),
                     finish_reason=finish,
                     stop_reason=c.stop_reason,
                     token_ids=list(c.token_ids) if prompt_ids else None,
@@ -279,8 +253,8 @@ class OpenAIServingChat(ServingBase):
                             ChatChunkChoice(
                                 index=i,
                                 delta=delta,
-                                logprobs=self._logprobs(
-                                    c.delta_token_ids, c.delta_logprobs, num_top
+                                logprobs=chat_logprobs(
+                                    self.token_str, c.delta_token_ids, c.delta_logprobs, num_top
                                 ),
                                 finish_reason=finish,
                                 stop_reason=c.stop_reason,
