@@ -4,6 +4,8 @@ text), logprobs / echo / return_token_ids shapes, the 400s, and no KV block held
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -157,3 +159,24 @@ def test_chat_refuses_beam_search(server):
         timeout=30,
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search"
+
+
+def test_client_hanging_up_ends_the_search(server):
+    """The route is cancelled on disconnect: the step in flight is aborted, no step follows."""
+    body = {
+        "model": "tiny",
+        "prompt": "Hello",
+        "n": 4,
+        "max_tokens": 1000,
+        "use_beam_search": True,
+        "ignore_eos": True,
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=1.0)
+    first = wait_idle(server.base_url)
+    assert first["pagedllm:num_requests_running"] == 0
+    assert first["pagedllm:kv_cache_usage_perc"] == 0
+    time.sleep(0.5)
+    again = wait_idle(server.base_url)
+    finished = [k for k in again if k.startswith("pagedllm:request_success_total")]
+    assert finished and all(again[k] == first[k] for k in finished)
