@@ -2,6 +2,7 @@
 
     POST /v1/embeddings   EmbeddingRequest -> EmbeddingResponse  (OpenAI's, + vLLM's normalize)
     POST /pooling         PoolingRequest   -> PoolingResponse    (vLLM's: the model's output)
+    POST /classify        ClassificationRequest -> ClassificationResponse  (vLLM's)
     POST /score           ScoreRequest     -> ScoreResponse      (vLLM's text_1 / text_2)
     POST /rerank, /v1/rerank  RerankRequest -> RerankResponse    (Jina / Cohere shape)
 
@@ -51,6 +52,14 @@ class PoolingRequest(EmbeddingRequest):
     activation: bool | None = None
 
 
+class ClassificationRequest(PoolingFields):
+    """vLLM's /classify: class probabilities of each input."""
+
+    input: EmbeddingInput
+    activation: bool | None = None
+    add_special_tokens: bool = True
+
+
 class ScoreRequest(PoolingFields):
     text_1: str | list[str]
     text_2: str | list[str]
@@ -92,6 +101,22 @@ class PoolingResponse(OpenAIBaseModel):
     created: int
     model: str
     data: list[PoolingData]
+    usage: UsageInfo
+
+
+class ClassificationData(OpenAIBaseModel):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
     usage: UsageInfo
 
 

@@ -1,6 +1,7 @@
 """The pooling routes of a `--runner pooling` server (vLLM's): /v1/embeddings, /pooling,
-/score, /rerank and /v1/rerank. Each input becomes one pooling request (PoolingParams) through
-the same AsyncEngine as generation; the finished PoolingRequestOutputs are shaped here.
+/classify, /score, /rerank and /v1/rerank. Each input becomes one pooling request
+(PoolingParams) through the same AsyncEngine as generation; the finished
+PoolingRequestOutputs are shaped here.
 
 On a server that generates, these routes answer 400 naming the runner; the generation routes
 of a pooling server answer 400 from the engine's intake ("does not generate text").
@@ -22,6 +23,9 @@ from pagedllm.entrypoints.disconnect import with_disconnect
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.openapi_spec import POST_ERRORS
 from pagedllm.entrypoints.protocol_pooling import (
+    ClassificationData,
+    ClassificationRequest,
+    ClassificationResponse,
     EmbeddingData,
     EmbeddingRequest,
     EmbeddingResponse,
@@ -167,6 +171,31 @@ class OpenAIServingPooling(ServingBase):
             usage=self.usage(outs),
         ).model_dump()
 
+    async def classify(self, req: ClassificationRequest, header: str | None) -> dict:
+        setup = self.setup("/classify")
+        params = pooling_params(task="classify", activation=req.activation)
+        prompts = await self.prompts(req.input, req.add_special_tokens)
+        api_id, outs = await self.pool("classify", req, header, prompts, params)
+        data = []
+        for i, o in enumerate(outs):
+            probs = o.outputs.data.tolist()
+            best = max(range(len(probs)), key=probs.__getitem__)
+            data.append(
+                ClassificationData(
+                    index=i,
+                    probs=probs,
+                    num_classes=len(probs),
+                    label=setup.labels[best] if setup.labels else None,
+                )
+            )
+        return ClassificationResponse(
+            id=api_id,
+            created=int(time.time()),
+            model=self.response_model(self.check_model(req.model)),
+            data=data,
+            usage=self.usage(outs),
+        ).model_dump()
+
     async def scores(
         self, req: ScoreRequest | RerankRequest, first, second, header: str | None, prefix: str
     ) -> tuple[str, list[float], UsageInfo]:
@@ -260,6 +289,10 @@ def add_pooling_routes(app: FastAPI, serving: OpenAIServingPooling) -> None:
     @app.post("/pooling", responses=POST_ERRORS)
     async def create_pooling(body: PoolingRequest, request: Request) -> JSONResponse:
         return await with_disconnect(request, _json(serving.pooling(body, header(request))))
+
+    @app.post("/classify", responses=POST_ERRORS)
+    async def create_classification(body: ClassificationRequest, request: Request) -> JSONResponse:
+        return await with_disconnect(request, _json(serving.classify(body, header(request))))
 
     @app.post("/score", responses=POST_ERRORS)
     @app.post("/v1/score", responses=POST_ERRORS)

@@ -37,6 +37,7 @@ class PoolingSetup:
     num_labels: int | None = None
     matryoshka_dimensions: tuple[int, ...] | None = None
     is_matryoshka: bool = False
+    labels: tuple[str, ...] | None = None  # a classifier's id2label, in label order
 
     @property
     def tasks(self) -> tuple[str, ...]:
@@ -79,8 +80,10 @@ def resolve_pooling(config: EngineConfig, hf_config) -> PoolingSetup | None:
             "head and the pooler are not sharded)"
         )
     if config.speculative_config is not None:
-        raise PoolingConfigError("speculative decoding does not apply to a pooling model "
-                                 "(it generates nothing); drop --speculative-config")
+        raise PoolingConfigError(
+            "speculative decoding does not apply to a pooling model "
+            "(it generates nothing); drop --speculative-config"
+        )
     convert = config.convert
     if convert == "auto":
         convert = "classify" if seq_cls else "embed"
@@ -113,7 +116,16 @@ def resolve_pooling(config: EngineConfig, hf_config) -> PoolingSetup | None:
         num_labels=getattr(hf_config, "num_labels", None) if convert == "classify" else None,
         matryoshka_dimensions=tuple(dims) if dims else None,
         is_matryoshka=bool(getattr(hf_config, "is_matryoshka", False) or dims),
+        labels=_labels(hf_config) if convert == "classify" else None,
     )
+
+
+def _labels(hf_config) -> tuple[str, ...] | None:
+    """The classifier's label names by index (HF's id2label), None when it has none."""
+    id2label = getattr(hf_config, "id2label", None) or {}
+    n = getattr(hf_config, "num_labels", 0)
+    names = [id2label.get(i, id2label.get(str(i))) for i in range(n)]
+    return tuple(names) if n and all(isinstance(x, str) for x in names) else None
 
 
 def check_pooling_params(setup: PoolingSetup | None, params) -> None:

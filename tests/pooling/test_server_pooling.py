@@ -1,6 +1,6 @@
 """The pooling routes over a real `pagedllm serve --runner pooling` (tiny random checkpoints,
 chunked prefill on) with the openai SDK and httpx: /v1/embeddings (strings, token ids, float
-and base64, Matryoshka dimensions, usage), /pooling, /score, /rerank and /v1/rerank against
+and base64, Matryoshka dimensions, usage), /pooling, /classify, /score, /rerank and /v1/rerank against
 HF transformers; each runner refusing the other's routes with a 400 naming the runner."""
 
 from __future__ import annotations
@@ -169,6 +169,15 @@ def test_rerank_and_score_equal_hf_cross_encoder(score_server, tiny_scorer_dir, 
         json={"model": "tiny", "text_1": [query, query], "text_2": docs[:2]},
     ).json()
     assert [d["score"] for d in score["data"]] == pytest.approx(refs[:2], abs=1e-5)
+    cls = httpx.post(
+        f"{score_server.base_url}/classify",
+        timeout=30,
+        json={"model": "tiny", "input": [docs[0], docs[3]]},
+    ).json()
+    for d, doc in zip(cls["data"], (docs[0], docs[3]), strict=True):
+        ref = torch.sigmoid(hf_seq_cls_logits(tiny_scorer_dir, tiny_tokenizer.encode(doc)))
+        assert d["num_classes"] == 1 and d["label"] == "LABEL_0"
+        assert d["probs"] == pytest.approx(ref.tolist(), abs=1e-5)
     r = httpx.post(
         f"{score_server.base_url}/v1/embeddings", timeout=30, json={"model": "tiny", "input": "hi"}
     )
@@ -181,6 +190,7 @@ def test_generate_server_refuses_pooling_routes(tmp_path_factory, tiny_llama_dir
         for path, body in [
             ("v1/embeddings", {"input": "hi"}),
             ("pooling", {"input": "hi"}),
+            ("classify", {"input": "hi"}),
             ("score", {"text_1": "a", "text_2": "b"}),
             ("v1/rerank", {"query": "a", "documents": ["b"]}),
         ]:
