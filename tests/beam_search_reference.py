@@ -45,5 +45,5 @@ def hf_beams(
     )
     beams = []
     for seq in out.sequences[:, len(prompt) :].tolist():
-        beams.append(seq[: seq.index(EOS) + 1] if eos is not None and EOS in seq else seq)
+        beams.append(seq[: seq.index(eos) + 1] if eos is not None and eos in seq else seq)
     return beams, out.sequences_scores.tolist()

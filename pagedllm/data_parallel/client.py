@@ -22,7 +22,7 @@ from multiprocessing.connection import Listener, wait
 from pagedllm.config import EngineConfig
 from pagedllm.data_parallel.launch import ProcessReplicas, RayReplicas
 from pagedllm.data_parallel.router import PrefixAffinityRouter
-from pagedllm.engine.engine_builder import open_checkpoint
+from pagedllm.engine.engine_builder import eos_token_id_of, open_checkpoint
 from pagedllm.engine.stats import EngineStats
 from pagedllm.errors import EngineError, EngineFatalError
 from pagedllm.outputs import CompletionOutput, RequestOutput
@@ -54,6 +54,7 @@ class DPEngine:
                              "not supported yet")
         self.tokenizer = ckpt.tokenizer
         self.vocab_size = ckpt.config.vocab_size
+        self.eos_token_id = eos_token_id_of(ckpt)  # the replicas' (beam search reads it)
         threads = config.num_threads or max(1, (os.cpu_count() or 1) // n)
         replica_config = dataclasses.replace(config, data_parallel_size=1, num_threads=threads)
         self.replicas = (RayReplicas(n, threads)

@@ -83,6 +83,14 @@ class EngineParts:
     pooling: PoolingSetup | None  # --runner pooling: what the model pools (else None)
 
 
+def eos_token_id_of(ckpt: Checkpoint) -> int | None:
+    """The EOS every request stops at (and beam search finishes on): the model config's
+    (the first of a list), else the tokenizer's."""
+    eos = getattr(ckpt.config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) else eos
+    return eos if eos is not None else ckpt.tokenizer.eos_token_id
+
+
 def open_checkpoint(config: EngineConfig) -> tuple[Checkpoint, str, dict]:
     """The checkpoint of `config.model` as every engine front sees it (LLMEngine, the DP
     front): --chat-template applied to its tokenizer, RoPE overrides applied to its config,
@@ -113,9 +121,7 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
         weakref.finalize(owner, executor.shutdown)
     rank = build_rank(config, ckpt, tp=executor.shard if executor is not None else None)
     plan = resolve_plan(config, hf, rank.kv_spec.groups, pooling)
-    eos = getattr(hf, "eos_token_id", None)
-    eos = eos[0] if isinstance(eos, list) else eos
-    eos = eos if eos is not None else tokenizer.eos_token_id
+    eos = eos_token_id_of(ckpt)
     lora = (LoRAManager(rank.model, config.lora_config, config.torch_device, config.torch_dtype)
             if config.lora_config else None)
     speculator = None
