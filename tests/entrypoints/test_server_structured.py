@@ -263,9 +263,9 @@ def test_bad_tool_requests_are_400(server, body, param):
 
 # --------------------------------------------------- fields we do not implement
 @pytest.mark.parametrize(("path", "field", "value"), [
-    ("completions", "use_beam_search", True),
+    ("chat/completions", "use_beam_search", True),  # completions implement it (#33)
     ("completions", "best_of", 3),
-    ("completions", "length_penalty", 0.5),
+    ("chat/completions", "length_penalty", 0.5),
     ("completions", "truncate_prompt_tokens", 4),
     ("completions", "logits_processors", ["x"]),
     ("chat/completions", "functions", [{"name": "f"}]),
