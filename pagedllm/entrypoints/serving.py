@@ -236,8 +236,9 @@ class ServingBase:
             raise APIError(400, str(exc), param=_field_of(str(exc))) from exc
 
     # ---------------------------------------------------------- submitting
-    async def submit(self, requests: list[EngineRequest]) -> RequestStream:
-        if self.log_requests:  # one bounded line per API call: sizes, never contents
+    async def submit(self, requests: list[EngineRequest], log: bool = True) -> RequestStream:
+        """Queue the requests; `log=False` for a call's later submissions (beam search steps)."""
+        if self.log_requests and log:  # one bounded line per API call: sizes, never contents
             logger.info("request %s: %s, %s", requests[0].request_id,
                         prompts_summary(requests), params_summary(requests[0].params))
         try:

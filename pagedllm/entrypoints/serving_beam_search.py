@@ -135,16 +135,19 @@ class BeamSearchCompletion:
                 )
                 for j, (_, beam) in enumerate(beams)
             ]
-            rows = await self._step_logprobs(requests)
+            rows = await self._step_logprobs(requests, log=step == 0)
             for inst in live:
                 inst.advance([row for (i, _), row in zip(beams, rows, strict=True) if i is inst])
             step += 1
         body = self._beam_response(req, self.response_model(lora), api_id, prompts, instances)
         return JSONResponse(body, headers={"X-Request-Id": echoed_id})
 
-    async def _step_logprobs(self, requests: list[EngineRequest]) -> list[dict[int, Logprob]]:
-        """Run one step's requests; the next-token logprobs of each, in order."""
-        stream = await self.submit(requests)
+    async def _step_logprobs(
+        self, requests: list[EngineRequest], log: bool
+    ) -> list[dict[int, Logprob]]:
+        """Run one step's requests (logged for the first step only); the next-token logprobs
+        of each, in order."""
+        stream = await self.submit(requests, log=log)
         final = {}
         try:
             async for outs in stream:

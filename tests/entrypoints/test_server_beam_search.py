@@ -180,3 +180,15 @@ def test_client_hanging_up_ends_the_search(server):
     again = wait_idle(server.base_url)
     finished = [k for k in again if k.startswith("pagedllm:request_success_total")]
     assert finished and all(again[k] == first[k] for k in finished)
+
+
+def test_one_log_line_per_search(server, client):
+    client.completions.create(
+        model="tiny",
+        prompt="Hello",
+        n=2,
+        max_tokens=6,
+        extra_body={"use_beam_search": True, "request_id": "beam-log", "ignore_eos": True},
+    )
+    lines = [line for line in server.log().splitlines() if "request cmpl-beam-log" in line]
+    assert len(lines) == 1, lines  # the first step's submission only (6 steps ran)
