@@ -41,7 +41,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pagedllm.loader import gguf_gemma3, gguf_moe, gguf_qwen
+from pagedllm.loader import gguf_gemma2, gguf_gemma3, gguf_moe, gguf_qwen
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
@@ -69,6 +69,7 @@ _LAYER_NAMES = {
     "ffn_norm": "post_attention_layernorm",
 }
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1+)
+_GEMMA = (gguf_gemma2.ARCH, gguf_gemma3.ARCH)  # norms stored as 1 + w, q/k not permuted
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _REQUIRED = object()
 WEIGHTS_FILE = "model.safetensors"
@@ -123,7 +124,7 @@ def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     """GGUF tensors that have an HF equivalent, with their HF names."""
     planned = []
     arch = _architecture(reader)
-    layer_names = (gguf_gemma3.LAYER_NAMES if arch == gguf_gemma3.ARCH
+    layer_names = (gguf_gemma3.LAYER_NAMES if arch in _GEMMA
                    else {**gguf_qwen.LAYER_NAMES, **gguf_moe.EXPERT_NAMES}
                    if arch in gguf_qwen.ARCHES else {**_LAYER_NAMES, **gguf_moe.LLAMA_MOE_NAMES})
     for tensor in reader.tensors:
@@ -145,6 +146,9 @@ def _hf_shape(tensor: ReaderTensor) -> tuple[int, ...]:
 def gguf_config(reader: GGUFReader) -> PretrainedConfig:
     """Build a HF config from the ``<arch>.*`` and ``tokenizer.ggml.*`` metadata."""
     arch = _architecture(reader)
+    if arch == gguf_gemma2.ARCH:
+        return gguf_gemma2.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
+                                  {t.name: _hf_shape(t) for t in reader.tensors})
     if arch == gguf_gemma3.ARCH:
         return gguf_gemma3.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
                                   {t.name: _hf_shape(t) for t in reader.tensors})
@@ -153,7 +157,7 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
                                 {t.name: _hf_shape(t) for t in reader.tensors})
     if arch != "llama":
         raise UnsupportedModelError(f"GGUF architecture '{arch}' is not supported (only "
-                                    f"'llama', 'gemma3', {', '.join(map(repr, gguf_qwen.ARCHES))})")
+                                    f"'llama', 'gemma2', 'gemma3', {', '.join(map(repr, gguf_qwen.ARCHES))})")
     meta = lambda key, default=_REQUIRED: _meta(reader, key, default)  # noqa: E731
     if gguf_moe.is_llama_moe(meta):  # Mixtral
         return gguf_moe.mixtral_config(meta, {t.name: _hf_shape(t) for t in reader.tensors})
@@ -195,7 +199,7 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
 def _row_order(name: str, rows: int, config: PretrainedConfig) -> np.ndarray | None:
     """The HF row order of a q/k projection (undoes llama.cpp's rotary permutation; gemma3
     and qwen files are not permuted)."""
-    if getattr(config, "model_type", None) in ("gemma3_text", *gguf_qwen.MODEL_TYPES):
+    if getattr(config, "model_type", None) in ("gemma2", "gemma3_text", *gguf_qwen.MODEL_TYPES):
         return None
     if ".self_attn.q_proj." in name:
         return reverse_permute(np.arange(rows), config.num_attention_heads)
@@ -207,7 +211,7 @@ def _row_order(name: str, rows: int, config: PretrainedConfig) -> np.ndarray | N
 def iter_gguf_tensors(reader: GGUFReader, config: PretrainedConfig
                       ) -> Iterator[tuple[str, np.ndarray]]:
     """Yield ``(hf_name, float32 array in HF shape)``, dequantizing one tensor at a time."""
-    gemma3 = _architecture(reader) == gguf_gemma3.ARCH
+    gemma3 = _architecture(reader) in _GEMMA
     for tensor, name in _tensors(reader):
         array = dequantize(tensor.data, tensor.tensor_type).reshape(_hf_shape(tensor))
         if gemma3:
@@ -232,7 +236,7 @@ def iter_gguf_quantized(
             qtype, shape = gguf_quant.matrix_type_and_shape(tensor)
             return GGUFMatrix.of(qtype, np.asarray(tensor.data), shape, tensor.name, row_order,
                                  int8_activations)
-    gemma3 = _architecture(reader) == gguf_gemma3.ARCH
+    gemma3 = _architecture(reader) in _GEMMA
     for tensor, name in _tensors(reader):
         qtype = tensor.tensor_type
         if qtype in gguf_quant.DENSE_TYPES:

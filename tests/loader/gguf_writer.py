@@ -34,6 +34,12 @@ _LAYER = {
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
     "block_sparse_moe.gate": "ffn_gate_inp",
 }
+# Gemma's norms around both sublayers (its ffn_norm is the pre-feed-forward norm)
+_GEMMA_LAYER = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _EXPERT = re.compile(
     r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
@@ -58,13 +64,14 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     module, _, suffix = hf_name.rpartition(".")
     if module in _GLOBAL:
         return f"{_GLOBAL[module]}.{suffix}"
     _, _, rest = module.partition("model.layers.")
     layer, _, sub = rest.partition(".")
-    return f"blk.{layer}.{_LAYER[sub]}.{suffix}"
+    names = {**_LAYER, **_GEMMA_LAYER} if arch.startswith("gemma") else _LAYER
+    return f"blk.{layer}.{names[sub]}.{suffix}"
 
 
 def llama3_rope_factors(cfg: dict) -> np.ndarray:
@@ -109,6 +116,10 @@ def _add_metadata(writer: gguf.GGUFWriter, cfg: dict, arch: str, qtype) -> None:
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    if arch == "gemma2":
+        writer.add_sliding_window(cfg["sliding_window"])
+        writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
 
 
 def _add_tokenizer(writer: gguf.GGUFWriter, model_dir: Path, cfg: dict) -> None:
@@ -152,7 +163,9 @@ def write_gguf(
             if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = cfg["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
                 array = llama_permute(array, heads)
-            tensors[gguf_name(name)] = array
+            if arch.startswith("gemma") and name.endswith("norm.weight"):
+                array = array + 1.0  # llama.cpp multiplies by the stored weight: 1 + w
+            tensors[gguf_name(name, arch)] = array
     for name, parts in experts.items():
         tensors[name] = np.stack([parts[e] for e in range(len(parts))])
     for name, array in tensors.items():
