@@ -68,7 +68,14 @@ def qwen3(tmp_path_factory, tiny_tokenizer):
     srv = start_server(
         tmp_path_factory,
         model,
-        [*TINY_SERVER_ARGS, "--reasoning-parser", "qwen3", "--served-model-name", "q"],
+        [
+            *TINY_SERVER_ARGS,
+            "--reasoning-parser",
+            "qwen3",
+            "--served-model-name",
+            "q",
+            "--trust-request-chat-template",
+        ],
         name="qwen3t",
     )
     yield _client(srv)
@@ -271,3 +278,48 @@ def test_n_choices_each_think_within_the_budget(r1):
                 c.delta.model_dump().get("reasoning_content") or ""
             )
     assert [streamed[i] for i in (0, 1)] == [c.message.reasoning_content for c in out.choices]
+
+
+# Hybrid Qwen3's template: the prompt does not open the thinking, the model does (or not).
+HYBRID_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}<s>assistant:"
+)
+
+
+def test_qwen3_model_opens_the_thinking_then_the_grammar_applies(qwen3):
+    tok = {t: _token(qwen3, t) for t in ("<think>", "</think>")}
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}
+    body = dict(
+        model="q",
+        messages=MSGS,
+        max_tokens=80,
+        temperature=1.0,
+        seed=4,
+        response_format=fmt,
+        extra_body={
+            "chat_template": HYBRID_TEMPLATE,
+            "thinking_token_budget": 3,
+            # the model opens the thinking: <think> wins while it may come
+            "logit_bias": {str(tok["<think>"]): 100},
+        },
+    )
+    out = qwen3.chat.completions.create(**body)
+    msg = out.choices[0].message
+    assert out.usage.completion_tokens_details.reasoning_tokens == 3
+    assert msg.reasoning_content == "<think>" * 3  # biased, then the budget forced </think>
+    jsonschema.validate(json.loads(msg.content), SCHEMA)  # <think> is not JSON: masked after
+    # without the bias the tiny model answers at once: the grammar holds from the first token
+    body["extra_body"] = {"chat_template": HYBRID_TEMPLATE, "thinking_token_budget": 3}
+    out = qwen3.chat.completions.create(**body)
+    assert out.usage.completion_tokens_details.reasoning_tokens in (0, 3)
+    jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
+
+
+def _token(client, text: str) -> int:
+    import httpx
+
+    base = str(client.base_url).removesuffix("/v1/")
+    (tid,) = httpx.post(
+        f"{base}/tokenize", json={"prompt": text, "add_special_tokens": False}
+    ).json()["tokens"]
+    return tid
