@@ -22,12 +22,14 @@ class PoolingParams:
     renormalized when the embedding is normalized. ``normalize``: L2-normalize the embedding
     (None: the model's pooler config). ``activation``: apply the classifier's sigmoid /
     softmax (None: the pooler config's, on by default). ``task``: set by the API that
-    made the request (LLM.embed -> "embed", ...)."""
+    made the request (LLM.embed -> "embed", ...). ``truncate_prompt_tokens``: keep only the
+    prompt's last k tokens (-1: the last max_model_len), as vLLM."""
 
     dimensions: int | None = None
     normalize: bool | None = None
     activation: bool | None = None
     task: str = "encode"
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.task not in POOLING_TASKS:
@@ -38,6 +40,10 @@ class PoolingParams:
             isinstance(self.dimensions, int) and self.dimensions >= 1
         ):
             raise ValueError(f"dimensions must be an int >= 1, got {self.dimensions!r}")
+        k = self.truncate_prompt_tokens
+        if k is not None and not (isinstance(k, int) and (k >= 1 or k == -1)):
+            raise ValueError(f"truncate_prompt_tokens must be an int >= 1 or -1 "
+                             f"(max_model_len), got {k!r}")
         for name in ("normalize", "activation"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):

@@ -127,6 +127,9 @@ class RequestIntake:
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
         text, token_ids = self.tokenize_prompt(prompt)
+        if (k := params.truncate_prompt_tokens) is not None:  # the last k tokens (vLLM's)
+            token_ids = token_ids[-(self.config.max_model_len if k == -1 else k):]
+            text = None
         self.validate_prompt(token_ids)
         adapter = self.load_lora(lora_request) if lora_request is not None else None
         return Request(request_id, token_ids, SamplingParams(max_tokens=1),

@@ -11,6 +11,7 @@ compares the two texts' embeddings by cosine similarity.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -39,9 +40,11 @@ class PoolingAPI:
         use_tqdm: bool = True,
         lora_request: Loras = None,
         pooling_task: str = "encode",
+        truncate_prompt_tokens: int | None = None,
     ) -> list[PoolingRequestOutput]:
         """Pool each prompt (str, token ids or {"prompt_token_ids": ...}) with
-        `pooling_params` (one, or one per prompt) as `pooling_task`; input order kept."""
+        `pooling_params` (one, or one per prompt) as `pooling_task`; input order kept.
+        `truncate_prompt_tokens` keeps each prompt's last k tokens (-1: max_model_len)."""
         prompts = self._normalize_prompts(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params = [pooling_params or PoolingParams()] * len(prompts)
@@ -51,8 +54,14 @@ class PoolingAPI:
                 raise ValueError(f"got {len(params)} pooling_params for {len(prompts)} prompts")
         if not all(isinstance(p, PoolingParams) for p in params):
             raise ValueError("pooling_params must be PoolingParams")
+        k = truncate_prompt_tokens
         params = [
-            PoolingParams(p.dimensions, p.normalize, p.activation, pooling_task) for p in params
+            dataclasses.replace(
+                p,
+                task=pooling_task,
+                truncate_prompt_tokens=p.truncate_prompt_tokens if k is None else k,
+            )
+            for p in params
         ]
         if lora_request is None or isinstance(lora_request, LoRARequest):
             loras = [lora_request] * len(prompts)
@@ -63,7 +72,13 @@ class PoolingAPI:
         return self._run(prompts, params, use_tqdm, None, loras)
 
     def embed(
-        self, prompts, pooling_params=None, *, use_tqdm: bool = True, lora_request: Loras = None
+        self,
+        prompts,
+        pooling_params=None,
+        *,
+        use_tqdm: bool = True,
+        lora_request: Loras = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (`.outputs.embedding`)."""
         return [
@@ -74,11 +89,18 @@ class PoolingAPI:
                 use_tqdm=use_tqdm,
                 lora_request=lora_request,
                 pooling_task="embed",
+                truncate_prompt_tokens=truncate_prompt_tokens,
             )
         ]
 
     def classify(
-        self, prompts, pooling_params=None, *, use_tqdm: bool = True, lora_request: Loras = None
+        self,
+        prompts,
+        pooling_params=None,
+        *,
+        use_tqdm: bool = True,
+        lora_request: Loras = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[ClassificationRequestOutput]:
         """Class probabilities per prompt (`.outputs.probs`) of a classification model."""
         return [
@@ -89,6 +111,7 @@ class PoolingAPI:
                 use_tqdm=use_tqdm,
                 lora_request=lora_request,
                 pooling_task="classify",
+                truncate_prompt_tokens=truncate_prompt_tokens,
             )
         ]
 
@@ -99,15 +122,18 @@ class PoolingAPI:
         *,
         use_tqdm: bool = True,
         lora_request: Loras = None,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[ScoringRequestOutput]:
-        """One score per pair (see the module doc), in pair order."""
+        """One score per pair (see the module doc), in pair order; `truncate_prompt_tokens`
+        bounds each pair's tokens (the tokenizer's pair truncation) or each embedded text."""
         pairs = score_pairs(text_1, text_2)
         setup = self.llm_engine.pooling
         if setup is not None and setup.task == "embed":
-            return self._cosine_scores(pairs, use_tqdm, lora_request)
+            return self._cosine_scores(pairs, use_tqdm, lora_request, truncate_prompt_tokens)
         tok = self.get_tokenizer()
+        limit = self.llm_engine.config.max_model_len
         outs = self.encode(
-            [pair_prompt(tok, a, b) for a, b in pairs],
+            [pair_prompt(tok, a, b, truncate_prompt_tokens, limit) for a, b in pairs],
             use_tqdm=use_tqdm,
             lora_request=lora_request,
             pooling_task="score",
@@ -115,13 +141,21 @@ class PoolingAPI:
         return [ScoringRequestOutput.from_base(o) for o in outs]
 
     def _cosine_scores(
-        self, pairs: list[tuple[str, str]], use_tqdm: bool, lora_request: Loras
+        self,
+        pairs: list[tuple[str, str]],
+        use_tqdm: bool,
+        lora_request: Loras,
+        truncate: int | None,
     ) -> list[ScoringRequestOutput]:
         """Cosine similarity of each pair's embeddings (vLLM's score for embedding models);
         each distinct text is embedded once."""
         texts = list(dict.fromkeys(t for pair in pairs for t in pair))
         outs = self.encode(
-            texts, use_tqdm=use_tqdm, lora_request=lora_request, pooling_task="embed"
+            texts,
+            use_tqdm=use_tqdm,
+            lora_request=lora_request,
+            pooling_task="embed",
+            truncate_prompt_tokens=truncate,
         )
         by_text = dict(zip(texts, outs, strict=True))
         results = []
@@ -158,6 +192,15 @@ def score_pairs(text_1: str | Sequence[str], text_2: str | Sequence[str]) -> lis
     return list(zip(t1, t2, strict=True))
 
 
-def pair_prompt(tokenizer, first: str, second: str) -> dict:
-    """A cross-encoder's input: the pair joined by the tokenizer's pair template."""
-    return {"prompt_token_ids": list(tokenizer(first, text_pair=second)["input_ids"])}
+def pair_prompt(
+    tokenizer, first: str, second: str, truncate: int | None = None, max_model_len: int = 0
+) -> dict:
+    """A cross-encoder's input: the pair joined by the tokenizer's pair template; with
+    `truncate` (-1: max_model_len) cut to that many tokens by the tokenizer's pair
+    truncation (longest first), as vLLM does."""
+    if truncate is None:
+        ids = tokenizer(first, text_pair=second)["input_ids"]
+    else:
+        limit = max_model_len if truncate == -1 else truncate
+        ids = tokenizer(first, text_pair=second, truncation=True, max_length=limit)["input_ids"]
+    return {"prompt_token_ids": list(ids)}

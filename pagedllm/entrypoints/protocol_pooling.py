@@ -22,7 +22,7 @@ from pagedllm.entrypoints.protocol_responses import UsageInfo
 # str | list[str] | list[int] | list[list[int]], as OpenAI's embeddings `input`.
 EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 
-_UNSUPPORTED = {"truncate_prompt_tokens": None, "messages": None, "mm_processor_kwargs": None}
+_UNSUPPORTED = {"messages": None, "mm_processor_kwargs": None}
 
 
 class PoolingFields(RequestBody):
@@ -33,7 +33,7 @@ class PoolingFields(RequestBody):
     user: str | None = None  # OpenAI's end-user id: accepted, not used
     request_id: str | None = None
     priority: int = 0
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: int | None = None  # keep the last k tokens (-1: max_model_len)
     messages: list | None = None
     mm_processor_kwargs: dict | None = None
 

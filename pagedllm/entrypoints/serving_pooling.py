@@ -72,15 +72,25 @@ class OpenAIServingPooling(ServingBase):
             )
         return setup
 
-    async def prompts(self, inp, add_special_tokens: bool) -> list[list[int]]:
-        """Token ids of each input: a string, strings, token ids or lists of token ids."""
+    async def prompts(
+        self, inp, add_special_tokens: bool, truncate: int | None = None
+    ) -> list[list[int]]:
+        """Token ids of each input: a string, strings, token ids or lists of token ids; with
+        `truncate` (vLLM's truncate_prompt_tokens) the last k tokens of each (-1: of
+        max_model_len), so a longer text is not refused for its size."""
         items = [inp] if isinstance(inp, str) or (inp and isinstance(inp[0], int)) else inp
         if not items:
             raise APIError(400, "input must not be empty", param="input")
         ids = []
         for item in items:
-            if isinstance(item, str):
+            if isinstance(item, str) and truncate is None:
                 item = await self.encode(item, add_special_tokens, param="input")
+            elif isinstance(item, str):  # the body limit bounds it; cut below
+                item = await asyncio.to_thread(
+                    self.tokenizer.encode, item, add_special_tokens=add_special_tokens
+                )
+            if truncate is not None:
+                item = item[-(self.max_model_len if truncate == -1 else truncate) :]
             self.check_token_ids(item, "input")
             self.check_pooled_length(len(item), "input")
             ids.append(list(item))
@@ -134,8 +144,13 @@ class OpenAIServingPooling(ServingBase):
     # ---------------------------------------------------------------- routes
     async def embeddings(self, req: EmbeddingRequest, header: str | None) -> dict:
         self.setup("/v1/embeddings")
-        params = pooling_params(task="embed", dimensions=req.dimensions, normalize=req.normalize)
-        prompts = await self.prompts(req.input, req.add_special_tokens)
+        params = pooling_params(
+            task="embed",
+            dimensions=req.dimensions,
+            normalize=req.normalize,
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
+        )
+        prompts = await self.prompts(req.input, req.add_special_tokens, req.truncate_prompt_tokens)
         api_id, outs = await self.pool("embd", req, header, prompts, params)
         data = [
             EmbeddingData(index=i, embedding=encode_vector(o.outputs.data, req.encoding_format))
@@ -156,8 +171,9 @@ class OpenAIServingPooling(ServingBase):
             dimensions=req.dimensions,
             normalize=req.normalize,
             activation=req.activation,
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
         )
-        prompts = await self.prompts(req.input, req.add_special_tokens)
+        prompts = await self.prompts(req.input, req.add_special_tokens, req.truncate_prompt_tokens)
         api_id, outs = await self.pool("pool", req, header, prompts, params)
         data = [
             PoolingData(index=i, data=encode_vector(o.outputs.data, req.encoding_format))
@@ -173,8 +189,12 @@ class OpenAIServingPooling(ServingBase):
 
     async def classify(self, req: ClassificationRequest, header: str | None) -> dict:
         setup = self.setup("/classify")
-        params = pooling_params(task="classify", activation=req.activation)
-        prompts = await self.prompts(req.input, req.add_special_tokens)
+        params = pooling_params(
+            task="classify",
+            activation=req.activation,
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
+        )
+        prompts = await self.prompts(req.input, req.add_special_tokens, req.truncate_prompt_tokens)
         api_id, outs = await self.pool("classify", req, header, prompts, params)
         data = []
         for i, o in enumerate(outs):
@@ -206,14 +226,19 @@ class OpenAIServingPooling(ServingBase):
             pairs = score_pairs(first, second)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
+        k = req.truncate_prompt_tokens
+        embed = setup.task == "embed"
+        params = pooling_params(  # first: a bad truncate_prompt_tokens is a 400 here
+            task="embed" if embed else "score",
+            activation=None if embed else req.activation,
+            truncate_prompt_tokens=k,
+        )
         for a, b in pairs:
-            self.inputs.check_size(len(a.encode("utf-8")) + len(b.encode("utf-8")), "input")
-        if setup.task == "embed":
+            if k is None:
+                self.inputs.check_size(len(a.encode("utf-8")) + len(b.encode("utf-8")), "input")
+        if embed:
             texts = list(dict.fromkeys(t for pair in pairs for t in pair))
-            params = pooling_params(task="embed")
-            prompts = [await self.encode(t, param="input") for t in texts]
-            for p in prompts:
-                self.check_pooled_length(len(p), "input")
+            prompts = await self.prompts(texts, True, k)
             api_id, outs = await self.pool(prefix, req, header, prompts, params)
             vec = {t: o.outputs.data for t, o in zip(texts, outs, strict=True)}
             values = [
@@ -221,10 +246,10 @@ class OpenAIServingPooling(ServingBase):
                 for a, b in pairs
             ]
             return api_id, values, self.usage(outs)
-        params = pooling_params(task="score", activation=req.activation)
-        tok = self.tokenizer
+        tok, limit = self.tokenizer, self.max_model_len
         prompts = [
-            (await asyncio.to_thread(pair_prompt, tok, a, b))["prompt_token_ids"] for a, b in pairs
+            (await asyncio.to_thread(pair_prompt, tok, a, b, k, limit))["prompt_token_ids"]
+            for a, b in pairs
         ]
         for p in prompts:
             self.check_pooled_length(len(p), "input")

@@ -76,6 +76,10 @@ def test_converted_decoder_defaults_to_last_token_normalized(make_llm, tiny_llam
     assert torch.allclose(emb, torch.nn.functional.normalize(hidden[-1], dim=0), atol=1e-5)
     raw = llm.embed({"prompt_token_ids": ids}, PoolingParams(normalize=False), use_tqdm=False)[0]
     assert torch.allclose(torch.tensor(raw.outputs.embedding), hidden[-1], atol=1e-4)
+    cut = llm.embed(PROMPTS[0], use_tqdm=False, truncate_prompt_tokens=6)[0]
+    assert cut.prompt_token_ids == ids[-6:]
+    ref = torch.nn.functional.normalize(hf_hidden(tiny_llama_dir, ids[-6:])[-1], dim=0)
+    assert torch.allclose(torch.tensor(cut.outputs.embedding), ref, atol=1e-5)
     enc = llm.encode(PROMPTS[0], use_tqdm=False)[0]
     assert isinstance(enc, PoolingRequestOutput) and enc.finished
     assert torch.allclose(enc.outputs.data, emb, atol=1e-6)
@@ -152,6 +156,11 @@ def test_score_and_classify_equal_hf_sequence_classification(
         assert out.outputs.score == pytest.approx(refs[-1], abs=1e-5)
     ranked = sorted(range(len(docs)), key=lambda i: -outs[i].outputs.score)
     assert ranked == sorted(range(len(docs)), key=lambda i: -refs[i])
+    cut = llm.score(query, docs[3], use_tqdm=False, truncate_prompt_tokens=8)[0]
+    ids = tiny_tokenizer(query, text_pair=docs[3], truncation=True, max_length=8)["input_ids"]
+    assert cut.prompt_token_ids == ids and len(ids) == 8
+    ref = torch.sigmoid(hf_seq_cls_logits(tiny_scorer_dir, ids))[0].item()
+    assert cut.outputs.score == pytest.approx(ref, abs=1e-5)
     pairwise = llm.score([query, "hi"], ["Python modules are objects", "hi"], use_tqdm=False)
     assert pairwise[0].outputs.score == pytest.approx(outs[0].outputs.score, abs=1e-6)
 

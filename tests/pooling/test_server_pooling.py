@@ -86,6 +86,13 @@ def test_openai_sdk_embeddings(embed_server, embed_dir, tiny_tokenizer):
     assert _close(small.data[0].embedding, _ref(embed_dir, ids[2], 16))
     by_ids = client.embeddings.create(model="tiny", input=ids[0], encoding_format="float")
     assert np.allclose(by_ids.data[0].embedding, floats.data[0].embedding, atol=1e-5)
+    cut = httpx.post(
+        f"{embed_server.base_url}/v1/embeddings",
+        timeout=30,
+        json={"model": "tiny", "input": TEXTS[2], "truncate_prompt_tokens": 5},
+    ).json()
+    assert cut["usage"]["prompt_tokens"] == 5
+    assert _close(cut["data"][0]["embedding"], _ref(embed_dir, ids[2][-5:]))
     many = client.embeddings.create(model="tiny", input=ids, encoding_format="float")
     for d, f in zip(many.data, floats.data, strict=True):
         assert np.allclose(d.embedding, f.embedding, atol=1e-5)
@@ -119,7 +126,8 @@ def test_pooling_server_refuses_generation_and_bad_fields(embed_server):
         )
     for body, match in [
         ({"input": "hi", "dimensions": 65}, "hidden size 64"),
-        ({"input": "hi", "truncate_prompt_tokens": 4}, "truncate_prompt_tokens"),
+        ({"input": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be"),
+        ({"input": "hi", "messages": [{"role": "user"}]}, "messages is not supported"),
         ({"input": []}, "must not be empty"),
         ({"input": [99999]}, "out of range"),
         ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
