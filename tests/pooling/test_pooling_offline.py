@@ -220,3 +220,34 @@ def test_refusals(make_llm, tiny_llama_dir, tiny_scorer_dir):
 
     with pytest.raises(ValueError, match="pooling models .* not supported yet"):
         DPEngine(EngineConfig(model=str(tiny_scorer_dir), data_parallel_size=2, num_threads=1))
+
+
+def test_embeddings_with_a_lora_adapter(make_llm, tiny_llama_dir, tmp_path):
+    """Requests for an adapter and for the base model pool in the same batches: each equals
+    HF's hidden states of its own model (peft's LoRA layers for the adapter's)."""
+    from lora_adapters import ALL_LINEARS, make_peft_adapter, peft_model
+
+    from pagedllm import LoRARequest
+
+    adapter = make_peft_adapter(tiny_llama_dir, tmp_path / "lora", r=8, targets=ALL_LINEARS)
+    llm = make_llm(
+        tiny_llama_dir,
+        runner="pooling",
+        enable_lora=True,
+        max_lora_rank=8,
+        max_num_batched_tokens=8,
+    )
+    lora = LoRARequest("emb", 1, str(adapter))
+    outs = llm.embed(PROMPTS[:2] * 2, use_tqdm=False, lora_request=[lora, lora, None, None])
+    hf = peft_model(tiny_llama_dir, adapter)
+    for i, out in enumerate(outs):
+        with torch.inference_mode():
+            ids = torch.tensor([out.prompt_token_ids])
+            hidden = (
+                hf.model(ids).last_hidden_state[0]
+                if i < 2
+                else hf_hidden(tiny_llama_dir, out.prompt_token_ids)
+            )
+        ref = torch.nn.functional.normalize(hidden[-1].float(), dim=0)
+        assert _cos(out.outputs.embedding, ref) > 0.9999, i
+    assert _cos(outs[0].outputs.embedding, torch.tensor(outs[2].outputs.embedding)) < 0.999
