@@ -78,7 +78,7 @@ class RequestIntake:
         return self.lora.load(lora_request)
 
     def make_request(self, request_id: str, prompt: str | Sequence[int] | dict,
-                     params: SamplingParams, *, arrival_time: float | None,
+                     params: SamplingParams | PoolingParams, *, arrival_time: float | None,
                      cache_salt: str | None, lora_request: LoRARequest | None,
                      priority: int) -> Request:
         """The request, validated (see the module doc)."""
@@ -89,11 +89,7 @@ class RequestIntake:
         if self.pooling is not None:
             raise ValueError(f"this engine runs a pooling model (--runner pooling, "
                              f"{self.pooling.task}): it does not generate text")
-        if priority and config.scheduling_policy != "priority":
-            raise ValueError(f"priority {priority} given but the scheduling policy is "
-                             f"{config.scheduling_policy!r} (--scheduling-policy priority)")
-        if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+        self.check_queueing(priority, cache_salt)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > config.max_logprobs:
@@ -116,16 +112,20 @@ class RequestIntake:
                        max_tokens=params.max_tokens or config.max_model_len - len(token_ids),
                        generators=generators)
 
-    def make_pooling_request(self, request_id: str, prompt, params: PoolingParams,
-                             arrival_time: float | None, cache_salt: str | None,
-                             lora_request: LoRARequest | None, priority: int) -> Request:
-        """A pooling request (prefill only): its SamplingParams is the default, unused."""
-        check_pooling_params(self.pooling, params)
+    def check_queueing(self, priority: int, cache_salt: str | None) -> None:
+        """A priority needs the priority policy; a cache salt is a non-empty string."""
         if priority and self.config.scheduling_policy != "priority":
             raise ValueError(f"priority {priority} given but the scheduling policy is "
                              f"{self.config.scheduling_policy!r} (--scheduling-policy priority)")
         if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string, got {cache_salt!r}")
+
+    def make_pooling_request(self, request_id: str, prompt, params: PoolingParams,
+                             arrival_time: float | None, cache_salt: str | None,
+                             lora_request: LoRARequest | None, priority: int) -> Request:
+        """A pooling request (prefill only): its SamplingParams is the default, unused."""
+        check_pooling_params(self.pooling, params)
+        self.check_queueing(priority, cache_salt)
         text, token_ids = self.tokenize_prompt(prompt)
         if (k := params.truncate_prompt_tokens) is not None:  # the last k tokens (vLLM's)
             token_ids = token_ids[-(self.config.max_model_len if k == -1 else k):]
