@@ -53,13 +53,27 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
     "prompt_logprobs": (None,),
-    "stream": (False,),
 }
+_CONSTRAINTS = (
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
 
 
 def check_beam_search_request(req: CompletionRequest) -> None:
     """400 for a field that beam search cannot honour (see the module doc)."""
     check_request_fields(req)
+    if req.stream:
+        raise APIError(
+            400,
+            "stream is not supported with use_beam_search (the best beams are "
+            "known only when the search ends)",
+            param="stream",
+        )
     for name, neutral in _NEUTRAL.items():
         value = getattr(req, name)
         if value not in neutral:
@@ -70,9 +84,8 @@ def check_beam_search_request(req: CompletionRequest) -> None:
                 param=name,
             )
     if structured_outputs_of(req) is not None:
-        raise APIError(
-            400, "structured output is not supported with use_beam_search", param="response_format"
-        )
+        param = next(n for n in _CONSTRAINTS if getattr(req, n) is not None)
+        raise APIError(400, "structured output is not supported with use_beam_search", param=param)
     if req.logprobs is not None and req.logprobs < 0:
         raise APIError(400, f"logprobs must be >= 0, got {req.logprobs}", param="logprobs")
     if req.echo and req.logprobs is not None:
