@@ -97,6 +97,7 @@ def check_beam_search_request(req: CompletionRequest) -> None:
 
 
 def beam_search_params(req: CompletionRequest, max_tokens: int) -> BeamSearchParams:
+    """The request's BeamSearchParams (beam_width = n); a bad value is a 400 naming its field."""
     try:
         return BeamSearchParams(
             beam_width=req.n,
