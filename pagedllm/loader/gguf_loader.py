@@ -41,7 +41,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pagedllm.loader import gguf_gemma2, gguf_gemma3, gguf_moe, gguf_qwen
+from pagedllm.loader import gguf_gemma2, gguf_gemma3, gguf_moe, gguf_phi3, gguf_qwen
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
@@ -125,10 +125,11 @@ def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     planned = []
     arch = _architecture(reader)
     layer_names = (gguf_gemma3.LAYER_NAMES if arch in _GEMMA
+                   else gguf_phi3.LAYER_NAMES if arch == gguf_phi3.ARCH
                    else {**gguf_qwen.LAYER_NAMES, **gguf_moe.EXPERT_NAMES}
                    if arch in gguf_qwen.ARCHES else {**_LAYER_NAMES, **gguf_moe.LLAMA_MOE_NAMES})
     for tensor in reader.tensors:
-        if tensor.name == ROPE_FREQS:  # read into the config (gguf_config)
+        if tensor.name in (ROPE_FREQS, *gguf_phi3.ROPE_FACTORS):  # read into the config
             continue
         name = hf_tensor_name(tensor.name, layer_names)
         if name is None:
@@ -146,6 +147,11 @@ def _hf_shape(tensor: ReaderTensor) -> tuple[int, ...]:
 def gguf_config(reader: GGUFReader) -> PretrainedConfig:
     """Build a HF config from the ``<arch>.*`` and ``tokenizer.ggml.*`` metadata."""
     arch = _architecture(reader)
+    if arch == gguf_phi3.ARCH:
+        factors = {t.name: dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
+                   .tolist() for t in reader.tensors if t.name in gguf_phi3.ROPE_FACTORS}
+        return gguf_phi3.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
+                                {t.name: _hf_shape(t) for t in reader.tensors}, factors)
     if arch == gguf_gemma2.ARCH:
         return gguf_gemma2.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
                                   {t.name: _hf_shape(t) for t in reader.tensors})
@@ -157,7 +163,7 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
                                 {t.name: _hf_shape(t) for t in reader.tensors})
     if arch != "llama":
         raise UnsupportedModelError(f"GGUF architecture '{arch}' is not supported (only "
-                                    f"'llama', 'gemma2', 'gemma3', {', '.join(map(repr, gguf_qwen.ARCHES))})")
+                                    f"'llama', 'gemma2', 'gemma3', 'phi3', {', '.join(map(repr, gguf_qwen.ARCHES))})")
     meta = lambda key, default=_REQUIRED: _meta(reader, key, default)  # noqa: E731
     if gguf_moe.is_llama_moe(meta):  # Mixtral
         return gguf_moe.mixtral_config(meta, {t.name: _hf_shape(t) for t in reader.tensors})
@@ -199,7 +205,8 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
 def _row_order(name: str, rows: int, config: PretrainedConfig) -> np.ndarray | None:
     """The HF row order of a q/k projection (undoes llama.cpp's rotary permutation; gemma3
     and qwen files are not permuted)."""
-    if getattr(config, "model_type", None) in ("gemma2", "gemma3_text", *gguf_qwen.MODEL_TYPES):
+    if getattr(config, "model_type", None) in ("gemma2", "gemma3_text", "phi3",
+                                                *gguf_qwen.MODEL_TYPES):
         return None
     if ".self_attn.q_proj." in name:
         return reverse_permute(np.arange(rows), config.num_attention_heads)

@@ -33,6 +33,8 @@ _LAYER = {
     "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
     "block_sparse_moe.gate": "ffn_gate_inp",
+    "self_attn.qkv_proj": "attn_qkv",  # phi3's fused tensors
+    "mlp.gate_up_proj": "ffn_up",
 }
 # Gemma's norms around both sublayers (its ffn_norm is the pre-feed-forward norm)
 _GEMMA_LAYER = {
@@ -116,6 +118,11 @@ def _add_metadata(writer: gguf.GGUFWriter, cfg: dict, arch: str, qtype) -> None:
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    rope = cfg["rope_parameters"]
+    if arch == "phi3":
+        writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        if rope.get("rope_type") == "longrope":
+            writer.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
     if arch == "gemma2":
         writer.add_sliding_window(cfg["sliding_window"])
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
@@ -175,6 +182,10 @@ def write_gguf(
             writer.add_tensor(name, array)
     if arch == "llama" and cfg["rope_parameters"].get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
+    if arch == "phi3" and cfg["rope_parameters"].get("rope_type") == "longrope":
+        for which in ("short", "long"):
+            factors = np.array(cfg["rope_parameters"][f"{which}_factor"], dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{which}.weight", factors)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
