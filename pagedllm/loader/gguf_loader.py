@@ -1,8 +1,9 @@
-"""Load a llama-, gemma3-, qwen2- or qwen3-architecture GGUF file as a HF-shaped
-:class:`Checkpoint`.
+"""Load a GGUF file as a HF-shaped :class:`Checkpoint`: the llama (Llama, Mistral, Mixtral),
+gemma2, gemma3, phi3, qwen2, qwen3, qwen2moe and qwen3moe architectures.
 
-(gemma3 names, config and value fix-ups live in :mod:`gguf_gemma3`; qwen2 / qwen3 in
-:mod:`gguf_qwen`.)
+(Each architecture's names, config and value fix-ups live in its module: :mod:`gguf_gemma2`,
+:mod:`gguf_gemma3`, :mod:`gguf_phi3`, :mod:`gguf_qwen`; stacked MoE experts and Mixtral in
+:mod:`gguf_moe`; llama's here.)
 
 Two weight paths, both with HF parameter names and llama.cpp's q/k rotary row
 permutation undone:
