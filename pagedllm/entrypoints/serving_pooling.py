@@ -230,7 +230,7 @@ class OpenAIServingPooling(ServingBase):
         embed = setup.task == "embed"
         params = pooling_params(  # first: a bad truncate_prompt_tokens is a 400 here
             task="embed" if embed else "score",
-            activation=None if embed else req.activation,
+            activation=req.activation,
             truncate_prompt_tokens=k,
         )
         for a, b in pairs:

@@ -141,6 +141,10 @@ def check_pooling_params(setup: PoolingSetup | None, params) -> None:
             f"task {params.task!r} is not served by this {setup.task} model "
             f"(its tasks: {', '.join(setup.tasks)})"
         )
+    if setup.task == "embed" and params.activation is not None:
+        raise ValueError("activation applies to classification models; this model embeds")
+    if setup.task == "classify" and params.normalize is not None:
+        raise ValueError("normalize applies to embeddings; this model classifies")
     if params.dimensions is None:
         return
     if setup.task != "embed":

@@ -189,6 +189,8 @@ def test_refusals(make_llm, tiny_llama_dir, tiny_scorer_dir):
         pooling.generate("hi", SamplingParams(max_tokens=2), use_tqdm=False)
     with pytest.raises(ValueError, match="Matryoshka"):
         pooling.embed("hi", PoolingParams(dimensions=8), use_tqdm=False)
+    with pytest.raises(ValueError, match="activation applies to classification"):
+        pooling.embed("hi", PoolingParams(activation=True), use_tqdm=False)
     with pytest.raises(ValueError, match="'classify' is not served"):
         pooling.classify("hi", use_tqdm=False)
     with pytest.raises(ValueError, match="one text_1, or as many"):

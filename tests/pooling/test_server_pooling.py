@@ -144,6 +144,12 @@ def test_pooling_server_refuses_generation_and_bad_fields(embed_server):
         json={"model": "tiny", "query": "a", "documents": []},
     )
     assert r.status_code == 400 and "documents" in r.json()["error"]["message"]
+    r = httpx.post(
+        f"{embed_server.base_url}/score",
+        timeout=30,
+        json={"model": "tiny", "text_1": "a", "text_2": "b", "activation": True},
+    )
+    assert r.status_code == 400 and "activation applies" in r.json()["error"]["message"]
 
 
 def test_rerank_and_score_equal_hf_cross_encoder(score_server, tiny_scorer_dir, tiny_tokenizer):
