@@ -253,3 +253,19 @@ def test_embeddings_with_a_lora_adapter(make_llm, tiny_llama_dir, tmp_path):
         ref = torch.nn.functional.normalize(hidden[-1].float(), dim=0)
         assert _cos(out.outputs.embedding, ref) > 0.9999, i
     assert _cos(outs[0].outputs.embedding, torch.tensor(outs[2].outputs.embedding)) < 0.999
+
+
+@pytest.mark.parametrize("kind", ["LAST", "MEAN"])
+def test_a_last_chunk_of_one_token(make_llm, tiny_llama_dir, kind):
+    """17 tokens in chunks of 8: the last step runs one query token of a computed context,
+    shaped as a decode (the CPU backend's fused decode loop may take it)."""
+    llm = make_llm(
+        tiny_llama_dir,
+        runner="pooling",
+        max_num_batched_tokens=8,
+        pooler_config={"pooling_type": kind},
+    )
+    ids = list(range(20, 37))
+    out = llm.embed({"prompt_token_ids": ids}, use_tqdm=False)[0]
+    ref = torch.nn.functional.normalize(_pool(hf_hidden(tiny_llama_dir, ids), kind), dim=0)
+    assert _cos(out.outputs.embedding, ref) > 0.9999
