@@ -42,8 +42,9 @@ class PoolingParams:
             raise ValueError(f"dimensions must be an int >= 1, got {self.dimensions!r}")
         k = self.truncate_prompt_tokens
         if k is not None and not (isinstance(k, int) and (k >= 1 or k == -1)):
-            raise ValueError(f"truncate_prompt_tokens must be an int >= 1 or -1 "
-                             f"(max_model_len), got {k!r}")
+            raise ValueError(
+                f"truncate_prompt_tokens must be an int >= 1 or -1 (max_model_len), got {k!r}"
+            )
         for name in ("normalize", "activation"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
