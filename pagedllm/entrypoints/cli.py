@@ -282,14 +282,18 @@ def _memory_bytes(text: str) -> int:
 
 
 def cmd_build_kernels(args) -> int:
-    """Compile the CPU kernels now (the first start would otherwise do it)."""
+    """Compile the CPU kernels now, every family (a first start builds the ones its model
+    needs)."""
     from pagedllm.kernels import cpu_ops
 
-    if cpu_ops.load() is None:
-        sys.stderr.write("error: the CPU kernels could not be built (see the warning above); "
-                         "the engine would fall back to the slower torch path\n")
-        return 1
-    sys.stdout.write(f"CPU kernels ready in {cpu_ops.build_dir()}\n")
+    for family in cpu_ops.FAMILIES:
+        if cpu_ops.load(family) is None:
+            sys.stderr.write(f"error: the CPU kernels ({family}) could not be built (see the "
+                             "warning above); the engine would fall back to the slower torch "
+                             "path\n")
+            return 1
+        sys.stdout.write(f"CPU kernels ({family}) ready in "
+                         f"{cpu_ops.build_dir(cpu_ops.module_name(family))}\n")
     return 0
 
 

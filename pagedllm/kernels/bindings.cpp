@@ -1,10 +1,10 @@
-// Python bindings of the CPU kernels (one extension module built from all sources).
+// Python bindings of the "core" CPU kernel family (kernels/cpu_ops.py FAMILIES; the "int"
+// family, quant_int_cpu.cpp, is a module of its own).
 #include <omp.h>
 #include <torch/csrc/utils/pybind.h>  // PYBIND11_MODULE, torch's Tensor casters
 
 #include "kernels_cpu.h"
 
-void register_quant_int(pybind11::module& m);  // quant_int_cpu.cpp
 void register_gguf_kernels(pybind11::module_& m);  // quant_gguf_cpu.cpp
 void register_gguf_a8_kernels(pybind11::module_& m);  // quant_gguf_a8_cpu.cpp
 void register_a8_panel_kernels(pybind11::module_& m);  // quant_a8_panels_cpu.cpp
@@ -45,7 +45,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, kNoGil, "silu(gate) * up over fused [gate | up] rows");
   m.def("release_thread_team", &release_thread_team, kNoGil,
         "the calling thread's OpenMP team: one thread from now on, idle workers released");
-  register_quant_int(m);
   register_gguf_kernels(m);
   register_gguf_a8_kernels(m);
   register_a8_panel_kernels(m);

@@ -33,10 +33,21 @@ import torch
 from pagedllm.errors import EngineError
 
 logger = logging.getLogger(__name__)
-_SOURCES = [Path(__file__).with_name(name) for name in
-            ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "fused_cpu.cpp", "quant_gguf_cpu.cpp",
-             "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp", "quant_int_cpu.cpp",
-             "decode_layers_cpu.cpp", "varlen_attention_cpu.cpp", "bindings.cpp")]
+# Kernel families, each its own extension module, built the first time something asks for
+# it: "core" is what every model on the CPU path runs (attention, the fp32 GEMM and fused ops,
+# GGUF blocks with fp32 or int8 activations, the C++ decode loop, which calls only these);
+# "int" holds the AWQ / GPTQ int4, int8 and W8A8 kernels of HF quantized checkpoints and
+# `--quantization int8`, which a GGUF or float model never builds.
+FAMILIES = {
+    "core": ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "fused_cpu.cpp", "quant_gguf_cpu.cpp",
+             "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp", "decode_layers_cpu.cpp",
+             "varlen_attention_cpu.cpp", "bindings.cpp"),
+    "int": ("quant_int_cpu.cpp",),
+}
+
+
+def sources(family: str = "core") -> list[Path]:
+    return [Path(__file__).with_name(name) for name in FAMILIES[family]]
 
 
 def _march() -> str:
@@ -66,8 +77,9 @@ def build_dir(name: str | None = None) -> Path:
     return Path(root) / (name or module_name())
 
 
-def module_name() -> str:
-    return f"pagedllm_cpu_{_cpu_tag()}"
+def module_name(family: str = "core") -> str:
+    return f"pagedllm_cpu_{_cpu_tag()}" if family == "core" else (
+        f"pagedllm_cpu_{family}_{_cpu_tag()}")
 
 
 def build_jobs() -> int:
@@ -141,17 +153,30 @@ def required() -> bool:
     return os.environ.get("PAGEDLLM_REQUIRE_CPU_KERNELS", "") not in ("", "0")
 
 
-_loaded: dict[str, object] = {}  # "module" or "error": the outcome of the one build attempt
+# family -> {"module": ...} or {"error": ...}: the outcome of its one build attempt
+_loaded: dict[str, dict[str, object]] = {}
 
 
-def load():
-    """The compiled module, or None when kernels are disabled or (unless required) cannot be
-    built. The outcome is remembered: a failure is reported once, not rebuilt on every call."""
-    if not _loaded:
-        _loaded.update(_try_build())
-    if "error" in _loaded:
-        raise _loaded["error"]
-    return _loaded["module"]
+def load(family: str = "core"):
+    """The compiled module of a kernel family (`FAMILIES`), or None when kernels are disabled
+    or (unless required) cannot be built. The outcome is remembered: a failure is reported
+    once, not rebuilt on every call."""
+    if family not in _loaded:
+        _loaded[family] = _try_build(family)
+    outcome = _loaded[family]
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["module"]
+
+
+def load_int():
+    """The integer kernels of AWQ / GPTQ / int8 weights (their own module, built on first use)."""
+    return load("int")
+
+
+def loaded_families() -> list[str]:
+    """The families this process has built or loaded so far."""
+    return [f for f, outcome in _loaded.items() if outcome.get("module") is not None]
 
 
 def run_in_passing_thread(fn):
@@ -186,17 +211,17 @@ def release_thread_team() -> None:
     exit, so the team that does run the kernels keeps its workers spinning between parallel
     regions (kernels/bindings.cpp says why that matters). A no-op when the kernels were never
     loaded or are disabled."""
-    mod = _loaded.get("module")
+    mod = _loaded.get("core", {}).get("module")
     if mod is not None:
         mod.release_thread_team()
 
 
-def _try_build() -> dict[str, object]:
+def _try_build(family: str) -> dict[str, object]:
     if os.environ.get("PAGEDLLM_NO_CPU_KERNELS"):
         logger.warning("PAGEDLLM_NO_CPU_KERNELS is set: using the (slower) torch path")
         return {"module": None}
     try:
-        return {"module": build(_SOURCES, module_name())}
+        return {"module": build(sources(family), module_name(family))}
     except Exception as exc:  # noqa: BLE001 - any build failure: torch fallback or error
         if required():
             return {"error": KernelBuildError(
@@ -253,11 +278,12 @@ def load_with(feature: str):
     return ops if probe is not None and probe() else None
 
 
-def fp32_ops(x):
-    """The compiled module when `x` is an fp32 CPU tensor and kernels are available.
+def fp32_ops(x, family: str = "core"):
+    """The compiled module of `family` when `x` is an fp32 CPU tensor and kernels are
+    available.
 
     None too when `x` requires grad (a training forward, pagedllm.finetune): the kernels
     work in place and have no backward, so autograd runs the torch ops instead."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
         return None
-    return load()
+    return load(family)

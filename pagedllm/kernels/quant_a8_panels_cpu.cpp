@@ -208,6 +208,7 @@ bool a8_panels_available() { return PAGEDLLM_A8P_SIMD; }
 // default where they are VNNI's (pagedllm/kernels/cpu_features.py).
 std::string int8_dot_isa() { return kInt8DotIsa; }
 int64_t q8_0_code_offset() { return kVNNI ? 128 : 0; }
+int64_t a8_panel_width() { return kNB; }
 
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                               torch::Tensor m, int64_t N) {
@@ -249,6 +250,7 @@ void register_a8_panel_kernels(pybind11::module_& m) {
         "whether the int8-activation panel kernels (Q8_0, Q4_0, Q4_1) are built (AVX2 + FMA + F16C)");
   m.def("int8_dot_isa", &int8_dot_isa,
         "instructions of the int8 dot products: avx512_vnni, avx512bw, avx2 or scalar");
+  m.def("a8_panel_width", &a8_panel_width, nogil, "output rows per int8-activation panel");
   m.def("q8_0_code_offset", &q8_0_code_offset, nogil,
         "what the panel layout adds to each Q8_0 code (128 for VNNI's u8 codes, else 0)");
   m.def("a8_panel_linear", &a8_panel_linear, nogil,

@@ -21,7 +21,7 @@
 // accumulates exact int32 dot products: AVX-512 VNNI vpdpbusd (u8 x s8, x offset by +128 and
 // corrected with 128 * colsum), else AVX2 maddubs + madd (|x| x sign(w, x), llama.cpp's trick
 // against maddubs' saturation). Integer sums are exact, so it is batch-invariant too.
-#include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
+#include <torch/csrc/utils/pybind.h>  // PYBIND11_MODULE, torch's Tensor casters
 #include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
 #if defined(__x86_64__)
@@ -544,8 +544,9 @@ torch::Tensor w8a8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale
   return y;
 }
 
-// Bindings, registered from bindings.cpp (one line there).
-void register_quant_int(pybind11::module& m) {
+// The "int" kernel family's own extension module (kernels/cpu_ops.py FAMILIES): built only
+// when an AWQ / GPTQ / int8 model loads.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("quant_panel_width", &quant_panel_width, nogil,
         "output columns per panel of the int4 / int8 / W8A8 packed weights");

@@ -21,7 +21,7 @@ def broken_build(tmp_path, monkeypatch):
         calls.append(name)
         return real_build(sources, name)
 
-    monkeypatch.setattr(cpu_ops, "_SOURCES", [src])
+    monkeypatch.setattr(cpu_ops, "sources", lambda family="core": [src])
     monkeypatch.setattr(cpu_ops, "_cpu_tag", lambda: f"broken_{tmp_path.name}")
     monkeypatch.setattr(cpu_ops, "_loaded", {})
     monkeypatch.setattr(cpu_ops, "build", counting_build)

@@ -60,7 +60,7 @@ def test_cpu_without_a_kernel_dtype_runs_torch(no_triton, dtype, kv_dtype):
 
 
 def test_cpu_without_kernels_runs_torch(no_triton, monkeypatch):
-    monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    monkeypatch.setattr(cpu_ops, "load", lambda family="core": None)
     assert type(select_backend(CPU, F32, F32, 64)) is TorchBackend
 
 

@@ -65,7 +65,7 @@ def _dense(layer: Linear) -> torch.Tensor:
 
 
 def test_torch_fallback_without_kernels(monkeypatch):
-    monkeypatch.setattr(cpu_ops, "load", lambda: None)
+    monkeypatch.setattr(cpu_ops, "load", lambda family="core": None)
     w, b, x = torch.randn(10, 8), torch.randn(10), torch.randn(4, 8)
     layer = _linear(w, b)
     assert layer.method.format == "dense:transposed"

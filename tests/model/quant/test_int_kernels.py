@@ -14,7 +14,7 @@ from pagedllm.model.layers.quant import concat_quantized
 from pagedllm.model.layers.quant.int4 import Int4GroupWeight
 from pagedllm.model.layers.quant.int8 import Int8Weight, quantize_activations
 
-ops = cpu_ops.load()
+ops = cpu_ops.load_int()
 needs_kernels = pytest.mark.skipif(ops is None, reason="C++ CPU kernels unavailable")
 MS = (1, 3, 8, 64, 300)
 SHAPES = [(64, 96, 32), (96, 37, 32), (256, 100, 64), (128, 1, 128)]  # (K, N, group size)
@@ -126,6 +126,6 @@ def test_torch_fallback_without_kernels(monkeypatch):
     w8 = Int8Weight.quantize(torch.randn(20, 64))
     x = torch.randn(3, 64)
     with_kernels = (w4.linear(x), w8.linear(x))
-    monkeypatch.setattr(cpu_ops, "fp32_ops", lambda _x: None)
+    monkeypatch.setattr(cpu_ops, "fp32_ops", lambda _x, _family="core": None)
     assert_close(w4.linear(x), with_kernels[0], 64)
     assert_close(w8.linear(x), with_kernels[1], 64)

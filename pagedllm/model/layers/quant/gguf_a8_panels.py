@@ -79,7 +79,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
         if ops is None:
             raise RuntimeError("GGUF int8-activation panel kernels are not built on this machine")
         n, k = codes.shape
-        nb_cols = int(ops.quant_panel_width())
+        nb_cols = int(ops.a8_panel_width())
         p = -(-n // nb_cols)
 
         def panels(t: torch.Tensor) -> torch.Tensor:  # [N, ...] -> [P, K / 32, ..., NB, ...]

@@ -25,7 +25,7 @@ _FALLBACK_NB = 32  # panel width when the C++ kernels are unavailable (torch fal
 
 def panel_width() -> int:
     """Output columns per packed panel of the integer kernels (32 with AVX-512, 16 AVX2)."""
-    ops = cpu_ops.load()
+    ops = cpu_ops.load_int()
     return int(ops.quant_panel_width()) if ops is not None else _FALLBACK_NB
 
 
@@ -88,7 +88,7 @@ class Int4GroupWeight(QuantizedWeight):
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         if self.perm is not None:
             x = x.index_select(1, self.perm)
-        ops = cpu_ops.fp32_ops(x)
+        ops = cpu_ops.fp32_ops(x, "int")
         if ops is None or self.nb != ops.quant_panel_width():
             w = self.dequantize() if self.perm is None else self.dequantize()[:, self.perm]
             return x @ w.t()

@@ -90,7 +90,7 @@ class Int8Weight(QuantizedWeight):
         return q[token_ids].float() * scale[token_ids, None]
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        ops = cpu_ops.fp32_ops(x)
+        ops = cpu_ops.fp32_ops(x, "int")
         if ops is None or self.nb != ops.quant_panel_width():
             return self._torch_linear(x)
         if self.w8a8:
