@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "PAGEDLLM_CACHE_DIR"
 # Bump when the entry layout or the conversion changes, to invalidate old entries.
-_FORMAT_VERSION = "1"
+_FORMAT_VERSION = "2"  # 2: llama configs carry rope_freq_factors (Llama 3.1 RoPE)
 
 
 def cache_root(cache_dir: Path | None = None) -> Path:
