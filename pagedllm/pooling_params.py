@@ -36,12 +36,10 @@ class PoolingParams:
             raise ValueError(
                 f"pooling task must be one of {', '.join(POOLING_TASKS)}; got {self.task!r}"
             )
-        if self.dimensions is not None and not (
-            isinstance(self.dimensions, int) and self.dimensions >= 1
-        ):
+        if self.dimensions is not None and not (_is_int(self.dimensions) and self.dimensions >= 1):
             raise ValueError(f"dimensions must be an int >= 1, got {self.dimensions!r}")
         k = self.truncate_prompt_tokens
-        if k is not None and not (isinstance(k, int) and (k >= 1 or k == -1)):
+        if k is not None and not (_is_int(k) and (k >= 1 or k == -1)):
             raise ValueError(
                 f"truncate_prompt_tokens must be an int >= 1 or -1 (max_model_len), got {k!r}"
             )
@@ -49,3 +47,8 @@ class PoolingParams:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be true, false or null, got {value!r}")
+
+
+def _is_int(value) -> bool:
+    """An int that is not a bool (True is not a dimension count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
