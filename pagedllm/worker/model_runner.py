@@ -72,7 +72,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
-        """prepare -> (TP message, block moves) -> forward -> sample."""
+        """prepare -> (TP message, block moves) -> forward -> sample (or pool)."""
         t0 = time.perf_counter()
         batch, plan = self._prepare(sched)
         prompt = plan_prompt_rows(batch) if batch is not None else []
