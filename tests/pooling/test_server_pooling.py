@@ -213,3 +213,26 @@ def test_generate_server_refuses_pooling_routes(tmp_path_factory, tiny_llama_dir
             assert "--runner generate" in r.json()["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_concurrent_embedding_calls_batch_together(embed_server, embed_dir, tiny_tokenizer):
+    """Twelve calls at once (prompts of mixed lengths, chunks of 8) are in the engine at once:
+    each answer equals HF on its own prompt, and the KV pool is empty after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [" ".join(TEXTS[i % 3] for _ in range(1 + i % 4)) for i in range(12)]
+
+    def embed(text: str) -> list[float]:
+        r = httpx.post(
+            f"{embed_server.base_url}/v1/embeddings",
+            timeout=60,
+            json={"model": "tiny", "input": text},
+        )
+        assert r.status_code == 200, r.text
+        return r.json()["data"][0]["embedding"]
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(embed, texts))
+    for text, emb in zip(texts, results, strict=True):
+        assert _close(emb, _ref(embed_dir, tiny_tokenizer.encode(text)))
+    assert wait_idle(embed_server.base_url)["pagedllm:kv_cache_usage_perc"] == 0
