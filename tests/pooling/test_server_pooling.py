@@ -216,7 +216,7 @@ def test_generate_server_refuses_pooling_routes(tmp_path_factory, tiny_llama_dir
 
 
 def test_concurrent_embedding_calls_batch_together(embed_server, embed_dir, tiny_tokenizer):
-    """Twelve calls at once (prompts of mixed lengths, chunks of 8) are in the engine at once:
+    """Twelve calls at once (prompts of mixed lengths, chunks of 8) sent at once:
     each answer equals HF on its own prompt, and the KV pool is empty after."""
     from concurrent.futures import ThreadPoolExecutor
 
