@@ -12,11 +12,11 @@ neutral value: any other value is a 400 naming the field (request_fields.py).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from pagedllm.entrypoints.protocol import OpenAIBaseModel, RequestBody
+from pagedllm.entrypoints.protocol import ChatMessage, OpenAIBaseModel, RequestBody
 from pagedllm.entrypoints.protocol_responses import UsageInfo
 
 # str | list[str] | list[int] | list[list[int]], as OpenAI's embeddings `input`.
@@ -39,7 +39,15 @@ class PoolingFields(RequestBody):
 
 
 class EmbeddingRequest(PoolingFields):
-    input: EmbeddingInput
+    """`input`, or vLLM's chat embeddings: `messages` rendered by the chat template (no
+    generation prompt by default)."""
+
+    UNSUPPORTED: ClassVar[dict] = {"mm_processor_kwargs": None}
+    input: EmbeddingInput | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     normalize: bool | None = None  # vLLM's: None = the model's pooler config

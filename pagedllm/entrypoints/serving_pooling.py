@@ -96,6 +96,22 @@ class OpenAIServingPooling(ServingBase):
             ids.append(list(item))
         return ids
 
+    async def inputs_of(self, req: EmbeddingRequest) -> list[list[int]]:
+        """Token ids of an embeddings / pooling request: its `input`, or its `messages`
+        rendered by the chat template (vLLM's chat embeddings)."""
+        if (req.input is None) == (req.messages is None):
+            raise APIError(400, "give either input or messages", param="input")
+        k = req.truncate_prompt_tokens
+        if req.messages is None:
+            return await self.prompts(req.input, req.add_special_tokens, k)
+        ids = await self.apply_chat_template(
+            req.messages,
+            req.add_generation_prompt,
+            chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs,
+        )
+        return await self.prompts([ids], req.add_special_tokens, k)
+
     def check_pooled_length(self, num_prompt: int, param: str) -> None:
         """A pooled prompt may fill max_model_len (nothing is generated after it)."""
         if num_prompt == 0:
@@ -150,7 +166,7 @@ class OpenAIServingPooling(ServingBase):
             normalize=req.normalize,
             truncate_prompt_tokens=req.truncate_prompt_tokens,
         )
-        prompts = await self.prompts(req.input, req.add_special_tokens, req.truncate_prompt_tokens)
+        prompts = await self.inputs_of(req)
         api_id, outs = await self.pool("embd", req, header, prompts, params)
         data = [
             EmbeddingData(index=i, embedding=encode_vector(o.outputs.data, req.encoding_format))
@@ -173,7 +189,7 @@ class OpenAIServingPooling(ServingBase):
             activation=req.activation,
             truncate_prompt_tokens=req.truncate_prompt_tokens,
         )
-        prompts = await self.prompts(req.input, req.add_special_tokens, req.truncate_prompt_tokens)
+        prompts = await self.inputs_of(req)
         api_id, outs = await self.pool("pool", req, header, prompts, params)
         data = [
             PoolingData(index=i, data=encode_vector(o.outputs.data, req.encoding_format))

@@ -127,7 +127,7 @@ def test_pooling_server_refuses_generation_and_bad_fields(embed_server):
     for body, match in [
         ({"input": "hi", "dimensions": 65}, "hidden size 64"),
         ({"input": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be"),
-        ({"input": "hi", "messages": [{"role": "user"}]}, "messages is not supported"),
+        ({"input": "hi", "mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs is not"),
         ({"input": []}, "must not be empty"),
         ({"input": [99999]}, "out of range"),
         ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
@@ -236,3 +236,31 @@ def test_concurrent_embedding_calls_batch_together(embed_server, embed_dir, tiny
     for text, emb in zip(texts, results, strict=True):
         assert _close(emb, _ref(embed_dir, tiny_tokenizer.encode(text)))
     assert wait_idle(embed_server.base_url)["pagedllm:kv_cache_usage_perc"] == 0
+
+
+def test_chat_embeddings(embed_server, embed_dir, tiny_tokenizer):
+    """vLLM's chat embeddings: `messages` rendered by the model's chat template (no
+    generation prompt unless asked), then embedded like a prompt; input and messages
+    together, or neither, is a 400."""
+    conv = [{"role": "user", "content": "What is a fox?"}]
+    for gen in (False, True):
+        out = httpx.post(
+            f"{embed_server.base_url}/v1/embeddings",
+            timeout=30,
+            json={"model": "tiny", "messages": conv, "add_generation_prompt": gen},
+        ).json()
+        ids = tiny_tokenizer.apply_chat_template(conv, add_generation_prompt=gen, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        assert out["usage"]["prompt_tokens"] == len(ids)
+        assert _close(out["data"][0]["embedding"], _ref(embed_dir, ids))
+    for body in ({"input": "hi", "messages": conv}, {}):
+        r = httpx.post(
+            f"{embed_server.base_url}/v1/embeddings", timeout=30, json={"model": "tiny", **body}
+        )
+        assert r.status_code == 400 and "either input or messages" in r.text
+    r = httpx.post(
+        f"{embed_server.base_url}/score",
+        timeout=30,
+        json={"model": "tiny", "text_1": "a", "text_2": "b", "messages": conv},
+    )
+    assert r.status_code == 400 and "messages is not supported" in r.text
