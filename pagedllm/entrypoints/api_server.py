@@ -90,7 +90,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None,
                if opts.trust_request_chat_template else None)
     inputs = PromptInputs(tokenizer, engine.engine.config.max_model_len, sandbox)
     shared = {"inputs": inputs, "options": opts, "log_requests": log_requests}
-    completions = OpenAIServingCompletion(engine, names, served, **shared)
+    completions = OpenAIServingCompletion(engine, names, served, chat_options=chat_options,
+                                          **shared)
     chat = OpenAIServingChat(engine, names, served, chat_options=chat_options, **shared)
     base = ServingBase(engine, names, served, **shared)
 

@@ -18,6 +18,7 @@ import time
 from starlette.responses import JSONResponse, Response
 
 from pagedllm.engine.async_engine import EngineRequest, RequestAborted, RequestStream
+from pagedllm.entrypoints.chat_options import ChatOptions
 from pagedllm.entrypoints.completion_logprobs import legacy_logprobs, prompt_logprobs_json
 from pagedllm.entrypoints.protocol import (
     CompletionRequest,
@@ -38,10 +39,17 @@ from pagedllm.entrypoints.serving import (
     sse_error,
 )
 from pagedllm.entrypoints.serving_beam_search import BeamSearchCompletion
+from pagedllm.entrypoints.tool_calls import strict_response_format
 from pagedllm.outputs import RequestOutput, SampleLogprobs
 
 
 class OpenAIServingCompletion(BeamSearchCompletion, ServingBase):
+    def __init__(self, engine, served_model_names: list[str], models=None, *,
+                 chat_options: ChatOptions | None = None, **shared) -> None:
+        super().__init__(engine, served_model_names, models, **shared)
+        # --structured-outputs-config: strict json_schema response formats, as on chat
+        self.chat_options = chat_options or ChatOptions()
+
     async def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         """(text or None, token ids) per prompt; at most --max-prompts-per-request."""
         p = req.prompt
@@ -80,6 +88,7 @@ class OpenAIServingCompletion(BeamSearchCompletion, ServingBase):
         score_only = req.echo and req.max_tokens == 0
         params = self.sampling_params(
             req, 1 if score_only else req.max_tokens, req.logprobs,
+            strict_response_format(req, self.chat_options),
             prompt_logprobs=req.logprobs if req.echo and req.prompt_logprobs is None else None)
         api_id, echoed_id = self.request_id("cmpl", req, header_id)
         prompts = await self._prompts(req)

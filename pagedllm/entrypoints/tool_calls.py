@@ -26,6 +26,7 @@ from pagedllm.entrypoints.chat_options import ChatOptions
 from pagedllm.entrypoints.errors import APIError
 from pagedllm.entrypoints.protocol import (
     ChatCompletionRequest,
+    CompletionRequest,
     FunctionCall,
     ToolCall,
 )
@@ -145,10 +146,11 @@ def plan_tools(req: ChatCompletionRequest, options: ChatOptions) -> ToolPlan:
 
 
 def strict_response_format(
-    req: ChatCompletionRequest, options: ChatOptions
+    req: ChatCompletionRequest | CompletionRequest, options: ChatOptions
 ) -> StructuredOutputsParams | None:
-    """A `strict: true` json_schema response format, compiled strictly (see the module
-    docstring); None for anything else (the request's own constraint applies unchanged)."""
+    """A `strict: true` json_schema response format (chat, or completions' vLLM extension),
+    compiled strictly (see the module docstring); None for anything else (the request's own
+    constraint applies unchanged)."""
     rf = req.response_format
     if not options.disable_additional_properties or rf is None or rf.type != "json_schema":
         return None

@@ -173,6 +173,26 @@ def test_strict_response_format_admits_no_undeclared_keys(client, model):
         assert set(json.loads(out.choices[0].message.content)) == {"city", "unit"}
 
 
+def test_strict_response_format_on_completions_too(client, model):
+    """vLLM's response_format on /v1/completions: strict: true compiles strictly there too."""
+    schema = Forecast.model_json_schema()
+    for seed in range(3):
+        out = client.completions.create(
+            model=model,
+            prompt="Weather in Paris as JSON:",
+            max_tokens=60,
+            temperature=1.0,
+            seed=seed,
+            extra_body={
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "f", "schema": schema, "strict": True},
+                }
+            },
+        )
+        assert set(json.loads(out.choices[0].text)) == {"city", "unit"}
+
+
 HERMES_TWO = (
     '<tool_call>{"name": "GetWeather", "arguments": {"city": "Paris", "unit": "celsius"}}'
     '</tool_call><tool_call>{"name": "GetWeather", "arguments": {"city": "Rome", '
