@@ -2,8 +2,8 @@
 or pools, what a decoder checkpoint is converted to, and how hidden states are pooled.
 
     --runner   auto | generate | pooling   auto: pooling for *ForSequenceClassification
-    --convert  auto | none | embed | classify   auto: embed for a decoder run as pooling,
-                                                classify for a sequence-classification one
+    --convert  auto | none | embed | classify | reward   auto: embed for a decoder run as
+                                                pooling, classify for a sequence-classification one
     --pooler-config '{"pooling_type": "MEAN", "normalize": true}'
 
 The model-dependent defaults are settled by pagedllm/pooling/setup.py once the checkpoint's
@@ -17,13 +17,14 @@ from dataclasses import dataclass, fields
 
 RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "none", "embed", "classify", "reward")
-POOLING_TYPES = ("LAST", "MEAN", "CLS")
+POOLING_TYPES = ("LAST", "MEAN", "CLS", "ALL")
 
 
 @dataclass(frozen=True)
 class PoolerConfig:
     """How hidden states become one vector (vLLM's PoolerConfig): `pooling_type` LAST (the
-    prompt's last token), MEAN (every prompt token) or CLS (the first token); `normalize`
+    prompt's last token), MEAN (every prompt token), CLS (the first token) or ALL (one
+    vector per prompt token, --convert reward's default); `normalize`
     L2-normalizes an embedding; `activation` applies the classifier's sigmoid / softmax.
     None: the default for the model (setup.py)."""
 

@@ -184,8 +184,14 @@ class Request:
             raise PooledChunkOrderError(
                 f"pooled chunk from position {first_position} for {self}, which has "
                 f"{self.num_pooled_positions} positions pooled")
-        if data is not None:
-            self.pooled = data if self.pooled is None else self.pooled + data
+        if data is None:
+            pass
+        elif self.pooled is None:
+            self.pooled = data
+        elif data.dim() == 2:  # ALL pooling: one row per position, appended in order
+            self.pooled = torch.cat([self.pooled, data])
+        else:  # MEAN: summed
+            self.pooled = self.pooled + data
         self.num_pooled_positions = first_position + num_positions
         return self.num_pooled_positions >= self.num_prompt_tokens
 

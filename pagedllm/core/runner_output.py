@@ -46,8 +46,8 @@ class ScoredPrompt:
 class PooledChunk:
     """A pooling request's prompt positions `first_position ...` computed this step and
     their pooled part (pagedllm/pooling/step_pooler.py): MEAN the sum of their hidden states,
-    LAST / CLS the row it pools if this chunk holds it, else None; through the classifier's
-    score head for a classification model. A CPU float32 vector."""
+    LAST / CLS the row it pools if this chunk holds it, else None, ALL every row ([n, H]);
+    through the classifier's score head for a classification model. CPU float32."""
 
     request: Request
     first_position: int

@@ -179,8 +179,8 @@ def _pooler(pooling: PoolingSetup | None, model: nn.Module) -> StepPooler | None
     """The runner's pooling hook (a classifier's score head applied to each pooled part)."""
     if pooling is None:
         return None
-    return StepPooler(pooling.pooling_type,
-                      model.score if pooling.task == "classify" else None)
+    return StepPooler(pooling.pooling_type,  # num_labels: the checkpoint's score head is used
+                      model.score if pooling.num_labels else None)
 
 
 def _gpu_peak(config: EngineConfig, rank, vocab_size: int) -> int | None:

@@ -115,6 +115,27 @@ class PoolingAPI:
             )
         ]
 
+    def reward(
+        self,
+        prompts,
+        pooling_params=None,
+        *,
+        use_tqdm: bool = True,
+        lora_request: Loras = None,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """A reward model's (--convert reward) per-token outputs: `.outputs.data` is
+        [prompt tokens, hidden size] (a decoder) or [prompt tokens, num_labels] (a
+        *ForSequenceClassification head)."""
+        return self.encode(
+            prompts,
+            pooling_params,
+            use_tqdm=use_tqdm,
+            lora_request=lora_request,
+            pooling_task="encode",
+            truncate_prompt_tokens=truncate_prompt_tokens,
+        )
+
     def score(
         self,
         text_1: str | Sequence[str],

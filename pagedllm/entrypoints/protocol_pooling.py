@@ -100,7 +100,7 @@ class EmbeddingResponse(OpenAIBaseModel):
 class PoolingData(OpenAIBaseModel):
     index: int
     object: Literal["pooling"] = "pooling"
-    data: list[float] | str
+    data: list[float] | list[list[float]] | str  # per token with ALL pooling
 
 
 class PoolingResponse(OpenAIBaseModel):

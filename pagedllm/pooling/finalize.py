@@ -1,8 +1,9 @@
 """A finished pooling request's pooled sum -> its output vector (vLLM's pooler heads):
 
-MEAN            sum / number of prompt tokens
+MEAN            sum / number of prompt tokens (ALL: one row per token, each as below)
 embed           [:dimensions] (Matryoshka) -> L2 normalize (per request, default on)
 classify/score  sigmoid (one label) or softmax (several) (per request, default on)
+reward          the rows as they are (activation only when asked)
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ def finalize(setup: PoolingSetup, request: Request) -> torch.Tensor:
         data = data / request.num_prompt_tokens
     if setup.task == "embed":
         if params.dimensions is not None:
-            data = data[: params.dimensions]
+            data = data[..., : params.dimensions]
         normalize = params.normalize if params.normalize is not None else setup.normalize
         return torch.nn.functional.normalize(data, dim=-1) if normalize else data
     activation = params.activation if params.activation is not None else setup.activation
     if not activation:
         return data
-    return torch.sigmoid(data) if data.numel() == 1 else torch.softmax(data, dim=-1)
+    return torch.sigmoid(data) if data.shape[-1] == 1 else torch.softmax(data, dim=-1)

@@ -29,7 +29,7 @@ class PoolingSetup:
     """What the engine's pooling model computes (see the module doc). `tasks`: the
     PoolingParams tasks it serves."""
 
-    task: str  # "embed" | "classify"
+    task: str  # "embed" | "classify" | "reward"
     pooling_type: str  # "LAST" | "MEAN" | "CLS"
     normalize: bool
     activation: bool
@@ -43,6 +43,8 @@ class PoolingSetup:
     def tasks(self) -> tuple[str, ...]:
         if self.task == "embed":
             return ("embed", "encode", "score")
+        if self.task == "reward" or self.pooling_type == "ALL":  # one vector per token
+            return ("encode",)
         return ("classify", "encode") + (("score",) if self.num_labels == 1 else ())
 
     @property
@@ -87,11 +89,6 @@ def resolve_pooling(config: EngineConfig, hf_config) -> PoolingSetup | None:
     convert = config.convert
     if convert == "auto":
         convert = "classify" if seq_cls else "embed"
-    if convert == "reward":
-        raise PoolingConfigError(
-            "--convert reward (per-token reward pooling) is not "
-            "supported; use --convert embed or classify"
-        )
     if convert == "none":
         if not seq_cls:
             raise PoolingConfigError(
@@ -106,14 +103,16 @@ def resolve_pooling(config: EngineConfig, hf_config) -> PoolingSetup | None:
             f"head); {archs[0] if archs else 'this checkpoint'} has none. Use --convert embed"
         )
     pc = config.pooler_config or PoolerConfig()
+    reward = convert == "reward"  # vLLM's: every token's hidden state (or score), as is
+    head = convert == "classify" or (reward and seq_cls)
     dims = getattr(hf_config, "matryoshka_dimensions", None)
     return PoolingSetup(
         task=convert,
-        pooling_type=pc.pooling_type or "LAST",
+        pooling_type=pc.pooling_type or ("ALL" if reward else "LAST"),
         normalize=pc.normalize if pc.normalize is not None else convert == "embed",
-        activation=pc.activation if pc.activation is not None else True,
+        activation=pc.activation if pc.activation is not None else not reward,
         hidden_size=hf_config.hidden_size,
-        num_labels=getattr(hf_config, "num_labels", None) if convert == "classify" else None,
+        num_labels=getattr(hf_config, "num_labels", None) if head else None,
         matryoshka_dimensions=tuple(dims) if dims else None,
         is_matryoshka=bool(getattr(hf_config, "is_matryoshka", False) or dims),
         labels=_labels(hf_config) if convert == "classify" else None,
@@ -143,8 +142,8 @@ def check_pooling_params(setup: PoolingSetup | None, params) -> None:
         )
     if setup.task == "embed" and params.activation is not None:
         raise ValueError("activation applies to classification models; this model embeds")
-    if setup.task == "classify" and params.normalize is not None:
-        raise ValueError("normalize applies to embeddings; this model classifies")
+    if setup.task != "embed" and params.normalize is not None:
+        raise ValueError(f"normalize applies to embeddings; this is a {setup.task} model")
     if params.dimensions is None:
         return
     if setup.task != "embed":

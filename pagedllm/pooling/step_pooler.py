@@ -5,6 +5,7 @@
     MEAN          r1 -> h8 + h9 + h10 + h11 (summed in float32, chunk by chunk)
     LAST          r1 -> the row of the prompt's last position, in the chunk that holds it
     CLS           r1 -> the row of position 0, in the first chunk
+    ALL           r1 -> [h8 h9 h10 h11] (the request appends them)
 
 A classification model's `score` head is linear without bias, so it is applied to each part
 (score(sum) = sum of scores): the request accumulates num_labels numbers per chunk instead of
@@ -45,16 +46,19 @@ class StepPooler:
                 row = hidden[last].float()
             elif self.pooling_type == "CLS" and first == 0:
                 row = hidden[last - n + 1].float()
+            elif self.pooling_type == "ALL":
+                row = hidden[last - n + 1 : last + 1].float()
             chunks.append(PooledChunk(req, first, n, None))
             picked.append(row is not None)
             if row is not None:
                 rows.append(row)
         if not rows:
             return chunks
-        stacked = torch.stack(rows)
+        per_token = self.pooling_type == "ALL"
+        flat = torch.cat(rows) if per_token else torch.stack(rows)
         if self.head is not None:
-            stacked = self.head(stacked.to(hidden.dtype)).float()
-        host = iter(stacked.cpu())
+            flat = self.head(flat.to(hidden.dtype)).float()
+        host = iter(flat.cpu().split([len(r) for r in rows]) if per_token else flat.cpu())
         for chunk, has_row in zip(chunks, picked, strict=True):
             if has_row:
                 chunk.data = next(host)

@@ -126,3 +126,12 @@ def test_classifier_activation() -> None:
     req.pooling_params = PoolingParams(task="score")
     req.add_pooled(0, 10, torch.tensor([0.5]))
     assert torch.allclose(finalize(setup, req), torch.sigmoid(torch.tensor([0.5])))
+
+
+def test_all_pooling_appends_rows_in_order() -> None:
+    req = pooling_request("a")
+    assert not req.add_pooled(0, 4, torch.ones(4, 3))
+    assert req.add_pooled(4, 6, torch.zeros(6, 3))
+    assert req.pooled.shape == (10, 3) and req.pooled[:4].eq(1).all() and req.pooled[4:].eq(0).all()
+    with pytest.raises(PooledChunkOrderError):
+        req.add_pooled(2, 2, torch.ones(2, 3))

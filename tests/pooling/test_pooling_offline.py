@@ -201,7 +201,6 @@ def test_refusals(make_llm, tiny_llama_dir, tiny_scorer_dir):
     for args, match in [
         (dict(runner="pooling", convert="none"), "needs --convert embed"),
         (dict(runner="pooling", convert="classify"), "ForSequenceClassification"),
-        (dict(runner="pooling", convert="reward"), "not supported"),
         (dict(runner="generate", convert="embed"), "needs runner='pooling'"),
         (
             dict(
@@ -210,7 +209,7 @@ def test_refusals(make_llm, tiny_llama_dir, tiny_scorer_dir):
             ),
             "speculative decoding does not apply",
         ),
-        (dict(pooler_config='{"pooling_type": "max"}'), "LAST, MEAN, CLS"),
+        (dict(pooler_config='{"pooling_type": "max"}'), "LAST, MEAN, CLS, ALL"),
         (dict(pooler_config='{"pool": "MEAN"}'), "unknown keys"),
     ]:
         with pytest.raises(ValueError, match=match):
@@ -269,3 +268,33 @@ def test_a_last_chunk_of_one_token(make_llm, tiny_llama_dir, kind):
     out = llm.embed({"prompt_token_ids": ids}, use_tqdm=False)[0]
     ref = torch.nn.functional.normalize(_pool(hf_hidden(tiny_llama_dir, ids), kind), dim=0)
     assert _cos(out.outputs.embedding, ref) > 0.9999
+
+
+def test_reward_pools_every_token(make_llm, tiny_llama_dir, tiny_scorer_dir):
+    """--convert reward (vLLM's): ALL pooling, every prompt token's final hidden state as
+    is (a decoder) or its score-head output (a *ForSequenceClassification checkpoint),
+    rows appended chunk by chunk; such a model serves encode only."""
+    llm = make_llm(tiny_llama_dir, runner="pooling", convert="reward", max_num_batched_tokens=8)
+    assert not llm.llm_engine.plan.prefix_caching
+    outs = llm.reward(PROMPTS[:3], use_tqdm=False)
+    for out in outs:
+        ref = hf_hidden(tiny_llama_dir, out.prompt_token_ids)
+        assert out.outputs.data.shape == ref.shape
+        assert torch.allclose(out.outputs.data, ref, atol=1e-4)
+    with pytest.raises(ValueError, match="'embed' is not served"):
+        llm.embed("hi", use_tqdm=False)
+    with pytest.raises(ValueError, match="normalize applies to embeddings"):
+        llm.reward("hi", PoolingParams(normalize=True), use_tqdm=False)
+    scorer = make_llm(tiny_scorer_dir, convert="reward", max_num_batched_tokens=8)
+    out = scorer.reward(PROMPTS[0], use_tqdm=False)[0]
+    head = _hf_score_head(tiny_scorer_dir)
+    with torch.inference_mode():
+        ref = head(hf_hidden(tiny_scorer_dir, out.prompt_token_ids))
+    assert out.outputs.data.shape == (len(out.prompt_token_ids), 1)
+    assert torch.allclose(out.outputs.data, ref, atol=1e-4)
+
+
+def _hf_score_head(model_dir):
+    import transformers
+
+    return transformers.AutoModelForSequenceClassification.from_pretrained(model_dir).score

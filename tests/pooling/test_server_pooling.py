@@ -264,3 +264,33 @@ def test_chat_embeddings(embed_server, embed_dir, tiny_tokenizer):
         json={"model": "tiny", "text_1": "a", "text_2": "b", "messages": conv},
     )
     assert r.status_code == 400 and "messages is not supported" in r.text
+
+
+def test_reward_server_pools_every_token(tmp_path_factory, tiny_llama_dir, tiny_tokenizer):
+    """--convert reward: /pooling answers one row per prompt token (floats or base64)."""
+    srv = start_server(
+        tmp_path_factory,
+        str(tiny_llama_dir),
+        [*ARGS, "--runner", "pooling", "--convert", "reward"],
+        name="reward",
+    )
+    try:
+        ids = tiny_tokenizer.encode(TEXTS[0])
+        ref = hf_hidden(tiny_llama_dir, ids)
+        out = httpx.post(
+            f"{srv.base_url}/pooling", timeout=30, json={"model": "tiny", "input": TEXTS[0]}
+        ).json()
+        assert torch.allclose(torch.tensor(out["data"][0]["data"]), ref, atol=1e-4)
+        b64 = httpx.post(
+            f"{srv.base_url}/pooling",
+            timeout=30,
+            json={"model": "tiny", "input": ids, "encoding_format": "base64"},
+        ).json()
+        flat = np.frombuffer(base64.b64decode(b64["data"][0]["data"]), dtype="<f4")
+        assert np.allclose(flat.reshape(ref.shape), ref.numpy(), atol=1e-4)
+        r = httpx.post(
+            f"{srv.base_url}/v1/embeddings", timeout=30, json={"model": "tiny", "input": "hi"}
+        )
+        assert r.status_code == 400 and "'embed' is not served" in r.text
+    finally:
+        srv.stop()
