@@ -35,7 +35,7 @@ def test_pooling_flags_reach_the_config():
     "argv, message",
     [
         (["--pooler-config", "{mean}"], "not valid JSON"),
-        (["--pooler-config", '{"pooling_type": "ALL"}'], "LAST, MEAN, CLS"),
+        (["--pooler-config", '{"pooling_type": "MAX"}'], "LAST, MEAN, CLS, ALL"),
         (["--runner", "embed"], "invalid choice"),
         (["--convert", "rerank"], "invalid choice"),
     ],
