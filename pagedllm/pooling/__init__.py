@@ -1,9 +1,9 @@
 """Pooling models (vLLM's `--runner pooling`): a prompt's hidden states -> one vector
 (or one per token: ALL pooling, `--convert reward`).
 
-    setup.py        PoolingSetup: the task (embed | classify | reward), pooling type, normalization and
-                    activation settled once from --runner / --convert / --pooler-config and
-                    the checkpoint's config
+    setup.py        PoolingSetup: the task (embed | classify | reward), pooling type,
+                    normalization and activation settled once from --runner / --convert /
+                    --pooler-config and the checkpoint's config
     step_pooler.py  the runner's hook: each step, the pooled part of every pooling request's
                     chunk (MEAN sums chunk by chunk; LAST / CLS pick their row; ALL: all rows)
     finalize.py     the request's pooled sum -> its output vector (mean, Matryoshka
