@@ -217,7 +217,8 @@ def test_generate_server_refuses_pooling_routes(tmp_path_factory, tiny_llama_dir
 
 def test_concurrent_embedding_calls_batch_together(embed_server, embed_dir, tiny_tokenizer):
     """Twelve calls at once (prompts of mixed lengths, chunks of 8) sent at once:
-    each answer equals HF on its own prompt, and the KV pool is empty after."""
+    each answer equals HF on its own prompt; the KV pool is empty after and the idle
+    invariant checks found nothing."""
     from concurrent.futures import ThreadPoolExecutor
 
     texts = [" ".join(TEXTS[i % 3] for _ in range(1 + i % 4)) for i in range(12)]
@@ -235,7 +236,10 @@ def test_concurrent_embedding_calls_batch_together(embed_server, embed_dir, tiny
         results = list(pool.map(embed, texts))
     for text, emb in zip(texts, results, strict=True):
         assert _close(emb, _ref(embed_dir, tiny_tokenizer.encode(text)))
-    assert wait_idle(embed_server.base_url)["pagedllm:kv_cache_usage_perc"] == 0
+    m = wait_idle(embed_server.base_url)
+    assert m["pagedllm:kv_cache_usage_perc"] == 0
+    assert m["pagedllm:invariant_checks_total"] > 0  # run whenever the engine went idle
+    assert m["pagedllm:invariant_violations_total"] == 0
 
 
 def test_chat_embeddings(embed_server, embed_dir, tiny_tokenizer):
