@@ -11,7 +11,12 @@ from __future__ import annotations
 import torch
 
 from pagedllm.core.request import Request
+from pagedllm.errors import InvariantError
 from pagedllm.pooling.setup import PoolingSetup
+
+
+class UnpooledRequestError(InvariantError):
+    """A pooling request was reported finished before its prompt was pooled (a bug)."""
 
 
 def finalize(setup: PoolingSetup, request: Request) -> torch.Tensor:
@@ -19,7 +24,7 @@ def finalize(setup: PoolingSetup, request: Request) -> torch.Tensor:
     params = request.pooling_params
     data = request.pooled
     if data is None:
-        raise ValueError(f"{request} has no pooled data (its prompt was not pooled)")
+        raise UnpooledRequestError(f"{request} has no pooled data (its prompt was not pooled)")
     if setup.pooling_type == "MEAN":
         data = data / request.num_prompt_tokens
     if setup.task == "embed":

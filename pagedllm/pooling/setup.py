@@ -156,7 +156,7 @@ def check_pooling_params(setup: PoolingSetup | None, params) -> None:
     allowed = setup.matryoshka_dimensions
     if params.dimensions > setup.hidden_size or (allowed and params.dimensions not in allowed):
         raise ValueError(
-            f"dimensions must be one of {list(allowed)}"
+            f"dimensions must be one of {list(allowed)}, got {params.dimensions}"
             if allowed
             else f"dimensions must be <= the hidden size {setup.hidden_size}, got "
             f"{params.dimensions}"
