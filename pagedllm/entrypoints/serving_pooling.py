@@ -320,28 +320,43 @@ def add_pooling_routes(app: FastAPI, serving: OpenAIServingPooling) -> None:
     def header(request: Request) -> str | None:
         return request.headers.get("x-request-id")
 
-    async def _json(work) -> JSONResponse:
-        return JSONResponse(await work)
+    async def _json(work, body, request: Request) -> JSONResponse:
+        """The answer, its X-Request-Id the client's id (header, else request_id) or ours,
+        as on the generation routes."""
+        result = await work
+        given = header(request)
+        given = given if given is not None else body.request_id
+        return JSONResponse(result, headers={"X-Request-Id": given or result["id"]})
 
     @app.post("/v1/embeddings", responses=POST_ERRORS)
     async def create_embedding(body: EmbeddingRequest, request: Request) -> JSONResponse:
-        return await with_disconnect(request, _json(serving.embeddings(body, header(request))))
+        return await with_disconnect(
+            request, _json(serving.embeddings(body, header(request)), body, request)
+        )
 
     @app.post("/pooling", responses=POST_ERRORS)
     async def create_pooling(body: PoolingRequest, request: Request) -> JSONResponse:
-        return await with_disconnect(request, _json(serving.pooling(body, header(request))))
+        return await with_disconnect(
+            request, _json(serving.pooling(body, header(request)), body, request)
+        )
 
     @app.post("/classify", responses=POST_ERRORS)
     async def create_classification(body: ClassificationRequest, request: Request) -> JSONResponse:
-        return await with_disconnect(request, _json(serving.classify(body, header(request))))
+        return await with_disconnect(
+            request, _json(serving.classify(body, header(request)), body, request)
+        )
 
     @app.post("/score", responses=POST_ERRORS)
     @app.post("/v1/score", responses=POST_ERRORS)
     async def create_score(body: ScoreRequest, request: Request) -> JSONResponse:
-        return await with_disconnect(request, _json(serving.score(body, header(request))))
+        return await with_disconnect(
+            request, _json(serving.score(body, header(request)), body, request)
+        )
 
     @app.post("/rerank", responses=POST_ERRORS)
     @app.post("/v1/rerank", responses=POST_ERRORS)
     @app.post("/v2/rerank", responses=POST_ERRORS)
     async def create_rerank(body: RerankRequest, request: Request) -> JSONResponse:
-        return await with_disconnect(request, _json(serving.rerank(body, header(request))))
+        return await with_disconnect(
+            request, _json(serving.rerank(body, header(request)), body, request)
+        )

@@ -86,6 +86,13 @@ def test_openai_sdk_embeddings(embed_server, embed_dir, tiny_tokenizer):
     assert _close(small.data[0].embedding, _ref(embed_dir, ids[2], 16))
     by_ids = client.embeddings.create(model="tiny", input=ids[0], encoding_format="float")
     assert np.allclose(by_ids.data[0].embedding, floats.data[0].embedding, atol=1e-5)
+    tagged = httpx.post(
+        f"{embed_server.base_url}/v1/embeddings",
+        timeout=30,
+        headers={"X-Request-Id": "mine-1"},
+        json={"model": "tiny", "input": "hi"},
+    )
+    assert tagged.headers["x-request-id"] == "mine-1" and tagged.json()["id"] == "embd-mine-1"
     cut = httpx.post(
         f"{embed_server.base_url}/v1/embeddings",
         timeout=30,
