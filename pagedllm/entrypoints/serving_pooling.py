@@ -166,19 +166,8 @@ class OpenAIServingPooling(ServingBase):
             normalize=req.normalize,
             truncate_prompt_tokens=req.truncate_prompt_tokens,
         )
-        prompts = await self.inputs_of(req)
-        api_id, outs = await self.pool("embd", req, header, prompts, params)
-        data = [
-            EmbeddingData(index=i, embedding=encode_vector(o.outputs.data, req.encoding_format))
-            for i, o in enumerate(outs)
-        ]
-        return EmbeddingResponse(
-            id=api_id,
-            created=int(time.time()),
-            model=self.response_model(self.check_model(req.model)),
-            data=data,
-            usage=self.usage(outs),
-        ).model_dump()
+        return await self._vectors("embd", req, header, params, EmbeddingResponse,
+                                   lambda i, v: EmbeddingData(index=i, embedding=v))
 
     async def pooling(self, req: PoolingRequest, header: str | None) -> dict:
         self.setup("/pooling")
@@ -189,13 +178,18 @@ class OpenAIServingPooling(ServingBase):
             activation=req.activation,
             truncate_prompt_tokens=req.truncate_prompt_tokens,
         )
+        return await self._vectors("pool", req, header, params, PoolingResponse,
+                                   lambda i, v: PoolingData(index=i, data=v))
+
+    async def _vectors(self, prefix: str, req, header: str | None, params, response_cls,
+                       item) -> dict:
+        """/v1/embeddings and /pooling after their parameters: pool the request's inputs and
+        answer one encoded vector per prompt (`item(index, vector)`) with usage."""
         prompts = await self.inputs_of(req)
-        api_id, outs = await self.pool("pool", req, header, prompts, params)
-        data = [
-            PoolingData(index=i, data=encode_vector(o.outputs.data, req.encoding_format))
-            for i, o in enumerate(outs)
-        ]
-        return PoolingResponse(
+        api_id, outs = await self.pool(prefix, req, header, prompts, params)
+        data = [item(i, encode_vector(o.outputs.data, req.encoding_format))
+                for i, o in enumerate(outs)]
+        return response_cls(
             id=api_id,
             created=int(time.time()),
             model=self.response_model(self.check_model(req.model)),
