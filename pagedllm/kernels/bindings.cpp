@@ -39,6 +39,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear_weight", &pack_linear_weight, kNoGil,
         "pack an fp32 [N, K] weight into [N / NB, K, NB] panels for packed_linear");
   m.def("packed_linear", &packed_linear, kNoGil, "y = x @ W^T (+ bias) over a packed weight (CPU)");
+  m.def("grouped_packed_linear", &grouped_packed_linear, kNoGil,
+        "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
+        "expert's packed weight [E, P, K, NB]");
   m.def("add_rms_norm_", &add_rms_norm_, kNoGil, "residual += x; x = rmsnorm(residual) * w (in place)");
   m.def("rms_norm", &rms_norm, kNoGil, "rmsnorm(x) * w");
   m.def("rotary_qk_", &rotary_qk_, kNoGil, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");

@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "grouped_cpu.h"
+
 #pragma GCC push_options
 #pragma GCC optimize("no-associative-math")
 
@@ -28,6 +30,8 @@ constexpr int kVW = 8, kMR = 6;   // 12 of the 16 ymm registers
 constexpr int kVW = 4, kMR = 4;
 #endif
 constexpr int kNB = 2 * kVW;  // panel width: two vectors
+// rows of one expert per work item of grouped_packed_linear (a panel stays in L2 across them)
+constexpr int64_t kGroupRowTile = 256;
 typedef float vec __attribute__((vector_size(kVW * 4)));
 
 int64_t gemm_panel_width() { return kNB; }
@@ -77,6 +81,22 @@ static inline void micro_tail(int rows, const float* x, int64_t ldx, const float
   }
 }
 
+// Rows [0, M) of x against panel p of a packed weight w: y[:, p * NB ...] (+ bias).
+static void panel_rows(const float* xp, int64_t M, int64_t K, const float* w, int64_t p,
+                       int64_t N, float* yp, const float* bp) {
+  const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
+  const float* pw = w + p * K * kNB;
+  const float* bn = bp ? bp + n : nullptr;
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR) {
+    micro<kMR>(xp + m * K, K, pw, K, yp + m * N + n, N, ncols, bn);
+  }
+  if (m < M) {
+    micro_tail<kMR - 1>(static_cast<int>(M - m), xp + m * K, K, pw, K, yp + m * N + n, N,
+                        ncols, bn);
+  }
+}
+
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
                             c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
@@ -92,19 +112,31 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
-      const float* pw = w + p * K * kNB;
-      const float* bn = bp ? bp + n : nullptr;
-      int64_t m = 0;
-      for (; m + kMR <= M; m += kMR) {
-        micro<kMR>(xp + m * K, K, pw, K, yp + m * N + n, N, ncols, bn);
-      }
-      if (m < M) {
-        micro_tail<kMR - 1>(static_cast<int>(M - m), xp + m * K, K, pw, K, yp + m * N + n, N,
-                            ncols, bn);
-      }
-    }
+    for (int64_t p = begin; p < end; ++p) panel_rows(xp, M, K, w, p, N, yp, bp);
+  });
+  return y;
+}
+
+// The experts of a MoE layer in one call (grouped_cpu.h): packed [E, P, K, NB], x's rows
+// sorted by expert, offsets [E + 1]; each item is panel_rows over one expert's rows.
+torch::Tensor grouped_packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
+                                    torch::Tensor offsets) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              "grouped_packed_linear: x must be contiguous fp32 [R, K]");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(3) == kNB && packed.is_contiguous() &&
+                  packed.size(2) == x.size(1) && packed.size(1) * kNB >= N &&
+                  packed.dtype() == torch::kFloat32,
+              "grouped_packed_linear: weights not packed [E, P, K, NB] for this input");
+  const int64_t E = packed.size(0), P = packed.size(1), K = x.size(1), R = x.size(0);
+  const int64_t* off = checked_offsets(offsets, E, R);
+  auto y = torch::empty({R, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* w = packed.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  run_tiles(group_tiles(off, E, P, kGroupRowTile), [&](const GroupTile* t, const GroupTile* end) {
+    for (; t < end; ++t)
+      panel_rows(xp + t->row0 * K, t->rows, K, w + t->expert * P * K * kNB, t->col, N,
+                 yp + t->row0 * N, nullptr);
   });
   return y;
 }

@@ -22,6 +22,8 @@ int64_t gemm_panel_width();
 torch::Tensor pack_linear_weight(torch::Tensor w);
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
                             c10::optional<torch::Tensor> bias);
+torch::Tensor grouped_packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
+                                    torch::Tensor offsets);
 void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,

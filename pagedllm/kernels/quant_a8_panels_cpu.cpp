@@ -45,6 +45,7 @@ namespace {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGEDLLM_A8P_SIMD 1
 #include "a8_quantize_cpu.h"
+#include "grouped_cpu.h"
 
 constexpr bool kVNNI = kXOffset;  // int8_dot_cpu.h's VNNI branch
 // rows of x per micro-kernel call: 2 x MR int32 and 2 x MR fp32 accumulators
@@ -166,26 +167,50 @@ void micro_tail(int rows, const int8_t* xq, int64_t K, const float* dx, const in
   }
 }
 
+// Quantized rows [m0, m0 + M) of qx against panel p: y[m, p * NB ...] (row stride N).
+template <int F>
+void panel_impl(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* codes,
+                const uint16_t* d, const uint16_t* mo, int64_t N, int64_t p, float* y) {
+  const int64_t K = qx.K, nb = qx.nblk;
+  const int64_t codes_per_panel = nb * kLaneGroups<F> * kNB * 4;
+  const int8_t* xq = qx.q.data();
+  const int64_t n0 = p * kNB, ncols = std::min<int64_t>(kNB, N - n0);
+  const uint8_t* pc = codes + p * codes_per_panel;
+  const uint16_t *pd = d + p * nb * kNB, *pm = mo ? mo + p * nb * kNB : nullptr;
+  int64_t m = m0;
+  for (; m + kMRQ <= m0 + M; m += kMRQ)
+    micro<F, kMRQ>(xq + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
+                   qx.f32.data() + m * nb, nb, pc, pd, pm, y + m * N + n0, N, ncols);
+  if (m < m0 + M)
+    micro_tail<F, kMRQ - 1>(static_cast<int>(m0 + M - m), xq + m * K, K, qx.d.data() + m * nb,
+                            qx.sum.data() + m * nb, qx.f32.data() + m * nb, nb, pc, pd, pm,
+                            y + m * N + n0, N, ncols);
+}
+
 template <int F>
 void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const uint16_t* d,
                  const uint16_t* mo, int64_t N, float* y) {
-  const int64_t K = qx.K, nb = qx.nblk, P = (N + kNB - 1) / kNB;
-  const int64_t codes_per_panel = nb * kLaneGroups<F> * kNB * 4;
-  const int8_t* xq = qx.q.data();
+  const int64_t P = (N + kNB - 1) / kNB;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n0 = p * kNB, ncols = std::min<int64_t>(kNB, N - n0);
-      const uint8_t* pc = codes + p * codes_per_panel;
-      const uint16_t *pd = d + p * nb * kNB, *pm = mo ? mo + p * nb * kNB : nullptr;
-      int64_t m = 0;
-      for (; m + kMRQ <= M; m += kMRQ)
-        micro<F, kMRQ>(xq + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
-                       qx.f32.data() + m * nb, nb, pc, pd, pm, y + m * N + n0, N, ncols);
-      if (m < M)
-        micro_tail<F, kMRQ - 1>(static_cast<int>(M - m), xq + m * K, K, qx.d.data() + m * nb,
-                                qx.sum.data() + m * nb, qx.f32.data() + m * nb, nb, pc, pd, pm,
-                                y + m * N + n0, N, ncols);
-    }
+    for (int64_t p = begin; p < end; ++p) panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y);
+  });
+}
+
+// rows of one expert per work item of a8_panel_grouped_linear
+constexpr int64_t kGroupRowTile = 256;
+
+// Every expert's rows in one parallel region (grouped_cpu.h): codes / d / m of expert e at
+// e times their stride; bit for bit a8_panel_linear once per expert (rows quantize alone).
+template <int F>
+void grouped_impl(const QuantizedX& qx, const int64_t* off, int64_t E, const uint8_t* codes,
+                  int64_t codes_stride, const uint16_t* d, const uint16_t* mo,
+                  int64_t scale_stride, int64_t N, float* y) {
+  const int64_t P = (N + kNB - 1) / kNB;
+  run_tiles(group_tiles(off, E, P, kGroupRowTile), [&](const GroupTile* t, const GroupTile* end) {
+    for (; t < end; ++t)
+      panel_impl<F>(qx, t->row0, t->rows, codes + t->expert * codes_stride,
+                    d + t->expert * scale_stride,
+                    mo ? mo + t->expert * scale_stride : nullptr, N, t->col, y);
   });
 }
 #else
@@ -242,6 +267,47 @@ torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
   return y;
 }
 
+// The experts of a MoE layer in one call: codes [E, P, K / 32, lanes, NB, 4], d (and Q4_1's
+// m) [E, P, K / 32, NB] (expert e's are a8_panel_linear's), x's rows sorted by expert,
+// offsets [E + 1] (grouped_cpu.h).
+torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
+                                      torch::Tensor d, torch::Tensor m, int64_t N,
+                                      torch::Tensor offsets) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              "a8_panel_grouped_linear: x must be contiguous fp32 [R, K]");
+  const int64_t R = x.size(0), K = x.size(1), nb = K / 32, P = (N + kNB - 1) / kNB;
+  const int64_t lanes = code_bytes(fmt) / 4;
+  TORCH_CHECK(K % 32 == 0, "a8_panel_grouped_linear: K=", K, " is not whole 32-value blocks");
+  TORCH_CHECK(codes.dim() == 6 && codes.size(0) > 0, "a8_panel_grouped_linear: codes must be stacked over experts");
+  const int64_t E = codes.size(0);
+  TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.is_contiguous() &&
+                  codes.sizes() == torch::IntArrayRef({E, P, nb, lanes, kNB, 4}),
+              "a8_panel_grouped_linear: codes must be uint8 [", E, ", ", P, ", ", nb, ", ", lanes,
+              ", ", kNB, ", 4]");
+  const std::vector<int64_t> scale_shape{E, P, nb, kNB};
+  TORCH_CHECK(d.dtype() == torch::kFloat16 && d.is_contiguous() && d.sizes() == torch::IntArrayRef(scale_shape),
+              "a8_panel_grouped_linear: d must be fp16 [", E, ", ", P, ", ", nb, ", ", kNB, "]");
+  TORCH_CHECK(fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
+                               m.sizes() == torch::IntArrayRef(scale_shape)),
+              "a8_panel_grouped_linear: Q4_1 needs m fp16 [", E, ", ", P, ", ", nb, ", ", kNB, "]");
+  const int64_t* off = checked_offsets(offsets, E, R);
+  auto y = torch::empty({R, N}, x.options());
+#if PAGEDLLM_A8P_SIMD
+  const QuantizedX qx = quantize_x(x.data_ptr<float>(), R, K);
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  const int64_t cs = codes.numel() / E, ss = d.numel() / E;
+  float* yp = y.data_ptr<float>();
+  if (fmt == kQ8_0) grouped_impl<kQ8_0>(qx, off, E, cp, cs, dp, mp, ss, N, yp);
+  else if (fmt == kQ4_0) grouped_impl<kQ4_0>(qx, off, E, cp, cs, dp, mp, ss, N, yp);
+  else grouped_impl<kQ4_1>(qx, off, E, cp, cs, dp, mp, ss, N, yp);
+#else
+  TORCH_CHECK(false, "a8_panel_grouped_linear needs AVX2 + FMA + F16C (built without them)");
+#endif
+  return y;
+}
+
 #pragma GCC pop_options
 
 void register_a8_panel_kernels(pybind11::module_& m) {
@@ -253,6 +319,9 @@ void register_a8_panel_kernels(pybind11::module_& m) {
   m.def("a8_panel_width", &a8_panel_width, nogil, "output rows per int8-activation panel");
   m.def("q8_0_code_offset", &q8_0_code_offset, nogil,
         "what the panel layout adds to each Q8_0 code (128 for VNNI's u8 codes, else 0)");
+  m.def("a8_panel_grouped_linear", &a8_panel_grouped_linear, nogil,
+        "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
+        "expert's int8-activation panels (stacked over experts)");
   m.def("a8_panel_linear", &a8_panel_linear, nogil,
         "y = x @ W^T, W GGUF Q8_0 / Q4_0 / Q4_1 repacked into panels, x quantized per 32 "
         "values, integer dot products");

@@ -62,6 +62,7 @@ Layout layout(int64_t fmt) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGEDLLM_A8_SIMD 1
 #include "a8_quantize_cpu.h"
+#include "grouped_cpu.h"
 
 inline float half(const uint8_t* p) {  // one F16C instruction (the exact conversion)
   uint16_t h;
@@ -237,38 +238,85 @@ inline void transpose8(const float* src, int64_t lds, float* dst, int64_t ldd) {
   }
 }
 
+// Weight rows [n0, n1) against the quantized rows [m0, m0 + M) of qx: y[m, n] (row stride N).
+template <int F>
+void int_rows_impl(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t N,
+                   const QuantizedX& qx, int64_t m0, int64_t M, float* y) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    int64_t m = m0;
+    for (; m + 4 <= m0 + M; m += 4) dot_rows<F, 4>(row, qx, m, y + m * N + n, N);
+    if (m < m0 + M) dot_tail<F, 3>(static_cast<int>(m0 + M - m), row, qx, m, y + m * N + n, N);
+  }
+}
+
+// Rows [0, M) of x against weight rows p * NB ... dequantized exactly into a panel (`panel`
+// K x NB floats, `rows` 8 x K: scratch of the caller's thread).
+template <int F>
+void panel_impl(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, int64_t p,
+                const float* x, int64_t M, float* y, float* panel, float* rows) {
+  const int64_t n0 = p * kNB, ncols = std::min<int64_t>(kNB, N - n0);
+  // 8 weight rows at a time: dequantized along K, then turned into 8 panel columns by
+  // 8 x 8 transposes (rows past N are zeros).
+  for (int64_t c0 = 0; c0 < kNB; c0 += 8) {
+    for (int64_t r = 0; r < 8; ++r) {
+      if (c0 + r < ncols) deq_row<F>(w + (n0 + c0 + r) * row_bytes, K, rows + r * K);
+      else std::fill(rows + r * K, rows + (r + 1) * K, 0.f);
+    }
+    for (int64_t k = 0; k < K; k += 8) transpose8(rows + k, K, panel + k * kNB + c0, kNB);
+  }
+  int64_t m = 0;
+  for (; m + kMR <= M; m += kMR) micro_f<kMR>(x + m * K, K, panel, K, y + m * N + n0, N, ncols);
+  if (m < M) tail_f<kMR - 1>(static_cast<int>(M - m), x + m * K, K, panel, K, y + m * N + n0, N, ncols);
+}
+
 template <int F>
 void linear_impl(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* x,
                  int64_t M, float* y, int64_t int_rows) {
   if (M <= int_rows) {
     const QuantizedX qx = quantize_x(x, M, K);
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n) {
-        const uint8_t* row = w + n * row_bytes;
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) dot_rows<F, 4>(row, qx, m, y + m * N + n, N);
-        if (m < M) dot_tail<F, 3>(static_cast<int>(M - m), row, qx, m, y + m * N + n, N);
-      }
+      int_rows_impl<F>(w, row_bytes, begin, end, N, qx, 0, M, y);
     });
     return;
   }
   const int64_t P = (N + kNB - 1) / kNB;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> panel(K * kNB), rows(8 * K);
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n0 = p * kNB, ncols = std::min<int64_t>(kNB, N - n0);
-      // 8 weight rows at a time: dequantized along K, then turned into 8 panel columns by
-      // 8 x 8 transposes (rows past N are zeros).
-      for (int64_t c0 = 0; c0 < kNB; c0 += 8) {
-        for (int64_t r = 0; r < 8; ++r) {
-          if (c0 + r < ncols) deq_row<F>(w + (n0 + c0 + r) * row_bytes, K, rows.data() + r * K);
-          else std::fill(rows.begin() + r * K, rows.begin() + (r + 1) * K, 0.f);
-        }
-        for (int64_t k = 0; k < K; k += 8) transpose8(rows.data() + k, K, panel.data() + k * kNB + c0, kNB);
+    for (int64_t p = begin; p < end; ++p)
+      panel_impl<F>(w, row_bytes, N, K, p, x, M, y, panel.data(), rows.data());
+  });
+}
+
+// Weight rows per work item of the grouped int8-activation path (linear_impl's grain).
+constexpr int64_t kIntRowTile = 16;
+// Rows of one expert per work item of the grouped exact path.
+constexpr int64_t kGroupRowTile = 256;
+
+// Every expert's rows in one parallel region (grouped_cpu.h): w [E, N, row_bytes]; an expert
+// with at most int_rows rows runs int8 activations, one with more the exact panels, as its
+// linear_impl would: equal to gguf_a8_linear once per expert, bit for bit.
+template <int F>
+void grouped_impl(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* x,
+                  const int64_t* off, int64_t E, float* y, int64_t int_rows) {
+  const int64_t P = (N + kNB - 1) / kNB, C = (N + kIntRowTile - 1) / kIntRowTile;
+  bool any_int = false;
+  for (int64_t e = 0; e < E; ++e) any_int |= off[e + 1] > off[e] && off[e + 1] - off[e] <= int_rows;
+  const QuantizedX qx = any_int ? quantize_x(x, off[E], K) : QuantizedX{K, K / 32, {}, {}, {}, {}, {}};
+  const auto tiles = group_tiles(off, E, [&](int64_t n) { return n <= int_rows ? C : P; },
+                                 kGroupRowTile);
+  run_tiles(tiles, [&](const GroupTile* t, const GroupTile* end) {
+    std::vector<float> panel, rows;
+    for (; t < end; ++t) {
+      const uint8_t* we = w + t->expert * N * row_bytes;
+      if (t->group_rows <= int_rows) {
+        int_rows_impl<F>(we, row_bytes, t->col * kIntRowTile,
+                         std::min(N, (t->col + 1) * kIntRowTile), N, qx, t->row0, t->rows, y);
+      } else {
+        panel.resize(K * kNB), rows.resize(8 * K);
+        panel_impl<F>(we, row_bytes, N, K, t->col, x + t->row0 * K, t->rows, y + t->row0 * N,
+                      panel.data(), rows.data());
       }
-      int64_t m = 0;
-      for (; m + kMR <= M; m += kMR) micro_f<kMR>(x + m * K, K, panel.data(), K, y + m * N + n0, N, ncols);
-      if (m < M) tail_f<kMR - 1>(static_cast<int>(M - m), x + m * K, K, panel.data(), K, y + m * N + n0, N, ncols);
     }
   });
 }
@@ -322,6 +370,29 @@ torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int6
 }
 
 // Rows `ids` of the weight as exact fp32 [len(ids), K]: embedding lookups, and the reference.
+// The experts of a MoE layer in one call: w [E, N, row bytes] (expert e's gguf_a8_linear
+// weight), x's rows sorted by expert, offsets [E + 1] (grouped_cpu.h).
+torch::Tensor gguf_a8_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
+                                     torch::Tensor offsets, int64_t int_rows) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous() && x.size(1) == K,
+              "gguf_a8_grouped_linear: x must be contiguous fp32 [R, ", K, "]");
+  TORCH_CHECK(w.dim() == 3 && w.size(0) > 0, "gguf_a8_grouped_linear: w must be stacked [E, N, row bytes]");
+  const int64_t E = w.size(0), N = w.size(1), R = x.size(0);
+  const int64_t row_bytes = checked_row_bytes(fmt, w[0], K);
+  TORCH_CHECK(w.is_contiguous(), "gguf_a8_grouped_linear: w must be contiguous");
+  const int64_t* off = checked_offsets(offsets, E, R);
+  auto y = torch::empty({R, N}, x.options());
+#if PAGEDLLM_A8_SIMD
+  dispatch(fmt, [&](auto f) {
+    grouped_impl<decltype(f)::value>(w.data_ptr<uint8_t>(), row_bytes, N, K, x.data_ptr<float>(),
+                                     off, E, y.data_ptr<float>(), int_rows);
+  });
+#else
+  TORCH_CHECK(false, "gguf_a8_grouped_linear needs AVX2 + FMA + F16C (built without them)");
+#endif
+  return y;
+}
+
 torch::Tensor gguf_a8_rows(torch::Tensor ids, int64_t fmt, torch::Tensor w, int64_t K) {
   const int64_t row_bytes = checked_row_bytes(fmt, w, K), N = w.size(0);
   auto idx = ids.to(torch::kLong).contiguous();
@@ -352,5 +423,8 @@ void register_gguf_a8_kernels(pybind11::module_& m) {
         "whether the int8-activation GGUF kernels are built (AVX2 + FMA + F16C)");
   m.def("gguf_a8_linear", &gguf_a8_linear, nogil,
         "y = x @ W^T over GGUF rows: int8 activations up to int_rows rows, exact fp32 above");
+  m.def("gguf_a8_grouped_linear", &gguf_a8_grouped_linear, nogil,
+        "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
+        "expert's GGUF rows (stacked [E, N, row bytes]), int8 activations up to int_rows rows");
   m.def("gguf_a8_rows", &gguf_a8_rows, nogil, "rows W[ids] of GGUF rows as fp32 (exact)");
 }

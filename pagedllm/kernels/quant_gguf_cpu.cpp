@@ -50,6 +50,11 @@ int bits_of(int64_t fmt) {
 }
 
 #include "simd_cpu.h"
+#include "grouped_cpu.h"
+
+// rows of one expert per work item of gguf_grouped_linear (a scratch panel is dequantized
+// once per item, then stays in L2 across its rows)
+constexpr int64_t kGroupRowTile = 256;
 
 struct Packed {
   int64_t N, K, P;
@@ -194,28 +199,50 @@ void tail_q(int rows, const PanelDeq<F>& pd, const V* gp, const float* x, int64_
 }
 
 
+// Rows [0, M) of x [M, K] against panel p of w: y[:, p * NB ...] (row stride N). In registers
+// (small M, `in_registers`) or through a scratch panel of K x NB floats (resized here once).
+template <int F>
+void panel_impl(const Packed& w, int64_t p, const float* x, int64_t M, float* y, bool in_registers,
+                V* gp, std::vector<float>& scratch) {
+  const int64_t N = w.N, K = w.K;
+  const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
+  if (in_registers) {
+    PanelDeq<F> pd(w, p);
+    pd.fill(gp);
+    int64_t m = 0;
+    for (; m + kMR <= M; m += kMR) micro_q<F, kMR>(pd, gp, x + m * K, K, y + m * N + n, N, ncols);
+    if (m < M) tail_q<F, kMR - 1>(static_cast<int>(M - m), pd, gp, x + m * K, K, y + m * N + n, N, ncols);
+  } else {
+    if (scratch.size() < static_cast<size_t>(K * kNB)) scratch.resize(K * kNB);
+    deq_panel<F>(w, p, gp, scratch.data());
+    int64_t m = 0;
+    for (; m + kMR <= M; m += kMR) micro_f<kMR>(x + m * K, K, scratch.data(), K, y + m * N + n, N, ncols);
+    if (m < M) tail_f<kMR - 1>(static_cast<int>(M - m), x + m * K, K, scratch.data(), K, y + m * N + n, N, ncols);
+  }
+}
+
 template <int F>
 void linear_impl(const Packed& w, const float* x, int64_t M, float* y, int64_t in_register_rows) {
-  const int64_t N = w.N, K = w.K;
   at::parallel_for(0, w.P, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch;
+    std::vector<V> gp(4 * (w.K / Traits<F>::group));
+    for (int64_t p = begin; p < end; ++p)
+      panel_impl<F>(w, p, x, M, y, M <= in_register_rows, gp.data(), scratch);
+  });
+}
+
+// Every expert's rows in one parallel region (grouped_cpu.h): ws[e] is expert e's weight; an
+// expert's path (in registers or scratch) is chosen by all its rows, as its linear would.
+template <int F>
+void grouped_impl(const std::vector<Packed>& ws, const std::vector<GroupTile>& tiles,
+                  const float* x, float* y, int64_t in_register_rows) {
+  const int64_t N = ws[0].N, K = ws[0].K;
+  run_tiles(tiles, [&](const GroupTile* t, const GroupTile* end) {
+    std::vector<float> scratch;
     std::vector<V> gp(4 * (K / Traits<F>::group));
-    if (M > in_register_rows) scratch.resize(K * kNB);
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
-      if (M <= in_register_rows) {
-        PanelDeq<F> pd(w, p);
-        pd.fill(gp.data());
-        int64_t m = 0;
-        for (; m + kMR <= M; m += kMR) micro_q<F, kMR>(pd, gp.data(), x + m * K, K, y + m * N + n, N, ncols);
-        if (m < M) tail_q<F, kMR - 1>(static_cast<int>(M - m), pd, gp.data(), x + m * K, K, y + m * N + n, N, ncols);
-      } else {
-        deq_panel<F>(w, p, gp.data(), scratch.data());
-        int64_t m = 0;
-        for (; m + kMR <= M; m += kMR) micro_f<kMR>(x + m * K, K, scratch.data(), K, y + m * N + n, N, ncols);
-        if (m < M) tail_f<kMR - 1>(static_cast<int>(M - m), x + m * K, K, scratch.data(), K, y + m * N + n, N, ncols);
-      }
-    }
+    for (; t < end; ++t)
+      panel_impl<F>(ws[t->expert], t->col, x + t->row0 * K, t->rows, y + t->row0 * N,
+                    t->group_rows <= in_register_rows, gp.data(), scratch);
   });
 }
 
@@ -234,6 +261,10 @@ void dispatch(int64_t fmt, A&&... args) {
 
 template <int F> struct LinearFn {
   static void run(const Packed& w, const float* x, int64_t M, float* y, int64_t r) { linear_impl<F>(w, x, M, y, r); }
+};
+template <int F> struct GroupedFn {
+  static void run(const std::vector<Packed>& ws, const std::vector<GroupTile>& tiles,
+                  const float* x, float* y, int64_t r) { grouped_impl<F>(ws, tiles, x, y, r); }
 };
 template <int F> struct DeqFn {
   static void run(const Packed& w, float* out) {  // out [N, K]
@@ -335,6 +366,43 @@ torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor
   return y;
 }
 
+// The experts of a MoE layer in one call: each weight tensor stacked over E experts (q
+// [E, P, K, RB], d [E, ...], ...: expert e's is gguf_linear's weight), x's rows sorted by
+// expert, offsets [E + 1] (grouped_cpu.h). Equal to gguf_linear once per expert, bit for bit.
+torch::Tensor gguf_grouped_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q,
+                                  torch::Tensor d, torch::Tensor sc, torch::Tensor m,
+                                  torch::Tensor mi, torch::Tensor offsets,
+                                  int64_t in_register_rows) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              "gguf_grouped_linear: x must be contiguous fp32 [R, K]");
+  TORCH_CHECK(q.dim() == 4 && q.size(0) > 0, "gguf_grouped_linear: codes must be stacked [E, P, K, RB]");
+  const int64_t E = q.size(0), R = x.size(0);
+  for (const auto* t : {&d, &sc, &m, &mi})
+    TORCH_CHECK(!t->numel() || (t->size(0) == E && t->is_contiguous()),
+                "gguf_grouped_linear: every weight tensor must be stacked over the ", E, " experts");
+  auto first = [](const torch::Tensor& t) { return t.numel() ? t[0] : t; };
+  const Packed w0 = view(fmt, N, q[0], first(d), first(sc), first(m), first(mi));
+  TORCH_CHECK(x.size(1) == w0.K, "gguf_grouped_linear: x has ", x.size(1), " columns, the weight K=", w0.K);
+  auto stride = [&](const torch::Tensor& t) { return t.numel() / E; };
+  std::vector<Packed> ws(E, w0);
+  for (int64_t e = 0; e < E; ++e) {
+    ws[e].q += e * stride(q);
+    if (ws[e].d) ws[e].d += e * stride(d);
+    if (ws[e].sc) ws[e].sc += e * stride(sc);
+    if (ws[e].m) ws[e].m += e * stride(m);
+    if (ws[e].mi) ws[e].mi += e * stride(mi);
+  }
+  const int64_t* off = checked_offsets(offsets, E, R);
+  auto y = torch::empty({R, N}, x.options());
+#if PAGEDLLM_GGUF_SIMD
+  dispatch<GroupedFn>(fmt, ws, group_tiles(off, E, w0.P, kGroupRowTile), x.data_ptr<float>(),
+                      y.data_ptr<float>(), in_register_rows);
+#else
+  TORCH_CHECK(false, "gguf_grouped_linear needs AVX2 + FMA + F16C (built without them)");
+#endif
+  return y;
+}
+
 torch::Tensor gguf_dequantize(int64_t fmt, int64_t N, torch::Tensor q, torch::Tensor d,
                               torch::Tensor sc, torch::Tensor m, torch::Tensor mi) {
   const Packed w = view(fmt, N, q, d, sc, m, mi);
@@ -372,6 +440,9 @@ void register_gguf_kernels(pybind11::module_& m) {
         "output columns per GGUF weight panel (0: built without AVX2/FMA/F16C)");
   m.def("gguf_linear", &gguf_linear, nogil,
         "y = x @ W^T over a repacked GGUF weight (in-register dequant up to in_register_rows rows)");
+  m.def("gguf_grouped_linear", &gguf_grouped_linear, nogil,
+        "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
+        "expert's GGUF weight (tensors stacked over experts)");
   m.def("gguf_dequantize", &gguf_dequantize, nogil, "the dense fp32 [N, K] of a repacked GGUF weight");
   m.def("gguf_embedding", &gguf_embedding, nogil, "rows W[ids] of a repacked GGUF weight");
 }

@@ -13,16 +13,22 @@ One forward over T tokens routed to k experts each:
                                                (token order[j] // k, expert ids.flat[order[j]])
     xs = x[order // k]                         [T*k, H], the rows of expert 0, then 1, ...
     counts = bincount(ids, E)                  one host read per layer
-    for each expert e with counts[e] > 0:      one GEMM pair per group of rows:
-        xs[g] -> silu(gate) * up -> down       out[g] = down_e(act(gate_up_e(xs[g])))
+    h = silu(gate) * up of gate_up(xs)         one grouped GEMM over all groups of rows
+    out = down(h)                              one more: out[g] = down_e(act(gate_up_e(xs[g])))
     out *= weights.flat[order]
     y = zeros[T, H].index_add_(0, order // k, out)     the weighted combine
 
 Rows are added in ascending expert order, the order HF's per-expert loop adds them.
 
-Experts whose checkpoint weights arrive quantized (`QuantizedWeight`: int8 made at load, ...)
-stay so: `finalize` fuses each expert's gate and up and frees the dense storage, and each
-group's GEMMs run the format's own kernel (`QuantizedExperts`).
+`finalize` (after loading) stacks each projection for the grouped C++ kernels
+(grouped.py; kernels/grouped_cpu.h): one call per projection runs every expert's rows, no
+Python loop per expert. Where they do not apply (another device, bf16, autograd, mixed
+quantized formats) `reference` runs one GEMM pair per expert in torch; the grouped kernels
+are tested equal to it.
+
+Experts whose checkpoint weights arrive quantized (`QuantizedWeight`: GGUF blocks, int8 made
+at load, ...) stay so: `finalize` fuses each expert's gate and up and frees the dense storage
+(`QuantizedExperts`), and the grouped kernel of their format runs them.
 """
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ import torch
 from torch import nn
 
 from pagedllm.model.layers.activation import silu_and_mul
+from pagedllm.model.layers.moe.grouped import (
+    GroupedLinear,
+    PackedExperts,
+    kernel_applies,
+    offsets_of,
+    packed_experts,
+)
+from pagedllm.model.layers.moe.grouped_quant import stack_quantized
 from pagedllm.model.layers.quant import QuantizedWeight, concat_quantized
 
 EXPERT_PARTS = ("gate", "up", "down")
@@ -44,6 +58,8 @@ class QuantizedExperts:
 
     gate_up: list[QuantizedWeight]
     down: list[QuantizedWeight]
+    #: both projections stacked for the grouped kernels (None: the format has none)
+    grouped: tuple[GroupedLinear, GroupedLinear] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -78,22 +94,39 @@ class StackedExperts(nn.Module):
         )
         self._quantized: dict[tuple[int, str], QuantizedWeight] = {}
         self.quant: QuantizedExperts | None = None  # set by finalize for quantized weights
+        # fp32 experts stacked for the grouped kernel (set by finalize on CPU)
+        self.packed: tuple[PackedExperts, PackedExperts] | None = None
 
     def finalize(self) -> None:
-        """Called once after loading: experts loaded quantized become `quant` (gate and up
-        fused per expert) and the dense storage is freed; all or none must be quantized."""
+        """Called once after loading: fp32 experts are packed for the grouped kernel (the
+        dense storage freed), experts loaded quantized become `quant` (gate and up fused per
+        expert, stacked for their format's grouped kernel); all or none must be quantized."""
         if not self._quantized:
+            gate_up, down = packed_experts(self.gate_up_proj), packed_experts(self.down_proj)
+            if gate_up is not None and down is not None:
+                self.packed = (gate_up, down)
+                self.register_buffer("packed_gate_up", gate_up.packed, persistent=False)
+                self.register_buffer("packed_down", down.packed, persistent=False)
+                self._free_dense()
             return
         want = {(e, p) for e in range(self.num_experts) for p in EXPERT_PARTS}
         if set(self._quantized) != want:
             missing = sorted(want - set(self._quantized))[:4]
             raise ValueError(f"expert weights are partly quantized: {missing} are not")
         q = self._quantized
-        self.quant = QuantizedExperts(
-            gate_up=[concat_quantized([q[e, "gate"], q[e, "up"]]) for e in range(self.num_experts)],
-            down=[q[e, "down"] for e in range(self.num_experts)],
-        )
+        gate_up = [concat_quantized([q[e, "gate"], q[e, "up"]]) for e in range(self.num_experts)]
+        down = [q[e, "down"] for e in range(self.num_experts)]
+        stacked_gate_up, stacked_down = stack_quantized(gate_up), stack_quantized(down)
+        if stacked_gate_up is not None and stacked_down is not None:
+            self.quant = QuantizedExperts(
+                stacked_gate_up[1], stacked_down[1], (stacked_gate_up[0], stacked_down[0])
+            )
+        else:
+            self.quant = QuantizedExperts(gate_up, down)
         self._quantized = {}
+        self._free_dense()
+
+    def _free_dense(self) -> None:
         for name in ("gate_up_proj", "down_proj"):
             old = getattr(self, name)
             setattr(
@@ -138,6 +171,8 @@ class StackedExperts(nn.Module):
         """Bytes the experts' weights occupy, in whatever format they are held."""
         if self.quant is not None:
             return self.quant.nbytes
+        if self.packed is not None:
+            return sum(p.nbytes for p in self.packed)
         return self.gate_up_proj.nbytes + self.down_proj.nbytes
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -147,18 +182,38 @@ class StackedExperts(nn.Module):
         order, counts = group_by_expert(ids, self.num_experts)
         tokens = order // k
         xs = x.index_select(0, tokens)
+        grouped = self.quant.grouped if self.quant is not None else self.packed
+        if grouped is not None and kernel_applies(xs):
+            offsets = offsets_of(counts)
+            h = silu_and_mul(grouped[0].run(xs.contiguous(), offsets))
+            out = grouped[1].run(h, offsets)
+        else:
+            out = self.reference(xs, counts)
+        out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
+        return torch.zeros_like(x).index_add_(0, tokens, out)
+
+    def reference(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """The experts over rows sorted by expert (`counts` rows each), one torch GEMM pair
+        (or quantized linear pair) per expert: for devices and dtypes without the grouped
+        kernels, and the reference they are tested against."""
         out = torch.empty_like(xs)
         start = 0
         for expert, n in enumerate(counts):
             if n == 0:
                 continue
             rows = slice(start, start + n)
-            if self.quant is None:
-                h = silu_and_mul(torch.mm(xs[rows], self.gate_up_proj[expert].t()))
-                torch.mm(h, self.down_proj[expert].t(), out=out[rows])
-            else:
+            if self.quant is not None:
                 h = silu_and_mul(self.quant.gate_up[expert].apply(xs[rows], None))
                 out[rows] = self.quant.down[expert].apply(h, None)
+            else:
+                gate_up, down = self._dense(expert)
+                h = silu_and_mul(torch.mm(xs[rows], gate_up.t().to(xs.dtype)))
+                out[rows] = torch.mm(h, down.t().to(xs.dtype))
             start += n
-        out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
-        return torch.zeros_like(x).index_add_(0, tokens, out)
+        return out
+
+    def _dense(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert `expert`'s (gate_up [2I, H], down [H, I]) in HF layout."""
+        if self.packed is None:
+            return self.gate_up_proj[expert], self.down_proj[expert]
+        return self.packed[0].dense(expert), self.packed[1].dense(expert)

@@ -1,0 +1,119 @@
+"""Quantized experts stacked for the grouped kernels (grouped.py says what a `GroupedLinear` is).
+
+Each format keeps its dense linear's layout, one more leading dimension over the E experts, so
+one pointer + stride reaches expert e and each work item runs that linear's own per-panel code:
+
+    gguf:T       GGUFWeight panels       q [E, P, K, RB], d / sc / m / mi [E, ...]
+    gguf:T+a8    GGUFA8Weight rows       rows [E, N, K / block * block bytes]
+    gguf:T+a8    GGUFA8PanelWeight       codes [E, P, K / 32, lanes, NB, 4], d / m [E, ...]
+
+`stack_quantized(parts)` returns the stack and each expert's weight rebuilt as a view of it
+(so the experts' bytes are held once), or None for parts the kernels cannot stack (mixed
+formats or shapes, a format without a grouped kernel): the layer then loops over experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from pagedllm.model.layers.moe.grouped import GroupedLinear
+from pagedllm.model.layers.quant import gguf, gguf_a8, gguf_a8_panels
+from pagedllm.model.layers.quant.base import QuantizedWeight
+from pagedllm.model.layers.quant.gguf import GGUFWeight
+from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
+from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight
+
+
+def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[E, ...] of same-shaped tensors; empty ones (a format's unused scales) stay empty."""
+    if not tensors[0].numel():
+        return tensors[0].new_empty((len(tensors), 0))
+    return torch.stack(list(tensors))
+
+
+class StackedQuantized(GroupedLinear):
+    """The fields of E same-format weights, stacked; `call(xs, offsets, **fields)` is the
+    format's grouped kernel."""
+
+    def __init__(self, parts: Sequence[QuantizedWeight], fields: dict[str, torch.Tensor],
+                 call: Callable[..., torch.Tensor]) -> None:
+        super().__init__(len(parts), parts[0].out_features, parts[0].in_features)
+        self.fields, self.call = fields, call
+
+    def run(self, xs: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.call(xs, offsets, **self.fields)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.fields.values())
+
+
+def _gguf(parts: Sequence[GGUFWeight]) -> tuple[GroupedLinear, list[QuantizedWeight]]:
+    first = parts[0]
+    fields = {key: _stack([getattr(p, key) for p in parts]) for key in ("q", "d", "sc", "m", "mi")}
+    ops, code, n = gguf.kernels(), first.spec.code, first.out_features
+
+    def call(xs, offsets, q, d, sc, m, mi):
+        return ops.gguf_grouped_linear(xs, code, n, q, d, sc, m, mi, offsets,
+                                       gguf.IN_REGISTER_ROWS)
+
+    views = [GGUFWeight(first.qtype, n, first.in_features,
+                        {key: t[e] if t.numel() else getattr(first, key)
+                         for key, t in fields.items()}, first.nb_cols)
+             for e in range(len(parts))]
+    return StackedQuantized(parts, fields, call), views
+
+
+def _gguf_a8_rows(parts: Sequence[GGUFA8Weight]) -> tuple[GroupedLinear, list[QuantizedWeight]]:
+    first = parts[0]
+    fields = {"rows": torch.stack([p.rows for p in parts])}
+    ops, code, k = gguf_a8.kernels(), first.code, first.in_features
+
+    def call(xs, offsets, rows):
+        return ops.gguf_a8_grouped_linear(xs, code, rows, k, offsets, gguf_a8.INT_ROWS)
+
+    views = [GGUFA8Weight(first.qtype, k, fields["rows"][e]) for e in range(len(parts))]
+    return StackedQuantized(parts, fields, call), views
+
+
+def _a8_panels(parts: Sequence[GGUFA8PanelWeight]) -> tuple[GroupedLinear,
+                                                           list[QuantizedWeight]]:
+    first = parts[0]
+    fields = {key: _stack([getattr(p, key) for p in parts]) for key in ("codes", "d", "m")}
+    ops, code, n = gguf_a8_panels.kernels(), first.code, first.out_features
+
+    def call(xs, offsets, codes, d, m):
+        return ops.a8_panel_grouped_linear(xs, code, codes, d, m, n, offsets)
+
+    views = [GGUFA8PanelWeight(first.qtype, n, first.in_features, fields["codes"][e],
+                               fields["d"][e], fields["m"][e] if first.m.numel() else first.m)
+             for e in range(len(parts))]
+    return StackedQuantized(parts, fields, call), views
+
+
+# format class -> (its grouped kernel is built, the stacker)
+_STACKERS: dict[type, tuple[Callable[[], bool], Callable]] = {
+    GGUFWeight: (lambda: hasattr(gguf.kernels(), "gguf_grouped_linear"), _gguf),
+    GGUFA8Weight: (lambda: hasattr(gguf_a8.kernels(), "gguf_a8_grouped_linear"), _gguf_a8_rows),
+    GGUFA8PanelWeight: (lambda: hasattr(gguf_a8_panels.kernels(), "a8_panel_grouped_linear"),
+                        _a8_panels),
+}
+
+
+def _same_layout(parts: Sequence[QuantizedWeight]) -> bool:
+    first = parts[0]
+    return (len({type(p) for p in parts}) == 1 and len({p.format for p in parts}) == 1
+            and all(p.shape == first.shape for p in parts))
+
+
+def stack_quantized(parts: Sequence[QuantizedWeight]
+                    ) -> tuple[GroupedLinear, list[QuantizedWeight]] | None:
+    """(the grouped stack of `parts`, each part as a view of it), or None (module doc)."""
+    if not parts or not _same_layout(parts):
+        return None
+    entry = _STACKERS.get(type(parts[0]))
+    if entry is None or not entry[0]():
+        return None
+    return entry[1](parts)
