@@ -33,6 +33,8 @@
 #include <cstring>
 #include <vector>
 
+#include "grouped_cpu.h"
+
 #pragma GCC push_options
 #pragma GCC optimize("no-associative-math")
 
@@ -544,6 +546,95 @@ torch::Tensor w8a8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale
   return y;
 }
 
+// rows of one expert per work item of the grouped int8 kernels
+constexpr int64_t kGroupRowTile = 256;
+
+// The experts of a MoE layer in one call (grouped_cpu.h): qp [E, P, K, NB] int8 and scale
+// [E, P * NB] (expert e's int8_linear weight), x's rows sorted by expert, offsets [E + 1]. An
+// expert's path (direct or scratch) is chosen by all its rows, as int8_linear's: bit for bit
+// int8_linear once per expert.
+torch::Tensor int8_grouped_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale,
+                                  int64_t N, torch::Tensor offsets, int64_t scratch_min_m) {
+  check_x(x, "int8_grouped_linear");
+  const int64_t R = x.size(0), K = x.size(1), P = (N + kNB - 1) / kNB;
+  TORCH_CHECK(qp.dtype() == torch::kInt8 && qp.is_contiguous() && qp.dim() == 4 &&
+                  qp.size(1) == P && qp.size(2) == K && qp.size(3) == kNB,
+              "int8_grouped_linear: weights not packed [E, P, K, NB] for this input");
+  const int64_t E = qp.size(0);
+  TORCH_CHECK(scale.dtype() == torch::kFloat32 && scale.is_contiguous() &&
+                  scale.numel() == E * P * kNB, "int8_grouped_linear: scale must be fp32 [E, P * NB]");
+  const int64_t* off = checked_offsets(offsets, E, R);
+  auto y = torch::empty({R, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int8_t* q = qp.data_ptr<int8_t>();
+  const float* sc = scale.data_ptr<float>();
+  const int64_t min_m = scratch_min_m < 0 ? kScratchMinM : scratch_min_m;
+  run_tiles(group_tiles(off, E, P, kGroupRowTile), [&](const GroupTile* t, const GroupTile* end) {
+    for (; t < end; ++t) {
+      const int64_t n = t->col * kNB, ncols = std::min<int64_t>(kNB, N - n);
+      const int8_t* pq = q + (t->expert * P + t->col) * K * kNB;
+      const float* cs = sc + t->expert * P * kNB + n;
+      const float* xr = xp + t->row0 * K;
+      float* yr = yp + t->row0 * N + n;
+      if (t->group_rows >= min_m) {
+        rows_scratch(t->rows, xr, K, yr, N, ncols, cs, nullptr,
+                     [&](int64_t k0, int64_t kc, float* out) { dequant_int8(pq, k0, kc, out); });
+      } else {
+        rows_direct<Int8Op>(t->rows, xr, K, yr, N, pq, K, ncols, cs, nullptr);
+      }
+    }
+  });
+  return y;
+}
+
+// W8A8 experts in one call: qp [E, P, K4, NB, 4], scale and colsum [E, P * NB] (expert e's
+// w8a8_linear weight); every row of x is quantized once (per row, as w8a8_linear does).
+torch::Tensor w8a8_grouped_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale,
+                                  torch::Tensor colsum, int64_t N, torch::Tensor offsets) {
+  check_x(x, "w8a8_grouped_linear");
+  const int64_t R = x.size(0), K = x.size(1), P = (N + kNB - 1) / kNB, K4 = (K + 3) / 4;
+  TORCH_CHECK(qp.dtype() == torch::kInt8 && qp.is_contiguous() && qp.dim() == 5 &&
+                  qp.size(1) == P && qp.size(2) == K4 && qp.size(3) == kNB && qp.size(4) == 4,
+              "w8a8_grouped_linear: weights not packed [E, P, K4, NB, 4] for this input");
+  const int64_t E = qp.size(0);
+  TORCH_CHECK(scale.dtype() == torch::kFloat32 && scale.is_contiguous() &&
+                  scale.numel() == E * P * kNB, "w8a8_grouped_linear: scale must be fp32 [E, P * NB]");
+  TORCH_CHECK(colsum.dtype() == torch::kInt32 && colsum.is_contiguous() &&
+                  colsum.numel() == E * P * kNB, "w8a8_grouped_linear: colsum must be int32 [E, P * NB]");
+  const int64_t* off = checked_offsets(offsets, E, R);
+  std::vector<uint8_t> xq(R * K4 * 4);
+  std::vector<float> sx(R);
+  quantize_rows(x.data_ptr<float>(), R, K, K4, xq.data(), sx.data());
+  auto y = torch::empty({R, N}, x.options());
+  float* yp = y.data_ptr<float>();
+  const int8_t* q = qp.data_ptr<int8_t>();
+  const float* sw = scale.data_ptr<float>();
+  const int32_t* cs = colsum.data_ptr<int32_t>();
+  const int64_t ldx = K4 * 4;
+  run_tiles(group_tiles(off, E, P, kGroupRowTile), [&](const GroupTile* t, const GroupTile* end) {
+    for (; t < end; ++t) {
+      const int64_t n = t->col * kNB, ncols = std::min<int64_t>(kNB, N - n);
+      const int8_t* pw = q + (t->expert * P + t->col) * K4 * kNB * 4;
+      const int64_t sn = t->expert * P * kNB + n;
+      const uint8_t* xr = xq.data() + t->row0 * ldx;
+      const float* sxr = sx.data() + t->row0;
+      float* yr = yp + t->row0 * N + n;
+      int64_t m = 0;
+      for (; m + kMR8 <= t->rows; m += kMR8) {
+        W8A8Op<kMR8>::run(xr + m * ldx, ldx, yr + m * N, N, sxr + m, pw, K4, ncols, cs + sn,
+                          sw + sn, nullptr);
+      }
+      if (m < t->rows) {
+        RowTail8<W8A8Op, kMR8 - 1>::run(static_cast<int>(t->rows - m), xr + m * ldx, ldx,
+                                        yr + m * N, N, sxr + m, pw, K4, ncols, cs + sn, sw + sn,
+                                        nullptr);
+      }
+    }
+  });
+  return y;
+}
+
 // The "int" kernel family's own extension module (kernels/cpu_ops.py FAMILIES): built only
 // when an AWQ / GPTQ / int8 model loads.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -554,6 +645,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "y = x @ W^T (+ bias), W int4 with group scales and zeros (AWQ / GPTQ, repacked)");
   m.def("int8_linear", &int8_linear, nogil,
         "y = x @ W^T (+ bias), W int8 with one scale per output channel (weight-only)");
+  m.def("int8_grouped_linear", &int8_grouped_linear, nogil,
+        "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
+        "expert's int8 weight (stacked [E, P, K, NB])");
+  m.def("w8a8_grouped_linear", &w8a8_grouped_linear, nogil,
+        "MoE experts in one call: rows of x (quantized per row) sorted by expert times their "
+        "expert's W8A8 weight (stacked [E, P, K4, NB, 4])");
   m.def("w8a8_linear", &w8a8_linear, nogil,
         "y = x @ W^T (+ bias), x quantized per row to int8, integer dot products (W8A8)");
 }

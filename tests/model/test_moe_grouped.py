@@ -178,3 +178,26 @@ def test_gguf_stack_holds_each_experts_bytes_once() -> None:
     assert experts.weight_nbytes == grouped_bytes
     down = experts.quant.down
     assert down[3].q.data_ptr() == experts.quant.grouped[1].fields["q"][3].data_ptr()
+
+
+@pytest.mark.parametrize("w8a8", [False, True], ids=["int8", "w8a8"])
+def test_int8_grouped_is_bit_identical_to_each_experts_linear(w8a8) -> None:
+    """int8 experts (`--quantization int8`, weight-only or W8A8): every routing case."""
+    from pagedllm.model.layers.quant.int8 import Int8Weight
+
+    gate_up, down = dense_weights(seed=3)
+    experts = StackedExperts(E, H, INTER)
+    for e in range(E):
+        experts.load_expert(e, "gate", Int8Weight.quantize(gate_up[e, :INTER], w8a8=w8a8))
+        experts.load_expert(e, "up", Int8Weight.quantize(gate_up[e, INTER:], w8a8=w8a8))
+        experts.load_expert(e, "down", Int8Weight.quantize(down[e], w8a8=w8a8))
+    experts.finalize()
+    assert experts.quant is not None and experts.quant.grouped is not None
+    assert experts.quant.down[2].qp.data_ptr() == experts.quant.grouped[1].fields["qp"][2].data_ptr()
+    for case, (x, weights, ids) in CASES.items():
+        got = experts(x, weights, ids)
+        want = reference_forward(experts, x, weights, ids)
+        assert torch.equal(got, want), f"{case}: max diff {(got - want).abs().max():.3g}"
+        if x.shape[0] <= 37 and not w8a8:  # and close to the fp32 experts
+            torch.testing.assert_close(got, per_token(gate_up, down, x, weights, ids),
+                                       rtol=0.05, atol=0.05)

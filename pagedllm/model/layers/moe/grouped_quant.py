@@ -6,6 +6,8 @@ one pointer + stride reaches expert e and each work item runs that linear's own 
     gguf:T       GGUFWeight panels       q [E, P, K, RB], d / sc / m / mi [E, ...]
     gguf:T+a8    GGUFA8Weight rows       rows [E, N, K / block * block bytes]
     gguf:T+a8    GGUFA8PanelWeight       codes [E, P, K / 32, lanes, NB, 4], d / m [E, ...]
+    int8         Int8Weight              qp [E, P, K, NB] (W8A8: [E, P, K4, NB, 4]),
+                                         scale (and W8A8's colsum) [E, P * NB]
 
 `stack_quantized(parts)` returns the stack and each expert's weight rebuilt as a view of it
 (so the experts' bytes are held once), or None for parts the kernels cannot stack (mixed
@@ -18,12 +20,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.moe.grouped import GroupedLinear
 from pagedllm.model.layers.quant import gguf, gguf_a8, gguf_a8_panels
 from pagedllm.model.layers.quant.base import QuantizedWeight
 from pagedllm.model.layers.quant.gguf import GGUFWeight
 from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
 from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight
+from pagedllm.model.layers.quant.int8 import Int8Weight
 
 
 def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -93,18 +97,48 @@ def _a8_panels(parts: Sequence[GGUFA8PanelWeight]) -> tuple[GroupedLinear,
     return StackedQuantized(parts, fields, call), views
 
 
-# format class -> (its grouped kernel is built, the stacker)
-_STACKERS: dict[type, tuple[Callable[[], bool], Callable]] = {
-    GGUFWeight: (lambda: hasattr(gguf.kernels(), "gguf_grouped_linear"), _gguf),
-    GGUFA8Weight: (lambda: hasattr(gguf_a8.kernels(), "gguf_a8_grouped_linear"), _gguf_a8_rows),
-    GGUFA8PanelWeight: (lambda: hasattr(gguf_a8_panels.kernels(), "a8_panel_grouped_linear"),
-                        _a8_panels),
-}
+def _int8(parts: Sequence[Int8Weight]) -> tuple[GroupedLinear, list[QuantizedWeight]]:
+    first = parts[0]
+    fields = {"qp": torch.stack([p.qp for p in parts]),
+              "scale": torch.stack([p.scale for p in parts])}
+    if first.w8a8:
+        fields["colsum"] = torch.stack([p.colsum for p in parts])
+    ops, n = cpu_ops.load_int(), first.out_features
+
+    def call(xs, offsets, qp, scale, colsum=None):
+        if colsum is not None:
+            return ops.w8a8_grouped_linear(xs, qp, scale, colsum, n, offsets)
+        return ops.int8_grouped_linear(xs, qp, scale, n, offsets, -1)
+
+    views = [Int8Weight.from_packed(first, fields["qp"][e], fields["scale"][e],
+                                    fields["colsum"][e] if first.w8a8 else None)
+             for e in range(len(parts))]
+    return StackedQuantized(parts, fields, call), views
+
+
+def _built(parts: Sequence[QuantizedWeight]) -> bool:
+    """Whether the grouped kernel of `parts`' format is built on this machine."""
+    first = parts[0]
+    if isinstance(first, Int8Weight):
+        ops = cpu_ops.load_int()
+        return (ops is not None and hasattr(ops, "int8_grouped_linear")
+                and first.nb == ops.quant_panel_width())
+    ops, name = {GGUFWeight: (gguf.kernels, "gguf_grouped_linear"),
+                 GGUFA8Weight: (gguf_a8.kernels, "gguf_a8_grouped_linear"),
+                 GGUFA8PanelWeight: (gguf_a8_panels.kernels, "a8_panel_grouped_linear"),
+                 }[type(first)]
+    return hasattr(ops(), name)
+
+
+# format class -> its stacker
+_STACKERS: dict[type, Callable] = {GGUFWeight: _gguf, GGUFA8Weight: _gguf_a8_rows,
+                                   GGUFA8PanelWeight: _a8_panels, Int8Weight: _int8}
 
 
 def _same_layout(parts: Sequence[QuantizedWeight]) -> bool:
     first = parts[0]
     return (len({type(p) for p in parts}) == 1 and len({p.format for p in parts}) == 1
+            and len({getattr(p, "w8a8", False) for p in parts}) == 1
             and all(p.shape == first.shape for p in parts))
 
 
@@ -113,7 +147,7 @@ def stack_quantized(parts: Sequence[QuantizedWeight]
     """(the grouped stack of `parts`, each part as a view of it), or None (module doc)."""
     if not parts or not _same_layout(parts):
         return None
-    entry = _STACKERS.get(type(parts[0]))
-    if entry is None or not entry[0]():
+    stacker = _STACKERS.get(type(parts[0]))
+    if stacker is None or not _built(parts):
         return None
-    return entry[1](parts)
+    return stacker(parts)

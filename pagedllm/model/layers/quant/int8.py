@@ -68,6 +68,17 @@ class Int8Weight(QuantizedWeight):
             self.colsum = None
 
     @classmethod
+    def from_packed(cls, like: Int8Weight, qp: torch.Tensor, scale: torch.Tensor,
+                    colsum: torch.Tensor | None) -> Int8Weight:
+        """A weight of `like`'s shape and kernel over already packed tensors (views of a MoE
+        layer's stacked experts, model/layers/moe/grouped_quant.py): nothing is repacked."""
+        out = cls.__new__(cls)
+        QuantizedWeight.__init__(out, like.out_features, like.in_features)
+        out.w8a8, out.nb = like.w8a8, like.nb
+        out.qp, out.scale, out.colsum = qp, scale, colsum
+        return out
+
+    @classmethod
     def quantize(cls, w: torch.Tensor, w8a8: bool = False) -> Int8Weight:
         return cls(*quantize_per_channel(w), w8a8=w8a8)
 
