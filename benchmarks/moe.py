@@ -1,0 +1,292 @@
+"""Mixture of experts: a random MoE against a dense model with equal active parameters, and the
+same MoE as a GGUF file against llama.cpp, one run.
+
+    python benchmarks/moe.py                        # hidden 1024, 8 layers (~15 min, 2 cores)
+    python benchmarks/moe.py --quick                # tiny sizes, smoke test (~2 min)
+    nice -n 19 python benchmarks/peers.py --prepare --peers llama.cpp --no-bindings   # once
+
+Models (random weights, written once under --work-dir; greedy, ignore_eos throughout):
+  moe     Mixtral layout: E experts of width I, top-k routing (default 8 experts, top-2)
+  dense   Llama, the same but an MLP of width k * I: its MLP parameters equal the MoE's active
+          ones (the router's H x E per layer aside); decoding runs its C++ layer loop
+          (model/fused_decode.py), which MoE layers do not take
+  dense-py  the dense model with PAGEDLLM_FUSED_DECODE=0: Python layers, as the MoE's run
+  gguf    the MoE written as a GGUF file (--gguf-type, default Q8_0), run by pagedllm (its
+          default: blocks kept quantized, int8 activations where the CPU has VNNI) and by
+          llama.cpp (`llama-batched-bench`, `llama-bench`)
+Workloads:
+  decode  output tok/s at 1 and 32 sequences (--prompt-len-token prompts, --output-len new
+          tokens; prefill included, as benchmarks/peers.py counts llama-batched-bench's B x TG / T)
+  prefill one --prefill-len prompt, tok/s (median of --prefill-reps)
+  layer   one MoE layer's experts (fp32) at 1, 32 and 512 tokens: the grouped C++ kernel
+          calls against the per-expert torch.mm loop they replaced
+Reach (issue #31): MoE decode at 1 sequence within 1.3x of the dense model; pagedllm's GGUF
+decode at 32 sequences >= llama.cpp's. Prints a table, writes JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("benchmarks.moe")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--expert-width", type=int, default=1024, help="I, each expert's width")
+    ap.add_argument("--gguf-type", default="Q8_0", choices=["Q8_0", "Q4_0", "Q4_1", "F32"])
+    ap.add_argument("--concurrency", default="1,32")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--prefill-len", type=int, default=512)
+    ap.add_argument("--prefill-reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--peer-dir", default=None, help="where peers.py --prepare built llama.cpp")
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--work-dir", default=None,
+                    help="where the random models are written (default: a cache dir per size)")
+    ap.add_argument("--quick", action="store_true",
+                    help="hidden 256, 2 layers, width 256, 8 new tokens, concurrency 1 and 4")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.hidden, args.layers, args.expert_width = 256, 2, 256
+        args.output_len, args.prefill_len, args.prefill_reps = 8, 64, 1
+        args.concurrency = "1,4"
+    args.levels = [int(c) for c in args.concurrency.split(",")]
+    args.out = args.out or str(ROOT / "benchmarks/results" /
+                               ("moe_quick.json" if args.quick else "moe.json"))
+    return args
+
+
+# ------------------------------------------------------------------ models
+def _tokenizer():
+    """A byte-level BPE of 512 tokens trained on the stdlib's pydoc prose."""
+    from pydoc_data.topics import topics
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(list(topics.values())[:20], trainers.BpeTrainer(
+        vocab_size=512, special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def build_models(args) -> dict[str, Path]:
+    """The MoE and dense HF directories and the MoE's GGUF file (written once per size)."""
+    import transformers
+
+    key = (f"h{args.hidden}_l{args.layers}_e{args.experts}k{args.top_k}_i{args.expert_width}")
+    work = Path(args.work_dir or Path.home() / ".cache/pagedllm/bench_moe") / key
+    paths = {"moe": work / "moe", "dense": work / "dense",
+             "gguf": work / f"moe-{args.gguf_type}.gguf"}
+    common = dict(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                  num_attention_heads=args.hidden // 64, num_key_value_heads=max(1, args.hidden // 256),
+                  vocab_size=512, max_position_embeddings=4096, bos_token_id=0, eos_token_id=1,
+                  tie_word_embeddings=False, rms_norm_eps=1e-5)
+    configs = {
+        "moe": (transformers.MixtralConfig(**common, intermediate_size=args.expert_width,
+                                           num_local_experts=args.experts,
+                                           num_experts_per_tok=args.top_k),
+                transformers.MixtralForCausalLM),
+        "dense": (transformers.LlamaConfig(**common,
+                                           intermediate_size=args.top_k * args.expert_width),
+                  transformers.LlamaForCausalLM),
+    }
+    tokenizer = None
+    for name, (cfg, cls) in configs.items():
+        if (paths[name] / "config.json").is_file():
+            continue
+        tokenizer = tokenizer or _tokenizer()
+        logger.info("writing the random %s model to %s", name, paths[name])
+        torch.manual_seed(0)
+        cls(cfg).save_pretrained(paths[name])
+        tokenizer.save_pretrained(paths[name])
+    if not paths["gguf"].is_file():
+        import gguf
+
+        from tests.loader.gguf_writer import write_gguf  # Mixtral as llama.cpp lays it out
+
+        logger.info("writing %s", paths["gguf"])
+        write_gguf(paths["moe"], paths["gguf"], "llama", gguf.GGMLQuantizationType[args.gguf_type])
+    return paths
+
+
+# ------------------------------------------------------------------ workloads
+def prompts_of(model_dir: Path, n: int, length: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    from benchmarks.throughput import make_prompts
+
+    return make_prompts(AutoTokenizer.from_pretrained(model_dir), n, length)
+
+
+def pagedllm_runs(model: Path, args, prompts, long_prompts, env: dict[str, str]) -> dict:
+    """Decode at each level and prefill, with `env` set while the engines are built."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return _pagedllm_runs(model, args, prompts, long_prompts)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _pagedllm_runs(model: Path, args, prompts, long_prompts) -> dict:
+    from benchmarks.peers_lib.workloads import new_llm, pagedllm_offline, pagedllm_prefill
+
+    res: dict = {"decode": {}}
+    for c in args.levels:
+        res["decode"][c] = pagedllm_offline(str(model), args.threads, prompts[:c],
+                                            args.output_len, c, {})
+        logger.info("%s c=%d: %.1f tok/s", model.name, c, res["decode"][c]["output_tok_s"])
+    llm = new_llm(str(model), args.threads, max_num_seqs=1)
+    res["prefill"] = pagedllm_prefill(llm, long_prompts)
+    del llm
+    return res
+
+
+def llama_cpp_runs(gguf_path: Path, args) -> dict | None:
+    from benchmarks.peers_lib import llamacpp
+    from benchmarks.peers_lib import prepare as prep
+
+    bins = prep.llama_binaries(prep.peer_dir(args.peer_dir))
+    if bins is None:
+        logger.warning("llama.cpp is not prepared: run `python benchmarks/peers.py --prepare "
+                       "--peers llama.cpp --no-bindings` (skipped)")
+        return None
+    bench = llamacpp.batched_bench(bins["llama-batched-bench"], gguf_path, threads=args.threads,
+                                   npp=args.prompt_len, ntg=args.output_len, npl=args.levels)
+    decode = {r["batch"]: r for r in bench["rows"]}  # output_tok_s: B x TG / T
+    prefill = llamacpp.llama_bench_prefill(bins["llama-bench"], gguf_path, threads=args.threads,
+                                           n_prompt=args.prefill_len, reps=args.prefill_reps)
+    return {"decode": decode, "prefill": prefill, "commands": [bench["command"],
+                                                               prefill["command"]]}
+
+
+def timed(fn, reps: int) -> float:
+    """Median ms of `reps` calls of fn (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+@torch.inference_mode()
+def layer_runs(args) -> dict:
+    """One MoE layer's experts over rows already sorted by expert: the two grouped kernel
+    calls (gate|up, SiLU * up, down) against the per-expert loop, ms per call."""
+    from pagedllm.model.layers.activation import silu_and_mul
+    from pagedllm.model.layers.moe import RouterSpec, StackedExperts, select_experts
+    from pagedllm.model.layers.moe.grouped import offsets_of
+
+    experts = StackedExperts(args.experts, args.hidden, args.expert_width)
+    experts.gate_up_proj.normal_(0, args.hidden ** -0.5)
+    experts.down_proj.normal_(0, args.expert_width ** -0.5)
+    w_gate_up, w_down = experts.gate_up_proj.clone(), experts.down_proj.clone()
+    experts.finalize()
+
+    def loop(xs, counts):  # the per-expert loop StackedExperts.forward ran before
+        out, start = torch.empty_like(xs), 0
+        for e, n in enumerate(counts):
+            if n:
+                h = silu_and_mul(torch.mm(xs[start:start + n], w_gate_up[e].t()))
+                torch.mm(h, w_down[e].t(), out=out[start:start + n])
+                start += n
+        return out
+
+    if experts.packed is None:
+        raise RuntimeError("the grouped CPU kernels are not built here")
+    gate_up, down = experts.packed
+    out = {}
+    for tokens in (1, 32, 512):
+        _, ids = select_experts(torch.randn(tokens, args.experts),
+                                RouterSpec(args.experts, args.top_k, renormalize=True))
+        order = torch.argsort(ids.reshape(-1), stable=True)
+        counts = torch.bincount(ids.reshape(-1), minlength=args.experts).tolist()
+        xs = torch.randn(tokens, args.hidden)[order // args.top_k].contiguous()
+        offsets = offsets_of(counts)
+        reps = max(3, 200 // tokens)
+        grouped = timed(lambda xs=xs, o=offsets: down.run(silu_and_mul(gate_up.run(xs, o)), o),
+                        reps)
+        looped = timed(lambda xs=xs, c=counts: loop(xs, c), reps)
+        out[tokens] = {"grouped_ms": grouped, "per_expert_loop_ms": looped,
+                       "speedup": looped / grouped}
+    return out
+
+
+# ------------------------------------------------------------------ report
+def table(res: dict) -> str:
+    levels = res["args"]["levels"]
+    engines = [e for e in ("moe", "dense", "dense-py", "gguf", "llama.cpp") if res.get(e)]
+    lines = [f"{'engine':<12}" + "".join(f"{f'decode c={c}':>14}" for c in levels)
+             + f"{'prefill':>12}"]
+    for e in engines:
+        r = res[e]
+        lines.append(f"{e:<12}" + "".join(f"{r['decode'][c]['output_tok_s']:>14.1f}"
+                                          for c in levels) + f"{r['prefill']['prefill_tok_s']:>12.1f}")
+    for name, (a, b) in {"moe/dense": ("moe", "dense"), "moe/dense-py": ("moe", "dense-py"),
+                         "gguf/llama.cpp": ("gguf", "llama.cpp")}.items():
+        if res.get(a) and res.get(b):
+            lines.append(f"{name:<12}" + "".join(
+                f"{res[a]['decode'][c]['output_tok_s'] / res[b]['decode'][c]['output_tok_s']:>13.2f}x"
+                for c in levels) + f"{res[a]['prefill']['prefill_tok_s'] / res[b]['prefill']['prefill_tok_s']:>11.2f}x")
+    lines.append("")
+    lines.append(f"{'layer tokens':<14}{'grouped ms':>12}{'loop ms':>12}{'speedup':>10}")
+    for t, r in res["layer"].items():
+        lines.append(f"{t:<14}{r['grouped_ms']:>12.3f}{r['per_expert_loop_ms']:>12.3f}"
+                     f"{r['speedup']:>9.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from benchmarks.peers import machine_info
+
+    res: dict = {"machine": machine_info(), "args": vars(args).copy()}
+    paths = build_models(args)
+    prompts = prompts_of(paths["moe"], max(args.levels), args.prompt_len)
+    long_prompts = prompts_of(paths["moe"], args.prefill_reps, args.prefill_len)
+    res["layer"] = layer_runs(args)
+    runs = {"moe": ("moe", {}), "dense": ("dense", {}),
+            "dense-py": ("dense", {"PAGEDLLM_FUSED_DECODE": "0"}), "gguf": ("gguf", {})}
+    for name, (model, env) in runs.items():
+        res[name] = pagedllm_runs(paths[model], args, prompts, long_prompts, env)
+    if not args.no_llama_cpp:
+        res["llama.cpp"] = llama_cpp_runs(paths["gguf"], args)
+    res["machine"]["load_after"] = os.getloadavg()[0]
+    report = table(res)
+    print(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2, default=str))
+    logger.info("wrote %s", args.out)
+    return res
+
+
+if __name__ == "__main__":
+    main()
