@@ -58,11 +58,24 @@ inline std::vector<GroupTile> group_tiles(const int64_t* offsets, int64_t E, int
   return group_tiles(offsets, E, [C](int64_t) { return C; }, row_tile);
 }
 
-// fn(first, last) over chunks of the items, in one parallel region (a chunk per thread: its
-// scratch buffers are set up once per chunk, not per item).
+// fn(first, last) over one contiguous chunk of the items per thread, in one parallel region
+// (a thread's scratch buffers are set up once, not per item). Chunks are cut at equal shares
+// of the items' cost, rows + kTileCost each (a prefill's experts get very different row
+// counts: equal numbers of items would leave a thread idle while another runs a large group).
+constexpr int64_t kTileCost = 2;  // reading an item's weight tile, in rows of work
+
 template <typename Fn>
 void run_tiles(const std::vector<GroupTile>& tiles, Fn&& fn) {
-  at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t begin, int64_t end) {
-    fn(tiles.data() + begin, tiles.data() + end);
+  const int64_t n = static_cast<int64_t>(tiles.size());
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
+  std::vector<int64_t> cost(n + 1, 0);  // prefix sums
+  for (int64_t i = 0; i < n; ++i) cost[i + 1] = cost[i] + tiles[i].rows + kTileCost;
+  std::vector<int64_t> cut(threads + 1, n);
+  cut[0] = 0;
+  for (int64_t t = 1; t < threads; ++t)
+    cut[t] = std::lower_bound(cost.begin(), cost.end(), cost[n] * t / threads) - cost.begin();
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      if (cut[t] < cut[t + 1]) fn(tiles.data() + cut[t], tiles.data() + cut[t + 1]);
   });
 }
