@@ -19,7 +19,9 @@ Workloads:
           tokens; prefill included, as benchmarks/peers.py counts llama-batched-bench's B x TG / T)
   prefill one --prefill-len prompt, tok/s (median of --prefill-reps)
   layer   one MoE layer's experts (fp32) at 1, 32 and 512 tokens: the grouped C++ kernel
-          calls against the per-expert torch.mm loop they replaced
+          calls against the per-expert torch.mm loop they replaced, and the time of the steps
+          between and after them (SiLU * up, the weighted combine): what fusing them into the
+          GEMMs could save at most
 Reach (issue #31): MoE decode at 1 sequence within 1.3x of the dense model; pagedllm's GGUF
 decode at 32 sequences >= llama.cpp's. Prints a table, writes JSON to --out.
 """
@@ -223,8 +225,8 @@ def layer_runs(args) -> dict:
     gate_up, down = experts.packed
     out = {}
     for tokens in (1, 32, 512):
-        _, ids = select_experts(torch.randn(tokens, args.experts),
-                                RouterSpec(args.experts, args.top_k, renormalize=True))
+        weights, ids = select_experts(torch.randn(tokens, args.experts),
+                                      RouterSpec(args.experts, args.top_k, renormalize=True))
         order = torch.argsort(ids.reshape(-1), stable=True)
         counts = torch.bincount(ids.reshape(-1), minlength=args.experts).tolist()
         xs = torch.randn(tokens, args.hidden)[order // args.top_k].contiguous()
@@ -233,8 +235,16 @@ def layer_runs(args) -> dict:
         grouped = timed(lambda xs=xs, o=offsets: down.run(silu_and_mul(gate_up.run(xs, o)), o),
                         reps)
         looped = timed(lambda xs=xs, c=counts: loop(xs, c), reps)
+        # what fusing the elementwise steps into the GEMMs could save at most
+        g = gate_up.run(xs, offsets)
+        silu = timed(lambda g=g: silu_and_mul(g), reps)
+        y = down.run(silu_and_mul(g), offsets)
+        w = weights.reshape(-1)[order]
+        combine = timed(lambda y=y, w=w, t=order // args.top_k, n=tokens: torch.zeros(
+            n, args.hidden).index_add_(0, t, y * w.unsqueeze(1)), reps)
         out[tokens] = {"grouped_ms": grouped, "per_expert_loop_ms": looped,
-                       "speedup": looped / grouped}
+                       "speedup": looped / grouped, "silu_mul_ms": silu,
+                       "weighted_combine_ms": combine}
     return out
 
 
@@ -255,10 +265,12 @@ def table(res: dict) -> str:
                 f"{res[a]['decode'][c]['output_tok_s'] / res[b]['decode'][c]['output_tok_s']:>13.2f}x"
                 for c in levels) + f"{res[a]['prefill']['prefill_tok_s'] / res[b]['prefill']['prefill_tok_s']:>11.2f}x")
     lines.append("")
-    lines.append(f"{'layer tokens':<14}{'grouped ms':>12}{'loop ms':>12}{'speedup':>10}")
+    lines.append(f"{'layer tokens':<14}{'grouped ms':>12}{'loop ms':>12}{'speedup':>10}"
+                 f"{'silu*up ms':>12}{'combine ms':>12}")
     for t, r in res["layer"].items():
         lines.append(f"{t:<14}{r['grouped_ms']:>12.3f}{r['per_expert_loop_ms']:>12.3f}"
-                     f"{r['speedup']:>9.2f}x")
+                     f"{r['speedup']:>9.2f}x{r['silu_mul_ms']:>12.3f}"
+                     f"{r['weighted_combine_ms']:>12.3f}")
     return "\n".join(lines)
 
 
