@@ -201,3 +201,35 @@ def test_int8_grouped_is_bit_identical_to_each_experts_linear(w8a8) -> None:
         if x.shape[0] <= 37 and not w8a8:  # and close to the fp32 experts
             torch.testing.assert_close(got, per_token(gate_up, down, x, weights, ids),
                                        rtol=0.05, atol=0.05)
+
+
+def test_an_empty_batch(fp32) -> None:
+    experts, _, _ = fp32
+    out = experts(torch.empty(0, H), torch.empty(0, 2), torch.empty(0, 2, dtype=torch.long))
+    assert out.shape == (0, H)
+
+
+def test_experts_of_mixed_formats_run_the_per_expert_loop() -> None:
+    """No grouped kernel takes Q8_0 and Q4_0 experts together: the layer still runs them,
+    each with its own kernel, and says so by having no stack."""
+    from gguf import GGMLQuantizationType as T
+
+    from pagedllm.model.layers.quant.gguf import GGUFWeight
+    from tests.model.quant.test_gguf_formats import random_blocks
+
+    experts = StackedExperts(E, H, INTER)
+    for e in range(E):
+        qtype = T.Q8_0 if e == 0 else T.Q4_0
+        for i, (part, shape) in enumerate((("gate", (INTER, H)), ("up", (INTER, H)),
+                                           ("down", (H, INTER)))):
+            blocks = random_blocks(qtype, *shape, seed=10 * e + i)
+            experts.load_expert(e, part, GGUFWeight.from_blocks(qtype, blocks, shape))
+    experts.finalize()
+    assert experts.quant is not None and experts.quant.grouped is None
+    x, weights, ids = CASES["random top-2"]
+    x = x * 0.05  # outputs of order 1: fp32 sums in another order agree to ~1e-6
+    dense_gate_up = torch.stack([w.dequantize() for w in experts.quant.gate_up])
+    dense_down = torch.stack([w.dequantize() for w in experts.quant.down])
+    torch.testing.assert_close(experts(x, weights, ids),
+                               per_token(dense_gate_up, dense_down, x, weights, ids),
+                               rtol=1e-4, atol=1e-4)
