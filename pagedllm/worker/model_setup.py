@@ -13,8 +13,10 @@ from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
+from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.parallel import tensor_parallel_layers
 from pagedllm.model.layers.quant import hf_checkpoint
+from pagedllm.model.models.deepseek import latent_kv_dims
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
 
@@ -121,11 +123,18 @@ def kv_layout(config: EngineConfig, windows: list[int | None]) -> KVGroupLayout:
 
 def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:
     """The KV cache's shape; its group layout frees sliding layers' out-of-window blocks
-    unless `disable_hybrid_kv_cache_manager` (then every layer keeps all its KV)."""
+    unless `disable_hybrid_kv_cache_manager` (then every layer keeps all its KV). A
+    multi-head latent attention model caches one latent row per token (one part, one head)."""
     _, kv_heads, head_dim = model_dims(hf_config)
+    parts = 2
+    if (latent := latent_kv_dims(hf_config)) is not None:
+        (kv_heads, head_dim), parts = latent, 1
+        if kv_quant.is_quantized(config.torch_kv_cache_dtype):
+            raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} is not supported with "
+                             f"{hf_config.model_type}'s latent KV cache; use auto")
     return KVCacheSpec(num_layers=hf_config.num_hidden_layers, num_kv_heads=kv_heads, head_dim=head_dim,
                        dtype=config.torch_kv_cache_dtype, block_size=config.block_size,
-                       layout=kv_layout(config, layer_windows(hf_config)))
+                       layout=kv_layout(config, layer_windows(hf_config)), parts=parts)
 
 
 def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None) -> int:
@@ -165,9 +174,9 @@ def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int,
         vs_model = (f" ({plain.bytes_per_token / spec.bytes_per_token:.2f}x the tokens of a "
                     f"{str(model_dtype).removeprefix('torch.')} cache)")
     logger.info(
-        "KV cache (%s): %d bytes/token (2 x %d layers x %d kv_heads x (%d head_dim x %d bytes%s)); "
+        "KV cache (%s): %d bytes/token (%d x %d layers x %d kv_heads x (%d head_dim x %d bytes%s)); "
         "budget %.2f GiB -> %d blocks of %d tokens = %d tokens%s; %.1f sequences of "
-        "max_model_len %d fit", dtype_name, spec.bytes_per_token, spec.num_layers,
+        "max_model_len %d fit", dtype_name, spec.bytes_per_token, spec.parts, spec.num_layers,
         spec.num_kv_heads, spec.head_dim, spec.dtype_bytes, scale_term, budget / GiB,
         num_blocks, spec.block_size, num_blocks * spec.block_size, vs_model,
         num_blocks / per_seq, max_model_len)

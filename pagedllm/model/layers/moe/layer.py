@@ -75,6 +75,7 @@ class FusedMoE(nn.Module):
             spec.router,
             spec.shared_intermediate_size,
             spec.shared_expert_gate,
+            spec.expert_bias,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

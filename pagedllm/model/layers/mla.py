@@ -1,0 +1,173 @@
+"""Multi-head latent attention (DeepSeek-V2 / V3) over a paged latent cache.
+
+Per token the layer caches one latent row shared by every head (MQA with one KV "head"):
+
+    kv_a_proj_with_mqa(x) = [ c | k_pe ]      c: kv_lora_rank, k_pe: qk_rope_head_dim
+    cached row            = [ kv_a_layernorm(c) | rope(k_pe) ]      (r + rope_dim values)
+
+so the KV pool has one part (K) of head size r + rope_dim and V is read as its first r
+values: latent bytes per token per layer = (kv_lora_rank + qk_rope_head_dim) x dtype bytes
+(config/kv_cache.py, `parts=1`), against 2 x heads x head_dim for expanded K / V.
+
+Prefill and decode both run the absorbed form (one path; the expanded form would only pay
+off for long prefills on an accelerator). kv_b_proj's weight [H (nope + v), r] splits per
+head into W_UK [nope, r] and W_UV [v, r]:
+
+    q_lat[h] = q_nope[h] @ W_UK[h]                        [T, H, r]
+    scores   = [q_lat | rope(q_pe)] . [c | k_pe] * scale  one latent "head" for all H
+    out[h]   = (softmax(scores) @ c)[h] @ W_UV[h]^T       [T, H, v]  -> o_proj
+
+which equals HF's expanded k_nope = c @ W_UK^T, v = c @ W_UV^T (only the summation order
+differs). Scale: qk_head_dim^-0.5, times mscale^2 under YaRN with `mscale_all_dim`
+(mscale = 0.1 mscale_all_dim ln(factor) + 1); YaRN's attention factor on cos / sin comes
+with the rotary table (rope_scaling.py). RoPE pairs are interleaved ((x0, x1), (x2, x3) ..)
+unless a V3 config says `rope_interleave: false`; q_pe and k_pe get the same layout, so
+their dot products are HF's.
+
+The attention itself is torch over the gathered blocks (fp32 softmax; `latent_attention`),
+whatever backend built the metadata: the C++ / Triton kernels take V of K's head size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from pagedllm.errors import ModelLoadError
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
+from pagedllm.model.layers.attention_backends.torch_ref import gather, sdpa
+from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.norm import RMSNorm
+from pagedllm.model.layers.rope_scaling import rope_parameters
+from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
+
+
+def latent_head_size(config) -> int:
+    """The cached row of one token in one layer: kv_lora_rank + qk_rope_head_dim values."""
+    return int(config.kv_lora_rank) + int(config.qk_rope_head_dim)
+
+
+def softmax_scale(config) -> float:
+    """qk_head_dim^-0.5, corrected by mscale^2 under YaRN with mscale_all_dim (as HF)."""
+    scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+    params = rope_parameters(config)
+    all_dim = params.get("mscale_all_dim")
+    factor = params.get("factor") or 1.0
+    if params.get("rope_type", "default") != "default" and all_dim and factor > 1:
+        mscale = 0.1 * all_dim * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    return scale
+
+
+class LatentUpProjection(nn.Module):
+    """kv_b_proj: the latent -> per-head (k_nope, v) weight, only ever used absorbed."""
+
+    def __init__(self, num_heads: int, nope: int, v: int, rank: int) -> None:
+        super().__init__()
+        self.num_heads, self.nope, self.v = num_heads, nope, v
+        self.weight = nn.Parameter(torch.empty(num_heads * (nope + v), rank),
+                                   requires_grad=False)
+
+    def parts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK [H, nope, r], W_UV [H, v, r]), views of the weight."""
+        w = self.weight.view(self.num_heads, self.nope + self.v, -1)
+        return w[:, :self.nope], w[:, self.nope:]
+
+
+class MLAAttention(nn.Module):
+    """DeepSeek's attention block (module docstring); parameter names are HF's, but for
+    `q_proj`, loaded as `q_proj_full` (the Llama loader fuses names with `.q_proj.`)."""
+
+    def __init__(self, config, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        h = config.num_attention_heads
+        self.num_heads = h
+        self.nope, self.rope_dim = config.qk_nope_head_dim, config.qk_rope_head_dim
+        self.v_dim, self.rank = config.v_head_dim, config.kv_lora_rank
+        self.q_lora_rank = config.q_lora_rank
+        qk = self.nope + self.rope_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        if self.q_lora_rank is None:
+            self.q_proj_full = Linear(config.hidden_size, h * qk)
+        else:
+            self.q_a_proj = Linear(config.hidden_size, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, 1e-6)
+            self.q_b_proj = Linear(self.q_lora_rank, h * qk)
+        self.kv_a_proj_with_mqa = Linear(config.hidden_size, self.rank + self.rope_dim,
+                                         bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.rank, 1e-6)
+        self.kv_b_proj = LatentUpProjection(h, self.nope, self.v_dim, self.rank)
+        self.o_proj = Linear(h * self.v_dim, config.hidden_size, bias=bias, combine="sum")
+        self.rotary = rotary
+        self.interleaved = config.model_type == "deepseek_v2" or bool(
+            getattr(config, "rope_interleave", True))
+        self.scale = softmax_scale(config)
+        if rotary.rotary_dim != self.rope_dim:
+            raise ModelLoadError(f"MLA rotates qk_rope_head_dim = {self.rope_dim} features; "
+                                 f"the rotary table has {rotary.rotary_dim}")
+
+    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        t, h = x.shape[0], self.num_heads
+        if self.q_lora_rank is None:
+            q = self.q_proj_full(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))[0])
+        q = q.view(t, h, self.nope + self.rope_dim)
+        q_nope, q_pe = q.split([self.nope, self.rope_dim], -1)
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], -1)
+        c = self.kv_a_layernorm(c.contiguous())[0]
+        w_uk, w_uv = self.kv_b_proj.parts()
+        q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)        # [T, H, r]
+        query = torch.cat([q_lat, self._rotate(q_pe, rope)], -1)               # [T, H, r+p]
+        latent = torch.cat([c, self._rotate(k_pe[:, None], rope)[:, 0]], -1)   # [T, r+p]
+        out = latent_attention(query, latent, kv_cache, meta, self.rank, self.scale)
+        out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2))             # [H, T, v]
+        return self.o_proj(out.transpose(0, 1).reshape(t, h * self.v_dim))
+
+    def _rotate(self, x: torch.Tensor, rope: RopeBatch) -> torch.Tensor:
+        """x [T, n, rope_dim] rotated in fp32 (interleaved pairs out as [even' | odd'])."""
+        if not self.interleaved:
+            return RotaryEmbedding.apply(x, *rope.cos_sin())
+        half = rope.halves.shape[1] // 2
+        cos, sin = rope.halves[:, None, :half], rope.halves[:, None, half:]
+        xf = x.float()
+        even, odd = xf[..., 0::2], xf[..., 1::2]
+        return torch.cat([even * cos - odd * sin, odd * cos + even * sin], -1).to(x.dtype)
+
+
+def latent_attention(query: torch.Tensor, latent: torch.Tensor, kv: LayerKVCache,
+                     meta: AttentionMetadata, rank: int, scale: float) -> torch.Tensor:
+    """Write the new latent rows [T, r+p] at their slots, then attend: query [T, H, r+p]
+    over each sequence's cached rows (keys: whole rows, values: their first `rank` values)
+    -> [T, H, rank]. Decodes in one masked call; prefill rows per sequence, causal."""
+    if kv.k_scale is not None:
+        raise ModelLoadError("an int8 / fp8 KV cache is not supported with MLA's latent cache")
+    meta = meta.for_layer(kv, None)
+    cache = kv.k
+    cache.view(-1, cache.shape[-1]).index_copy_(0, meta.slot_mapping, latent.to(cache.dtype))
+    t, h, _ = query.shape
+    out = query.new_empty(t, h, rank)
+    nd = meta.num_decodes
+    if nd:
+        keys = gather(cache, meta.decode_block_tables, None, query.dtype)   # [D, 1, L, r+p]
+        mask = meta.decode_mask(keys.shape[2])
+        out[:nd] = sdpa(query[:nd, None], keys, keys[..., :rank], mask, scale)[:, 0]
+    if meta.prefill_block_tables is not None:
+        bs = cache.shape[1]
+        starts = meta.prefill_query_start.tolist()
+        for p, length in enumerate(meta.prefill_seq_lens.tolist()):
+            a, b = nd + starts[p], nd + starts[p + 1]
+            table = meta.prefill_block_tables[p:p + 1, :-(-length // bs)]
+            keys = gather(cache, table, None, query.dtype)[..., :length, :]  # [1, 1, L, r+p]
+            q_pos = torch.arange(length - (b - a), length, device=query.device)[:, None]
+            mask = torch.arange(length, device=query.device)[None, :] <= q_pos
+            if meta.sliding_window:
+                mask &= torch.arange(length, device=query.device)[None, :] > (
+                    q_pos - meta.sliding_window)
+            qp = query[a:b].transpose(0, 1)[None]                            # [1, H, n, r+p]
+            o = sdpa(qp, keys, keys[..., :rank], mask[None, None], scale)    # [1, H, n, r]
+            out[a:b] = o[0].transpose(0, 1)
+    return out
