@@ -14,9 +14,9 @@ from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
 from pagedllm.model.layers import kv_quant
+from pagedllm.model.layers.mla import latent_kv_dims
 from pagedllm.model.layers.parallel import tensor_parallel_layers
 from pagedllm.model.layers.quant import hf_checkpoint
-from pagedllm.model.models.deepseek import latent_kv_dims
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
 
@@ -180,6 +180,11 @@ def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int,
         spec.num_kv_heads, spec.head_dim, spec.dtype_bytes, scale_term, budget / GiB,
         num_blocks, spec.block_size, num_blocks * spec.block_size, vs_model,
         num_blocks / per_seq, max_model_len)
+    if spec.parts == 1:
+        logger.info("KV cache is multi-head latent attention's latent cache: %d bytes/token = "
+                    "%d layers x %d latent values (kv_lora_rank + qk_rope_head_dim) x %d "
+                    "bytes, one row shared by every head", spec.bytes_per_token,
+                    spec.num_layers, spec.head_dim, spec.dtype_bytes)
     log_groups(spec, max_model_len)
     if usable < per_seq:
         need = per_seq * spec.bytes_per_block

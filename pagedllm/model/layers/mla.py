@@ -43,10 +43,32 @@ from pagedllm.model.layers.norm import RMSNorm
 from pagedllm.model.layers.rope_scaling import rope_parameters
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")
+
 
 def latent_head_size(config) -> int:
     """The cached row of one token in one layer: kv_lora_rank + qk_rope_head_dim values."""
     return int(config.kv_lora_rank) + int(config.qk_rope_head_dim)
+
+
+def latent_kv_dims(config) -> tuple[int, int] | None:
+    """(kv heads, head size) of the latent cache of an MLA config (an HF config or a
+    config.json namespace): one row of kv_lora_rank + qk_rope_head_dim; None for other
+    families."""
+    if getattr(config, "model_type", None) not in MLA_FAMILIES:
+        return None
+    return 1, latent_head_size(config)
+
+
+def attention_parameters(config) -> int:
+    """Parameters of one MLA block (projections and their norms), for `pagedllm plan`."""
+    h, heads = config.hidden_size, config.num_attention_heads
+    qk = config.qk_nope_head_dim + config.qk_rope_head_dim
+    r, q_rank = config.kv_lora_rank, getattr(config, "q_lora_rank", None)
+    q = h * heads * qk if q_rank is None else h * q_rank + q_rank + q_rank * heads * qk
+    kv = h * (r + config.qk_rope_head_dim) + r + r * heads * (
+        config.qk_nope_head_dim + config.v_head_dim)
+    return q + kv + heads * config.v_head_dim * h
 
 
 def softmax_scale(config) -> float:

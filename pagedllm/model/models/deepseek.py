@@ -7,7 +7,7 @@
                                        + the shared experts (one MLP, no gate)
 
 The KV cache holds one latent row per token per layer (`MLAAttention`; kv_spec_for reads
-`latent_kv_dims`). q_lora_rank set (V3, V2): q = q_b(norm(q_a(x))); None (V2-Lite): q_proj.
+`mla.latent_kv_dims`). q_lora_rank set (V3, V2): q = q_b(norm(q_a(x))); None (V2-Lite): q_proj.
 HF names map as for the other MoE families, with `shared_experts` -> `shared_expert`,
 `gate.e_score_correction_bias` -> `expert_bias` and `q_proj` -> `q_proj_full`. Tensor
 parallelism is refused: the latent cache and kv_b_proj are not sharded.
@@ -16,19 +16,9 @@ parallelism is refused: the latent cache and kv_b_proj are not sharded.
 from __future__ import annotations
 
 from pagedllm.errors import ModelLoadError
-from pagedllm.model.layers.mla import MLAAttention, latent_head_size
+from pagedllm.model.layers.mla import MLAAttention
 from pagedllm.model.layers.parallel import output_collective
 from pagedllm.model.models.moe import MoEForCausalLM, MoEModel
-
-MLA_FAMILIES = ("deepseek_v2", "deepseek_v3")
-
-
-def latent_kv_dims(config) -> tuple[int, int] | None:
-    """(kv heads, head size) of the latent cache of an MLA config: one row of
-    kv_lora_rank + qk_rope_head_dim; None for other families."""
-    if getattr(config, "model_type", None) not in MLA_FAMILIES:
-        return None
-    return 1, latent_head_size(config)
 
 
 class DeepseekModel(MoEModel):
