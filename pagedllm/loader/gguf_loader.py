@@ -1,9 +1,9 @@
 """Load a GGUF file as a HF-shaped :class:`Checkpoint`: the llama (Llama, Mistral, Mixtral),
-gemma2, gemma3, phi3, qwen2, qwen3, qwen2moe and qwen3moe architectures.
+gemma2, gemma3, phi3, qwen2, qwen3, qwen2moe, qwen3moe and deepseek2 architectures.
 
 (Each architecture's names, config and value fix-ups live in its module: :mod:`gguf_gemma2`,
-:mod:`gguf_gemma3`, :mod:`gguf_phi3`, :mod:`gguf_qwen`; stacked MoE experts and Mixtral in
-:mod:`gguf_moe`; llama's here.)
+:mod:`gguf_gemma3`, :mod:`gguf_phi3`, :mod:`gguf_qwen`, :mod:`gguf_deepseek2`; stacked MoE
+experts and Mixtral in :mod:`gguf_moe`; llama's here.)
 
 Two weight paths, both with HF parameter names and llama.cpp's q/k rotary row
 permutation undone:
@@ -40,9 +40,17 @@ from transformers import (
     LlamaConfig,
     PretrainedConfig,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
-from pagedllm.loader import gguf_gemma2, gguf_gemma3, gguf_moe, gguf_phi3, gguf_qwen
+from pagedllm.loader import (
+    gguf_deepseek2,
+    gguf_gemma2,
+    gguf_gemma3,
+    gguf_moe,
+    gguf_phi3,
+    gguf_qwen,
+)
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
 from pagedllm.loader.checkpoint import Checkpoint
 from pagedllm.loader.errors import UnsupportedModelError
@@ -127,6 +135,8 @@ def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
     arch = _architecture(reader)
     layer_names = (gguf_gemma3.LAYER_NAMES if arch in _GEMMA
                    else gguf_phi3.LAYER_NAMES if arch == gguf_phi3.ARCH
+                   else {**gguf_deepseek2.LAYER_NAMES, **gguf_moe.EXPERT_NAMES}
+                   if arch == gguf_deepseek2.ARCH
                    else {**gguf_qwen.LAYER_NAMES, **gguf_moe.EXPERT_NAMES}
                    if arch in gguf_qwen.ARCHES else {**_LAYER_NAMES, **gguf_moe.LLAMA_MOE_NAMES})
     for tensor in reader.tensors:
@@ -136,7 +146,7 @@ def _tensors(reader: GGUFReader) -> list[tuple[ReaderTensor, str]]:
         if name is None:
             logger.warning("skipping GGUF tensor %s: no HF Llama equivalent", tensor.name)
             continue
-        planned.append((tensor, name))
+        planned.append((tensor, gguf_deepseek2.hf_name(name)))
     return planned
 
 
@@ -159,12 +169,16 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
     if arch == gguf_gemma3.ARCH:
         return gguf_gemma3.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
                                   {t.name: _hf_shape(t) for t in reader.tensors})
+    if arch == gguf_deepseek2.ARCH:
+        return gguf_deepseek2.config(lambda key, default=_REQUIRED: _meta(reader, key, default),
+                                     {t.name: _hf_shape(t) for t in reader.tensors})
     if arch in gguf_qwen.ARCHES:
         return gguf_qwen.config(arch, lambda key, default=_REQUIRED: _meta(reader, key, default),
                                 {t.name: _hf_shape(t) for t in reader.tensors})
     if arch != "llama":
         raise UnsupportedModelError(f"GGUF architecture '{arch}' is not supported (only "
-                                    f"'llama', 'gemma2', 'gemma3', 'phi3', {', '.join(map(repr, gguf_qwen.ARCHES))})")
+                                    f"'llama', 'gemma2', 'gemma3', 'phi3', {', '.join(map(repr, gguf_qwen.ARCHES))}, "
+                                    f"'deepseek2')")
     meta = lambda key, default=_REQUIRED: _meta(reader, key, default)  # noqa: E731
     if gguf_moe.is_llama_moe(meta):  # Mixtral
         return gguf_moe.mixtral_config(meta, {t.name: _hf_shape(t) for t in reader.tensors})
@@ -207,7 +221,8 @@ def _row_order(name: str, rows: int, config: PretrainedConfig) -> np.ndarray | N
     """The HF row order of a q/k projection (undoes llama.cpp's rotary permutation; gemma3
     and qwen files are not permuted)."""
     if getattr(config, "model_type", None) in ("gemma2", "gemma3_text", "phi3",
-                                                *gguf_qwen.MODEL_TYPES):
+                                                *gguf_qwen.MODEL_TYPES,
+                                                *gguf_deepseek2.MODEL_TYPES):
         return None
     if ".self_attn.q_proj." in name:
         return reverse_permute(np.arange(rows), config.num_attention_heads)
@@ -247,7 +262,7 @@ def iter_gguf_quantized(
     gemma3 = _architecture(reader) in _GEMMA
     for tensor, name in _tensors(reader):
         qtype = tensor.tensor_type
-        if qtype in gguf_quant.DENSE_TYPES:
+        if qtype in gguf_quant.DENSE_TYPES or name.endswith(gguf_deepseek2.DENSE_ONLY):
             array = dequantize(tensor.data, qtype).reshape(_hf_shape(tensor))
             if gemma3:
                 array = gguf_gemma3.to_hf(name, array)
@@ -272,10 +287,12 @@ def iter_gguf_quantized(
 
 
 def gguf_tokenizer(path: Path, reader: GGUFReader) -> PreTrainedTokenizerBase:
-    """HF fast tokenizer converted by transformers from the GGUF vocab, with the chat template."""
-    tokenizer = AutoTokenizer.from_pretrained(
-        path.parent, gguf_file=path.name, local_files_only=True
-    )
+    """HF fast tokenizer converted by transformers from the GGUF vocab, with the chat template.
+    (AutoTokenizer reads the file's config first, which transformers cannot for deepseek2; the
+    generic fast tokenizer reads the vocabulary alone.)"""
+    cls = (PreTrainedTokenizerFast if _architecture(reader) == gguf_deepseek2.ARCH
+           else AutoTokenizer)
+    tokenizer = cls.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     if not tokenizer.chat_template:
         tokenizer.chat_template = _meta(reader, "tokenizer.chat_template", None)
     return tokenizer

@@ -62,13 +62,14 @@ VARIANTS = {
 
 
 def make_deepseek_checkpoint(path: Path, variant: str, tokenizer, seed: int = 0,
-                             weight_scale: float = 6.0) -> Path:
+                             weight_scale: float = 6.0, **overrides) -> Path:
     """Save a random tiny DeepSeek `variant` to `path`: matrices x `weight_scale` (greedy is
-    decisive), norm weights jittered, V3's expert bias random (it must steer the choice)."""
+    decisive), norm weights jittered, V3's expert bias random (it must steer the choice);
+    `overrides` change config fields."""
     import transformers
 
     cfg_name, model_name, extra = VARIANTS[variant]
-    cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra})
+    cfg = getattr(transformers, cfg_name)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()
     with torch.no_grad():
