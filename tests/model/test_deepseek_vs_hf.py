@@ -119,3 +119,47 @@ def test_softmax_scale_matches_hf(ds_dirs) -> None:
         expected = model.model.layers[0].self_attn.scaling
         assert softmax_scale(model.config) == pytest.approx(expected, rel=1e-12)
         assert expected != pytest.approx(24 ** -0.5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_every_attention_backend_runs_the_latent_cache(backend, ds_dirs, monkeypatch, make_llm,
+                                                       hf_reference) -> None:
+    """K and V are views of the one latent pool, so the torch reference and the Triton
+    kernels (in Triton's interpreter here) run MLA as they run MQA; the C++ kernels run the
+    tests above."""
+    from pagedllm.model.layers.attention_backends.cpu import CPUBackend
+
+    if backend == "torch":  # the C++ kernels step aside, as on a CPU without them
+        monkeypatch.setattr(CPUBackend, "supports", classmethod(lambda cls, *args: False))
+    else:
+        monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", backend)
+    llm = make_llm(ds_dirs["v3"], block_size=8, max_num_batched_tokens=16)
+    assert llm.llm_engine.runner.attention_backend.name == backend
+    prompts = [[3, 8, 1, 9], list(range(2, 23))]  # the second: a chunk after cached context
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_reference.greedy(ds_dirs["v3"], prompt, 4)[0]
+
+
+def test_int8_kv_cache_is_refused(ds_dirs, make_llm) -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype 'int8' is not supported with "
+                                         "deepseek_v3's latent KV cache"):
+        make_llm(ds_dirs["v3"], kv_cache_dtype="int8")
+
+
+def test_tensor_parallelism_is_refused(ds_dirs) -> None:
+    import transformers
+
+    from pagedllm.errors import ModelLoadError
+    from pagedllm.model.layers.parallel import tensor_parallel_layers
+    from pagedllm.model.models.deepseek import DeepseekForCausalLM
+
+    class TwoRanks:  # the collectives a rank's layers would take (never called here)
+        def all_reduce(self, out):
+            return out
+
+    config = transformers.AutoConfig.from_pretrained(ds_dirs["v3"])
+    with tensor_parallel_layers(TwoRanks()), pytest.raises(
+            ModelLoadError, match="does not support tensor parallelism"):
+        DeepseekForCausalLM(config)
