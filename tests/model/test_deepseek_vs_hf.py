@@ -53,6 +53,18 @@ def test_preemption(variant, ds_dirs, make_llm, hf_reference) -> None:
     assert llm.llm_engine.stats.num_preemptions_total > 0
 
 
+def test_swap_preemption(ds_dirs, make_llm, hf_reference) -> None:
+    """Preempted sequences' latent blocks go to CPU swap space and come back."""
+    llm = make_llm(ds_dirs["v3"], block_size=8, max_model_len=128, max_num_batched_tokens=16,
+                   kv_cache_memory=20 * 8 * LATENT_BYTES, preemption_mode="swap",
+                   swap_space=256 * 8 * LATENT_BYTES / 2**30)
+    assert_matches_hf(llm, ds_dirs["v3"], hf_reference, PROMPTS)
+    engine = llm.llm_engine
+    assert engine.cache.swap_pools[0].shape[1] == 1  # one latent part, as the device pool
+    assert engine.scheduler.num_swap_outs > 0
+    assert engine.stats.swapped_in_blocks_total == engine.stats.swapped_out_blocks_total > 0
+
+
 @pytest.mark.parametrize("variant", ALL)
 def test_prefix_caching(variant, ds_dirs, make_llm, hf_reference) -> None:
     llm = make_llm(ds_dirs[variant], block_size=8, max_num_batched_tokens=32)
