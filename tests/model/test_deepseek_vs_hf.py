@@ -175,3 +175,12 @@ def test_tensor_parallelism_is_refused(ds_dirs) -> None:
     with tensor_parallel_layers(TwoRanks()), pytest.raises(
             ModelLoadError, match="does not support tensor parallelism"):
         DeepseekForCausalLM(config)
+
+
+def test_v3_without_interleaved_rope(tmp_path, tiny_tokenizer, make_llm, hf_reference) -> None:
+    """`rope_interleave: false` (rotate-half over the rope dims) equals HF too."""
+    model_dir = make_deepseek_checkpoint(tmp_path, "v3", tiny_tokenizer, seed=5,
+                                         rope_interleave=False)
+    llm = make_llm(model_dir, block_size=8, max_num_batched_tokens=24)
+    assert not llm.llm_engine.model.model.layers[0].self_attn.interleaved
+    assert_matches_hf(llm, model_dir, hf_reference, PROMPTS)
