@@ -14,6 +14,7 @@ from torch import nn
 
 from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.moe.dispatch import run_experts
 from pagedllm.model.layers.moe.experts import StackedExperts
 from pagedllm.model.layers.moe.router import RouterSpec, select_experts
 from pagedllm.model.layers.moe.spec import MoESpec
@@ -79,7 +80,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.router, self.expert_bias)
-        out = self.experts(x, weights, ids)
+        out = run_experts(self.experts, x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
