@@ -20,6 +20,9 @@ group of G' queries per KV head)::
     H=6 kvh=3 N=2   rank 0 q 0-2 -> kv [0, 0, 1]       (neither: one KV copy per query head)
 
 Qwen3's and Gemma 3's q/k norms act per head over head_dim, so every rank holds them whole;
+OLMo 2's act over all heads: each rank holds its heads' norm weights and the ranks add their
+sums of squares (models/olmo2.py). Phi-3's fused qkv_proj and Phi-3's / GLM-4's fused
+gate_up_proj are cut as their parts would be (this rank's q, k, v rows; gate rows, up rows).
 Gemma 3's sliding and full layers share one block table under TP (`KVGroupLayout.one_table`),
 each layer applying its own window. A row-parallel bias is added once (rank 0 holds it, the
 others zeros). The vocabulary is
@@ -44,7 +47,12 @@ from pagedllm.model.models.llama import model_dims
 
 # Architectures whose layers this module knows how to split (tested against TP=1).
 TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                    "Qwen3ForCausalLM", "Gemma3ForCausalLM")
+                    "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM",
+                    "Olmo2ForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM",
+                    "Phi3ForCausalLM", "Glm4ForCausalLM")
+# q / k norms over all heads (one norm weight per q / k feature): the ranks' heads must be
+# disjoint for their sums of squares to add up (models/olmo2.py).
+FULL_WIDTH_QK_NORM = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,10 @@ class TPLayout:
             raise ValueError(f"tensor parallelism supports {', '.join(TP_ARCHITECTURES)}; "
                              f"the model is {arch}")
         heads, kv_heads, head_dim = model_dims(hf_config)
+        if arch in FULL_WIDTH_QK_NORM and (heads % world_size or kv_heads % world_size):
+            raise ValueError(f"{arch} normalizes q and k over all heads: tensor_parallel_size "
+                             f"{world_size} must divide its {heads} attention heads and its "
+                             f"{kv_heads} KV heads")
         return cls(rank, world_size, heads, kv_heads, head_dim,
                    hf_config.intermediate_size, hf_config.vocab_size)
 
@@ -157,11 +169,21 @@ class TPLayout:
         if ".q_proj." in name:
             return "rows", np.arange(first * hd, end * hd)
         if ".k_proj." in name or ".v_proj." in name:
-            return "rows", np.concatenate([np.arange(kv * hd, (kv + 1) * hd)
-                                           for kv in self.local_kv_heads])
+            return "rows", self._kv_rows(0)
+        if (".q_norm." in name or ".k_norm." in name) and num_rows != hd:  # over all heads
+            return "rows", (np.arange(first * hd, end * hd) if ".q_norm." in name
+                            else self._kv_rows(0))
+        if ".qkv_proj." in name:  # stored fused (Phi-3): q rows, then k, then v
+            q_size, kv_size = self.num_heads * hd, self.num_kv_heads * hd
+            return "rows", np.concatenate([np.arange(first * hd, end * hd),
+                                           self._kv_rows(q_size),
+                                           self._kv_rows(q_size + kv_size)])
         n = self.local_intermediate
         if ".gate_proj." in name or ".up_proj." in name:
             return "rows", np.arange(r * n, (r + 1) * n)
+        if ".gate_up_proj." in name:  # stored fused (Phi-3, GLM-4): gate rows, then up
+            return "rows", np.concatenate([np.arange(r * n, (r + 1) * n),
+                                           self.intermediate_size + np.arange(r * n, (r + 1) * n)])
         if ".o_proj." in name or ".down_proj." in name:
             if name.endswith(".bias"):  # added once, after the all-reduce sums the shards
                 return "bias0", None
@@ -171,6 +193,12 @@ class TPLayout:
             rows = np.arange(r * v, (r + 1) * v)
             return "rows", np.where(rows < num_rows, rows, -1)
         return "whole", None  # norms: replicated
+
+    def _kv_rows(self, offset: int) -> np.ndarray:
+        """Rows of this rank's KV heads in a [KVH * d] block starting at row `offset`."""
+        hd = self.head_dim
+        return np.concatenate([np.arange(offset + kv * hd, offset + (kv + 1) * hd)
+                               for kv in self.local_kv_heads])
 
     def shard(self, name: str, t: torch.Tensor) -> torch.Tensor:
         kind, cut = self._cut(name, t.shape[0])
