@@ -110,6 +110,9 @@ class EngineConfig:
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
     enforce_eager: bool = False  # no CUDA graphs for decode steps (worker/cuda_graphs.py)
     tensor_parallel_size: int = 1  # ranks each holding 1/N of every layer (distributed/)
+    # MoE experts under TP: whole experts per rank (E/N each) instead of 1/N of every
+    # expert's width (distributed/expert_sharding.py); vLLM's flag
+    enable_expert_parallel: bool = False
     data_parallel_size: int = 1    # engine replicas behind one API server (data_parallel/)
     distributed_executor_backend: str | None = None  # "mp" | "ray"; None = mp
     # Speculative decoding (speculative/): a SpeculativeConfig, its dict or JSON text.

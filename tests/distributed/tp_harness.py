@@ -65,16 +65,20 @@ def budget(model_dir, tp: int) -> int:
     return NUM_BLOCKS * 2 * cfg.num_hidden_layers * kv_heads * head_dim * 4 * 16
 
 
-def generate(model_dir, tp: int, preemption_mode: str, **extra):
+def generate(model_dir, tp: int, preemption_mode: str, check=None, **extra):
     """(greedy tokens of prompts() run twice, logits of every step) under chunked prefill,
-    prefix caching (the second run) and preemption (NUM_BLOCKS blocks for 4 requests)."""
+    prefix caching (the second run) and preemption (NUM_BLOCKS blocks for 4 requests);
+    `check(engine)` first looks at rank 0's model when given."""
     # One block table at TP=1 too (TP always has one), so both runs plan the same blocks.
     engine = LLMEngine(EngineConfig(**engine_kwargs(model_dir, tp, budget(model_dir, tp),
                                                     preemption_mode=preemption_mode,
                                                     swap_space=0.01,
-                                                    disable_hybrid_kv_cache_manager=True, **extra)))
+                                                    disable_hybrid_kv_cache_manager=True,
+                                                    **extra)))
     try:
         assert engine.num_blocks == NUM_BLOCKS
+        if check is not None:
+            check(engine)
         logits = record_logits(engine)
         first = run(engine, prompts())
         second = run(engine, prompts())  # now from the prefix cache
