@@ -39,3 +39,19 @@ def test_full_width_qk_norm_needs_disjoint_kv_heads():
                                    architectures=["Olmo2ForCausalLM"])
     with pytest.raises(ValueError, match="must divide its 6 attention heads and its 3 KV"):
         TPLayout.for_model(cfg, 0, 2)
+
+
+@pytest.mark.parametrize(("family", "scale"), [("gemma3", 2.0), ("mistral3", 8.0)])
+def test_vision_language_checkpoints_tp2_match_tp1(family, scale, tmp_path, tiny_tokenizer,
+                                                   monkeypatch):
+    """Gemma3ForConditionalGeneration / Mistral3ForConditionalGeneration served as their
+    language model (loader/multimodal_text.py) split over two ranks."""
+    from tests.loader.test_multimodal_text import _save
+
+    monkeypatch.setenv("PAGEDLLM_DIST_TIMEOUT_S", "60")
+    model_dir = _save(tmp_path / family, tiny_tokenizer, family, scale)
+    tokens1, logits1 = generate(model_dir, 1, "recompute")
+    tokens2, logits2 = generate(model_dir, 2, "recompute")
+    assert tokens2 == tokens1
+    for a, b in zip(logits1, logits2, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5)

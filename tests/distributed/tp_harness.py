@@ -4,12 +4,12 @@ logits rank 0 computes at every step."""
 from __future__ import annotations
 
 import torch
-import transformers
 
 from pagedllm import SamplingParams
 from pagedllm.config import EngineConfig
 from pagedllm.distributed.sharding import TPLayout
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.memory_plan import load_config
 from pagedllm.model.models.llama import model_dims
 
 PREFIX = list(range(10, 50))  # 40 shared tokens: full blocks the prefix cache can share
@@ -58,7 +58,7 @@ NUM_BLOCKS = 8
 
 def budget(model_dir, tp: int) -> int:
     """Bytes for NUM_BLOCKS blocks on the fullest rank, so both runs schedule alike."""
-    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    cfg = load_config(model_dir)  # a vision-language checkpoint's language model
     heads, kv_heads, head_dim = model_dims(cfg)
     if tp > 1:
         kv_heads = TPLayout.for_model(cfg, 0, tp).max_local_kv_heads
