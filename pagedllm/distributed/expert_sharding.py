@@ -1,8 +1,9 @@
 """What each tensor-parallel rank holds of a mixture-of-experts layer's experts.
 
-Two ways, chosen by `--enable-expert-parallel` (vLLM's flag name):
+Two ways, chosen by `--enable-expert-parallel` (vLLM's flag name; by default EP when N
+divides E: benchmarks/moe_parallel.py measured it faster, docs/distributed.md):
 
-    tensor-parallel experts (default)        expert parallelism (EP)
+    tensor-parallel experts                  expert parallelism (EP)
     every rank holds every expert,           rank r holds experts [r*E/N, (r+1)*E/N) whole
     1/N of each one's width:                 (N must divide E); per-expert tensors of the
       gate / up: rows [r*I/N, (r+1)*I/N)     other ranks' experts are not loaded
@@ -58,19 +59,23 @@ class ExpertSplit:
                              f"model's {self.num_experts} experts")
         if not self.expert_parallel and self.expert_intermediate % n:
             raise ValueError(f"tensor_parallel_size {n} must divide the experts' width "
-                             f"(moe_intermediate_size {self.expert_intermediate}); "
-                             "--enable-expert-parallel splits whole experts instead")
+                             f"(moe_intermediate_size {self.expert_intermediate}) when it "
+                             "splits each expert; --enable-expert-parallel holds whole experts "
+                             "per rank instead")
         if self.shared_intermediate % n:
             raise ValueError(f"tensor_parallel_size {n} must divide the shared expert's width "
                              f"{self.shared_intermediate}")
 
     @classmethod
     def for_model(cls, hf_config, rank: int, world_size: int,
-                  expert_parallel: bool) -> ExpertSplit | None:
-        """The split of a MoE model's experts; None for a dense model."""
+                  expert_parallel: bool | None) -> ExpertSplit | None:
+        """The split of a MoE model's experts (`expert_parallel` None: whole experts when
+        `world_size` divides them, else by width); None for a dense model."""
         spec = MoESpec.from_config(hf_config)
         if spec is None:
             return None
+        if expert_parallel is None:
+            expert_parallel = spec.num_experts % world_size == 0
         return cls(rank, world_size, spec.num_experts, spec.intermediate_size,
                    spec.shared_intermediate_size, expert_parallel)
 

@@ -87,9 +87,10 @@ class TPLayout:
 
     @classmethod
     def for_model(cls, hf_config, rank: int, world_size: int,
-                  expert_parallel: bool = False) -> TPLayout:
-        """The layout of `hf_config`'s model; a MoE model's experts are split by width, or
-        whole experts per rank with `expert_parallel` (ignored for a dense model)."""
+                  expert_parallel: bool | None = None) -> TPLayout:
+        """The layout of `hf_config`'s model; a MoE model's experts are split by width
+        (`expert_parallel` False) or whole experts per rank (True; None: when N divides
+        them); ignored for a dense model."""
         arch = (getattr(hf_config, "architectures", None) or ["?"])[0]
         if arch not in TP_ARCHITECTURES:
             raise ValueError(f"tensor parallelism supports {', '.join(TP_ARCHITECTURES)}; "
