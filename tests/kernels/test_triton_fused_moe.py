@@ -67,6 +67,20 @@ def test_fused_moe_bf16_close_to_fp32():
     torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)
 
 
+def test_experts_held_elsewhere_are_skipped():
+    """Expert parallelism: ids of -1 (experts held by another rank) add nothing; the rest is
+    the per-expert loop over the held experts' assignments."""
+    m = experts(4, 40, 24)
+    x, weights, ids = routing("random", 13, 4, 2, 40)
+    held = ids < 2
+    local = torch.where(held, ids, -1)
+    want = m(x, torch.where(held, weights, 0.0), torch.where(held, ids, 0))
+    got = fused_moe(x, m.gate_up_proj, m.down_proj, weights, local)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    nothing = fused_moe(x, m.gate_up_proj, m.down_proj, weights, torch.full_like(ids, -1))
+    assert not nothing.any()
+
+
 def test_align_by_expert_blocks():
     ids = torch.tensor([[2, 0], [0, 1], [2, 0]])
     sorted_ids, block_expert, total = align_by_expert(ids, 4, 4)
@@ -75,6 +89,11 @@ def test_align_by_expert_blocks():
     assert sorted_ids[:12].tolist() == [1, 2, 5, n, 3, n, n, n, 0, 4, n, n]
     assert block_expert[:3].tolist() == [0, 1, 2]
     assert (sorted_ids[12:] == n).all()
+    skipped = torch.tensor([[2, -1], [-1, 1], [2, 0]])  # -1: held by another rank
+    sorted_ids, block_expert, total = align_by_expert(skipped, 4, 4)
+    assert int(total) == 12
+    assert sorted_ids[:12].tolist() == [5, n, n, n, 3, n, n, n, 0, 4, n, n]
+    assert block_expert[:3].tolist() == [0, 1, 2]
 
 
 def test_zero_tokens_and_bad_shapes():

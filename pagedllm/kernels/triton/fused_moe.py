@@ -18,7 +18,8 @@ M block of rows belongs to one expert::
     y = o.view(T, k, H).sum(1)                       the weighted combine, per token
 
 Everything stays on the device (no host read of the group sizes): the grid is sized for the
-most padding possible, and blocks past the padded total return at once. fp32 inputs are
+most padding possible, and blocks past the padded total return at once. Under expert
+parallelism the ids of experts held by other ranks are -1: those assignments get no rows. fp32 inputs are
 multiplied in IEEE fp32 (no TF32), bf16 / fp16 on the tensor cores accumulating in fp32
 (under TRITON_INTERPRET in fp32: the interpreter's bf16 dot is not usable).
 """
@@ -36,23 +37,28 @@ from pagedllm.kernels.triton.bits import cast
 def align_by_expert(ids: torch.Tensor, num_experts: int, block_m: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted assignment ids [cap], expert of each M block [cap / block_m], padded total [1])
-    for ids [T, k] (see the module doc; cap bounds the padded total without reading it)."""
+    for ids [T, k] (see the module doc; cap bounds the padded total without reading it). An
+    id of -1 (an expert not held here) goes to a last bucket that gets no blocks."""
+    e = num_experts
     flat = ids.reshape(-1)
     n = flat.numel()
+    flat = torch.where(flat < 0, e, flat)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
-    padded = (counts + block_m - 1) // block_m * block_m
+    counts = torch.bincount(flat, minlength=e + 1)
+    padded = (counts[:e] + block_m - 1) // block_m * block_m
     ends = padded.cumsum(0)
     run_start = ends - padded  # where each expert's padded run begins
     first = counts.cumsum(0) - counts  # where its rows begin in `order`
     experts = flat.index_select(0, order)
-    dest = run_start[experts] + torch.arange(n, device=ids.device) - first[experts]
-    cap = -(-(n + min(num_experts, n) * (block_m - 1)) // block_m) * block_m
-    sorted_ids = torch.full((cap,), n, dtype=torch.int64, device=ids.device)
+    cap = -(-(n + min(e, n) * (block_m - 1)) // block_m) * block_m
+    dest = run_start[experts.clamp(max=e - 1)] + torch.arange(n, device=ids.device) - first[
+        experts]
+    dest = torch.where(experts < e, dest, cap)  # the skipped rows land past the end
+    sorted_ids = torch.full((cap + 1,), n, dtype=torch.int64, device=ids.device)
     sorted_ids[dest] = order
     starts = torch.arange(0, cap, block_m, device=ids.device)
-    block_expert = torch.searchsorted(ends, starts, right=True).clamp_(max=num_experts - 1)
-    return sorted_ids, block_expert, ends[-1:]
+    block_expert = torch.searchsorted(ends, starts, right=True).clamp_(max=e - 1)
+    return sorted_ids[:cap], block_expert, ends[-1:]
 
 
 @triton.jit
@@ -125,7 +131,8 @@ def _down_kernel(h_ptr, w_ptr, o_ptr, weights_ptr, sorted_ptr, expert_ptr, total
 def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
               weights: torch.Tensor, ids: torch.Tensor, block_m: int = 16, block_n: int = 32,
               block_k: int = 32) -> torch.Tensor:
-    """x [T, H], gate_up [E, 2I, H], down [E, H, I], weights / ids [T, k] -> [T, H]."""
+    """x [T, H], gate_up [E, 2I, H], down [E, H, I], weights / ids [T, k] -> [T, H]. An id
+    of -1 is an expert not held here (expert parallelism): that assignment adds nothing."""
     t, hidden = x.shape
     e, two_i, _ = gate_up.shape
     inter = two_i // 2
@@ -143,7 +150,7 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
     sorted_ids, block_expert, total = align_by_expert(ids, e, block_m)
     rows = t * k
     h = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
-    o = torch.empty(rows, hidden, dtype=x.dtype, device=x.device)
+    o = torch.zeros(rows, hidden, dtype=x.dtype, device=x.device)  # skipped rows stay 0
     ieee = x.dtype == torch.float32 or interpreted()  # the interpreter's bf16 dot is wrong
     blocks = sorted_ids.numel() // block_m
     _gate_up_kernel[(blocks, triton.cdiv(inter, block_n))](
