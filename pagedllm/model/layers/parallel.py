@@ -4,9 +4,9 @@ Model code declares what each layer needs: `Linear(..., combine="sum")` on a row
 layer (o_proj, down_proj: each rank holds a partial sum), `combine="vocab"` on a
 vocab-parallel lm_head (each rank holds a slice of the logits); `VocabEmbedding` holds a
 slice of the table's rows; a MoE layer holds the experts `local_experts` names (all, or this
-rank's under expert parallelism) and all-reduces its output. While a rank's model is constructed its collectives are active
-(`tensor_parallel_layers(ops)`, entered by worker/model_setup.build_model); each layer takes
-the one it needs then and keeps it. Outside that context (one rank) layers get None and run
+rank's under expert parallelism) and all-reduces its output. While a rank's model is
+constructed its collectives are active (`tensor_parallel_layers(ops)`, entered by
+worker/model_setup.build_model); each layer takes the one it needs then and keeps it. Outside that context (one rank) layers get None and run
 alone. distributed/sharding.py implements `TensorParallelOps`; model code imports nothing of it.
 """
 
