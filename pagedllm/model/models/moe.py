@@ -127,7 +127,8 @@ class MoEForCausalLM(LlamaForCausalLM):
         super().load_weights(rest())
         for name, module in experts.items():
             if len(loaded[name]) != 3 * module.num_experts:
-                want = {(e, p) for e in range(module.num_experts) for p in ("gate", "up", "down")}
+                held = range(module.first_expert, module.first_expert + module.num_experts)
+                want = {(e, p) for e in held for p in ("gate", "up", "down")}
                 raise ModelLoadError(
                     f"checkpoint is missing expert weights of {name!r}: "
                     f"(expert, part) {sorted(want - loaded[name])[:8]}"
@@ -179,7 +180,8 @@ def _load_experts(
         )
     param.copy_(tensor)
     parts = ("gate", "up") if hit.group(2) == "gate_up_proj" else ("down",)
-    return {(e, p) for e in range(module.num_experts) for p in parts}
+    held = range(module.first_expert, module.first_expert + module.num_experts)
+    return {(e, p) for e in held for p in parts}
 
 
 class Qwen2MoeAttention(LlamaAttention):

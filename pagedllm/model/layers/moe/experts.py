@@ -64,11 +64,15 @@ def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
 
 
 class StackedExperts(nn.Module):
-    """E SwiGLU experts of hidden size H and width I (see the module doc)."""
+    """E SwiGLU experts of hidden size H and width I (see the module doc): the layer's experts
+    [first_expert, first_expert + num_experts) (all of them but under expert parallelism,
+    where each rank holds its share; `forward` takes ids in [0, num_experts))."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 first_expert: int = 0) -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.first_expert = first_expert
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Parameter(
             torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False
@@ -107,9 +111,13 @@ class StackedExperts(nn.Module):
     @torch.no_grad()
     def load_expert(self, expert: int, part: str, tensor: torch.Tensor | QuantizedWeight) -> None:
         """Copy one expert's HF weight ([I, H] for gate / up, [H, I] for down) into place, or
-        keep it as it is when quantized (`finalize` assembles those)."""
-        if not 0 <= expert < self.num_experts:
-            raise ValueError(f"expert {expert} is outside this layer's {self.num_experts} experts")
+        keep it as it is when quantized (`finalize` assembles those). `expert` is the
+        layer's expert id (held here: [first_expert, first_expert + num_experts))."""
+        first = self.first_expert
+        if not first <= expert < first + self.num_experts:
+            raise ValueError(f"expert {expert} is outside this layer's experts "
+                             f"[{first}, {first + self.num_experts})")
+        expert -= first
         inter = self.intermediate_size
         if part == "down":
             target = self.down_proj[expert]
