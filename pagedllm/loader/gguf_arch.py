@@ -58,6 +58,9 @@ class ArchSpec:
         permutation undone, GLM-4's rotary pairs), None to keep the file's;
       * `norm_offset`: subtracted from every ``*norm.weight`` (Gemma stores ``1 + w``); such
         norms must then be F32/F16/BF16 in the file.
+    `hf_tokenizer`: whether HF transformers' GGUF support knows the architecture (it then
+    picks the tokenizer class from its config); else the file's tokenizer is built as a
+    generic fast tokenizer, which the ``tokenizer.ggml.*`` metadata alone describes.
     """
 
     arch: str
@@ -66,6 +69,7 @@ class ArchSpec:
     row_order: RowOrder | None = None
     norm_offset: float = 0.0
     side_tensors: tuple[str, ...] = field(default=())
+    hf_tokenizer: bool = True
 
     def __post_init__(self) -> None:
         if not self.arch or not self.layer_names:

@@ -2,7 +2,7 @@
 
 One entry per architecture; its module holds the config builder and what llama.cpp's
 converter does differently for it (:mod:`gguf_llama`, :mod:`gguf_gemma2`, :mod:`gguf_gemma3`,
-:mod:`gguf_phi3`, :mod:`gguf_qwen`; stacked experts in :mod:`gguf_moe`).
+:mod:`gguf_phi3`, :mod:`gguf_qwen`, :mod:`gguf_olmo2`, :mod:`gguf_glm4`; stacked experts in :mod:`gguf_moe`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from transformers import PretrainedConfig
 from pagedllm.loader import (
     gguf_gemma2,
     gguf_gemma3,
+    gguf_glm4,
     gguf_llama,
     gguf_moe,
+    gguf_olmo2,
     gguf_phi3,
     gguf_qwen,
 )
@@ -54,6 +56,10 @@ ARCHES: dict[str, ArchSpec] = {spec.arch: spec for spec in (
     ArchSpec(gguf_phi3.ARCH, _phi3_config, gguf_phi3.LAYER_NAMES,
              side_tensors=gguf_phi3.ROPE_FACTORS),
     *(_qwen(arch) for arch in gguf_qwen.ARCHES),
+    ArchSpec(gguf_olmo2.ARCH, lambda meta, shapes, _: gguf_olmo2.config(meta, shapes),
+             gguf_olmo2.LAYER_NAMES, hf_tokenizer=False),
+    ArchSpec(gguf_glm4.ARCH, lambda meta, shapes, _: gguf_glm4.config(meta, shapes),
+             gguf_glm4.LAYER_NAMES, row_order=gguf_glm4.row_order, hf_tokenizer=False),
 )}
 
 

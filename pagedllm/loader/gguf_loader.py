@@ -1,6 +1,6 @@
 """Load a GGUF file as a HF-shaped :class:`Checkpoint`, for every architecture of
 `gguf_archs.ARCHES` (llama with Mixtral, gemma2, gemma3, phi3, qwen2, qwen3, qwen2moe,
-qwen3moe).
+qwen3moe, olmo2, glm4).
 
 Reading the file is :mod:`gguf_reader`; its weights under HF names :mod:`gguf_tensors`; each
 architecture's config, names and fixes its `ArchSpec` (:mod:`gguf_arch`, :mod:`gguf_archs`).
@@ -32,6 +32,7 @@ from transformers import (
     AutoTokenizer,
     PretrainedConfig,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 from pagedllm.loader.cache import build_atomically, gguf_entry_dir, write_safetensors
@@ -59,12 +60,13 @@ def gguf_config(reader: GGUFReader) -> PretrainedConfig:
 
 
 def gguf_tokenizer(path: Path, reader: GGUFReader) -> PreTrainedTokenizerBase:
-    """HF fast tokenizer converted by transformers from the GGUF vocab, with the chat template."""
-    tokenizer = AutoTokenizer.from_pretrained(
-        path.parent, gguf_file=path.name, local_files_only=True
-    )
+    """HF fast tokenizer converted by transformers from the GGUF vocab, with the chat template
+    (a generic fast tokenizer for architectures transformers' GGUF support lacks)."""
+    file = GGUFFile(reader)
+    cls = AutoTokenizer if file.spec().hf_tokenizer else PreTrainedTokenizerFast
+    tokenizer = cls.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     if not tokenizer.chat_template:
-        tokenizer.chat_template = GGUFFile(reader).meta("tokenizer.chat_template", None)
+        tokenizer.chat_template = file.meta("tokenizer.chat_template", None)
     return tokenizer
 
 
