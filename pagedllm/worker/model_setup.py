@@ -88,8 +88,8 @@ def weight_bytes(model: nn.Module) -> int:
 
 def layer_windows(hf_config) -> list[int | None]:
     """Each layer's sliding window (None: full attention), as the model applies them:
-    per layer for models that say so (Gemma 3), else the config's one window on every layer
-    (Mistral), else none."""
+    per layer for models that say so (the class's `layer_windows(config)`, Qwen2-MoE; Gemma 3's
+    `layer_types`), else the config's one window on every layer (Mistral), else none."""
     n = hf_config.num_hidden_layers
     window = getattr(hf_config, "sliding_window", None)
     if not window or not getattr(hf_config, "use_sliding_window", True):
@@ -99,6 +99,8 @@ def layer_windows(hf_config) -> list[int | None]:
     except ValueError:
         cls = None
     if getattr(cls, "per_layer_sliding_window", False):
+        if hasattr(cls, "layer_windows"):
+            return cls.layer_windows(hf_config)
         from pagedllm.model.models.gemma3 import SLIDING, layer_types
 
         return [window if t == SLIDING else None for t in layer_types(hf_config)]

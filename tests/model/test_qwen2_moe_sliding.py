@@ -1,0 +1,48 @@
+"""Qwen2-MoE sliding windows as HF transformers 5 applies them: with `use_sliding_window`, the
+layers `layer_types` marks sliding (by default the even layers below `max_window_layers`) see
+the last `sliding_window` keys, the others all keys. A tiny 4-layer model, window 16 on
+layers 0 and 2 (`max_window_layers` 3), against HF on prompts up to 75 tokens + 32 generated:
+equal greedy tokens, with per-layer KV groups (sliding layers free out-of-window blocks) and
+with one table for all layers (`disable_hybrid_kv_cache_manager`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedllm.model.models.moe import qwen2_moe_windows
+from tests.model.family_checkpoints import make_family_checkpoint
+from tests.model.test_vs_hf import PROMPTS, assert_matches_hf
+
+WINDOW = 16
+
+
+@pytest.fixture(scope="module")
+def sliding_dir(tmp_path_factory, tiny_tokenizer):
+    return make_family_checkpoint(
+        tmp_path_factory.mktemp("qwen2_moe_sliding"), "qwen2_moe", tiny_tokenizer, seed=5,
+        num_hidden_layers=4, mlp_only_layers=[1], use_sliding_window=True,
+        sliding_window=WINDOW, max_window_layers=3)
+
+
+def test_windows_follow_hf_layer_types(sliding_dir) -> None:
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(sliding_dir)
+    assert config.layer_types == ["sliding_attention", "full_attention"] * 2
+    assert qwen2_moe_windows(config) == [WINDOW, None, WINDOW, None]
+    config.use_sliding_window = False
+    assert qwen2_moe_windows(config) == [None] * 4
+
+
+@pytest.mark.parametrize("one_table", [False, True])
+def test_sliding_qwen2_moe_matches_hf(one_table, sliding_dir, make_llm, hf_reference) -> None:
+    assert max(len(p) for p in PROMPTS) > WINDOW
+    llm = make_llm(sliding_dir, max_model_len=512, disable_hybrid_kv_cache_manager=one_table)
+    model = llm.llm_engine.model
+    assert [layer.self_attn.window for layer in model.model.layers] == [WINDOW, None] * 2
+    groups = llm.llm_engine.kv_spec.groups.groups
+    if one_table:
+        assert len(groups) == 1 and groups[0].window is None
+    else:
+        assert sorted((g.window or 0, g.layers) for g in groups) == [(0, (1, 3)), (WINDOW, (0, 2))]
+    assert_matches_hf(llm, sliding_dir, hf_reference, PROMPTS)
