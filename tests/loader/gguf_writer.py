@@ -167,11 +167,14 @@ def write_gguf(
     out: Path,
     arch: str,
     qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    chat_template: str | None = None,
 ) -> Path:
     cfg = json.loads((model_dir / "config.json").read_text())
     writer = gguf.GGUFWriter(str(out), arch)
     _add_metadata(writer, cfg, arch, qtype)
     _add_tokenizer(writer, model_dir, cfg)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     tensors: dict[str, np.ndarray] = {}
     experts: dict[str, dict[int, np.ndarray]] = {}
     with safe_open(str(model_dir / "model.safetensors"), framework="np") as f:

@@ -27,6 +27,7 @@ from tests.model.test_vs_hf import PROMPTS, assert_matches_hf
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 ARCHES = ("olmo2", "glm4")
+TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
 
 
 def _q8_0_reference(src, ref):
@@ -55,11 +56,26 @@ def files(tmp_path_factory, tiny_tokenizer):
     for arch, extra in (("olmo2", dict(tie_word_embeddings=True)), ("glm4", {})):
         src = make_family_checkpoint(root / arch, arch, tiny_tokenizer, seed=7, **extra)
         out[arch] = {
-            "f32": (write_gguf(src, root / f"{arch}-f32.gguf", arch), src),
+            "f32": (write_gguf(src, root / f"{arch}-f32.gguf", arch, chat_template=TEMPLATE),
+                    src),
             "q8_0": (write_gguf(src, root / f"{arch}-q8_0.gguf", arch, Q8_0),
                      _q8_0_reference(src, root / f"{arch}-q8_0-ref")),
         }
     return out
+
+
+def test_tokenizer_and_chat_template_from_the_file(files, tmp_path, tiny_tokenizer) -> None:
+    """transformers' GGUF support has no olmo2 / glm4: the tokenizer is built from the file's
+    tokenizer.ggml.* alone, and encodes as the checkpoint's own; the chat template is the
+    file's. The same again from the conversion cache."""
+    text = "Hello there, how are you? 123 tokens"
+    for arch in ARCHES:
+        for _ in range(2):  # converted, then cached
+            tok = load_checkpoint(str(files[arch]["f32"][0]), cache_dir=tmp_path).tokenizer
+            assert tok.encode(text, add_special_tokens=False) == tiny_tokenizer.encode(
+                text, add_special_tokens=False)
+            chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+            assert chat == "<|user|>hi"
 
 
 def test_config_from_metadata(files, tmp_path) -> None:
