@@ -11,6 +11,7 @@ from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.errors import ModelLoadError
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
 from pagedllm.model.layers.parallel import tensor_parallel_layers
@@ -104,7 +105,26 @@ def layer_windows(hf_config) -> list[int | None]:
         from pagedllm.model.models.gemma3 import SLIDING, layer_types
 
         return [window if t == SLIDING else None for t in layer_types(hf_config)]
-    return [window] * n
+    return _uniform_window(hf_config, window)
+
+
+def _uniform_window(hf_config, window: int) -> list[int | None]:
+    """The one window of a model whose attention applies the same window to every layer.
+    A config whose `layer_types` marks only some layers sliding (HF's Qwen2 / Qwen3: the
+    layers from `max_window_layers` on) cannot run on it: refused, rather than sliding the
+    full layers too. None of them sliding: no window."""
+    n = hf_config.num_hidden_layers
+    types = getattr(hf_config, "layer_types", None)
+    if types is None or len(types) != n:
+        return [window] * n
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if sliding and len(sliding) < n:
+        raise ModelLoadError(
+            f"{getattr(hf_config, 'model_type', 'this model')}: a sliding window "
+            f"(use_sliding_window) on layers {sliding} only (of {n}; layer_types / "
+            f"max_window_layers) is not supported; this model applies one window to all layers "
+            f"or none")
+    return [window if sliding else None] * n
 
 
 def single_kv_group(config: EngineConfig) -> bool:
