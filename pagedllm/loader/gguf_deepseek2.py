@@ -1,7 +1,7 @@
 """The `deepseek2` GGUF architecture (DeepSeek-V2, V2-Lite, V3): its config and tensor names
 in HF terms.
 
-Dispatched to from :mod:`gguf_loader` on ``general.architecture``. What llama.cpp's converter
+Its `ArchSpec` entry is in :mod:`gguf_archs`. What llama.cpp's converter
 (convert_hf_to_gguf.py, DeepseekV2Model) writes:
 
   * MLA as MQA: ``head_count_kv`` 1, ``key_length`` kv_lora_rank + rope, ``value_length``

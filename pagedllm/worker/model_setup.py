@@ -11,6 +11,7 @@ from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.errors import ModelLoadError
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
 from pagedllm.model.layers import kv_quant
@@ -90,8 +91,8 @@ def weight_bytes(model: nn.Module) -> int:
 
 def layer_windows(hf_config) -> list[int | None]:
     """Each layer's sliding window (None: full attention), as the model applies them:
-    per layer for models that say so (Gemma 3), else the config's one window on every layer
-    (Mistral), else none."""
+    per layer for models that say so (the class's `layer_windows(config)`, Qwen2-MoE; Gemma 3's
+    `layer_types`), else the config's one window on every layer (Mistral), else none."""
     n = hf_config.num_hidden_layers
     window = getattr(hf_config, "sliding_window", None)
     if not window or not getattr(hf_config, "use_sliding_window", True):
@@ -101,10 +102,31 @@ def layer_windows(hf_config) -> list[int | None]:
     except ValueError:
         cls = None
     if getattr(cls, "per_layer_sliding_window", False):
+        if hasattr(cls, "layer_windows"):
+            return cls.layer_windows(hf_config)
         from pagedllm.model.models.gemma3 import SLIDING, layer_types
 
         return [window if t == SLIDING else None for t in layer_types(hf_config)]
-    return [window] * n
+    return _uniform_window(hf_config, window)
+
+
+def _uniform_window(hf_config, window: int) -> list[int | None]:
+    """The one window of a model whose attention applies the same window to every layer.
+    A config whose `layer_types` marks only some layers sliding (HF's Qwen2 / Qwen3: the
+    layers from `max_window_layers` on) cannot run on it: refused, rather than sliding the
+    full layers too. None of them sliding: no window."""
+    n = hf_config.num_hidden_layers
+    types = getattr(hf_config, "layer_types", None)
+    if types is None or len(types) != n:
+        return [window] * n
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if sliding and len(sliding) < n:
+        raise ModelLoadError(
+            f"{getattr(hf_config, 'model_type', 'this model')}: a sliding window "
+            f"(use_sliding_window) on layers {sliding} only (of {n}; layer_types / "
+            f"max_window_layers) is not supported; this model applies one window to all layers "
+            f"or none")
+    return [window if sliding else None] * n
 
 
 def single_kv_group(config: EngineConfig) -> bool:
