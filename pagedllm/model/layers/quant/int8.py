@@ -5,7 +5,7 @@ w[n, k] = q[n, k] * scale[n], q = round(w / scale) in [-127, 127], scale = max_k
 (symmetric, as vLLM's and torchao's int8 weight-only schemes): 4x fewer weight bytes than
 fp32, which is what decoding few sequences is bound by.
 
-Two kernels (kernels/quant_int_cpu.cpp), picked by `int8_activations`:
+Two kernels (the "int" family, kernels/quant_int_cpu.cpp), picked by `int8_activations`:
   * weight-only (default): x stays fp32, the kernel converts the int8 weight to fp32 in
     registers (small M) or in an L2-sized scratch (large M); y = scale * (x @ q^T);
   * W8A8 (`--int8-activations`, kernels/quant_w8a8_cpu.cpp): x is quantized to int8 with a
