@@ -14,7 +14,7 @@ Two kernels (the "int" family, kernels/quant_int_cpu.cpp), picked by `int8_activ
     AVX2 `maddubs`), each block's sum scaled and added in fp32; 4x the multiply-adds per
     instruction of fp32 FMA, for big batches. Not exact: the activation rounding changes
     logits slightly (a scale per token cost +3.8% perplexity on SmolLM2, one per 32 values
-    +0.3%: docs/benchmarks.md).
+    costs +0.37%, int8 weights alone +0.20%: docs/benchmarks.md).
 """
 
 from __future__ import annotations
