@@ -173,13 +173,14 @@ BlockQuantizedX quantize_x(const float* x, int64_t M, int64_t K, int64_t nblk) {
     for (int64_t m = begin; m < end; ++m)
       for (int64_t b = 0; b < nblk; ++b) {
         const float* xb = x + m * K + b * kBlock;
-        float tail[kBlock] = {};  // the last block of a K that is not whole blocks, 0-padded
-        if (K - b * kBlock < kBlock) {
+        int8_t* qb = qx.q.data() + (m * nblk + b) * kBlock;
+        if (K - b * kBlock >= kBlock) {
+          quantize_block(xb, qb, qx.dx[m * nblk + b], qx.zq[m * nblk + b]);
+        } else {  // the last block of a K that is not whole blocks, 0-padded
+          float tail[kBlock] = {};
           std::memcpy(tail, xb, (K - b * kBlock) * sizeof(float));
-          xb = tail;
+          quantize_block(tail, qb, qx.dx[m * nblk + b], qx.zq[m * nblk + b]);
         }
-        quantize_block(xb, qx.q.data() + (m * nblk + b) * kBlock, qx.dx[m * nblk + b],
-                       qx.zq[m * nblk + b]);
       }
   });
   return qx;
