@@ -9,7 +9,7 @@ and every position's logits score the next token. The formats are `--quantizatio
 `none` (dequantized fp32), `gguf` (the GGUF's blocks kept quantized: by construction the same
 weight values as none, so the same perplexity up to summation order), `int8` (weight-only
 int8 made at load), `w8a8` (`--quantization int8 --int8-activations`: int8 weights and
-dynamic per-token int8 activations), and `gguf-a8` (the GGUF's blocks with
+dynamic int8 activations, a scale per 32 values), and `gguf-a8` (the GGUF's blocks with
 `--int8-activations`: activations quantized per 32 values, llama.cpp's scheme; prefill runs
 int8 too for Q8_0 / Q4_0 / Q4_1 blocks, so the windows measure its error). A format the build
 does not offer is reported as unavailable.
@@ -71,7 +71,7 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
 
 def measure(model: str | None, fmt: str, windows: int, window: int, threads: int) -> dict:
     t0 = time.perf_counter()
-    # "w8a8": int8 weights and dynamic per-token int8 activations (--int8-activations);
+    # "w8a8": int8 weights and dynamic per-32 int8 activations (--int8-activations);
     # "gguf-a8": the GGUF's blocks with int8 activations; "gguf" and "int8" the exact
     # activations (int8 activations are the default on VNNI CPUs: kernels/cpu_features.py)
     quant, extra = {"w8a8": ("int8", {"int8_activations": True}),

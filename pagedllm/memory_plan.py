@@ -4,7 +4,9 @@
                    file the bytes of its (quantized) tensors, which the engine keeps as they are;
                    a mixture-of-experts model holds every expert but a token reads only its
                    top-k: the plan shows total and active parameters and the experts' bytes
-    KV per token = 2 (K and V) x layers x kv_heads x head_dim x KV dtype bytes   (GQA aware)
+    KV per token = 2 (K and V) x layers x kv_heads x head_dim x KV dtype bytes   (GQA aware);
+                   multi-head latent attention (DeepSeek-V2 / V3) caches one latent row:
+                   layers x (kv_lora_rank + qk_rope_head_dim) x KV dtype bytes
     KV per seq   = KV per token x max_model_len (rounded up to whole blocks); with sliding-
                    window layers (Gemma 3, Mistral) their group keeps only the window's
                    blocks (core/kv_groups.py), so a long sequence holds far less
@@ -28,6 +30,7 @@ import torch
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.loader.multimodal_text import text_architecture
+from pagedllm.model.layers.mla import attention_parameters, latent_kv_dims
 from pagedllm.model.layers.moe.spec import MoESpec
 
 GiB = 2**30
@@ -90,6 +93,8 @@ def parameter_counts(cfg: SimpleNamespace) -> tuple[int, int]:
         attn += (heads + kv) * hd
     if family in ("gemma2", "glm4"):  # two more norms per layer (after the sublayers)
         attn += 2 * h
+    if latent_kv_dims(cfg) is not None:  # multi-head latent attention: its own projections
+        attn = attention_parameters(cfg)
     tied = getattr(cfg, "tie_word_embeddings", False)
     fixed = vocab * h * (1 if tied else 2) + layers * (attn + 2 * h) + h
     moe = MoESpec.from_config(cfg)
@@ -127,8 +132,11 @@ class MemoryPlan:
             *self.moe_lines(),
             f"KV cache dtype:     {kv_dtype}",
             f"KV bytes per token: {self.kv_bytes_per_token} B = {self.kv_bytes_per_token / 1024:g} "
-            f"KiB (2 x {s.num_layers} layers x {s.num_kv_heads} kv_heads x {s.head_dim} head_dim "
-            f"x {s.dtype_bytes} bytes{scale})",
+            + (f"KiB (2 x {s.num_layers} layers x {s.num_kv_heads} kv_heads x {s.head_dim} "
+               f"head_dim x {s.dtype_bytes} bytes{scale})" if s.parts == 2 else
+               f"KiB of latent KV (multi-head latent attention: {s.num_layers} layers x "
+               f"{s.head_dim} (kv_lora_rank + qk_rope_head_dim) x {s.dtype_bytes} bytes"
+               f"{scale})"),
             f"KV per sequence at max_model_len {self.max_model_len}: "
             f"{self.kv_bytes_per_seq / GiB:.3f} GiB",
             f"KV budget:          {self.kv_budget / GiB:8.2f} GiB -> {self.num_blocks} blocks of "
@@ -186,9 +194,12 @@ def plan(cfg: SimpleNamespace, *, memory_gib: float | None = None,
     kvbytes = kv_dtype_bytes or wbytes
     from pagedllm.worker.model_setup import layer_windows
 
+    parts = 2
+    if (latent := latent_kv_dims(cfg)) is not None:
+        (kv_heads, head_dim), parts = latent, 1
     spec = KVCacheSpec(num_layers=cfg.num_hidden_layers, num_kv_heads=kv_heads,
                        head_dim=head_dim, dtype=_TORCH_DTYPE[kvbytes], block_size=block_size,
-                       layout=KVGroupLayout.from_windows(layer_windows(cfg)))
+                       layout=KVGroupLayout.from_windows(layer_windows(cfg)), parts=parts)
     max_len = max_model_len or int(getattr(cfg, "max_position_embeddings", 4096))
     budget = None if kv_cache_memory_gib is None else int(kv_cache_memory_gib * GiB)
     measured = getattr(cfg, "weight_bytes", None) if weight_dtype_bytes is None else None

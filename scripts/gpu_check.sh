@@ -67,6 +67,11 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider -x \
   tests/kernels/test_triton_kernels.py tests/worker/test_cuda_greedy.py \
   tests/worker/test_gpu_memory.py 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
+# The fused-MoE kernel compiled, against the per-expert loop (the kernel tests only: the
+# model test there forces the interpreter on CPU).
+timeout 120 python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_triton_fused_moe.py \
+  -k "not triton_path" 2>&1 | tee -a "$OUT/tests.log"
+[ "${PIPESTATUS[0]}" = 0 ] || tests_rc=1
 timeout 270 python3 benchmarks/gpu.py --model-dir .gpu/smollm2 --out "$OUT/gpu_bench.json" \
   2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}

@@ -102,7 +102,7 @@ class EngineConfig:
     max_loras: int = 1  # adapters in one batch (device slots)
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
-    # with quantization="int8": W8A8 (dynamic per-token int8 x); a GGUF model kept quantized:
+    # with quantization="int8": W8A8 (dynamic int8 x, a scale per 32 values); a GGUF model:
     # its int8-activation kernels (model/layers/quant/gguf_a8.py). None = auto: on where the
     # CPU kernels' int8 dot products are VNNI's (kernels/cpu_features.py), resolved by
     # `resolve_int8_activations` once the checkpoint's kind is known; False = exact path.
@@ -110,6 +110,10 @@ class EngineConfig:
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)
     enforce_eager: bool = False  # no CUDA graphs for decode steps (worker/cuda_graphs.py)
     tensor_parallel_size: int = 1  # ranks each holding 1/N of every layer (distributed/)
+    # MoE experts under TP (distributed/expert_sharding.py): True = whole experts per rank
+    # (E/N each; vLLM's flag), False = 1/N of every expert's width, None = auto: whole
+    # experts when N divides E (measured faster: benchmarks/moe_parallel.py)
+    enable_expert_parallel: bool | None = None
     data_parallel_size: int = 1    # engine replicas behind one API server (data_parallel/)
     distributed_executor_backend: str | None = None  # "mp" | "ray"; None = mp
     # Speculative decoding (speculative/): a SpeculativeConfig, its dict or JSON text.
@@ -169,6 +173,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.enable_expert_parallel not in (None, True, False):
+            raise ValueError(f"enable_expert_parallel must be True, False or None (auto), got "
+                             f"{self.enable_expert_parallel!r}")
         if self.distributed_executor_backend not in DISTRIBUTED_BACKENDS:
             raise ValueError(f"distributed_executor_backend must be one of mp, ray (or None "
                              f"for mp), got {self.distributed_executor_backend!r}")

@@ -18,6 +18,8 @@ class KVCacheSpec:
     scale per token per KV head. `layout` splits the layers into KV groups (full attention,
     sliding window: core/kv_groups.py); a block holds `layers_per_block` layers of one group.
     None: one group of every layer, no block ever freed before its sequence ends.
+    `parts`: 2 (K and V), or 1 for a latent cache (multi-head latent attention: one row per
+    token whose leading values the layer reads as V; model/layers/mla.py).
     """
 
     num_layers: int
@@ -26,8 +28,12 @@ class KVCacheSpec:
     dtype: torch.dtype
     block_size: int
     layout: KVGroupLayout | None = None
+    parts: int = 2
 
     def __post_init__(self) -> None:
+        if self.parts not in (1, 2):
+            raise ValueError(f"a KV cache holds 2 parts (K, V) or 1 (a latent cache); "
+                             f"got {self.parts}")
         if self.layout is not None and self.layout.num_layers != self.num_layers:
             raise ValueError(f"the KV layout covers {self.layout.num_layers} layers, the model "
                              f"has {self.num_layers}")
@@ -53,8 +59,9 @@ class KVCacheSpec:
 
     @property
     def bytes_per_layer_token(self) -> int:
-        """2 (K and V) x kv_heads x (head_dim x dtype bytes + scale bytes): one layer."""
-        return 2 * self.num_kv_heads * (self.head_dim * self.dtype_bytes + self.scale_bytes)
+        """parts (K and V: 2; latent: 1) x kv_heads x (head_dim x dtype bytes + scale bytes):
+        one layer."""
+        return self.parts * self.num_kv_heads * (self.head_dim * self.dtype_bytes + self.scale_bytes)
 
     @property
     def bytes_per_token(self) -> int:

@@ -117,7 +117,7 @@ def start_tensor_parallel(config: EngineConfig, ckpt) -> TPExecutor | None:
     n = config.tensor_parallel_size
     if n == 1:
         return None
-    layout = TPLayout.for_model(ckpt.config, 0, n)
+    layout = TPLayout.for_model(ckpt.config, 0, n, config.enable_expert_parallel)
     check_tensor_parallel(config, config.quantization or ckpt.quantization)
     if config.distributed_executor_backend == "ray":
         from pagedllm.distributed.ray_executor import RayExecutor

@@ -54,7 +54,8 @@ class TPWorker:
         from pagedllm.worker.rank_builder import build_rank, prepare_checkpoint
 
         ckpt = prepare_checkpoint(self.config)
-        layout = TPLayout.for_model(ckpt.config, self.rank, self.config.tensor_parallel_size)
+        layout = TPLayout.for_model(ckpt.config, self.rank, self.config.tensor_parallel_size,
+                                    self.config.enable_expert_parallel)
         parts = build_rank(self.config, ckpt, tp=(layout, self.group))
         self.model, self.kv_spec = parts.model, parts.kv_spec
         self.attention_backend = parts.attention_backend

@@ -101,8 +101,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    "reference); None = what the checkpoint holds")
     g.add_argument("--int8-activations", action=argparse.BooleanOptionalAction, default=None,
                    help="int8 activations and integer dot products (close, not exact): with "
-                   "--quantization int8 W8A8 (per-token scales); on a GGUF model llama.cpp's "
-                   "scheme (per-32 scales). Default: on where the CPU kernels have VNNI "
+                   "--quantization int8 W8A8, on a GGUF model its blocks (both with a scale "
+                   "per 32 activation values, llama.cpp's scheme). Default: on where the CPU "
+                   "kernels have VNNI "
                    "(AVX-512 VNNI, AMX CPUs), else off; --no-int8-activations: the exact path")
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="most sequences in one batch")
@@ -118,6 +119,11 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--tensor-parallel-size", "-tp", type=_parallel_size, default=1,
                    help="worker processes each holding 1/N of every layer (torch.distributed: "
                    "gloo on CPU, NCCL on CUDA); on CPU each uses cores/N threads")
+    g.add_argument("--enable-expert-parallel", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="with -tp N on a mixture-of-experts model: each rank holds E/N whole "
+                   "experts and runs the tokens routed to them (--no-enable-expert-parallel: "
+                   "1/N of every expert's width); default: whole experts when N divides E")
     g.add_argument("--data-parallel-size", "-dp", type=_parallel_size, default=1,
                    help="engine replicas (processes) behind one API server, requests routed "
                    "to the least loaded with prefix-cache affinity (serve only)")
@@ -318,6 +324,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
         chat_template=args.chat_template, revision=args.revision, tokenizer=args.tokenizer,
         download_dir=args.download_dir, tensor_parallel_size=args.tensor_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
         data_parallel_size=args.data_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,
         speculative_config=getattr(args, "speculative_config", None),

@@ -1,5 +1,5 @@
 // Python bindings of the "core" CPU kernel family (kernels/cpu_ops.py FAMILIES; the "int"
-// family, quant_int_cpu.cpp, is a module of its own).
+// family, quant_int_cpu.cpp and quant_w8a8_cpu.cpp, is a module of its own).
 #include <omp.h>
 #include <torch/csrc/utils/pybind.h>  // PYBIND11_MODULE, torch's Tensor casters
 

@@ -42,7 +42,7 @@ FAMILIES = {
     "core": ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "fused_cpu.cpp", "quant_gguf_cpu.cpp",
              "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp", "decode_layers_cpu.cpp",
              "varlen_attention_cpu.cpp", "bindings.cpp"),
-    "int": ("quant_int_cpu.cpp",),
+    "int": ("quant_int_cpu.cpp", "quant_w8a8_cpu.cpp"),
 }
 
 

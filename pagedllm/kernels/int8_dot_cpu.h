@@ -1,5 +1,7 @@
 // Integer dot products of int8 activations with int8 weights, four k at a time, for the W8A8
-// kernels (quant_int_cpu.cpp: int8 per output channel; quant_a8_panels_cpu.cpp: GGUF Q8_0).
+// kernels (quant_w8a8_cpu.cpp: int8 per output channel; quant_a8_panels_cpu.cpp: GGUF Q8_0;
+// both take VNNI's u8 x s8 the other way round, weights offset to u8, and this dot4 on AVX2
+// and AVX-512 BW).
 // Included inside each file's anonymous namespace, after <immintrin.h>, <cstdint> and
 // <cstring>, with kVW (floats per vector) defined.
 //

@@ -1,12 +1,10 @@
 // Integer-quantized linear layers for CPU (AWQ / GPTQ int4 with group scales and zeros, int8
-// per output channel, and W8A8): y[M, N] = x[M, K] @ W[N, K]^T (+ bias), W held quantized in
+// per output channel; W8A8 is quant_w8a8_cpu.cpp, registered here): y[M, N] = x[M, K] @ W[N, K]^T (+ bias), W held quantized in
 // panels of NB output columns, packed once at load time (pagedllm/model/layers/quant/*.py):
 //
 //   int4   qp uint8 [P, K, NB/2]  byte j of row k = col j (low nibble) | col j + NB/2 (high)
 //          zp uint8 [P, G, NB], sp fp16 [P, G, NB]  w = (q - z) * s  for the group g = k / gs
 //   int8   qp int8  [P, K, NB], scale fp32 [P * NB]  w = q * scale[n]
-//   w8a8   qp int8  [P, K4, NB, 4] (4 consecutive k of one column together, for vpdpbusd /
-//          maddubs), scale fp32 [P * NB], colsum int32 [P * NB] (sum_k q, for the u8 offset)
 //
 // Weight-only formats (int4, int8) run one of two paths, chosen by M, with the same arithmetic:
 //   * small M (decode): the micro-kernel dequantizes each k row of the panel in registers and
@@ -17,10 +15,6 @@
 // Python `dequantize()`) and the same k-ordered FMA chain per output (as gemm_cpu.cpp), so a
 // row's result does not depend on M or on its batch (batch-invariant).
 //
-// W8A8 quantizes each row of x to int8 with its own scale (dynamic, per token, symmetric) and
-// accumulates exact int32 dot products: AVX-512 VNNI vpdpbusd (u8 x s8, x offset by +128 and
-// corrected with 128 * colsum), else AVX2 maddubs + madd (|x| x sign(w, x), llama.cpp's trick
-// against maddubs' saturation). Integer sums are exact, so it is batch-invariant too.
 #include <torch/csrc/utils/pybind.h>  // PYBIND11_MODULE, torch's Tensor casters
 #include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
@@ -241,119 +235,6 @@ void dequant_int8(const int8_t* q, int64_t k0, int64_t kc, float* out) {
   }
 }
 
-// ---------------------------------------------------------------- W8A8
-#include "int8_dot_cpu.h"
-
-// Round to nearest, ties to even (nearbyint under the default rounding mode), lane-wise.
-inline vec round_even(vec v) {
-#if defined(__AVX512F__)
-  return reinterpret_cast<vec>(_mm512_roundscale_ps(reinterpret_cast<__m512>(v),
-                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#elif defined(__AVX__)
-  return reinterpret_cast<vec>(_mm256_round_ps(reinterpret_cast<__m256>(v),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#else
-  for (int j = 0; j < kVW; ++j) v[j] = std::nearbyint(v[j]);
-  return v;
-#endif
-}
-
-// Stores kVW int32 lanes as their low bytes (the lanes are in [-127, 127], or [1, 255] for the
-// VNNI offset, which only the AVX-512 branch sees).
-inline void store_bytes(uint8_t* p, ivec v) {
-#if defined(__AVX512F__)
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm512_cvtepi32_epi8(reinterpret_cast<__m512i>(v)));
-#elif defined(__AVX2__)
-  const __m256i x = reinterpret_cast<__m256i>(v);
-  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(w, w));
-#else
-  for (int j = 0; j < kVW; ++j) p[j] = static_cast<uint8_t>(v[j]);
-#endif
-}
-
-// Row m of x as int8 with scale sx[m] = max|x| / 127 (x ~ q * sx, q in [-127, 127], rounded to
-// nearest even); K padded to K4 * 4 with zeros. Stored offset by +128 (u8) for VNNI. Vectorized:
-// at SmolLM2's widths a scalar loop here cost as much as the integer GEMM it feeds.
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t K4, uint8_t* xq, float* sx) {
-  const int off = kXOffset ? 128 : 0;
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      const float* xr = x + m * K;
-      const int64_t kv = K - K % kVW;
-      vec vmax = vec{};
-      for (int64_t k = 0; k < kv; k += kVW) {
-        const vec v = load<vec>(xr + k);
-        const vec a = v < 0 ? -v : v;
-        vmax = a > vmax ? a : vmax;
-      }
-      float amax = 0.f;
-      for (int j = 0; j < kVW; ++j) amax = std::max(amax, vmax[j]);
-      for (int64_t k = kv; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      const float s = amax * (1.f / 127.f), inv = s > 0.f ? 1.f / s : 0.f;
-      sx[m] = s;
-      uint8_t* qr = xq + m * K4 * 4;
-      const vec lo = vec{} - 127.f, hi = vec{} + 127.f;
-      for (int64_t k = 0; k < kv; k += kVW) {
-        vec q = round_even(load<vec>(xr + k) * inv);
-        q = q < lo ? lo : q;
-        q = q > hi ? hi : q;
-        store_bytes(qr + k, __builtin_convertvector(q, ivec) + off);
-      }
-      for (int64_t k = kv; k < K; ++k) {
-        const float q = std::min(127.f, std::max(-127.f, std::nearbyint(xr[k] * inv)));
-        qr[k] = static_cast<uint8_t>(static_cast<int>(q) + off);
-      }
-      for (int64_t k = K; k < K4 * 4; ++k) qr[k] = static_cast<uint8_t>(off);
-    }
-  });
-}
-
-template <int MR>
-struct W8A8Op {
-  static void run(const uint8_t* xq, int64_t ldx, float* y, int64_t ldy, const float* sx,
-                  const int8_t* w, int64_t K4, int64_t ncols, const int32_t* colsum,
-                  const float* sw, const float* bias) {
-    acc8 acc[MR][2];
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = zero8();
-    for (int64_t k4 = 0; k4 < K4; ++k4) {
-      const int8_t* wk = w + k4 * kNB * 4;
-      for (int i = 0; i < MR; ++i) {
-        const int32_t xquad = load<int32_t>(xq + i * ldx + 4 * k4);
-        dot4(acc[i][0], xquad, wk);
-        dot4(acc[i][1], xquad, wk + kVW * 4);
-      }
-    }
-    // y = float(dot) * sx[row] * sw[col] (+ bias), in vectors; colsum / sw are panel-padded
-    const ivec c0 = load<ivec>(colsum) * 128, c1 = load<ivec>(colsum + kVW) * 128;
-    const vec w0 = load<vec>(sw), w1 = load<vec>(sw + kVW);
-    for (int i = 0; i < MR; ++i) {
-      ivec a0, a1;
-      std::memcpy(&a0, &acc[i][0], sizeof(ivec));
-      std::memcpy(&a1, &acc[i][1], sizeof(ivec));
-      if (kXOffset) {
-        a0 -= c0;
-        a1 -= c1;
-      }
-      const vec sxv = vec{} + sx[i];
-      store_row(__builtin_convertvector(a0, vec) * sxv * w0,
-                __builtin_convertvector(a1, vec) * sxv * w1, y + i * ldy, ncols, nullptr, bias);
-    }
-  }
-};
-
-template <template <int> class Op, int MR>
-struct RowTail8 {
-  template <typename... A>
-  static void run(int rows, A&&... a) {
-    if constexpr (MR > 0) {
-      if (rows == MR) return Op<MR>::run(a...);
-      RowTail8<Op, MR - 1>::run(rows, a...);
-    }
-  }
-};
-
 // ---------------------------------------------------------------- drivers
 template <template <int> class Op, int MR = kMR>
 struct RowTail {
@@ -505,46 +386,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale
   return y;
 }
 
-torch::Tensor w8a8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale,
-                          torch::Tensor colsum, int64_t N, c10::optional<torch::Tensor> bias) {
-  check_x(x, "w8a8_linear");
-  const int64_t M = x.size(0), K = x.size(1), P = (N + kNB - 1) / kNB, K4 = (K + 3) / 4;
-  TORCH_CHECK(qp.dtype() == torch::kInt8 && qp.is_contiguous() && qp.dim() == 4 &&
-                  qp.size(0) == P && qp.size(1) == K4 && qp.size(2) == kNB && qp.size(3) == 4,
-              "w8a8_linear: weight not packed for this input");
-  TORCH_CHECK(scale.dtype() == torch::kFloat32 && scale.is_contiguous() &&
-                  scale.numel() == P * kNB, "w8a8_linear: scale must be fp32 [P * NB]");
-  TORCH_CHECK(colsum.dtype() == torch::kInt32 && colsum.is_contiguous() &&
-                  colsum.numel() == P * kNB, "w8a8_linear: colsum must be int32 [P * NB]");
-  const float* bp = bias_ptr(bias, N);
-  std::vector<uint8_t> xq(M * K4 * 4);
-  std::vector<float> sx(M);
-  quantize_rows(x.data_ptr<float>(), M, K, K4, xq.data(), sx.data());
-  auto y = torch::empty({M, N}, x.options());
-  float* yp = y.data_ptr<float>();
-  const int8_t* q = qp.data_ptr<int8_t>();
-  const float* sw = scale.data_ptr<float>();
-  const int32_t* cs = colsum.data_ptr<int32_t>();
-  const int64_t ldx = K4 * 4;
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
-      const int8_t* pw = q + p * K4 * kNB * 4;
-      const float* bn = bp ? bp + n : nullptr;
-      int64_t m = 0;
-      for (; m + kMR8 <= M; m += kMR8) {
-        W8A8Op<kMR8>::run(xq.data() + m * ldx, ldx, yp + m * N + n, N, sx.data() + m, pw, K4,
-                          ncols, cs + n, sw + n, bn);
-      }
-      if (m < M) {
-        RowTail8<W8A8Op, kMR8 - 1>::run(static_cast<int>(M - m), xq.data() + m * ldx, ldx,
-                                        yp + m * N + n, N, sx.data() + m, pw, K4, ncols, cs + n,
-                                        sw + n, bn);
-      }
-    }
-  });
-  return y;
-}
+void register_w8a8_kernels(pybind11::module_& m);  // quant_w8a8_cpu.cpp
 
 // rows of one expert per work item of the grouped int8 kernels
 constexpr int64_t kGroupRowTile = 256;
@@ -588,55 +430,9 @@ torch::Tensor int8_grouped_linear(torch::Tensor x, torch::Tensor qp, torch::Tens
   return y;
 }
 
-// W8A8 experts in one call: qp [E, P, K4, NB, 4], scale and colsum [E, P * NB] (expert e's
-// w8a8_linear weight); every row of x is quantized once (per row, as w8a8_linear does).
-torch::Tensor w8a8_grouped_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale,
-                                  torch::Tensor colsum, int64_t N, torch::Tensor offsets) {
-  check_x(x, "w8a8_grouped_linear");
-  const int64_t R = x.size(0), K = x.size(1), P = (N + kNB - 1) / kNB, K4 = (K + 3) / 4;
-  TORCH_CHECK(qp.dtype() == torch::kInt8 && qp.is_contiguous() && qp.dim() == 5 &&
-                  qp.size(1) == P && qp.size(2) == K4 && qp.size(3) == kNB && qp.size(4) == 4,
-              "w8a8_grouped_linear: weights not packed [E, P, K4, NB, 4] for this input");
-  const int64_t E = qp.size(0);
-  TORCH_CHECK(scale.dtype() == torch::kFloat32 && scale.is_contiguous() &&
-                  scale.numel() == E * P * kNB, "w8a8_grouped_linear: scale must be fp32 [E, P * NB]");
-  TORCH_CHECK(colsum.dtype() == torch::kInt32 && colsum.is_contiguous() &&
-                  colsum.numel() == E * P * kNB, "w8a8_grouped_linear: colsum must be int32 [E, P * NB]");
-  const int64_t* off = checked_offsets(offsets, E, R);
-  std::vector<uint8_t> xq(R * K4 * 4);
-  std::vector<float> sx(R);
-  quantize_rows(x.data_ptr<float>(), R, K, K4, xq.data(), sx.data());
-  auto y = torch::empty({R, N}, x.options());
-  float* yp = y.data_ptr<float>();
-  const int8_t* q = qp.data_ptr<int8_t>();
-  const float* sw = scale.data_ptr<float>();
-  const int32_t* cs = colsum.data_ptr<int32_t>();
-  const int64_t ldx = K4 * 4;
-  run_tiles(group_tiles(off, E, P, kGroupRowTile), [&](const GroupTile* t, const GroupTile* end) {
-    for (; t < end; ++t) {
-      const int64_t n = t->col * kNB, ncols = std::min<int64_t>(kNB, N - n);
-      const int8_t* pw = q + (t->expert * P + t->col) * K4 * kNB * 4;
-      const int64_t sn = t->expert * P * kNB + n;
-      const uint8_t* xr = xq.data() + t->row0 * ldx;
-      const float* sxr = sx.data() + t->row0;
-      float* yr = yp + t->row0 * N + n;
-      int64_t m = 0;
-      for (; m + kMR8 <= t->rows; m += kMR8) {
-        W8A8Op<kMR8>::run(xr + m * ldx, ldx, yr + m * N, N, sxr + m, pw, K4, ncols, cs + sn,
-                          sw + sn, nullptr);
-      }
-      if (m < t->rows) {
-        RowTail8<W8A8Op, kMR8 - 1>::run(static_cast<int>(t->rows - m), xr + m * ldx, ldx,
-                                        yr + m * N, N, sxr + m, pw, K4, ncols, cs + sn, sw + sn,
-                                        nullptr);
-      }
-    }
-  });
-  return y;
-}
-
 // The "int" kernel family's own extension module (kernels/cpu_ops.py FAMILIES): built only
-// when an AWQ / GPTQ / int8 model loads.
+// when an AWQ / GPTQ / int8 model loads. The W8A8 file's panels must be as wide as these
+// (it defines kVW the same way; w8a8_linear checks the packed shape).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("quant_panel_width", &quant_panel_width, nogil,
@@ -648,11 +444,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_grouped_linear", &int8_grouped_linear, nogil,
         "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
         "expert's int8 weight (stacked [E, P, K, NB])");
-  m.def("w8a8_grouped_linear", &w8a8_grouped_linear, nogil,
-        "MoE experts in one call: rows of x (quantized per row) sorted by expert times their "
-        "expert's W8A8 weight (stacked [E, P, K4, NB, 4])");
-  m.def("w8a8_linear", &w8a8_linear, nogil,
-        "y = x @ W^T (+ bias), x quantized per row to int8, integer dot products (W8A8)");
+  register_w8a8_kernels(m);
 }
 
 #pragma GCC pop_options

@@ -24,7 +24,7 @@
 // needed only in the chunks that cross a row's first or last visible key. Keys stream in
 // chunks of kKC starting at multiples of kKC, so a row's result does not depend on how its
 // sequence was split into tiles, prefill chunks or blocks (lanes compute independently).
-// Items are handed out dynamically: causal tiles differ in cost.
+// Items are handed out dynamically, costliest first: causal tiles differ in cost.
 #include <torch/csrc/utils/pybind.h>  // register_varlen_attention(m): pybind11, Tensor casters
 #include "torch_lite_cpu.h"
 #include <immintrin.h>
@@ -190,20 +190,42 @@ __attribute__((noinline)) void attend_block(const BlockState& b, const float* kb
   }
 }
 
+// A tile of up to kQT query positions of one sequence (run once per KV head) and its cost:
+// key chunks it visits x blocks of kVW rows.
+struct Tile {
+  int64_t seq, row0, cost;
+};
+
+// The tiles of a step, costliest first. Items are handed out dynamically, and in causal
+// order the costliest come last (a prompt's final tile sees every key): the thread that takes
+// the last one finishes alone. Largest first (LPT) leaves only cheap items for the end; with
+// 16-32 threads on a 512-token prompt the causal order idles 15-30% of the thread time.
+// The order changes no result: each item computes the same way wherever it runs.
+std::vector<Tile> tiles_by_cost(const int64_t* lens, const int64_t* qstart, int64_t P,
+                                int64_t G, int64_t window) {
+  std::vector<Tile> tiles;
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t n = qstart[p + 1] - qstart[p];
+    for (int64_t i = qstart[p]; i < qstart[p + 1]; i += kQT) {
+      const int64_t nq = std::min(kQT, qstart[p + 1] - i);
+      const int64_t pos0 = lens[p] - n + (i - qstart[p]);
+      const int64_t k_first = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
+      const int64_t chunks = (pos0 + nq - k_first / kKC * kKC + kKC - 1) / kKC;
+      tiles.push_back({p, i, chunks * ((nq * G + kVW - 1) / kVW)});
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Tile& a, const Tile& b) { return a.cost > b.cost; });
+  return tiles;
+}
+
 template <typename T>
 void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t* ks,
             const uint16_t* vs, const int64_t* bt, const int64_t* lens, const int64_t* qstart,
             int64_t P, const Layout& lo) {
   const int64_t G = lo.H / lo.kvh, d = lo.d, H = lo.H;
-  // Tiles in order: (sequence, first row); each runs once per KV head.
-  std::vector<int64_t> tile_seq, tile_row;
-  for (int64_t p = 0; p < P; ++p) {
-    for (int64_t i = qstart[p]; i < qstart[p + 1]; i += kQT) {
-      tile_seq.push_back(p);
-      tile_row.push_back(i);
-    }
-  }
-  const int64_t items = static_cast<int64_t>(tile_seq.size()) * lo.kvh;
+  const std::vector<Tile> tiles = tiles_by_cost(lens, qstart, P, G, lo.window);
+  const int64_t items = static_cast<int64_t>(tiles.size()) * lo.kvh;
   const int64_t max_blocks = (kQT * G + kVW - 1) / kVW;
 #pragma omp parallel
   {
@@ -213,7 +235,7 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < items; ++w) {
       const int64_t ti = w / lo.kvh, hk = w % lo.kvh;
-      const int64_t p = tile_seq[ti], row0 = tile_row[ti];
+      const int64_t p = tiles[ti].seq, row0 = tiles[ti].row0;
       const int64_t nq = std::min(kQT, qstart[p + 1] - row0);
       const int64_t R = nq * G, nb = (R + kVW - 1) / kVW;
       const int64_t pos0 = lens[p] - (qstart[p + 1] - qstart[p]) + (row0 - qstart[p]);

@@ -22,6 +22,7 @@ from gguf import ReaderTensor
 from transformers import MixtralConfig
 
 from pagedllm.loader.errors import UnsupportedModelError
+from pagedllm.loader.gguf_arch import common_config, head_dim
 
 # Stacked expert tensors -> the HF per-expert name, "{}" standing for the expert index.
 EXPERT_NAMES = {
@@ -43,31 +44,20 @@ def mixtral_config(
 ) -> MixtralConfig:
     """A ``MixtralConfig`` from a llama-architecture MoE file's metadata (``meta(key,
     default)``) and the HF-order shapes of its tensors."""
-    if "token_embd.weight" not in tensor_shapes:
-        raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
+    base = common_config("llama", meta, tensor_shapes)
     if "blk.0.ffn_gate_exps.weight" not in tensor_shapes:
         raise UnsupportedModelError(
             "GGUF llama MoE file without stacked ffn_*_exps tensors "
             "(an older per-expert layout) is not supported"
         )
-    heads = int(meta("llama.attention.head_count"))
-    hidden = int(meta("llama.embedding_length"))
     scaling = meta("llama.rope.scaling.type", "none")
     if scaling != "none":
         raise UnsupportedModelError(f"GGUF Mixtral rope scaling {scaling!r} is not supported")
+    base["intermediate_size"] = int(
+        meta("llama.expert_feed_forward_length", None) or base["intermediate_size"])
     return MixtralConfig(
         architectures=["MixtralForCausalLM"],
-        vocab_size=tensor_shapes["token_embd.weight"][0],
-        hidden_size=hidden,
-        intermediate_size=int(
-            meta("llama.expert_feed_forward_length", None) or meta("llama.feed_forward_length")
-        ),
-        num_hidden_layers=int(meta("llama.block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(meta("llama.attention.head_count_kv", heads)),
-        head_dim=int(meta("llama.attention.key_length", hidden // heads)),
-        max_position_embeddings=int(meta("llama.context_length")),
-        rms_norm_eps=float(meta("llama.attention.layer_norm_rms_epsilon")),
+        head_dim=head_dim("llama", meta),
         rope_parameters={
             "rope_type": "default",
             "rope_theta": float(meta("llama.rope.freq_base", 1e6)),
@@ -75,10 +65,7 @@ def mixtral_config(
         num_local_experts=int(meta("llama.expert_count")),
         num_experts_per_tok=int(meta("llama.expert_used_count")),
         sliding_window=None,
-        tie_word_embeddings="output.weight" not in tensor_shapes,
-        bos_token_id=meta("tokenizer.ggml.bos_token_id", None),
-        eos_token_id=meta("tokenizer.ggml.eos_token_id", None),
-        pad_token_id=meta("tokenizer.ggml.padding_token_id", None),
+        **base,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from transformers import Phi3Config
 
 from pagedllm.loader.errors import UnsupportedModelError
+from pagedllm.loader.gguf_arch import common_config
 
 ARCH = "phi3"
 LAYER_NAMES = {
@@ -35,11 +36,8 @@ def config(
 ) -> Phi3Config:
     """A ``Phi3Config`` from the ``phi3.*`` metadata (``meta(key, default)``), the HF-order
     shapes of the file's tensors and its LongRoPE factor tensors (name -> values)."""
-    if "token_embd.weight" not in tensor_shapes:
-        raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
-    heads = int(meta(f"{ARCH}.attention.head_count"))
-    hidden = int(meta(f"{ARCH}.embedding_length"))
-    head_dim = hidden // heads
+    base = common_config(ARCH, meta, tensor_shapes)
+    head_dim = base["hidden_size"] // base["num_attention_heads"]
     rotary = int(meta(f"{ARCH}.rope.dimension_count", head_dim))
     rope: dict[str, Any] = {
         "rope_type": "default",
@@ -65,19 +63,8 @@ def config(
         rope["partial_rotary_factor"] = rotary / head_dim
     return Phi3Config(
         architectures=["Phi3ForCausalLM"],
-        vocab_size=tensor_shapes["token_embd.weight"][0],
-        hidden_size=hidden,
-        intermediate_size=int(meta(f"{ARCH}.feed_forward_length")),
-        num_hidden_layers=int(meta(f"{ARCH}.block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(meta(f"{ARCH}.attention.head_count_kv", heads)),
-        max_position_embeddings=int(meta(f"{ARCH}.context_length")),
-        rms_norm_eps=float(meta(f"{ARCH}.attention.layer_norm_rms_epsilon")),
         rope_parameters=rope,
         sliding_window=meta(f"{ARCH}.attention.sliding_window", None),
-        tie_word_embeddings="output.weight" not in tensor_shapes,
-        bos_token_id=meta("tokenizer.ggml.bos_token_id", None),
-        eos_token_id=meta("tokenizer.ggml.eos_token_id", None),
-        pad_token_id=meta("tokenizer.ggml.padding_token_id", None),
+        **base,
         **extra,
     )

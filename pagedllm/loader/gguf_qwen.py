@@ -31,6 +31,7 @@ from transformers import (
 )
 
 from pagedllm.loader.errors import UnsupportedModelError
+from pagedllm.loader.gguf_arch import LLAMA_LAYER_NAMES, QK_NORM_NAMES, common_config, head_dim
 
 ARCHES = ("qwen2", "qwen3", "qwen2moe", "qwen3moe")
 MODEL_TYPES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")  # their HF configs' model_type
@@ -41,20 +42,10 @@ _CONFIGS = {  # arch -> (config class, HF architecture)
     "qwen3moe": (Qwen3MoeConfig, "Qwen3MoeForCausalLM"),
 }
 
-# GGUF layer tensor name -> HF name (gguf_loader.hf_tensor_name maps with it; the global
-# names are llama's).
+# GGUF layer tensor name -> HF name (the global names are llama's).
 LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
+    **LLAMA_LAYER_NAMES,
+    **QK_NORM_NAMES,
     "ffn_gate_inp": "mlp.gate",
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
     "ffn_up_shexp": "mlp.shared_expert.up_proj",
@@ -68,10 +59,7 @@ def config(
 ) -> PretrainedConfig:
     """A ``Qwen2Config`` / ``Qwen3Config`` from the ``<arch>.*`` metadata (``meta(key,
     default)``) and the HF-order shapes of the file's tensors."""
-    if "token_embd.weight" not in tensor_shapes:
-        raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
-    heads = int(meta(f"{arch}.attention.head_count"))
-    hidden = int(meta(f"{arch}.embedding_length"))
+    base = common_config(arch, meta, tensor_shapes)
     scaling = meta(f"{arch}.rope.scaling.type", "none")
     rope: dict[str, Any] = {
         "rope_type": "default",
@@ -92,7 +80,7 @@ def config(
     extra: dict[str, Any] = {}
     if arch in ("qwen3", "qwen3moe"):
         extra = {
-            "head_dim": int(meta(f"{arch}.attention.key_length", hidden // heads)),
+            "head_dim": head_dim(arch, meta),
             "attention_bias": "blk.0.attn_q.bias" in tensor_shapes,
         }
     elif arch == "qwen2moe":
@@ -110,20 +98,4 @@ def config(
         extra["shared_expert_intermediate_size"] = int(
             meta(f"{arch}.expert_shared_feed_forward_length")
         )
-    return cls(
-        architectures=[hf_arch],
-        vocab_size=tensor_shapes["token_embd.weight"][0],
-        hidden_size=hidden,
-        intermediate_size=int(meta(f"{arch}.feed_forward_length")),
-        num_hidden_layers=int(meta(f"{arch}.block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(meta(f"{arch}.attention.head_count_kv", heads)),
-        max_position_embeddings=int(meta(f"{arch}.context_length")),
-        rms_norm_eps=float(meta(f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_parameters=rope,
-        tie_word_embeddings="output.weight" not in tensor_shapes,
-        bos_token_id=meta("tokenizer.ggml.bos_token_id", None),
-        eos_token_id=meta("tokenizer.ggml.eos_token_id", None),
-        pad_token_id=meta("tokenizer.ggml.padding_token_id", None),
-        **extra,
-    )
+    return cls(architectures=[hf_arch], rope_parameters=rope, **base, **extra)

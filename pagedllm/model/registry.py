@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from pagedllm.errors import ModelLoadError
+from pagedllm.model.models.deepseek import DeepseekForCausalLM
 from pagedllm.model.models.gemma2 import Gemma2ForCausalLM
 from pagedllm.model.models.gemma3 import Gemma3ForCausalLM
 from pagedllm.model.models.glm4 import Glm4ForCausalLM
@@ -38,6 +39,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Glm4ForCausalLM": Glm4ForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekForCausalLM,
 }
 
 

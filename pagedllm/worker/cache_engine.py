@@ -1,7 +1,8 @@
 """The KV pool tensors: one preallocated tensor for all layers, K and V (plus their scales
 when the cache is int8 / fp8).
 
-Layout `[layers_per_block, 2, num_blocks, block_size, kv_heads, head_dim]`; layer l's K pool
+Layout `[layers_per_block, parts, num_blocks, block_size, kv_heads, head_dim]` (parts: K and V,
+or one latent row for multi-head latent attention, whose V is K's pool); layer l's K pool
 is `kv[s, 0]` (`num_blocks x block_size x kv_heads x head_dim`) for its slot s in its KV group
 (core/kv_groups.py: one group of every layer, s = l, unless sliding-window layers keep
 tables of their own; then the layers of different groups share slots, at different blocks). A quantized cache adds
@@ -49,7 +50,8 @@ class CacheEngine:
         self.spec = spec
         self.num_blocks = num_blocks
         self.num_swap_blocks = num_swap_blocks
-        shape = (spec.layers_per_block, 2, num_blocks, spec.block_size, spec.num_kv_heads)
+        shape = (spec.layers_per_block, spec.parts, num_blocks, spec.block_size,
+                 spec.num_kv_heads)
         self.kv = _zeros((*shape, spec.head_dim), spec.dtype, device)
         self.scales = _zeros(shape, kv_quant.SCALE_DTYPE, device) if spec.quantized else None
         # Same layout as `pools` with num_swap_blocks on dim 2. A block is never read before a
@@ -62,9 +64,10 @@ class CacheEngine:
         self.layer_caches = []
         for layer in range(spec.num_layers):
             group, i = spec.groups.slot_of(layer)
+            v = spec.parts - 1  # a latent cache (one part): V is read from K's rows
             self.layer_caches.append(LayerKVCache(
-                self.kv[i, 0], self.kv[i, 1], None if s is None else s[i, 0],
-                None if s is None else s[i, 1], group))
+                self.kv[i, 0], self.kv[i, v], None if s is None else s[i, 0],
+                None if s is None else s[i, v], group))
 
     @property
     def pools(self) -> list[torch.Tensor]:

@@ -11,8 +11,11 @@ from torch import nn
 
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
+from pagedllm.errors import ModelLoadError
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
+from pagedllm.model.layers import kv_quant
+from pagedllm.model.layers.mla import latent_kv_dims
 from pagedllm.model.layers.parallel import tensor_parallel_layers
 from pagedllm.model.layers.quant import hf_checkpoint
 from pagedllm.model.models.llama import model_dims
@@ -88,8 +91,8 @@ def weight_bytes(model: nn.Module) -> int:
 
 def layer_windows(hf_config) -> list[int | None]:
     """Each layer's sliding window (None: full attention), as the model applies them:
-    per layer for models that say so (Gemma 3), else the config's one window on every layer
-    (Mistral), else none."""
+    per layer for models that say so (the class's `layer_windows(config)`, Qwen2-MoE; Gemma 3's
+    `layer_types`), else the config's one window on every layer (Mistral), else none."""
     n = hf_config.num_hidden_layers
     window = getattr(hf_config, "sliding_window", None)
     if not window or not getattr(hf_config, "use_sliding_window", True):
@@ -99,10 +102,31 @@ def layer_windows(hf_config) -> list[int | None]:
     except ValueError:
         cls = None
     if getattr(cls, "per_layer_sliding_window", False):
+        if hasattr(cls, "layer_windows"):
+            return cls.layer_windows(hf_config)
         from pagedllm.model.models.gemma3 import SLIDING, layer_types
 
         return [window if t == SLIDING else None for t in layer_types(hf_config)]
-    return [window] * n
+    return _uniform_window(hf_config, window)
+
+
+def _uniform_window(hf_config, window: int) -> list[int | None]:
+    """The one window of a model whose attention applies the same window to every layer.
+    A config whose `layer_types` marks only some layers sliding (HF's Qwen2 / Qwen3: the
+    layers from `max_window_layers` on) cannot run on it: refused, rather than sliding the
+    full layers too. None of them sliding: no window."""
+    n = hf_config.num_hidden_layers
+    types = getattr(hf_config, "layer_types", None)
+    if types is None or len(types) != n:
+        return [window] * n
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    if sliding and len(sliding) < n:
+        raise ModelLoadError(
+            f"{getattr(hf_config, 'model_type', 'this model')}: a sliding window "
+            f"(use_sliding_window) on layers {sliding} only (of {n}; layer_types / "
+            f"max_window_layers) is not supported; this model applies one window to all layers "
+            f"or none")
+    return [window if sliding else None] * n
 
 
 def single_kv_group(config: EngineConfig) -> bool:
@@ -121,11 +145,18 @@ def kv_layout(config: EngineConfig, windows: list[int | None]) -> KVGroupLayout:
 
 def kv_spec_for(hf_config, config: EngineConfig) -> KVCacheSpec:
     """The KV cache's shape; its group layout frees sliding layers' out-of-window blocks
-    unless `disable_hybrid_kv_cache_manager` (then every layer keeps all its KV)."""
+    unless `disable_hybrid_kv_cache_manager` (then every layer keeps all its KV). A
+    multi-head latent attention model caches one latent row per token (one part, one head)."""
     _, kv_heads, head_dim = model_dims(hf_config)
+    parts = 2
+    if (latent := latent_kv_dims(hf_config)) is not None:
+        (kv_heads, head_dim), parts = latent, 1
+        if kv_quant.is_quantized(config.torch_kv_cache_dtype):
+            raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} is not supported with "
+                             f"{hf_config.model_type}'s latent KV cache; use auto")
     return KVCacheSpec(num_layers=hf_config.num_hidden_layers, num_kv_heads=kv_heads, head_dim=head_dim,
                        dtype=config.torch_kv_cache_dtype, block_size=config.block_size,
-                       layout=kv_layout(config, layer_windows(hf_config)))
+                       layout=kv_layout(config, layer_windows(hf_config)), parts=parts)
 
 
 def kv_budget_bytes(config: EngineConfig, profile_peak_bytes: int | None = None) -> int:
@@ -165,12 +196,17 @@ def plan_num_blocks(spec: KVCacheSpec, budget: int, max_model_len: int,
         vs_model = (f" ({plain.bytes_per_token / spec.bytes_per_token:.2f}x the tokens of a "
                     f"{str(model_dtype).removeprefix('torch.')} cache)")
     logger.info(
-        "KV cache (%s): %d bytes/token (2 x %d layers x %d kv_heads x (%d head_dim x %d bytes%s)); "
+        "KV cache (%s): %d bytes/token (%d x %d layers x %d kv_heads x (%d head_dim x %d bytes%s)); "
         "budget %.2f GiB -> %d blocks of %d tokens = %d tokens%s; %.1f sequences of "
-        "max_model_len %d fit", dtype_name, spec.bytes_per_token, spec.num_layers,
+        "max_model_len %d fit", dtype_name, spec.bytes_per_token, spec.parts, spec.num_layers,
         spec.num_kv_heads, spec.head_dim, spec.dtype_bytes, scale_term, budget / GiB,
         num_blocks, spec.block_size, num_blocks * spec.block_size, vs_model,
         num_blocks / per_seq, max_model_len)
+    if spec.parts == 1:
+        logger.info("KV cache is multi-head latent attention's latent cache: %d bytes/token = "
+                    "%d layers x %d latent values (kv_lora_rank + qk_rope_head_dim) x %d "
+                    "bytes, one row shared by every head", spec.bytes_per_token,
+                    spec.num_layers, spec.head_dim, spec.dtype_bytes)
     log_groups(spec, max_model_len)
     if usable < per_seq:
         need = per_seq * spec.bytes_per_block

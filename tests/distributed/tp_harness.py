@@ -6,7 +6,11 @@ from __future__ import annotations
 import torch
 
 from pagedllm import SamplingParams
+from pagedllm.config import EngineConfig
+from pagedllm.distributed.sharding import TPLayout
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.memory_plan import load_config
+from pagedllm.model.models.llama import model_dims
 
 PREFIX = list(range(10, 50))  # 40 shared tokens: full blocks the prefix cache can share
 
@@ -47,3 +51,42 @@ def engine_kwargs(model_dir, tp: int, budget_blocks_bytes: int, **extra) -> dict
                 max_model_len=128, max_num_batched_tokens=24, block_size=16,
                 kv_cache_memory=budget_blocks_bytes, enable_prefix_caching=True,
                 generation_config="vllm", **extra)
+
+
+NUM_BLOCKS = 8
+
+
+def budget(model_dir, tp: int) -> int:
+    """Bytes for NUM_BLOCKS blocks on the fullest rank, so both runs schedule alike."""
+    cfg = load_config(model_dir)  # a vision-language checkpoint's language model
+    heads, kv_heads, head_dim = model_dims(cfg)
+    if tp > 1:
+        kv_heads = TPLayout.for_model(cfg, 0, tp).max_local_kv_heads
+    return NUM_BLOCKS * 2 * cfg.num_hidden_layers * kv_heads * head_dim * 4 * 16
+
+
+def generate(model_dir, tp: int, preemption_mode: str, check=None, **extra):
+    """(greedy tokens of prompts() run twice, logits of every step) under chunked prefill,
+    prefix caching (the second run) and preemption (NUM_BLOCKS blocks for 4 requests);
+    `check(engine)` first looks at rank 0's model when given."""
+    # One block table at TP=1 too (TP always has one), so both runs plan the same blocks.
+    engine = LLMEngine(EngineConfig(**engine_kwargs(model_dir, tp, budget(model_dir, tp),
+                                                    preemption_mode=preemption_mode,
+                                                    swap_space=0.01,
+                                                    disable_hybrid_kv_cache_manager=True,
+                                                    **extra)))
+    try:
+        assert engine.num_blocks == NUM_BLOCKS
+        if check is not None:
+            check(engine)
+        logits = record_logits(engine)
+        first = run(engine, prompts())
+        second = run(engine, prompts())  # now from the prefix cache
+        stats = engine.stats
+        assert stats.num_preemptions_total > 0
+        assert (stats.swapped_out_blocks_total > 0) == (preemption_mode == "swap")
+        assert stats.prefix_cache_hits > 0
+        engine.check_idle()
+        return list(first.values()) + list(second.values()), logits
+    finally:
+        engine.shutdown()

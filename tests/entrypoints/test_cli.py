@@ -53,6 +53,9 @@ def test_parallel_sizes(capsys):
                                            "--distributed-executor-backend", "ray"))
     assert (config.tensor_parallel_size, config.data_parallel_size) == (2, 3)
     assert config.distributed_executor_backend == "ray"
+    assert config.enable_expert_parallel is None  # auto
+    for flag, value in (("--enable-expert-parallel", True), ("--no-enable-expert-parallel", False)):
+        assert engine_config_from_args(parse("-tp", "2", flag)).enable_expert_parallel is value
     with pytest.raises(SystemExit):
         parse("--tensor-parallel-size", "0")
     assert "not a process count" in capsys.readouterr().err

@@ -32,8 +32,9 @@ def test_core_build_holds_no_int_kernels() -> None:
     assert _units("core") == {name.removesuffix(".cpp") for name in cpu_ops.FAMILIES["core"]}
     assert not hasattr(cpu_ops.load(), "int4_linear")
     assert cpu_ops.load_int() is not None
-    assert _units("int") == {"quant_int_cpu"}
+    assert _units("int") == {"quant_int_cpu", "quant_w8a8_cpu"}
     assert hasattr(cpu_ops.load_int(), "int4_linear")
+    assert hasattr(cpu_ops.load_int(), "w8a8_linear") and not hasattr(cpu_ops.load(), "w8a8_linear")
 
 
 def test_a_llama_family_run_loads_only_the_core_family(tiny_llama_dir) -> None:

@@ -1,5 +1,6 @@
 """Write a tiny HF checkpoint (tests/conftest.py's) as a GGUF file the way llama.cpp's
-converter lays out qwen2 / qwen3 / qwen2moe / qwen3moe models and Mixtral (as `llama`):
+converter lays out qwen2 / qwen3 / qwen2moe / qwen3moe, gemma2, phi3, olmo2 and glm4 models and
+Mixtral (as `llama`):
 `<arch>.*` metadata, the byte-level BPE vocabulary as a "gpt2" tokenizer with its merges,
 llama.cpp tensor names, q/k rows unpermuted for NEOX RoPE (qwen) or in llama.cpp's
 interleaved order (llama), each layer's experts stacked ([E, N, K]), matrices in `qtype`
@@ -42,6 +43,18 @@ _GEMMA_LAYER = {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+# OLMo 2: post-norms only; GLM-4: sandwich norms and the fused gate/up as `ffn_up`
+_OLMO2_LAYER = {
+    "post_attention_layernorm": "post_attention_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+_GLM4_LAYER = {
+    "post_self_attn_layernorm": "post_attention_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "post_mlp_layernorm": "post_ffw_norm",
+}
+_ARCH_LAYER = {"gemma2": _GEMMA_LAYER, "gemma3": _GEMMA_LAYER, "olmo2": _OLMO2_LAYER,
+               "glm4": _GLM4_LAYER}
 _GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _EXPERT = re.compile(
     r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
@@ -72,7 +85,7 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
         return f"{_GLOBAL[module]}.{suffix}"
     _, _, rest = module.partition("model.layers.")
     layer, _, sub = rest.partition(".")
-    names = {**_LAYER, **_GEMMA_LAYER} if arch.startswith("gemma") else _LAYER
+    names = {**_LAYER, **_ARCH_LAYER.get(arch, {})}
     return f"blk.{layer}.{names[sub]}.{suffix}"
 
 
@@ -119,6 +132,8 @@ def _add_metadata(writer: gguf.GGUFWriter, cfg: dict, arch: str, qtype) -> None:
         if cfg.get("shared_expert_intermediate_size"):
             writer.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     rope = cfg["rope_parameters"]
+    if arch == "glm4":  # convert_hf_to_gguf's Glm4Model
+        writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.5)))
     if arch == "phi3":
         writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
         if rope.get("rope_type") == "longrope":
@@ -152,11 +167,14 @@ def write_gguf(
     out: Path,
     arch: str,
     qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+    chat_template: str | None = None,
 ) -> Path:
     cfg = json.loads((model_dir / "config.json").read_text())
     writer = gguf.GGUFWriter(str(out), arch)
     _add_metadata(writer, cfg, arch, qtype)
     _add_tokenizer(writer, model_dir, cfg)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     tensors: dict[str, np.ndarray] = {}
     experts: dict[str, dict[int, np.ndarray]] = {}
     with safe_open(str(model_dir / "model.safetensors"), framework="np") as f:

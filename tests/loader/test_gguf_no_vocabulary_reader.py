@@ -8,7 +8,7 @@ import logging
 import time
 from pathlib import Path
 
-from pagedllm.loader import gguf_loader
+from pagedllm.loader import gguf_loader, gguf_reader
 from pagedllm.loader.checkpoint import load_checkpoint
 
 
@@ -42,7 +42,7 @@ def test_cached_quantized_start_never_parses_the_vocabulary(smollm2_gguf: Path, 
     def full_reader(*_a, **_k):
         raise AssertionError("a cached start parsed the whole GGUF metadata")
 
-    monkeypatch.setattr(gguf_loader, "GGUFReader", full_reader)
+    monkeypatch.setattr(gguf_reader, "GGUFReader", full_reader)
     later = load_checkpoint(str(smollm2_gguf), cache_dir=tmp_path)
     assert later.quantization == first.quantization == "gguf"
     assert later.tokenizer.encode("Hello there") == first.tokenizer.encode("Hello there")

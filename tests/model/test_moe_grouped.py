@@ -233,3 +233,49 @@ def test_experts_of_mixed_formats_run_the_per_expert_loop() -> None:
     torch.testing.assert_close(experts(x, weights, ids),
                                per_token(dense_gate_up, dense_down, x, weights, ids),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_w8a8_grouped_on_partial_blocks_and_panels() -> None:
+    """W8A8's grouped kernel where K is not whole 32-value activation blocks and N not whole
+    panels, with an expert's group longer than a row tile: bit for bit each expert's own
+    w8a8_linear (the per-32 quantizer and micro-kernel of kernels/quant_w8a8_cpu.cpp)."""
+    from pagedllm.model.layers.moe.grouped_quant import stack_quantized
+    from pagedllm.model.layers.quant.int8 import Int8Weight
+
+    n, k, experts_n = 45, 72, 3
+    g = torch.Generator().manual_seed(11)
+    weights = [Int8Weight.quantize(torch.randn(n, k, generator=g), w8a8=True)
+               for _ in range(experts_n)]
+    stacked = stack_quantized(weights)
+    assert stacked is not None, "the grouped W8A8 kernel must be built here"
+    grouped, views = stacked
+    counts = [3, 0, 250]  # expert 2's 250 rows span two row tiles
+    xs = torch.randn(sum(counts), k, generator=g)
+    got = grouped.run(xs, offsets_of(counts))
+    starts = [0, 3, 3, 253]
+    for e in range(experts_n):
+        rows = slice(starts[e], starts[e + 1])
+        assert torch.equal(got[rows], views[e].linear(xs[rows].contiguous()))
+        assert torch.equal(views[e].dequantize(), weights[e].dequantize())
+
+
+def test_forced_triton_keeps_the_dense_stacks(monkeypatch) -> None:
+    """Where the Triton fused-MoE kernel runs the experts (forced into the interpreter on
+    CPU), `finalize` leaves them dense for it (moe/dispatch.py reads gate_up_proj /
+    down_proj), and the Triton path equals the grouped C++ kernel's."""
+    from pagedllm.model.layers.moe.dispatch import run_experts
+
+    gate_up, down = dense_weights(seed=5)
+    grouped = fp32_experts(gate_up, down)
+    monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    experts = StackedExperts(E, H, INTER)
+    with torch.no_grad():
+        experts.gate_up_proj.copy_(gate_up)
+        experts.down_proj.copy_(down)
+    experts.finalize()
+    assert experts.packed is None and experts.dense
+    assert torch.equal(experts.gate_up_proj, gate_up)
+    x, weights, ids = CASES["random top-2"]
+    torch.testing.assert_close(run_experts(experts, x, weights, ids, E),
+                               run_experts(grouped, x, weights, ids, E), rtol=1e-5, atol=1e-5)

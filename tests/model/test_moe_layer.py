@@ -265,8 +265,13 @@ def test_expert_loading_checks_shapes_and_parts() -> None:
     assert torch.equal(experts.down_proj[1], down)
     with pytest.raises(ValueError, match=r"shape \(24, 32\); the layer expects \(32, 24\)"):
         experts.load_expert(0, "down", gate)
-    with pytest.raises(ValueError, match="outside this layer's 2 experts"):
+    with pytest.raises(ValueError, match=r"outside this layer's experts \[0, 2\)"):
         experts.load_expert(2, "gate", gate)
+    shard = StackedExperts(2, H, INTER, first_expert=2)  # one rank's under expert parallelism
+    shard.load_expert(3, "down", down)
+    assert torch.equal(shard.down_proj[1], down)
+    with pytest.raises(ValueError, match=r"expert 1 is outside this layer's experts \[2, 4\)"):
+        shard.load_expert(1, "down", down)
     with pytest.raises(ValueError, match="'w4' is not one of"):
         experts.load_expert(0, "w4", gate)
 

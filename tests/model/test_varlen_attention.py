@@ -194,6 +194,24 @@ def test_rows_do_not_depend_on_chunking_or_neighbours() -> None:
     assert torch.equal(one, two)
 
 
+def test_rows_do_not_depend_on_the_thread_count() -> None:
+    """Work items go out costliest first to whichever thread is free: a mixed step (a long
+    prompt's late tiles, short prompts, a windowed one) gives the same bits on 1, 2 and 3
+    threads."""
+    backend = _backend("kernel")
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(torch.cat([
+                _run(backend, [0, 9, 0, 200], [513, 40, 3, 70], h=9, kvh=3)[0],
+                _run(backend, [0, 30], [400, 20], window=100, h=9, kvh=3)[0]]))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_greedy_matches_hf_with_lengths_1_to_1000(tiny_llama_dir, make_llm,
                                                   hf_reference) -> None:
     """A batch whose prompts run from 1 to 1000 tokens, all prefilled in one step, and the

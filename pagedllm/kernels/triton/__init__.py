@@ -7,6 +7,8 @@
                    bit-identical to kv_quant.quantize) when the cache is 8-bit
     fused.py       fused residual-add + RMSNorm (Llama and Gemma forms) and NeoX RoPE on
                    the q / k heads of fused qkv rows
+    fused_moe.py   a MoE layer's routed experts: grouped GEMMs over the token rows sorted
+                   by expert (gate_up -> SiLU * up -> down, weighted combine)
 
 `enabled(x)` decides whether the forward pass uses them for tensor `x`: on CUDA when triton
 imports, unless PAGEDLLM_ATTENTION_BACKEND=torch; PAGEDLLM_ATTENTION_BACKEND=triton also

@@ -3,9 +3,10 @@
 Model code declares what each layer needs: `Linear(..., combine="sum")` on a row-parallel
 layer (o_proj, down_proj: each rank holds a partial sum), `combine="vocab"` on a
 vocab-parallel lm_head (each rank holds a slice of the logits); `VocabEmbedding` holds a
-slice of the table's rows. While a rank's model is constructed its collectives are active
-(`tensor_parallel_layers(ops)`, entered by worker/model_setup.build_model); each layer takes
-the one it needs then and keeps it. Outside that context (one rank) layers get None and run
+slice of the table's rows; a MoE layer holds the experts `local_experts` names (all, or this
+rank's under expert parallelism) and all-reduces its output. While a rank's model is
+constructed its collectives are active (`tensor_parallel_layers(ops)`, entered by
+worker/model_setup.build_model); each layer takes the one it needs then and keeps it. Outside that context (one rank) layers get None and run
 alone. distributed/sharding.py implements `TensorParallelOps`; model code imports nothing of it.
 """
 
@@ -34,6 +35,10 @@ class TensorParallelOps(Protocol):
               rows: int) -> torch.Tensor:
         """Look `ids` up in this rank's `rows` rows of the table; zeros elsewhere, summed."""
 
+    def local_experts(self, num_experts: int) -> tuple[int, int]:
+        """[first, end) of a MoE layer's experts held on this rank (all but under expert
+        parallelism)."""
+
 
 _ACTIVE: ContextVar[TensorParallelOps | None] = ContextVar("tensor_parallel_ops", default=None)
 
@@ -58,6 +63,12 @@ def output_collective(combine: Combine | None) -> Callable[[torch.Tensor], torch
     if combine == "vocab":
         return ops.gather_vocab
     raise ValueError(f"combine must be 'sum', 'vocab' or None, got {combine!r}")
+
+
+def local_experts(num_experts: int) -> tuple[int, int]:
+    """[first, end) of the `num_experts` experts a MoE layer constructed now holds."""
+    ops = _ACTIVE.get()
+    return (0, num_experts) if ops is None else ops.local_experts(num_experts)
 
 
 def embedding_collective() -> TensorParallelOps | None:

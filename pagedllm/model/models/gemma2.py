@@ -32,7 +32,7 @@ class Gemma2Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias, combine="sum")
         self.scale = float(config.query_pre_attn_scalar) ** -0.5
         self.softcap = getattr(config, "attn_logit_softcapping", None)
         self.window = config.sliding_window if layer_type == SLIDING else None

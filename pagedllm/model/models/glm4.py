@@ -39,6 +39,9 @@ from pagedllm.model.models.llama import (
 )
 
 _QK = re.compile(r"\.self_attn\.(q_proj|k_proj)\.(weight|bias)$")
+# Set on a config whose checkpoint yields q/k rows already in `half_rotation_order` (the GGUF
+# loader reorders them while building quantized matrices, which cannot be reordered later).
+QK_ROWS_HALVED = "qk_rows_half_rotation"
 
 
 def half_rotation_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
@@ -78,6 +81,9 @@ class Glm4ForCausalLM(LlamaForCausalLM):
     model_cls = Glm4Model
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
+        if getattr(self.config, QK_ROWS_HALVED, False):
+            super().load_weights(weights)
+            return
         _, _, head_dim = model_dims(self.config)
         order = half_rotation_order(head_dim, self.model.rotary.rotary_dim)
 

@@ -22,12 +22,13 @@ import torch
 from torch import nn
 
 from pagedllm.errors import ModelLoadError
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.moe import FusedMoE, MoESpec, StackedExperts
 from pagedllm.model.layers.norm import RMSNorm
 from pagedllm.model.layers.quant import QuantizedWeight
-from pagedllm.model.layers.rotary import RotaryEmbedding
+from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 from pagedllm.model.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -127,7 +128,8 @@ class MoEForCausalLM(LlamaForCausalLM):
         super().load_weights(rest())
         for name, module in experts.items():
             if len(loaded[name]) != 3 * module.num_experts:
-                want = {(e, p) for e in range(module.num_experts) for p in ("gate", "up", "down")}
+                held = range(module.first_expert, module.first_expert + module.num_experts)
+                want = {(e, p) for e in held for p in ("gate", "up", "down")}
                 raise ModelLoadError(
                     f"checkpoint is missing expert weights of {name!r}: "
                     f"(expert, part) {sorted(want - loaded[name])[:8]}"
@@ -179,16 +181,45 @@ def _load_experts(
         )
     param.copy_(tensor)
     parts = ("gate", "up") if hit.group(2) == "gate_up_proj" else ("down",)
-    return {(e, p) for e in range(module.num_experts) for p in parts}
+    held = range(module.first_expert, module.first_expert + module.num_experts)
+    return {(e, p) for e in held for p in parts}
 
 
 class Qwen2MoeAttention(LlamaAttention):
-    """Qwen2-MoE: q/k/v bias as `qkv_bias` says (on by default), no o_proj bias."""
+    """Qwen2-MoE: q/k/v bias as `qkv_bias` says (on by default), no o_proj bias; its own
+    sliding `window` (None: full attention; set per layer by `Qwen2MoeModel`)."""
+
+    window: int | None = None
 
     def __init__(self, config, rotary: RotaryEmbedding) -> None:
         super().__init__(config, rotary)
         if getattr(config, "qkv_bias", True) and self.qkv_proj.bias is None:
             self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
+
+    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
+        out = meta.backend.forward_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                       kv_cache, meta.for_layer(kv_cache, self.window),
+                                       self.scale)
+        return self.o_proj(out)
+
+
+def qwen2_moe_windows(config) -> list[int | None]:
+    """Each layer's sliding window as HF transformers 5's Qwen2-MoE applies it: with
+    `use_sliding_window`, the layers `layer_types` marks "sliding_attention" (by default the
+    even layers below `max_window_layers`) see the last `sliding_window` keys; else none."""
+    window = getattr(config, "sliding_window", None)
+    if not getattr(config, "use_sliding_window", False) or not window:
+        return [None] * config.num_hidden_layers
+    types = getattr(config, "layer_types", None) or [
+        "sliding_attention" if i % 2 == 0 and i < config.max_window_layers else "full_attention"
+        for i in range(config.num_hidden_layers)]
+    if len(types) != config.num_hidden_layers:
+        raise ModelLoadError(f"Qwen2-MoE layer_types names {len(types)} layers; the model has "
+                             f"{config.num_hidden_layers}")
+    return [window if t == "sliding_attention" else None for t in types]
 
 
 class MixtralModel(MoEModel):
@@ -203,9 +234,16 @@ class MixtralForCausalLM(MoEForCausalLM):
 class Qwen2MoeModel(MoEModel):
     attention_cls = Qwen2MoeAttention
 
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        for layer, window in zip(self.layers, qwen2_moe_windows(config), strict=True):
+            layer.self_attn.window = window
+
 
 class Qwen2MoeForCausalLM(MoEForCausalLM):
     model_cls = Qwen2MoeModel
+    per_layer_sliding_window = True  # the engine must not apply config.sliding_window to all
+    layer_windows = staticmethod(qwen2_moe_windows)  # the KV groups' windows (model_setup)
 
 
 class Qwen3MoeModel(MoEModel):

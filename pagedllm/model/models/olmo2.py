@@ -11,6 +11,10 @@ What differs from Llama, as HF transformers computes it:
 
 Weight names are Llama's plus the q/k norms and `post_feedforward_layernorm`, so
 `LlamaForCausalLM.load_weights` loads them.
+
+Under tensor parallelism each rank holds its heads' q / k features and their norm weights;
+the norms need the mean square over all heads, so the ranks all-reduce their sums of squares
+(with their widths) once per layer: [T, 4] numbers instead of the q / k rows themselves.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from torch import nn
 
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.norm import RMSNorm
+from pagedllm.model.layers.parallel import output_collective
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 from pagedllm.model.models.llama import (
     LlamaAttention,
@@ -38,6 +43,23 @@ class OlmoAttention(LlamaAttention):
         self.q_norm = RMSNorm(self.q_size, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.kv_size, config.rms_norm_eps)
         self.clip_qkv = getattr(config, "clip_qkv", None)
+        self.sum_over_ranks = output_collective("sum")  # None on one rank
+
+    def _norm_qk_(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """q, k (views into the qkv rows) RMS-normalized in place over all heads."""
+        if self.sum_over_ranks is None:
+            q.copy_(self.q_norm(q.contiguous())[0])
+            k.copy_(self.k_norm(k.contiguous())[0])
+            return
+        qf, kf = q.float(), k.float()
+        widths = qf.new_tensor([q.shape[1], k.shape[1]]).expand(q.shape[0], 2)
+        sums = torch.cat([qf.pow(2).sum(-1, keepdim=True), kf.pow(2).sum(-1, keepdim=True),
+                          widths], dim=1)
+        sums = self.sum_over_ranks(sums.contiguous())  # over every rank's heads
+        mean_sq = sums[:, :2] / sums[:, 2:]
+        for x, f, norm, ms in ((q, qf, self.q_norm, mean_sq[:, :1]),
+                               (k, kf, self.k_norm, mean_sq[:, 1:])):
+            x.copy_(norm.weight * (f * torch.rsqrt(ms + norm.eps)).to(x.dtype))
 
     def forward(
         self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache, meta: AttentionMetadata
@@ -45,8 +67,7 @@ class OlmoAttention(LlamaAttention):
         qkv = self.qkv_proj(x)
         q = qkv[:, : self.q_size]
         k = qkv[:, self.q_size : self.q_size + self.kv_size]
-        q.copy_(self.q_norm(q.contiguous())[0])
-        k.copy_(self.k_norm(k.contiguous())[0])
+        self._norm_qk_(q, k)
         if self.clip_qkv is not None:
             qkv.clamp_(-self.clip_qkv, self.clip_qkv)
         rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)

@@ -75,23 +75,29 @@ def test_w8a8_is_close_by_vllms_rule(tiny_llama_dir, make_llm):
 
 
 @pytest.mark.slow
-def test_smollm2_int8_is_close_to_fp32_by_vllms_rule():
-    """SmolLM2 (the default model, fp32 weights): int8 weight-only greedy outputs vs the fp32
-    path, 4 prompts x 32 tokens, by vLLM's rule. (W8A8 fails it on one of these prompts:
-    docs/benchmarks.md, int8 weights.)"""
+def test_smollm2_int8_and_w8a8_are_close_to_fp32_by_vllms_rule():
+    """SmolLM2 (the default model): int8 weight-only and W8A8 greedy outputs vs the exact
+    path, 4 prompts x 32 tokens, by vLLM's rule. (W8A8 with one activation scale per token
+    failed it on one of these prompts; a scale per 32 values passes.)"""
     from pagedllm import LLM
 
     prompts = ["The capital of France is", "def fibonacci(n):",
                "Water boils at a temperature of", "Once upon a time, in a small village,"]
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=TOP)
     outs = {}
-    for name, extra in {"fp32": {}, "int8": {"quantization": "int8"}}.items():
-        llm = LLM(None, num_threads=2, kv_cache_memory=64 * 2**20, max_model_len=256,
-                  int8_activations=False, **extra)
+    variants = {"fp32": {"int8_activations": False},
+                "int8": {"quantization": "int8", "int8_activations": False},
+                "w8a8": {"quantization": "int8", "int8_activations": True}}
+    for name, extra in variants.items():
+        llm = LLM(None, num_threads=2, kv_cache_memory=64 * 2**20, max_model_len=256, **extra)
         outs[name] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
-    same = [check_logprobs_close(a, b) for a, b in zip(outs["int8"], outs["fp32"], strict=True)]
-    assert sum(same) >= 2 * 32, same  # and at least half the tokens identical
+    # and identical leading tokens: int8 at least half; W8A8, whose activation rounding
+    # moves near-ties sooner, at least 3/8 (63 of 128 when written, GGUF's a8 path 61)
+    for name, least in (("int8", 64), ("w8a8", 48)):
+        same = [check_logprobs_close(a, b)
+                for a, b in zip(outs[name], outs["fp32"], strict=True)]
+        assert sum(same) >= least, (name, same)
 
 
 def test_int8_activations_need_int8_or_gguf(tiny_llama_dir, make_llm):

@@ -22,7 +22,8 @@ Rows are added in ascending expert order, the order HF's per-expert loop adds th
 
 `finalize` (after loading) stacks each projection for the grouped C++ kernels
 (grouped.py; kernels/grouped_cpu.h): one call per projection runs every expert's rows, no
-Python loop per expert. Where they do not apply (another device, bf16, autograd, mixed
+Python loop per expert. (Where Triton is enabled, dense experts stay dense: moe/dispatch.py
+runs them with the Triton fused-MoE kernel instead of this forward.) Where they do not apply (another device, bf16, autograd, mixed
 quantized formats) `reference` runs one GEMM pair per expert in torch; the grouped kernels
 are tested equal to it.
 
@@ -80,11 +81,15 @@ def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
 
 
 class StackedExperts(nn.Module):
-    """E SwiGLU experts of hidden size H and width I (see the module doc)."""
+    """E SwiGLU experts of hidden size H and width I (see the module doc): the layer's experts
+    [first_expert, first_expert + num_experts) (all of them but under expert parallelism,
+    where each rank holds its share; `forward` takes ids in [0, num_experts))."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 first_expert: int = 0) -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.first_expert = first_expert
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Parameter(
             torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False
@@ -140,9 +145,13 @@ class StackedExperts(nn.Module):
     @torch.no_grad()
     def load_expert(self, expert: int, part: str, tensor: torch.Tensor | QuantizedWeight) -> None:
         """Copy one expert's HF weight ([I, H] for gate / up, [H, I] for down) into place, or
-        keep it as it is when quantized (`finalize` assembles those)."""
-        if not 0 <= expert < self.num_experts:
-            raise ValueError(f"expert {expert} is outside this layer's {self.num_experts} experts")
+        keep it as it is when quantized (`finalize` assembles those). `expert` is the
+        layer's expert id (held here: [first_expert, first_expert + num_experts))."""
+        first = self.first_expert
+        if not first <= expert < first + self.num_experts:
+            raise ValueError(f"expert {expert} is outside this layer's experts "
+                             f"[{first}, {first + self.num_experts})")
+        expert -= first
         inter = self.intermediate_size
         if part == "down":
             target = self.down_proj[expert]
@@ -165,6 +174,12 @@ class StackedExperts(nn.Module):
                 f"the layer expects {tuple(target.shape)}"
             )
         target.copy_(tensor)
+
+    @property
+    def dense(self) -> bool:
+        """Whether the weights are held in the dense stacks `gate_up_proj` / `down_proj` (not
+        quantized, not packed for the grouped kernels): what the Triton kernel reads."""
+        return self.quant is None and self.packed is None
 
     @property
     def weight_nbytes(self) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from pagedllm.kernels import cpu_ops
+from pagedllm.kernels import triton as triton_kernels
 
 
 class GroupedLinear(abc.ABC):
@@ -63,8 +64,12 @@ class PackedExperts(GroupedLinear):
 
 def packed_experts(weights: torch.Tensor) -> PackedExperts | None:
     """fp32 stacked experts [E, N, K] in the grouped kernel's panels, or None where the dense
-    path would not pack them either (another device or dtype, kernels not built)."""
+    path would not pack them either (another device or dtype, kernels not built) or where the
+    Triton fused-MoE kernel runs them (moe/dispatch.py: it reads the dense stacks; on CPU
+    when the interpreter is forced)."""
     if weights.device.type != "cpu" or weights.dtype != torch.float32 or not weights.numel():
+        return None
+    if triton_kernels.enabled_for(weights.device):
         return None
     ops = cpu_ops.fp32_ops(weights.detach())
     if ops is None or not hasattr(ops, "grouped_packed_linear"):

@@ -6,8 +6,8 @@ one pointer + stride reaches expert e and each work item runs that linear's own 
     gguf:T       GGUFWeight panels       q [E, P, K, RB], d / sc / m / mi [E, ...]
     gguf:T+a8    GGUFA8Weight rows       rows [E, N, K / block * block bytes]
     gguf:T+a8    GGUFA8PanelWeight       codes [E, P, K / 32, lanes, NB, 4], d / m [E, ...]
-    int8         Int8Weight              qp [E, P, K, NB] (W8A8: [E, P, K4, NB, 4]),
-                                         scale (and W8A8's colsum) [E, P * NB]
+    int8         Int8Weight              qp [E, P, K, NB] (W8A8: uint8 [E, P, K32 / 4, NB, 4]),
+                                         scale [E, P * NB]
 
 `stack_quantized(parts)` returns the stack and each expert's weight rebuilt as a view of it
 (so the experts' bytes are held once), or None for parts the kernels cannot stack (mixed
@@ -101,17 +101,14 @@ def _int8(parts: Sequence[Int8Weight]) -> tuple[GroupedLinear, list[QuantizedWei
     first = parts[0]
     fields = {"qp": torch.stack([p.qp for p in parts]),
               "scale": torch.stack([p.scale for p in parts])}
-    if first.w8a8:
-        fields["colsum"] = torch.stack([p.colsum for p in parts])
-    ops, n = cpu_ops.load_int(), first.out_features
+    ops, n, w8a8 = cpu_ops.load_int(), first.out_features, first.w8a8
 
-    def call(xs, offsets, qp, scale, colsum=None):
-        if colsum is not None:
-            return ops.w8a8_grouped_linear(xs, qp, scale, colsum, n, offsets)
+    def call(xs, offsets, qp, scale):
+        if w8a8:
+            return ops.w8a8_grouped_linear(xs, qp, scale, n, offsets)
         return ops.int8_grouped_linear(xs, qp, scale, n, offsets, -1)
 
-    views = [Int8Weight.from_packed(first, fields["qp"][e], fields["scale"][e],
-                                    fields["colsum"][e] if first.w8a8 else None)
+    views = [Int8Weight.from_packed(first, fields["qp"][e], fields["scale"][e])
              for e in range(len(parts))]
     return StackedQuantized(parts, fields, call), views
 
@@ -121,8 +118,12 @@ def _built(parts: Sequence[QuantizedWeight]) -> bool:
     first = parts[0]
     if isinstance(first, Int8Weight):
         ops = cpu_ops.load_int()
-        return (ops is not None and hasattr(ops, "int8_grouped_linear")
-                and first.nb == ops.quant_panel_width())
+        if ops is None or first.nb != ops.quant_panel_width():
+            return False
+        if first.w8a8:  # codes packed for this build's dot product (int8.py's linear)
+            return (hasattr(ops, "w8a8_grouped_linear")
+                    and first.code_offset == ops.w8a8_code_offset())
+        return hasattr(ops, "int8_grouped_linear")
     ops, name = {GGUFWeight: (gguf.kernels, "gguf_grouped_linear"),
                  GGUFA8Weight: (gguf_a8.kernels, "gguf_a8_grouped_linear"),
                  GGUFA8PanelWeight: (gguf_a8_panels.kernels, "a8_panel_grouped_linear"),
@@ -138,7 +139,8 @@ _STACKERS: dict[type, Callable] = {GGUFWeight: _gguf, GGUFA8Weight: _gguf_a8_row
 def _same_layout(parts: Sequence[QuantizedWeight]) -> bool:
     first = parts[0]
     return (len({type(p) for p in parts}) == 1 and len({p.format for p in parts}) == 1
-            and len({getattr(p, "w8a8", False) for p in parts}) == 1
+            and len({(getattr(p, "w8a8", False), getattr(p, "code_offset", 0))
+                     for p in parts}) == 1
             and all(p.shape == first.shape for p in parts))
 
 

@@ -3,6 +3,10 @@
     y = sum_k w_k * expert_{id_k}(x)              router: gate(x) -> select_experts
       + sigmoid(x W_g) * shared_expert(x)         where the family has one (Qwen2-MoE: gated)
 
+Under tensor parallelism (distributed/expert_sharding.py) the router is replicated, the
+experts are split by width or held whole per rank (expert parallelism, `local_experts`), the
+shared expert by width, and one all-reduce completes the block.
+
 Parameter names follow HF's (`gate` is the router, `experts`, `shared_expert`,
 `shared_expert_gate`), so checkpoints map onto them like any layer's.
 """
@@ -14,9 +18,11 @@ from torch import nn
 
 from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.moe.dispatch import run_experts
 from pagedllm.model.layers.moe.experts import StackedExperts
 from pagedllm.model.layers.moe.router import RouterSpec, select_experts
 from pagedllm.model.layers.moe.spec import MoESpec
+from pagedllm.model.layers.parallel import local_experts, output_collective
 
 
 class SharedExpert(nn.Module):
@@ -50,7 +56,11 @@ class FusedMoE(nn.Module):
         super().__init__()
         self.router = router
         self.gate = Linear(hidden_size, router.num_experts)
-        self.experts = StackedExperts(router.num_experts, hidden_size, intermediate_size)
+        first, end = local_experts(router.num_experts)  # all but under expert parallelism
+        self.experts = StackedExperts(end - first, hidden_size, intermediate_size, first)
+        # Under tensor parallelism routed and shared experts each leave a partial sum: one
+        # all-reduce completes both (None on one rank).
+        self.parallel = output_collective("sum")
         self.expert_bias = (
             nn.Parameter(torch.zeros(router.num_experts), requires_grad=False)
             if with_expert_bias
@@ -75,14 +85,15 @@ class FusedMoE(nn.Module):
             spec.router,
             spec.shared_intermediate_size,
             spec.shared_expert_gate,
+            spec.expert_bias,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.router, self.expert_bias)
-        out = self.experts(x, weights, ids)
+        out = run_experts(self.experts, x, weights, ids, self.router.num_experts)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
-        return out
+        return out if self.parallel is None else self.parallel(out)

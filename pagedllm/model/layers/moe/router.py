@@ -3,13 +3,16 @@
     scores  = softmax(logits) | sigmoid(logits)                [T, E], fp32
     choice  = scores + expert_bias                             the bias only steers the choice
     grouped (num_groups > 1): experts form G equal groups; a group's score is the sum of its
-              two best `choice` values; all but the `topk_groups` best groups are masked out
+              two best `choice` values (`group_score="top2"`, V3's noaux_tc) or its best one
+              ("max", V2's group_limited_greedy); all but the `topk_groups` best groups are
+              masked out
     ids     = topk(choice, top_k)                              [T, k]
     weights = scores[ids]  (/ their sum if renormalize)  * scale
 
 Mixtral: softmax, always renormalized. Qwen2-MoE, Qwen3-MoE, OLMoE: softmax, renormalized
 when `norm_topk_prob`. DeepSeek-V3: sigmoid, expert bias (`e_score_correction_bias`), grouped
-top-k, renormalized, `routed_scaling_factor`. Ties go to the lower expert id (torch.topk), as
+top-k, renormalized, `routed_scaling_factor`. DeepSeek-V2: softmax, grouped by each group's
+best score when `topk_method` is group_limited_greedy, `routed_scaling_factor`. Ties go to the lower expert id (torch.topk), as
 HF transformers picks them.
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 SCORINGS = ("softmax", "sigmoid")
+GROUP_SCORES = ("top2", "max")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class RouterSpec:
     num_groups: int = 1
     topk_groups: int = 1
     scale: float = 1.0
+    group_score: str = "top2"
 
     def __post_init__(self) -> None:
         if self.num_experts < 1:
@@ -44,6 +49,10 @@ class RouterSpec:
             )
         if self.scoring not in SCORINGS:
             raise ValueError(f"router scoring {self.scoring!r} is not one of {SCORINGS}")
+        if self.group_score not in GROUP_SCORES:
+            raise ValueError(
+                f"expert group score {self.group_score!r} is not one of {GROUP_SCORES}"
+            )
         if self.num_experts % self.num_groups:
             raise ValueError(
                 f"{self.num_groups} expert groups do not divide {self.num_experts} experts"
@@ -86,7 +95,7 @@ def _mask_groups(choice: torch.Tensor, spec: RouterSpec) -> torch.Tensor:
     """`choice` with the experts of all but each token's `topk_groups` best groups at -inf."""
     t = choice.shape[0]
     grouped = choice.view(t, spec.num_groups, -1)
-    best = min(2, grouped.shape[-1])
+    best = 1 if spec.group_score == "max" else min(2, grouped.shape[-1])
     group_scores = grouped.topk(best, dim=-1).values.sum(-1)  # [T, G]
     keep = torch.zeros_like(group_scores, dtype=torch.bool)
     keep.scatter_(1, group_scores.topk(spec.topk_groups, dim=-1).indices, True)

@@ -8,10 +8,15 @@ they route) and by `pagedllm plan` / the start-up log (total vs active parameter
     qwen2_moe   num_experts          moe_intermediate_size    norm_topk_prob         sigmoid-gated
     qwen3_moe   num_experts (*)      moe_intermediate_size    norm_topk_prob         -
     olmoe       num_experts          intermediate_size        norm_topk_prob         -
+    deepseek_v2 n_routed_experts     moe_intermediate_size    softmax, grouped (**)  n_shared_experts
+    deepseek_v3 n_routed_experts     moe_intermediate_size    sigmoid + bias, grouped n_shared_experts
 
 (*) transformers 5 writes `num_local_experts`; Hub checkpoints `num_experts`. Qwen layers in
 `mlp_only_layers`, or not on the `decoder_sparse_step`, have a dense MLP of
-`intermediate_size`.
+`intermediate_size`. DeepSeek layers before `first_k_dense_replace` are dense; its shared
+experts are one ungated MLP of n_shared_experts x moe_intermediate_size.
+(**) group_limited_greedy when `topk_method` says so, else plain top-k; V2 is never
+renormalized (HF transformers ignores its norm_topk_prob).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from dataclasses import dataclass
 
 from pagedllm.model.layers.moe.router import RouterSpec
 
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3")
+DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class MoESpec:
     dense_intermediate_size: int = 0  # of the dense layers' MLP
     shared_intermediate_size: int = 0  # 0: no shared expert
     shared_expert_gate: bool = False  # sigmoid(x W) scales the shared expert
+    expert_bias: bool = False  # DeepSeek-V3's e_score_correction_bias steers the choice
 
     @property
     def num_experts(self) -> int:
@@ -48,6 +55,8 @@ class MoESpec:
         family = getattr(cfg, "model_type", None)
         if family not in MOE_FAMILIES:
             return None
+        if family in DEEPSEEK:
+            return cls._deepseek(cfg)
         layers = cfg.num_hidden_layers
         if family == "mixtral":
             experts, renorm = cfg.num_local_experts, True
@@ -70,6 +79,32 @@ class MoESpec:
             dense_intermediate_size=cfg.intermediate_size,
             shared_intermediate_size=shared,
             shared_expert_gate=shared > 0,
+        )
+
+    @classmethod
+    def _deepseek(cls, cfg) -> MoESpec:
+        v3 = cfg.model_type == "deepseek_v3"
+        experts = cfg.n_routed_experts
+        grouped = v3 or getattr(cfg, "topk_method", "greedy") == "group_limited_greedy"
+        router = RouterSpec(
+            experts,
+            cfg.num_experts_per_tok,
+            scoring="sigmoid" if v3 else "softmax",
+            renormalize=v3 and bool(getattr(cfg, "norm_topk_prob", False)),
+            num_groups=(cfg.n_group or 1) if grouped else 1,
+            topk_groups=(cfg.topk_group or 1) if grouped else 1,
+            scale=float(cfg.routed_scaling_factor),
+            group_score="top2" if v3 else "max",
+        )
+        dense = cfg.first_k_dense_replace or 0
+        return cls(
+            router=router,
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.moe_intermediate_size,
+            sparse_layers=tuple(i >= dense for i in range(cfg.num_hidden_layers)),
+            dense_intermediate_size=cfg.intermediate_size,
+            shared_intermediate_size=cfg.moe_intermediate_size * (cfg.n_shared_experts or 0),
+            expert_bias=v3,
         )
 
     def mlp_parameters(self) -> tuple[int, int]:
