@@ -21,7 +21,7 @@ from pagedllm.model.layers.attention import LayerKVCache
 from pagedllm.model.layers.attention_backends.training import TrainingBackend
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.registry import get_model_class
-from pagedllm.worker.model_setup import weight_bytes
+from pagedllm.worker.model_setup import layer_windows, weight_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +53,13 @@ def load_base(ckpt: Checkpoint, device: torch.device, qlora: bool = False) -> nn
 
 
 def sliding_window(model: nn.Module) -> int | None:
-    """The window the engine applies to every layer (Mistral); per-layer ones stay inside."""
-    cfg = model.config
-    window = getattr(cfg, "sliding_window", None)
-    if window is None or not getattr(cfg, "use_sliding_window", True) or getattr(
-            model, "per_layer_sliding_window", False):
+    """The window the model applies to every layer (Mistral; a Qwen2 whose config slides every
+    layer), by the engine's own rule (`layer_windows`: a Qwen2 config that slides no layer has
+    none); per-layer windows (Gemma 3, Qwen2-MoE) stay inside the layers."""
+    if getattr(model, "per_layer_sliding_window", False):
         return None
-    return window
+    windows = set(layer_windows(model.config))
+    return windows.pop() if len(windows) == 1 else None
 
 
 def hidden_states(model: nn.Module, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
