@@ -209,3 +209,27 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def q8_0_reference(src: Path, ref: Path) -> Path:
+    """A copy of the HF checkpoint `src` at `ref` with every matrix through gguf-py's Q8_0
+    round trip: the values a Q8_0 file written from `src` holds (the HF reference for it)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+    ref.mkdir()
+    for f in src.iterdir():
+        shutil.copy(f, ref / f.name)
+
+    def round_trip(t: torch.Tensor) -> torch.Tensor:
+        a = t.float().numpy()
+        q = gguf.quants.dequantize(gguf.quants.quantize(a, q8_0), q8_0)
+        return torch.from_numpy(q.reshape(a.shape).astype(np.float32))
+
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file({n: round_trip(t) if t.dim() == 2 else t for n, t in tensors.items()},
+              str(ref / "model.safetensors"))
+    return ref

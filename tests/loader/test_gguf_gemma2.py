@@ -5,17 +5,12 @@ equals HF on the weights' Q8_0 round trip."""
 
 from __future__ import annotations
 
-import shutil
-
 import gguf
-import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from pagedllm.loader import load_checkpoint
 from pagedllm.loader.cache import CACHE_DIR_ENV
-from tests.loader.gguf_writer import write_gguf
+from tests.loader.gguf_writer import q8_0_reference, write_gguf
 from tests.model.family_checkpoints import make_family_checkpoint
 from tests.model.test_vs_hf import PROMPTS, assert_matches_hf
 
@@ -28,21 +23,7 @@ def gemma2_files(tmp_path_factory, tiny_tokenizer):
     src = make_family_checkpoint(
         root / "hf", "gemma2", tiny_tokenizer, seed=42, query_pre_attn_scalar=16
     )
-    ref = root / "q8_0_reference"
-    ref.mkdir()
-    for f in src.iterdir():
-        shutil.copy(f, ref / f.name)
-
-    def round_trip(t: torch.Tensor) -> torch.Tensor:
-        a = t.float().numpy()
-        q = gguf.quants.dequantize(gguf.quants.quantize(a, Q8_0), Q8_0)
-        return torch.from_numpy(q.reshape(a.shape).astype(np.float32))
-
-    tensors = load_file(str(src / "model.safetensors"))
-    save_file(
-        {n: round_trip(t) if t.dim() == 2 else t for n, t in tensors.items()},
-        str(ref / "model.safetensors"),
-    )
+    ref = q8_0_reference(src, root / "q8_0_reference")
     return {
         "f32": (write_gguf(src, root / "gemma2-f32.gguf", "gemma2"), src),
         "q8_0": (write_gguf(src, root / "gemma2-q8_0.gguf", "gemma2", Q8_0), ref),

@@ -11,40 +11,18 @@ building them) and dequantized (``quantization="none"``)."""
 
 from __future__ import annotations
 
-import shutil
-
 import gguf
-import numpy as np
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
 from pagedllm.loader import load_checkpoint
 from pagedllm.loader.cache import CACHE_DIR_ENV
-from tests.loader.gguf_writer import write_gguf
+from tests.loader.gguf_writer import q8_0_reference, write_gguf
 from tests.model.family_checkpoints import make_family_checkpoint
 from tests.model.test_vs_hf import PROMPTS, assert_matches_hf
 
 Q8_0 = gguf.GGMLQuantizationType.Q8_0
 ARCHES = ("olmo2", "glm4")
 TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
-
-
-def _q8_0_reference(src, ref):
-    """`src` with every matrix replaced by its Q8_0 round trip, saved as `ref`."""
-    ref.mkdir()
-    for f in src.iterdir():
-        shutil.copy(f, ref / f.name)
-
-    def round_trip(t: torch.Tensor) -> torch.Tensor:
-        a = t.float().numpy()
-        q = gguf.quants.dequantize(gguf.quants.quantize(a, Q8_0), Q8_0)
-        return torch.from_numpy(q.reshape(a.shape).astype(np.float32))
-
-    tensors = load_file(str(src / "model.safetensors"))
-    save_file({n: round_trip(t) if t.dim() == 2 else t for n, t in tensors.items()},
-              str(ref / "model.safetensors"))
-    return ref
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +37,7 @@ def files(tmp_path_factory, tiny_tokenizer):
             "f32": (write_gguf(src, root / f"{arch}-f32.gguf", arch, chat_template=TEMPLATE),
                     src),
             "q8_0": (write_gguf(src, root / f"{arch}-q8_0.gguf", arch, Q8_0),
-                     _q8_0_reference(src, root / f"{arch}-q8_0-ref")),
+                     q8_0_reference(src, root / f"{arch}-q8_0-ref")),
         }
     return out
 
