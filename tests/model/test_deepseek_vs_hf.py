@@ -15,7 +15,13 @@ import pytest
 
 from pagedllm import SamplingParams
 from tests.model.deepseek_checkpoints import LATENT_BYTES, VARIANTS, make_deepseek_checkpoint
-from tests.model.test_vs_hf import MAX_TOKENS, PROMPTS, assert_matches_hf, record_schedules
+from tests.model.test_vs_hf import (
+    PROMPTS,
+    assert_logprobs_match_hf,
+    assert_matches_hf,
+    assert_prefix_cached_matches_hf,
+    record_schedules,
+)
 
 ALL = sorted(VARIANTS)
 
@@ -68,28 +74,13 @@ def test_swap_preemption(ds_dirs, make_llm, hf_reference) -> None:
 @pytest.mark.parametrize("variant", ALL)
 def test_prefix_caching(variant, ds_dirs, make_llm, hf_reference) -> None:
     llm = make_llm(ds_dirs[variant], block_size=8, max_num_batched_tokens=32)
-    long = PROMPTS[-1]
-    prompts = [long[:48] + [3 + extra] for extra in (0, 5, 17)]
-    for _ in range(2):
-        assert_matches_hf(llm, ds_dirs[variant], hf_reference, prompts)
-    assert llm.llm_engine.stats.prefix_cache_hits >= 3 * 48
+    assert_prefix_cached_matches_hf(llm, ds_dirs[variant], hf_reference)
 
 
 @pytest.mark.parametrize("variant", ALL)
 def test_logprobs_within_1e4_of_hf(variant, ds_dirs, make_llm, hf_reference) -> None:
-    k = 5
     llm = make_llm(ds_dirs[variant], max_num_batched_tokens=16)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=k)
-    prompts = [PROMPTS[2], PROMPTS[7]]
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for prompt, out in zip(prompts, outputs, strict=True):
-        expected, ref = hf_reference.greedy(ds_dirs[variant], prompt, MAX_TOKENS)
-        assert out.outputs[0].token_ids == expected
-        for step, entry in enumerate(out.outputs[0].logprobs):
-            top_values, top_ids = ref[step].topk(k)
-            assert set(entry) == set(top_ids.tolist())
-            for tid, value in zip(top_ids.tolist(), top_values.tolist(), strict=True):
-                assert entry[tid].logprob == pytest.approx(value, abs=1e-4), f"step {step}"
+    assert_logprobs_match_hf(llm, ds_dirs[variant], hf_reference, [PROMPTS[2], PROMPTS[7]])
 
 
 def test_latent_cache_layout(ds_dirs, make_llm) -> None:

@@ -23,7 +23,9 @@ from tests.model.test_vs_hf import (
     KV_BYTES_PER_TOKEN,
     MAX_TOKENS,
     PROMPTS,
+    assert_logprobs_match_hf,
     assert_matches_hf,
+    assert_prefix_cached_matches_hf,
     record_schedules,
 )
 
@@ -77,31 +79,14 @@ def test_preemption(family, family_dirs, make_llm, hf_reference) -> None:
 
 @pytest.mark.parametrize("family", ALL)
 def test_prefix_caching(family, family_dirs, make_llm, hf_reference) -> None:
-    """Prompts sharing a 48-token prefix, then the same prompts again: cache hits, HF's
-    tokens every time."""
     llm = make_llm(family_dirs[family], block_size=8, max_num_batched_tokens=32)
-    long = PROMPTS[-1]
-    prompts = [long[:48] + [3 + extra] for extra in (0, 5, 17)]
-    for _ in range(2):
-        assert_matches_hf(llm, family_dirs[family], hf_reference, prompts)
-    assert llm.llm_engine.stats.prefix_cache_hits >= 3 * 48
+    assert_prefix_cached_matches_hf(llm, family_dirs[family], hf_reference)
 
 
 @pytest.mark.parametrize("family", ALL)
 def test_logprobs_within_1e4_of_hf(family, family_dirs, make_llm, hf_reference) -> None:
-    k = 5
     llm = make_llm(family_dirs[family], max_num_batched_tokens=16)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=k)
-    prompts = [PROMPTS[2], PROMPTS[6]]
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    for prompt, out in zip(prompts, outputs, strict=True):
-        expected, ref = hf_reference.greedy(family_dirs[family], prompt, MAX_TOKENS)
-        assert out.outputs[0].token_ids == expected
-        for step, entry in enumerate(out.outputs[0].logprobs):
-            top_values, top_ids = ref[step].topk(k)
-            assert set(entry) == set(top_ids.tolist())
-            for tid, value in zip(top_ids.tolist(), top_values.tolist(), strict=True):
-                assert entry[tid].logprob == pytest.approx(value, abs=1e-4), f"step {step}"
+    assert_logprobs_match_hf(llm, family_dirs[family], hf_reference, [PROMPTS[2], PROMPTS[6]])
 
 
 def test_stacked_expert_checkpoint_loads(tmp_path, family_dirs, make_llm, hf_reference) -> None:

@@ -75,6 +75,30 @@ def assert_matches_hf(llm, model_dir, hf_reference, prompts=PROMPTS) -> None:
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_usable_blocks
 
 
+def assert_prefix_cached_matches_hf(llm, model_dir, hf_reference) -> None:
+    """Prompts sharing a 48-token prefix, then the same prompts again: cache hits, HF's
+    tokens every time (`llm` with block_size 8)."""
+    long = PROMPTS[-1]
+    prompts = [long[:48] + [3 + extra] for extra in (0, 5, 17)]
+    for _ in range(2):
+        assert_matches_hf(llm, model_dir, hf_reference, prompts)
+    assert llm.llm_engine.stats.prefix_cache_hits >= 3 * 48
+
+
+def assert_logprobs_match_hf(llm, model_dir, hf_reference, prompts, k: int = 5) -> None:
+    """Greedy tokens and each step's top-k logprobs within 1e-4 of HF's log-softmax."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=k)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        expected, ref = hf_reference.greedy(model_dir, prompt, MAX_TOKENS)
+        assert out.outputs[0].token_ids == expected
+        for step, entry in enumerate(out.outputs[0].logprobs):
+            top_values, top_ids = ref[step].topk(k)
+            assert set(entry) == set(top_ids.tolist())
+            for tid, value in zip(top_ids.tolist(), top_values.tolist(), strict=True):
+                assert entry[tid].logprob == pytest.approx(value, abs=1e-4), f"step {step}"
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_greedy_batch_matches_hf(arch, request, make_llm, hf_reference) -> None:
     model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
