@@ -4,8 +4,9 @@ experts, a dense first layer): rank 0 holds heads 0-1 (q / q_b, kv_b rows, o_pro
 and the whole latent projection, caches the whole latent row (one KV "head" of
 kv_lora_rank + rope), and its experts split by width or whole (expert parallelism: experts
 0-3); the harness's block budget is sized for one latent row per token on each rank, so
-the same NUM_BLOCKS on both shows the KV pool is the latent's. V3 (q_lora_rank, sigmoid routing with e_score_correction_bias over groups) and
-V2-Lite (q_proj, greedy softmax routing). Greedy tokens identical and every logits row within
+the same NUM_BLOCKS on both shows the KV pool is the latent's. V3 (q_lora_rank, sigmoid
+routing with e_score_correction_bias over groups), V2 (q_lora_rank, group_limited_greedy
+softmax routing) and V2-Lite (q_proj, greedy softmax routing). Greedy tokens identical and every logits row within
 1e-5, under chunked prefill, prefix caching and preemption (tests/distributed/tp_harness.py)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pagedllm.model.layers.moe import FusedMoE, StackedExperts
 from tests.distributed.tp_harness import generate
 from tests.model.deepseek_checkpoints import make_deepseek_checkpoint
 
-PREEMPTION = {"v3": "swap", "v2lite": "recompute"}
+PREEMPTION = {"v3": "swap", "v2": "recompute", "v2lite": "recompute"}
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +111,28 @@ def test_tp2_on_a_quantized_deepseek2_gguf_matches_tp1(expert_parallel, tmp_path
     assert tokens2 == tokens1
     for a, b in zip(logits1, logits2, strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=2e-4)
+
+
+def test_each_rank_cuts_its_heads_from_the_attention_weights(deepseek_dirs):
+    """Rank 1 of 2 (heads 2-3): q_b rows 48-95 (24 per head), kv_b rows 64-127 (32 per
+    head), GGUF's per-head k_b / v_b heads 2-3, o_proj columns 32-63 (16 per head) and its
+    bias only on rank 0; the latent projections and their norms whole."""
+    cfg = transformers.AutoConfig.from_pretrained(deepseek_dirs["v3"])
+    layout = TPLayout.for_model(cfg, 1, 2, expert_parallel=True)
+    attn = "model.layers.1.self_attn."
+    q_b = torch.arange(4 * 24 * 32.0).view(4 * 24, 32)
+    torch.testing.assert_close(layout.shard(attn + "q_b_proj.weight", q_b), q_b[48:])
+    kv_b = torch.randn(4 * 32, 24)
+    torch.testing.assert_close(layout.shard(attn + "kv_b_proj.weight", kv_b), kv_b[64:])
+    k_b = torch.randn(4, 24, 16)
+    torch.testing.assert_close(layout.shard(attn + "k_b_proj.weight", k_b), k_b[2:])
+    o = torch.randn(64, 4 * 16)
+    torch.testing.assert_close(layout.shard(attn + "o_proj.weight", o), o[:, 32:])
+    assert not layout.shard(attn + "o_proj.bias", torch.ones(64)).any()
+    for name, shape in (("q_a_proj.weight", (32, 64)), ("kv_a_proj_with_mqa.weight", (32, 64)),
+                        ("kv_a_layernorm.weight", (24,)), ("q_a_layernorm.weight", (32,))):
+        t = torch.randn(shape)
+        assert layout.shard(attn + name, t) is t, name
+    shared = torch.randn(64, 64)  # 2 shared experts of width 32: one MLP of width 64
+    torch.testing.assert_close(
+        layout.shard("model.layers.1.mlp.shared_experts.gate_proj.weight", shared), shared[32:])
