@@ -72,13 +72,15 @@ def test_heads_must_divide_by_the_tp_size(deepseek_dirs):
     assert layout.max_local_kv_heads == 1 and layout.mla.head_range == (1, 2)
 
 
-@pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp_experts", "ep"])
-def test_tp2_on_a_quantized_deepseek2_gguf_matches_tp1(expert_parallel, tmp_path,
+@pytest.mark.parametrize(("expert_parallel", "legacy_kv_b"),
+                         [(False, False), (True, False), (True, True)],
+                         ids=["tp_experts", "ep", "ep_one_kv_b"])
+def test_tp2_on_a_quantized_deepseek2_gguf_matches_tp1(expert_parallel, legacy_kv_b, tmp_path,
                                                       tiny_tokenizer, monkeypatch):
     """A deepseek2 GGUF file (V3, Q8_0, tests/loader/gguf_deepseek2_writer.py: kv_b_proj per
     head as attn_k_b / attn_v_b, loaded as float) kept quantized: each rank cuts its heads'
     q_b rows and o_proj block columns and its experts from the file's blocks, and takes its
-    heads of k_b / v_b; widths as tests/loader/test_gguf_deepseek2.py's (kv_lora_rank and
+    heads of k_b / v_b (or, as older converters write it, rows of one attn_kv_b); widths as tests/loader/test_gguf_deepseek2.py's (kv_lora_rank and
     qk_nope 32) and doubled (dense 128, experts 64) so every split column range is whole
     32-value blocks. The same tokens, logits within the summation-order noise of
     the quantized kernels (as tests/distributed/test_tp_gguf.py)."""
@@ -93,7 +95,7 @@ def test_tp2_on_a_quantized_deepseek2_gguf_matches_tp1(expert_parallel, tmp_path
                                    intermediate_size=128, moe_intermediate_size=64,
                                    kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16)
     path = write_deepseek2_gguf(src, tmp_path / "deepseek2-q8_0.gguf",
-                                gguf.GGMLQuantizationType.Q8_0)
+                                gguf.GGMLQuantizationType.Q8_0, legacy_kv_b=legacy_kv_b)
 
     def rank0_keeps_blocks(engine):
         attn = next(m for m in engine.model.modules() if isinstance(m, MLAAttention))
