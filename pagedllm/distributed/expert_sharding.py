@@ -18,7 +18,8 @@ with one all-reduce (model/layers/moe/layer.py). The router is replicated.
 Tensor names: per expert `....experts.{e}.(gate_proj|up_proj|down_proj|w1|w3|w2).weight` (HF
 Hub checkpoints, Mixtral's w1 / w3 / w2, GGUF files split per expert), or stacked as
 transformers 5 holds them (`....experts.gate_up_proj` [E, 2I, H], `....experts.down_proj`
-[E, H, I]); the shared expert's `....shared_expert.(gate|up|down)_proj.weight`.
+[E, H, I]); the shared expert's `....shared_expert.(gate|up|down)_proj.weight` (DeepSeek's
+`shared_experts`: its n_shared_experts as one MLP).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pagedllm.model.layers.moe import MoESpec
 
 _PER_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|w1|w3|down_proj|w2)\.weight$")
 _STACKED = re.compile(r"\.experts\.(gate_up_proj|down_proj)$")
-_SHARED = re.compile(r"\.shared_expert\.(gate_proj|up_proj|down_proj)\.weight$")
+_SHARED = re.compile(r"\.shared_experts?\.(gate_proj|up_proj|down_proj)\.weight$")
 
 # A cut: ("rows", index) / ("cols", (start, end)) as sharding.TPLayout's, ("drop", None): not
 # held by this rank, ("take", (dim, index)): these positions of a stacked tensor's `dim`, or

@@ -29,7 +29,9 @@ others zeros). The vocabulary is
 padded to N * ceil(V / N) rows; the padded logits are cut off after the gather.
 
 A MoE model's experts split by width or whole experts per rank (expert parallelism), as
-distributed/expert_sharding.py describes; its MoE blocks end in one all-reduce.
+distributed/expert_sharding.py describes; its MoE blocks end in one all-reduce. DeepSeek's
+multi-head latent attention splits its heads and replicates the latent (one cached "KV head"
+per rank), as distributed/mla_sharding.py describes.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import numpy as np
 import torch
 
 from pagedllm.distributed.expert_sharding import ExpertSplit
+from pagedllm.distributed.mla_sharding import MLASplit
 from pagedllm.distributed.parallel_state import TPGroup
 from pagedllm.model.layers.quant import QuantizedWeight
 from pagedllm.model.layers.quant.gguf_matrix import GGUFMatrix
@@ -54,7 +57,8 @@ TP_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
                     "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM",
                     "Olmo2ForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM",
                     "Phi3ForCausalLM", "Glm4ForCausalLM", "MixtralForCausalLM",
-                    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM")
+                    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "OlmoeForCausalLM",
+                    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 # q / k norms over all heads (one norm weight per q / k feature): the ranks' heads must be
 # disjoint for their sums of squares to add up (models/olmo2.py).
 FULL_WIDTH_QK_NORM = ("Olmo2ForCausalLM", "OlmoeForCausalLM")
@@ -72,6 +76,7 @@ class TPLayout:
     intermediate_size: int
     vocab_size: int
     experts: ExpertSplit | None = None  # a MoE model's experts (distributed/expert_sharding)
+    mla: MLASplit | None = None  # multi-head latent attention's heads (distributed/mla_sharding)
 
     def __post_init__(self) -> None:
         n = self.world_size
@@ -96,18 +101,22 @@ class TPLayout:
             raise ValueError(f"tensor parallelism supports {', '.join(TP_ARCHITECTURES)}; "
                              f"the model is {arch}")
         heads, kv_heads, head_dim = model_dims(hf_config)
+        mla = MLASplit.for_model(hf_config, rank, world_size)
+        if mla is not None:
+            kv_heads = 1  # one latent row per token, which every rank caches whole
         if arch in FULL_WIDTH_QK_NORM and (heads % world_size or kv_heads % world_size):
             raise ValueError(f"{arch} normalizes q and k over all heads: tensor_parallel_size "
                              f"{world_size} must divide its {heads} attention heads and its "
                              f"{kv_heads} KV heads")
         return cls(rank, world_size, heads, kv_heads, head_dim,
                    hf_config.intermediate_size, hf_config.vocab_size,
-                   ExpertSplit.for_model(hf_config, rank, world_size, expert_parallel))
+                   ExpertSplit.for_model(hf_config, rank, world_size, expert_parallel), mla)
 
     def for_rank(self, rank: int) -> TPLayout:
         return TPLayout(rank, self.world_size, self.num_heads, self.num_kv_heads,
                         self.head_dim, self.intermediate_size, self.vocab_size,
-                        self.experts and self.experts.for_rank(rank))
+                        self.experts and self.experts.for_rank(rank),
+                        self.mla and self.mla.for_rank(rank))
 
     # ------------------------------------------------------------- sizes
     @property
@@ -180,6 +189,8 @@ class TPLayout:
         row-parallel bias (rank 0 adds it once), or ("whole", None); an expert weight as
         `ExpertSplit.cut` says (also "drop" and "take")."""
         if self.experts is not None and (cut := self.experts.cut(name)) is not None:
+            return cut
+        if self.mla is not None and (cut := self.mla.cut(name)) is not None:
             return cut
         hd, r = self.head_dim, self.rank
         first, end = self.head_range

@@ -10,6 +10,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.distributed.sharding import TPLayout
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.memory_plan import load_config
+from pagedllm.model.layers.mla import latent_kv_dims
 from pagedllm.model.models.llama import model_dims
 
 PREFIX = list(range(10, 50))  # 40 shared tokens: full blocks the prefix cache can share
@@ -59,10 +60,14 @@ NUM_BLOCKS = 8
 def budget(model_dir, tp: int) -> int:
     """Bytes for NUM_BLOCKS blocks on the fullest rank, so both runs schedule alike."""
     cfg = load_config(model_dir)  # a vision-language checkpoint's language model
-    heads, kv_heads, head_dim = model_dims(cfg)
-    if tp > 1:
-        kv_heads = TPLayout.for_model(cfg, 0, tp).max_local_kv_heads
-    return NUM_BLOCKS * 2 * cfg.num_hidden_layers * kv_heads * head_dim * 4 * 16
+    if (latent := latent_kv_dims(cfg)) is not None:  # one latent row on every rank
+        (kv_heads, head_dim), parts = latent, 1
+    else:
+        heads, kv_heads, head_dim = model_dims(cfg)
+        parts = 2
+        if tp > 1:
+            kv_heads = TPLayout.for_model(cfg, 0, tp).max_local_kv_heads
+    return NUM_BLOCKS * parts * cfg.num_hidden_layers * kv_heads * head_dim * 4 * 16
 
 
 def generate(model_dir, tp: int, preemption_mode: str, check=None, **extra):

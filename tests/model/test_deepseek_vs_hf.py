@@ -151,23 +151,6 @@ def test_int8_kv_cache_is_refused(ds_dirs, make_llm) -> None:
         make_llm(ds_dirs["v3"], kv_cache_dtype="int8")
 
 
-def test_tensor_parallelism_is_refused(ds_dirs) -> None:
-    import transformers
-
-    from pagedllm.errors import ModelLoadError
-    from pagedllm.model.layers.parallel import tensor_parallel_layers
-    from pagedllm.model.models.deepseek import DeepseekForCausalLM
-
-    class TwoRanks:  # the collectives a rank's layers would take (never called here)
-        def all_reduce(self, out):
-            return out
-
-    config = transformers.AutoConfig.from_pretrained(ds_dirs["v3"])
-    with tensor_parallel_layers(TwoRanks()), pytest.raises(
-            ModelLoadError, match="does not support tensor parallelism"):
-        DeepseekForCausalLM(config)
-
-
 def test_v3_without_interleaved_rope(tmp_path, tiny_tokenizer, make_llm, hf_reference) -> None:
     """`rope_interleave: false` (rotate-half over the rope dims) equals HF too."""
     model_dir = make_deepseek_checkpoint(tmp_path, "v3", tiny_tokenizer, seed=5,

@@ -11,25 +11,38 @@ The KV cache holds one latent row per token per layer (`MLAAttention`; kv_spec_f
 HF names map as for the other MoE families, with `shared_experts` -> `shared_expert`,
 `gate.e_score_correction_bias` -> `expert_bias` and `q_proj` -> `q_proj_full`; kv_b_proj
 may also come split per head as llama.cpp writes it (`k_b_proj` [H, r, nope], `v_b_proj`
-[H, v, r]; loader/gguf_deepseek2.py). Tensor parallelism is refused: the latent cache and
-kv_b_proj are not sharded.
+[H, v, r]; loader/gguf_deepseek2.py). Under tensor parallelism each rank holds its heads and
+the whole latent (distributed/mla_sharding.py) and its share of the experts and of the shared
+experts' width (distributed/expert_sharding.py; the rank's config says that width as
+`shared_expert_intermediate_size`, which `moe_spec_for` reads).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 
 import torch
 
 from pagedllm.errors import ModelLoadError
 from pagedllm.model.layers.mla import MLAAttention
-from pagedllm.model.layers.parallel import output_collective
+from pagedllm.model.layers.moe import MoESpec
 from pagedllm.model.layers.quant import QuantizedWeight
 from pagedllm.model.models.moe import MoEForCausalLM, MoEModel
 
 
 class DeepseekModel(MoEModel):
     attention_cls = MLAAttention
+
+    @staticmethod
+    def moe_spec_for(config) -> MoESpec | None:
+        """MoESpec's, with a tensor-parallel rank's shared-expert width where its config
+        gives one (n_shared_experts x moe_intermediate_size is the whole width; under expert
+        parallelism moe_intermediate_size stays whole while the shared experts split)."""
+        spec = MoESpec.from_config(config)
+        width = getattr(config, "shared_expert_intermediate_size", None)
+        return spec if spec is None or width is None else dataclasses.replace(
+            spec, shared_intermediate_size=width)
 
 
 class DeepseekForCausalLM(MoEForCausalLM):
@@ -44,10 +57,6 @@ class DeepseekForCausalLM(MoEForCausalLM):
     )
 
     def __init__(self, config) -> None:
-        if output_collective("sum") is not None:
-            raise ModelLoadError(
-                f"{config.model_type} (multi-head latent attention) does not support tensor "
-                "parallelism; run it with tensor_parallel_size 1")
         if getattr(config, "mlp_bias", False):
             raise ModelLoadError(f"{config.model_type} with mlp_bias = true is not supported")
         super().__init__(config)

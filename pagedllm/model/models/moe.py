@@ -71,7 +71,7 @@ class MoEModel(LlamaModel):
 
     def __init__(self, config) -> None:
         nn.Module.__init__(self)
-        spec = MoESpec.from_config(config)
+        spec = self.moe_spec_for(config)
         if spec is None:
             raise ModelLoadError(
                 f"model_type {config.model_type!r} is not a known mixture-of-experts family"
@@ -89,6 +89,12 @@ class MoEModel(LlamaModel):
             for sparse in spec.sparse_layers
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+    @staticmethod
+    def moe_spec_for(config) -> MoESpec | None:
+        """The MoE blocks' shape (a family reads a tensor-parallel rank's share here)."""
+        return MoESpec.from_config(config)
 
 
 class MoEForCausalLM(LlamaForCausalLM):
