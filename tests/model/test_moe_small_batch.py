@@ -24,6 +24,8 @@ def small_cases() -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
                                                    RouterSpec(E, 2, renormalize=True))),
         "one token, ids descending": (x[:1], torch.tensor([[0.6, 0.4]]),
                                       torch.tensor([[5, 0]])),
+        "one token, ids ascending (no gather)": (x[:1], torch.tensor([[0.3, 0.7]]),
+                                                 torch.tensor([[1, 4]])),
         "one token top-k = experts": (x[:1], *select_experts(torch.randn(1, E, generator=g),
                                                              RouterSpec(E, E))),
         "ties in router scores": (x[:3], *select_experts(tied, RouterSpec(E, 2))),
