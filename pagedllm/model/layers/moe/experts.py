@@ -34,6 +34,7 @@ at load, ...) stay so: `finalize` fuses each expert's gate and up and frees the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -90,6 +91,14 @@ def group_small(flat: list[int], num_experts: int) -> list[int]:
     if any(not 0 <= e < num_experts for e in flat):
         raise ValueError(f"expert ids {flat} are not all in [0, {num_experts})")
     return sorted(range(len(flat)), key=flat.__getitem__)
+
+
+@functools.lru_cache(maxsize=4096)
+def host_tensor(values: tuple[int, ...]) -> torch.Tensor:
+    """A CPU int64 tensor of `values`, made once per distinct tuple: decode repeats the same
+    few orders and offsets, and making a small tensor costs as much as the experts' GEMMs at
+    one token. Shared: its users only read it."""
+    return torch.tensor(values, dtype=torch.long)
 
 
 class StackedExperts(nn.Module):
@@ -236,13 +245,13 @@ class StackedExperts(nn.Module):
         for e in range(self.num_experts):
             offsets[e + 1] += offsets[e]
         # Already in expert order (one token's ids ascending, k = 1, ...): no gather.
-        order_t = None if order == sorted(order) else torch.tensor(order)
+        order_t = None if order == sorted(order) else host_tensor(tuple(order))
         if x.shape[0] == 1:
             xs = x.expand(len(order), -1).contiguous()
         else:
-            tokens = torch.tensor(order) // k if order_t is None else order_t // k
+            tokens = host_tensor(tuple(order)) // k if order_t is None else order_t // k
             xs = x.index_select(0, tokens)
-        offsets_t = torch.tensor(offsets)
+        offsets_t = host_tensor(tuple(offsets))
         h = silu_and_mul(grouped[0].run(xs, offsets_t))
         out = grouped[1].run(h, offsets_t)
         w = weights.reshape(-1, 1)
