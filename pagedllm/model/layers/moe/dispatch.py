@@ -30,17 +30,18 @@ def run_experts(experts: StackedExperts, x: torch.Tensor, weights: torch.Tensor,
     """The weighted sum of the held experts' outputs for every token of x (`num_experts`:
     the layer's, which `experts` holds all of but under expert parallelism)."""
     sharded = experts.num_experts != num_experts
+    triton = experts.dense and triton_kernels.enabled(x)
+    if not sharded and not triton:
+        return experts(x, weights, ids)
     local = ids - experts.first_expert
     held = (local >= 0) & (local < experts.num_experts)
-    if experts.dense and triton_kernels.enabled(x):
+    if triton:
         from pagedllm.kernels.triton.fused_moe import fused_moe
 
         if sharded:
             local = torch.where(held, local, -1)
         return fused_moe(x.contiguous(), experts.gate_up_proj, experts.down_proj, weights,
                          local)
-    if not sharded:
-        return experts(x, weights, ids)
     rows = held.reshape(-1).nonzero().squeeze(1)  # assignments t * k + j held here
     out = torch.zeros_like(x)
     if rows.numel():

@@ -34,6 +34,7 @@ at load, ...) stay so: `finalize` fuses each expert's gate and up and frees the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +79,26 @@ def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, 
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=num_experts)
     return order, counts.tolist()
+
+
+#: assignments (tokens x k) up to which `forward` groups them on the host (decode batches)
+SMALL_BATCH = 16
+
+
+def group_small(flat: list[int], num_experts: int) -> list[int]:
+    """`group_by_expert`'s order for a host list of expert ids: assignments sorted by expert
+    id, stable (Python's sort is); an id outside [0, num_experts) is an error."""
+    if any(not 0 <= e < num_experts for e in flat):
+        raise ValueError(f"expert ids {flat} are not all in [0, {num_experts})")
+    return sorted(range(len(flat)), key=flat.__getitem__)
+
+
+@functools.lru_cache(maxsize=4096)
+def host_tensor(values: tuple[int, ...]) -> torch.Tensor:
+    """A CPU int64 tensor of `values`, made once per distinct tuple: decode repeats the same
+    few orders and offsets, and making a small tensor costs as much as the experts' GEMMs at
+    one token. Shared: its users only read it."""
+    return torch.tensor(values, dtype=torch.long)
 
 
 class StackedExperts(nn.Module):
@@ -193,11 +214,13 @@ class StackedExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """sum over each token's k experts of weight * expert(x): x [T, H], weights / ids
         [T, k] -> [T, H]."""
+        grouped = self.quant.grouped if self.quant is not None else self.packed
+        if grouped is not None and 0 < ids.numel() <= SMALL_BATCH and kernel_applies(x):
+            return self._forward_small(x, weights, ids, grouped)
         k = ids.shape[1]
         order, counts = group_by_expert(ids, self.num_experts)
         tokens = order // k
         xs = x.index_select(0, tokens)
-        grouped = self.quant.grouped if self.quant is not None else self.packed
         if grouped is not None and kernel_applies(xs):
             offsets = offsets_of(counts)
             h = silu_and_mul(grouped[0].run(xs.contiguous(), offsets))
@@ -205,6 +228,36 @@ class StackedExperts(nn.Module):
         else:
             out = self.reference(xs, counts)
         out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
+        return torch.zeros_like(x).index_add_(0, tokens, out)
+
+    def _forward_small(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                       grouped: tuple[GroupedLinear, GroupedLinear]) -> torch.Tensor:
+        """`forward` for a few assignments (decode), the same sums in the same order: the
+        grouping is done on the host from one read of the ids (the general path's argsort,
+        bincount, cumsum and their small tensors cost more than the experts' GEMMs at one
+        token), and one token's rows are summed without the zeros + index_add_."""
+        k = ids.shape[1]
+        flat = ids.reshape(-1).tolist()
+        order = group_small(flat, self.num_experts)
+        offsets = [0] * (self.num_experts + 1)
+        for e in flat:
+            offsets[e + 1] += 1
+        for e in range(self.num_experts):
+            offsets[e + 1] += offsets[e]
+        # Already in expert order (one token's ids ascending, k = 1, ...): no gather.
+        order_t = None if order == sorted(order) else host_tensor(tuple(order))
+        if x.shape[0] == 1:
+            xs = x.expand(len(order), -1).contiguous()
+        else:
+            tokens = host_tensor(tuple(order)) // k if order_t is None else order_t // k
+            xs = x.index_select(0, tokens)
+        offsets_t = host_tensor(tuple(offsets))
+        h = silu_and_mul(grouped[0].run(xs, offsets_t))
+        out = grouped[1].run(h, offsets_t)
+        w = weights.reshape(-1, 1)
+        out.mul_((w if order_t is None else w.index_select(0, order_t)).to(out.dtype))
+        if x.shape[0] == 1:
+            return out.sum(0, keepdim=True)
         return torch.zeros_like(x).index_add_(0, tokens, out)
 
     def reference(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
