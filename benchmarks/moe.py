@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +41,8 @@ import torch
 
 logger = logging.getLogger("benchmarks.moe")
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `python benchmarks/moe.py` puts benchmarks/, not the root
+    sys.path.insert(0, str(ROOT))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
