@@ -8,13 +8,11 @@ unit (4GiB, 512MiB, 1.5G); --swap-space is GiB, or a size with a unit.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from typing import TYPE_CHECKING
 
-from pagedllm.config.pooler import CONVERTS, RUNNERS, PoolerConfig
-from pagedllm.config.speculative import SpeculativeConfig
+from pagedllm.config.pooler import CONVERTS, RUNNERS
 from pagedllm.config.vocabulary import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     KV_CACHE_DTYPES,
@@ -22,9 +20,9 @@ from pagedllm.config.vocabulary import (
     QUANTIZATION_METHODS,
     SCHEDULING_POLICIES,
 )
+from pagedllm.entrypoints import arg_types
 from pagedllm.entrypoints.chat_options import add_chat_option_args
 from pagedllm.entrypoints.server_options import add_server_option_args
-from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import MAX_LOGPROBS
 
 if TYPE_CHECKING:
@@ -42,15 +40,15 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    "float16, bfloat16")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--kv-cache-memory", default=None, type=_size,
+    g.add_argument("--kv-cache-memory", default=None, type=arg_types.size,
                    help="KV cache budget: bytes, or a size with a unit (4GiB, 512MiB); "
                    "None = 2GiB on CPU, on CUDA what --gpu-memory-utilization leaves")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="share of CUDA device memory for weights, activations and KV cache")
-    g.add_argument("--max-model-len", type=human_int, default=None,
+    g.add_argument("--max-model-len", type=arg_types.human_int, default=None,
                    help="context length (prompt + output), e.g. 2048, 4k (4000), 4K (4096); "
                    "None = the model's trained length")
-    g.add_argument("--rope-scaling", type=_rope_scaling, default=None,
+    g.add_argument("--rope-scaling", type=arg_types.rope_scaling, default=None,
                    help="JSON replacing the model's rope scaling, e.g. "
                    "'{\"rope_type\": \"yarn\", \"factor\": 4.0}' (linear, dynamic, yarn, llama3, longrope)")
     g.add_argument("--rope-theta", type=float, default=None, help="override the RoPE base")
@@ -68,7 +66,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--convert", default="auto", choices=CONVERTS,
                    help="with --runner pooling: embed (a decoder's pooled hidden state) or "
                    "classify (a *ForSequenceClassification score head); auto picks by checkpoint")
-    g.add_argument("--pooler-config", type=_pooler_config, default=None,
+    g.add_argument("--pooler-config", type=arg_types.pooler_config, default=None,
                    help="JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}' "
                    "(pooling_type LAST | MEAN | CLS, normalize, activation)")
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *KV_CACHE_DTYPES],
@@ -82,7 +80,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="order of waiting requests: fcfs (arrival) or priority (the request's "
                    "`priority`, lower first, then arrival; preemption picks the "
                    "lowest-priority running request)")
-    g.add_argument("--swap-space", type=_gib, default=4.0,
+    g.add_argument("--swap-space", type=arg_types.gib, default=4.0,
                    help="CPU memory for swapped-out KV blocks with --preemption-mode swap: GiB, "
                    "or a size with a unit (512MiB); 0 disables (every preemption recomputes)")
     g.add_argument("--revision", default=None,
@@ -107,7 +105,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    "(AVX-512 VNNI, AMX CPUs), else off; --no-int8-activations: the exact path")
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="most sequences in one batch")
-    g.add_argument("--max-num-batched-tokens", type=human_int, default=None,
+    g.add_argument("--max-num-batched-tokens", type=arg_types.human_int, default=None,
                    help="token budget of one step (None = 2048)")
     g.add_argument("--seed", type=int, default=0, help="random seed")
     g.add_argument("--num-threads", type=int, default=None,
@@ -116,7 +114,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="sampling defaults: auto reads temperature/top_p/top_k/min_p/"
                    "repetition_penalty from the model's generation_config.json (a request's "
                    "own values win), vllm ignores the file, or a folder holding one")
-    g.add_argument("--tensor-parallel-size", "-tp", type=_parallel_size, default=1,
+    g.add_argument("--tensor-parallel-size", "-tp", type=arg_types.parallel_size, default=1,
                    help="worker processes each holding 1/N of every layer (torch.distributed: "
                    "gloo on CPU, NCCL on CUDA); on CPU each uses cores/N threads")
     g.add_argument("--enable-expert-parallel", action=argparse.BooleanOptionalAction,
@@ -124,7 +122,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    help="with -tp N on a mixture-of-experts model: each rank holds E/N whole "
                    "experts and runs the tokens routed to them (--no-enable-expert-parallel: "
                    "1/N of every expert's width); default: whole experts when N divides E")
-    g.add_argument("--data-parallel-size", "-dp", type=_parallel_size, default=1,
+    g.add_argument("--data-parallel-size", "-dp", type=arg_types.parallel_size, default=1,
                    help="engine replicas (processes) behind one API server, requests routed "
                    "to the least loaded with prefix-cache affinity (serve only)")
     g.add_argument("--distributed-executor-backend", default=None, choices=["mp", "ray"],
@@ -145,7 +143,7 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="logging level; with debug a fatal error also prints its traceback")
     sg = parser.add_argument_group("speculative decoding")
-    sg.add_argument("--speculative-config", type=_speculative_config, default=None,
+    sg.add_argument("--speculative-config", type=arg_types.speculative_config, default=None,
                     help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                     '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or \'{"method": '
                     '"draft_model", "model": PATH, "num_speculative_tokens": 3}\'')
@@ -158,64 +156,6 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                     help="highest adapter rank accepted; slots are allocated at it (default 16)")
     lg.add_argument("--max-cpu-loras", type=int, default=None,
                     help="adapters kept loaded in CPU memory (default: --max-loras)")
-
-
-_HUMAN_INT = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def human_int(text: str) -> int:
-    """vLLM's human-readable integers: '4096', '4k' = 4000, '4K' = 4096, '1.5m', '25.6k'."""
-    text = text.strip()
-    mult = _HUMAN_INT.get(text[-1:], 1)
-    number = text[:-1] if mult != 1 else text
-    try:
-        value = float(number) * mult if mult != 1 else int(number)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a token count (e.g. 4096, 4k = 4000, 4K = 4096)") from None
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
-    return int(value)
-
-
-def _size(text: str) -> int:
-    from pagedllm.config import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _gib(text: str) -> float:
-    """GiB for a plain number (vLLM's --swap-space), else a size with a unit."""
-    try:
-        return float(text)
-    except ValueError:
-        return _size(text) / 2**30
-
-
-def _speculative_config(text: str) -> SpeculativeConfig | None:
-    try:
-        return SpeculativeConfig.parse(text)
-    except (ValueError, TypeError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _pooler_config(text: str) -> PoolerConfig | None:
-    try:
-        return PoolerConfig.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _rope_scaling(text: str) -> dict | None:
-    from pagedllm.model.layers.rope_scaling import parse_rope_scaling
-
-    try:
-        return parse_rope_scaling(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -248,21 +188,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="log level of uvicorn's own messages")
-    g.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None,
+    g.add_argument("--lora-modules", nargs="+", type=arg_types.parse_lora_module, default=None,
                    metavar="NAME=PATH", help="LoRA adapters served under their names (the "
                    "request's `model` picks one; needs --enable-lora); also vLLM's JSON form "
                    "'{\"name\": ..., \"path\": ...}'")
     add_server_option_args(g)  # limits, timeouts, shutdown, hosts
-
-
-def _parallel_size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a process count (an int >= 1)")
-    return value
 
 
 def check_vllm_only_args(args: argparse.Namespace) -> None:
@@ -271,37 +201,6 @@ def check_vllm_only_args(args: argparse.Namespace) -> None:
     if getattr(args, "trust_remote_code", False):
         log.info("--trust-remote-code: accepted; no code from a model repository is ever run "
                  "(pagedllm uses its own model implementations)")
-
-
-def parse_lora_module(text: str) -> LoRARequest:
-    """`name=path`, or vLLM's JSON form '{"name": ..., "path": ..., "base_model_name": ...}'.
-    Ids are assigned later (`number_lora_modules`)."""
-    text = text.strip()
-    try:
-        if text.startswith("{"):
-            spec = json.loads(text)
-            name, path = spec["name"], spec["path"]
-            base = spec.get("base_model_name")
-        else:
-            name, sep, path = text.partition("=")
-            if not sep:
-                raise ValueError
-            base = None
-        return LoRARequest(name, 1, path, base)
-    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
-        raise argparse.ArgumentTypeError(
-            f"--lora-modules entries are name=path or JSON with name and path, got {text!r}"
-        ) from None
-
-
-def number_lora_modules(modules: list[LoRARequest] | None) -> list[LoRARequest]:
-    """Give the --lora-modules adapters ids 1, 2, ...; refuses duplicate names."""
-    out: list[LoRARequest] = []
-    for i, m in enumerate(modules or [], start=1):
-        if any(o.lora_name == m.lora_name for o in out):
-            raise ValueError(f"--lora-modules names {m.lora_name!r} twice")
-        out.append(LoRARequest(m.lora_name, i, m.lora_path, m.base_model_name))
-    return out
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

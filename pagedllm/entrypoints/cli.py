@@ -8,12 +8,8 @@ import json
 import logging
 import sys
 
-from pagedllm.entrypoints.args import (
-    add_engine_args,
-    add_server_args,
-    engine_config_from_args,
-    number_lora_modules,
-)
+from pagedllm.entrypoints.arg_types import number_lora_modules
+from pagedllm.entrypoints.args import add_engine_args, add_server_args, engine_config_from_args
 
 logger = logging.getLogger(__name__)
 
