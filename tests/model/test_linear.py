@@ -81,23 +81,31 @@ def test_kernels_release_the_gil():
 
     layer = _linear(torch.randn(16384, 576), None)
     x = torch.randn(512, 576)
-    t0 = time.perf_counter()
-    layer(x)
-    call_s = time.perf_counter() - t0
-    started, done = threading.Event(), threading.Event()
+    # One kernel thread: with the watching thread that makes two busy threads, so on a 2-core
+    # machine neither waits for a core and a stall can only be the GIL (with a kernel thread
+    # per core the watcher was sometimes descheduled for most of a call).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        layer(x)
+        call_s = time.perf_counter() - t0
+        started, done = threading.Event(), threading.Event()
 
-    def work():
-        started.set()
-        for _ in range(3):
-            layer(x)
-        done.set()
+        def work():
+            started.set()
+            for _ in range(3):
+                layer(x)
+            done.set()
 
-    t = threading.Thread(target=work)
-    t.start()
-    started.wait()
-    longest, last = 0.0, time.perf_counter()
-    while not done.is_set():
-        now = time.perf_counter()
-        longest, last = max(longest, now - last), now
-    t.join()
+        t = threading.Thread(target=work)
+        t.start()
+        started.wait()
+        longest, last = 0.0, time.perf_counter()
+        while not done.is_set():
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        t.join()
+    finally:
+        torch.set_num_threads(threads)
     assert longest < call_s / 2, f"stalled {longest * 1e3:.0f} ms; one call takes {call_s * 1e3:.0f} ms"
