@@ -34,7 +34,6 @@ at load, ...) stay so: `finalize` fuses each expert's gate and up and frees the 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +43,7 @@ from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.moe.grouped import (
     GroupedLinear,
     PackedExperts,
+    host_tensor,
     kernel_applies,
     offsets_of,
     packed_experts,
@@ -91,14 +91,6 @@ def group_small(flat: list[int], num_experts: int) -> list[int]:
     if any(not 0 <= e < num_experts for e in flat):
         raise ValueError(f"expert ids {flat} are not all in [0, {num_experts})")
     return sorted(range(len(flat)), key=flat.__getitem__)
-
-
-@functools.lru_cache(maxsize=4096)
-def host_tensor(values: tuple[int, ...]) -> torch.Tensor:
-    """A CPU int64 tensor of `values`, made once per distinct tuple: decode repeats the same
-    few orders and offsets, and making a small tensor costs as much as the experts' GEMMs at
-    one token. Shared: its users only read it."""
-    return torch.tensor(values, dtype=torch.long)
 
 
 class StackedExperts(nn.Module):
@@ -239,23 +231,22 @@ class StackedExperts(nn.Module):
         k = ids.shape[1]
         flat = ids.reshape(-1).tolist()
         order = group_small(flat, self.num_experts)
-        offsets = [0] * (self.num_experts + 1)
-        for e in flat:
-            offsets[e + 1] += 1
-        for e in range(self.num_experts):
-            offsets[e + 1] += offsets[e]
-        # Already in expert order (one token's ids ascending, k = 1, ...): no gather.
-        order_t = None if order == sorted(order) else host_tensor(tuple(order))
+        order_t = host_tensor(tuple(order))
         if x.shape[0] == 1:
             xs = x.expand(len(order), -1).contiguous()
         else:
-            tokens = host_tensor(tuple(order)) // k if order_t is None else order_t // k
+            tokens = order_t // k
             xs = x.index_select(0, tokens)
-        offsets_t = host_tensor(tuple(offsets))
-        h = silu_and_mul(grouped[0].run(xs, offsets_t))
-        out = grouped[1].run(h, offsets_t)
+        counts = [0] * self.num_experts
+        for e in flat:
+            counts[e] += 1
+        offsets = offsets_of(counts)
+        h = silu_and_mul(grouped[0].run(xs, offsets))
+        out = grouped[1].run(h, offsets)
         w = weights.reshape(-1, 1)
-        out.mul_((w if order_t is None else w.index_select(0, order_t)).to(out.dtype))
+        if order != sorted(order):  # else already in expert order (k = 1, ids ascending)
+            w = w.index_select(0, order_t)
+        out.mul_(w.to(out.dtype))
         if x.shape[0] == 1:
             return out.sum(0, keepdim=True)
         return torch.zeros_like(x).index_add_(0, tokens, out)

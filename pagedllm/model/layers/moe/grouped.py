@@ -14,6 +14,8 @@ quantized experts' per-expert weights become views of the stacked tensors.
 from __future__ import annotations
 
 import abc
+import functools
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -77,11 +79,17 @@ def packed_experts(weights: torch.Tensor) -> PackedExperts | None:
     return PackedExperts(ops, weights.detach())
 
 
+@functools.lru_cache(maxsize=4096)
+def host_tensor(values: tuple[int, ...]) -> torch.Tensor:
+    """A CPU int64 tensor of `values`, made once per distinct tuple: decode repeats the same
+    few orders and offsets, and making a small tensor costs as much as the experts' GEMMs at
+    one token. Shared: its users only read it."""
+    return torch.tensor(values, dtype=torch.long)
+
+
 def offsets_of(counts: Sequence[int]) -> torch.Tensor:
-    """Row starts [E + 1] (int64, CPU) of groups with `counts` rows each."""
-    out = torch.zeros(len(counts) + 1, dtype=torch.long)
-    torch.cumsum(torch.tensor(counts, dtype=torch.long), 0, out=out[1:])
-    return out
+    """Row starts [E + 1] (int64, CPU, shared: read only) of groups with `counts` rows each."""
+    return host_tensor((0, *itertools.accumulate(counts)))
 
 
 def kernel_applies(x: torch.Tensor) -> bool:
