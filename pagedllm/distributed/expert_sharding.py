@@ -25,6 +25,7 @@ transformers 5 holds them (`....experts.gate_up_proj` [E, 2I, H], `....experts.d
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -81,8 +82,7 @@ class ExpertSplit:
                    spec.shared_intermediate_size, expert_parallel)
 
     def for_rank(self, rank: int) -> ExpertSplit:
-        return ExpertSplit(rank, self.world_size, self.num_experts, self.expert_intermediate,
-                           self.shared_intermediate, self.expert_parallel)
+        return dataclasses.replace(self, rank=rank)
 
     @property
     def expert_range(self) -> tuple[int, int]:

@@ -18,6 +18,7 @@ N must divide the heads (the heads are independent: no KV groups to keep whole).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,8 +58,7 @@ class MLASplit:
                    hf_config.v_head_dim)
 
     def for_rank(self, rank: int) -> MLASplit:
-        return MLASplit(rank, self.world_size, self.num_heads, self.qk_head_dim,
-                        self.kv_b_head_dim, self.v_head_dim)
+        return dataclasses.replace(self, rank=rank)
 
     @property
     def head_range(self) -> tuple[int, int]:

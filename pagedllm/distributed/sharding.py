@@ -37,6 +37,7 @@ per rank), as distributed/mla_sharding.py describes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -113,10 +114,9 @@ class TPLayout:
                    ExpertSplit.for_model(hf_config, rank, world_size, expert_parallel), mla)
 
     def for_rank(self, rank: int) -> TPLayout:
-        return TPLayout(rank, self.world_size, self.num_heads, self.num_kv_heads,
-                        self.head_dim, self.intermediate_size, self.vocab_size,
-                        self.experts and self.experts.for_rank(rank),
-                        self.mla and self.mla.for_rank(rank))
+        return dataclasses.replace(self, rank=rank,
+                                   experts=self.experts and self.experts.for_rank(rank),
+                                   mla=self.mla and self.mla.for_rank(rank))
 
     # ------------------------------------------------------------- sizes
     @property
