@@ -38,6 +38,11 @@ def model_dims(config) -> tuple[int, int, int]:
 
 
 class LlamaAttention(nn.Module):
+    """q/k/v fused, RoPE, the step's attention backend, o_proj. `window`: this layer's own
+    sliding window where a family sets one per layer (Qwen2-MoE); None: its KV group's."""
+
+    window: int | None = None
+
     def __init__(self, config, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = model_dims(config)
@@ -57,7 +62,8 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)
         rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
         out = meta.backend.forward_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                                       kv_cache, meta, self.scale)
+                                       kv_cache, meta.for_layer(kv_cache, self.window),
+                                       self.scale)
         return self.o_proj(out)
 
 

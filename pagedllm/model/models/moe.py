@@ -22,13 +22,12 @@ import torch
 from torch import nn
 
 from pagedllm.errors import ModelLoadError
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.moe import FusedMoE, MoESpec, StackedExperts
 from pagedllm.model.layers.norm import RMSNorm
 from pagedllm.model.layers.quant import QuantizedWeight
-from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
+from pagedllm.model.layers.rotary import RotaryEmbedding
 from pagedllm.model.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -195,21 +194,11 @@ class Qwen2MoeAttention(LlamaAttention):
     """Qwen2-MoE: q/k/v bias as `qkv_bias` says (on by default), no o_proj bias; its own
     sliding `window` (None: full attention; set per layer by `Qwen2MoeModel`)."""
 
-    window: int | None = None
-
     def __init__(self, config, rotary: RotaryEmbedding) -> None:
         super().__init__(config, rotary)
         if getattr(config, "qkv_bias", True) and self.qkv_proj.bias is None:
             self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
 
-    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        rope.rotate_qk_(qkv, self.num_heads, self.num_kv_heads, self.head_dim)
-        out = meta.backend.forward_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                                       kv_cache, meta.for_layer(kv_cache, self.window),
-                                       self.scale)
-        return self.o_proj(out)
 
 
 def qwen2_moe_windows(config) -> list[int | None]:
