@@ -28,6 +28,7 @@ from typing import Any
 from transformers import DeepseekV2Config, DeepseekV3Config, PretrainedConfig
 
 from pagedllm.loader.errors import UnsupportedModelError
+from pagedllm.loader.gguf_arch import common_config
 
 ARCH = "deepseek2"
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
@@ -71,8 +72,7 @@ def config(meta: Callable[..., Any], tensor_shapes: dict[str, tuple[int, ...]]
            ) -> PretrainedConfig:
     """A ``DeepseekV3Config`` (sigmoid gating) or ``DeepseekV2Config`` from the
     ``deepseek2.*`` metadata (``meta(key, default)``) and the file's HF-order shapes."""
-    if "token_embd.weight" not in tensor_shapes:
-        raise UnsupportedModelError("GGUF file has no token_embd.weight tensor")
+    base = common_config(ARCH, meta, tensor_shapes)
     a = ARCH
     heads = int(meta(f"{a}.attention.head_count"))
     rank = int(meta(f"{a}.attention.kv_lora_rank"))
@@ -102,15 +102,10 @@ def config(meta: Callable[..., Any], tensor_shapes: dict[str, tuple[int, ...]]
         if v3 else {"topk_method": "group_limited_greedy" if groups > 1 else "greedy"})
     cls, hf_arch = ((DeepseekV3Config, "DeepseekV3ForCausalLM") if v3
                     else (DeepseekV2Config, "DeepseekV2ForCausalLM"))
+    base["num_key_value_heads"] = heads  # the file says 1: MLA written as MQA (module doc)
     return cls(
         architectures=[hf_arch],
-        vocab_size=tensor_shapes["token_embd.weight"][0],
-        hidden_size=int(meta(f"{a}.embedding_length")),
-        intermediate_size=int(meta(f"{a}.feed_forward_length")),
         moe_intermediate_size=int(meta(f"{a}.expert_feed_forward_length")),
-        num_hidden_layers=int(meta(f"{a}.block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
         n_routed_experts=int(meta(f"{a}.expert_count")),
         num_experts_per_tok=int(meta(f"{a}.expert_used_count")),
         n_shared_experts=int(meta(f"{a}.expert_shared_count", 0)),
@@ -123,12 +118,7 @@ def config(meta: Callable[..., Any], tensor_shapes: dict[str, tuple[int, ...]]
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=qk_head - rope_dim,
         v_head_dim=v_head,
-        max_position_embeddings=int(meta(f"{a}.context_length")),
-        rms_norm_eps=float(meta(f"{a}.attention.layer_norm_rms_epsilon")),
         rope_parameters=rope,
-        tie_word_embeddings="output.weight" not in tensor_shapes,
-        bos_token_id=meta("tokenizer.ggml.bos_token_id", None),
-        eos_token_id=meta("tokenizer.ggml.eos_token_id", None),
-        pad_token_id=meta("tokenizer.ggml.padding_token_id", None),
+        **base,
         **extra,
     )
