@@ -78,22 +78,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------ models
-def _tokenizer():
-    """A byte-level BPE of 512 tokens trained on the stdlib's pydoc prose."""
-    from pydoc_data.topics import topics
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(list(topics.values())[:20], trainers.BpeTrainer(
-        vocab_size=512, special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
-
-
 def build_models(args) -> dict[str, Path]:
     """The MoE and dense HF directories and the MoE's GGUF file (written once per size)."""
     import transformers
@@ -115,11 +99,13 @@ def build_models(args) -> dict[str, Path]:
                                            intermediate_size=args.top_k * args.expert_width),
                   transformers.LlamaForCausalLM),
     }
+    from benchmarks.step_cost import pydoc_tokenizer
+
     tokenizer = None
     for name, (cfg, cls) in configs.items():
         if (paths[name] / "config.json").is_file():
             continue
-        tokenizer = tokenizer or _tokenizer()
+        tokenizer = tokenizer or pydoc_tokenizer()
         logger.info("writing the random %s model to %s", name, paths[name])
         torch.manual_seed(0)
         cls(cfg).save_pretrained(paths[name])

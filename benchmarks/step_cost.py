@@ -40,21 +40,28 @@ from pagedllm.engine.llm_engine import LLMEngine
 PARTS = ("schedule", "prepare", "forward", "sample", "output")
 
 
-def tiny_checkpoint(path: Path) -> Path:
-    """A random 2-layer Llama (hidden 64) with SmolLM2's tokenizer-free byte-level vocab."""
-    import transformers
+def pydoc_tokenizer():
+    """A byte-level BPE of 512 tokens (<s> = 0, </s> = 1) trained on the stdlib's pydoc prose:
+    a real tokenizer for random benchmark models, with no download."""
+    from pydoc_data.topics import topics
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    from pydoc_data.topics import topics
-
     tok.train_from_iterator(list(topics.values())[:20], trainers.BpeTrainer(
         vocab_size=512, special_tokens=["<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>",
-                                                eos_token="</s>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def tiny_checkpoint(path: Path) -> Path:
+    """A random 2-layer Llama (hidden 64) with a byte-level vocab (`pydoc_tokenizer`)."""
+    import transformers
+
+    fast = pydoc_tokenizer()
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
                                    max_position_embeddings=8192, bos_token_id=0, eos_token_id=1)
