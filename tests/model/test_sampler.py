@@ -244,3 +244,19 @@ def test_processors_are_built_once_in_order_and_only_when_used() -> None:
     assert [type(p) for p in md.processors] == [TokenRestrictions, MinTokens, Penalties]
     logits = Sampler()(torch.zeros(1, 8), md).sampled_token_ids
     assert logits.tolist() == [3]  # the bias wins; EOS (0) is banned until min_tokens
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.8, top_k=3, top_p=0.9, min_p=0.05, logprobs=2),
+    SamplingParams(temperature=0.0, repetition_penalty=1.3, logit_bias={1: -5.0}),
+    SamplingParams(temperature=0.0, min_tokens=4, stop_token_ids=[1]),
+], ids=["greedy", "random-filters", "processors", "min-tokens"])
+def test_float32_logits_never_modified(params: SamplingParams) -> None:
+    """Without processors the sampler reads float32 logits without copying them; with or
+    without, the caller's tensor is left as it was."""
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(3))
+    before = logits.clone()
+    torch.manual_seed(0)
+    run(logits, [row(params, [2, 5]) for _ in range(4)])
+    assert torch.equal(logits, before)

@@ -186,8 +186,10 @@ class Sampler(torch.nn.Module):
         self.generator = generator
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        # One float32 copy: the caller's logits are never modified.
-        logits = logits.to(dtype=torch.float32, copy=True)
+        # The caller's logits are never modified: processors (which may work in place) get a
+        # float32 copy; without any, nothing below writes into `logits`, so float32 logits are
+        # read as they are (a [B, V] copy cost ~0.1-0.9 ms per step, a page fault per 4 KiB).
+        logits = logits.to(dtype=torch.float32, copy=bool(md.processors))
         raw = None if md.max_num_logprobs is None else torch.log_softmax(logits, dim=-1)
         logits = _processed(logits, md)
 
