@@ -123,7 +123,8 @@ __attribute__((noinline)) void micro(const float* x, int64_t K, const uint16_t* 
 #endif
   for (; k < K; ++k)  // the K % kVW tail (all of K on the scalar path)
     for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NR; ++j) s[i][j] += x[i * K + k] * widen(w[j * K + k]);
+      for (int j = 0; j < NR; ++j)  // an explicit fma: contraction must not vary with MR
+        s[i][j] = __builtin_fmaf(x[i * K + k], widen(w[j * K + k]), s[i][j]);
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) y[i * N + j] = bias ? s[i][j] + bias[j] : s[i][j];
 }
