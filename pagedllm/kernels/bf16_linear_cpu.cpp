@@ -106,7 +106,12 @@ __attribute__((noinline)) void micro(const float* x, int64_t K, const uint16_t* 
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const F xv = xload(x + i * K + k);
+      F xv = xload(x + i * K + k);
+#if defined(__AVX512F__) || defined(__AVX2__)
+      // one load of x per NR FMAs: GCC otherwise folds it into every FMA, and the kernel
+      // becomes load-bound (28 loads for 24 FMAs per step at MR 6)
+      asm("" : "+v"(xv));
+#endif
       for (int j = 0; j < NR; ++j) acc[i][j] = vfma(xv, wv[j], acc[i][j]);
     }
   }

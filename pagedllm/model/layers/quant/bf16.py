@@ -31,12 +31,14 @@ from pagedllm.model.layers.quant.base import LinearMethod
 BF16_KIND = 4
 
 #: Rows from which torch's bf16 matmul beats the fp32-activation kernel. Measured on a 2-vCPU
-#: Zen 4/5 class CPU with avx512_bf16 (no AMX), 1 thread, min of 200 interleaved calls, load
-#: ~3 (other jobs on the machine), kernel vs torch bf16 in us:
-#:   1536x576   M=1 19 vs 61, M=4 41 vs 63, M=6 56 vs 73, M=8 79 vs 80, M=12 112 vs 94
-#:   2048x2048  M=4 214 vs 269, M=6 302 vs 314, M=8 432 vs 338
-#:   49152x576  M=1 1558 vs 3153 (lm_head), M=4 1914 vs 3408, M=6 3885 vs 3762
-#: The kernel is exact-fp32 in x, so the tie goes to it: 8 rows.
+#: Zen 4/5 class CPU with avx512_bf16 (no AMX), 1 thread, min of 200 interleaved calls per
+#: point, load average ~6 (other jobs on the machine); kernel vs torch bf16, us:
+#:   1536x576   M=1 18 vs 63, M=4 32 vs 66, M=6 49 vs 73, M=8 67 vs 81, M=10 81 vs 86,
+#:              M=12 99 vs 95, M=16 126 vs 105
+#:   2048x2048  M=1 102 vs 277, M=4 203 vs 299, M=6 262 vs 337, M=8 422 vs 383
+#:   49152x576  M=1 1558 vs 3153 (the lm_head), M=4 1914 vs 3408, M=6 3885 vs 3762
+#: With 2 threads (load ~4): 1536x576 M=8 45 vs 56, 2048x2048 M=6 176 vs 257, M=8 252 vs 224.
+#: Below 8 rows the kernel wins at every shape; from 8 on torch wins at the larger ones.
 TORCH_ROWS = 8
 
 
