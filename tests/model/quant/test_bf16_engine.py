@@ -133,3 +133,29 @@ def test_real_models_bf16_agree_with_hf_fp32_by_vllms_rule(model: str, hf_refere
     same = [check_logprobs_close(got, hf_greedy(hf_reference, hf_dir, p, 32))
             for p, got in zip(prompts, outs, strict=True)]
     assert sum(same) >= 64, same  # and at least half the tokens identical before a split
+
+
+def test_without_cpu_kernels_every_row_count_takes_torch(tiny_llama_dir: Path) -> None:
+    """PAGEDLLM_NO_CPU_KERNELS=1 (a subprocess: the kernels' load is once per process): the
+    same bf16 layout on every linear layer, run by torch's bf16 matmul at every row count."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from pagedllm import LLM, SamplingParams\n"
+        "from pagedllm.model.layers.quant.bf16 import Bf16Weight\n"
+        f"llm = LLM({str(tiny_llama_dir)!r}, dtype='bfloat16', num_threads=1,"
+        " kv_cache_memory=16 * 2**20)\n"
+        "ms = [m.method for m in llm.llm_engine.model.modules() if hasattr(m, 'weight_dtype')]\n"
+        "out = llm.generate([{'prompt_token_ids': [5, 9, 200, 17]}], SamplingParams("
+        "temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)\n"
+        "print(json.dumps([all(isinstance(m, Bf16Weight) and m.ops is None for m in ms),"
+        " out[0].outputs[0].token_ids]))\n")
+    env = {**os.environ, "PAGEDLLM_NO_CPU_KERNELS": "1", "PAGEDLLM_REQUIRE_CPU_KERNELS": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    all_torch, tokens = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert all_torch and len(tokens) == 8
