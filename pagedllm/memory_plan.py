@@ -107,9 +107,9 @@ def parameter_counts(cfg: SimpleNamespace) -> tuple[int, int]:
 
 
 def bf16_linear_weight_bytes(cfg: SimpleNamespace) -> int:
-    """Weight bytes with bf16 linear layers under fp32 compute (`--dtype bfloat16` on CPU,
-    model/layers/quant/bf16.py): the decoder layers' attention and MLP matrices and the
-    lm_head (its own copy when tied) at 2 bytes, embeddings, norms and biases at 4. A MoE
+    """Weight bytes with bf16 matrices under fp32 compute (`--dtype bfloat16` on CPU,
+    model/layers/quant/bf16.py): the decoder layers' attention and MLP matrices, the
+    embedding table and the lm_head (one table when tied) at 2 bytes, norms and biases at 4. A MoE
     model's routed experts and multi-head latent attention are counted at 4 bytes (an upper
     bound: they are not `Linear` layers)."""
     total, _ = parameter_counts(cfg)
@@ -119,10 +119,9 @@ def bf16_linear_weight_bytes(cfg: SimpleNamespace) -> int:
     hd = getattr(cfg, "head_dim", None) or h // heads
     attn = 0 if latent_kv_dims(cfg) is not None else 2 * h * heads * hd + 2 * h * kv * hd
     mlp = 0 if MoESpec.from_config(cfg) is not None else 3 * h * cfg.intermediate_size
-    matrices, head = layers * (attn + mlp), vocab * h
-    tied = getattr(cfg, "tie_word_embeddings", False)
-    fp32 = total - matrices - (0 if tied else head)
-    return fp32 * 4 + (matrices + head) * 2
+    tables = vocab * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
+    matrices = layers * (attn + mlp) + tables
+    return (total - matrices) * 4 + matrices * 2
 
 
 @dataclass
@@ -150,7 +149,7 @@ class MemoryPlan:
         kv_dtype = str(s.dtype).removeprefix("torch.")
         out = [
             f"weights:            {self.weight_bytes / GiB:8.2f} GiB ("
-            + ("bf16 linear layers, float32 embeddings and norms" if self.bf16_linear
+            + ("bf16 linear layers and embeddings, float32 norms" if self.bf16_linear
                else dtype) + ")",
             *self.moe_lines(),
             f"KV cache dtype:     {kv_dtype}",

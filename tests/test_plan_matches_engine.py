@@ -97,4 +97,4 @@ def test_cli_plan_prints_the_engine_dtype(tiny_llama_dir, capsys):
     assert "512 B" in out and "512 blocks of 16 tokens" in out
     assert main(["plan", str(tiny_llama_dir), "--kv-cache-memory", "4MiB", "--dtype",
                  "bfloat16"]) == 0
-    assert "(bf16 linear layers, float32 embeddings and norms)" in capsys.readouterr().out
+    assert "(bf16 linear layers and embeddings, float32 norms)" in capsys.readouterr().out

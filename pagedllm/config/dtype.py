@@ -1,7 +1,7 @@
 """The engine's dtypes: what `--dtype` asks for, and what the weights and activations become.
 
     --dtype     device  activations, norms, attention,   linear weights (lm_head included)
-                        embeddings, KV cache ("auto")
+                        KV cache ("auto")                 and the embedding table
     auto        CUDA    bf16 (fp16 without bf16)          the same
     auto        CPU     float32                           bf16 where `auto_linear_dtype` says
                                                           so (below), else float32

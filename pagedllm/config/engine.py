@@ -117,9 +117,10 @@ class EngineConfig:
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.torch_device = torch.device(self.device)
-        # compute dtype (activations, norms, attention, embeddings, 'auto' KV cache) and the
-        # linear weights' (None: 'auto' on CPU, settled by `resolve_linear_dtype`); they
-        # differ for bf16 on CPU: bf16 linear weights, fp32 compute (config/dtype.py)
+        # compute dtype (activations, norms, attention, 'auto' KV cache) and the matrices'
+        # (linear weights, embedding table; None: 'auto' on CPU, settled by
+        # `resolve_linear_dtype`); they differ for bf16 on CPU: bf16 matrices, fp32 compute
+        # (config/dtype.py)
         self.torch_dtype = resolve_dtype(self.dtype, self.torch_device)
         self.linear_dtype = dtypes.linear_dtype(self.dtype, self.torch_device)
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:

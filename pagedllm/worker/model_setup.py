@@ -56,7 +56,7 @@ def weight_format(ckpt: Checkpoint, config: EngineConfig) -> str:
     if config.quantization == "int8":
         return "int8 (W8A8)" if config.int8_activations else "int8"
     if config.bf16_linear_weights and float_weights(ckpt.quantization, config.quantization):
-        return "bf16 linear layers, float32 embeddings and norms"
+        return "bf16 linear layers and embeddings, float32 norms"
     return ckpt.quantization
 
 

@@ -2,8 +2,10 @@
 
 `--dtype bfloat16` on CPU (and `--dtype auto` where the CPU has bf16 matrix instructions,
 config/dtype.py) stores every linear layer's weight once in bf16, in the HF layout [N, K],
-and keeps everything else fp32: activations, norms, residuals, attention, the KV cache, the
-embeddings. So every fp32 kernel and the C++ decode loop keep working, and the weights take
+and keeps everything else fp32: activations, norms, residuals, attention, the KV cache. The
+embedding table is a bf16 matrix too (its rows widened exactly to fp32 at lookup): a tied
+lm_head shares it, so the model holds one bf16 copy instead of an fp32 table plus the
+lm_head's own copy (Gemma 3 270M: 335 MB instead of 671 + 335 MB). So every fp32 kernel and the C++ decode loop keep working, and the weights take
 half the memory and half the bytes read per decode step.
 
 The contract (also the grouped bf16 MoE kernels'), for x [M, K] fp32 -> y [M, N] fp32:
@@ -25,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagedllm.model.layers.quant.base import LinearMethod
+from pagedllm.model.layers.quant.base import QuantizedWeight
 
 #: this format's kind in the C++ decode loop (LinearKind in kernels/decode_layers_cpu.cpp)
 BF16_KIND = 4
@@ -42,11 +44,12 @@ BF16_KIND = 4
 TORCH_ROWS = 8
 
 
-class Bf16Weight(LinearMethod):
+class Bf16Weight(QuantizedWeight):
     """A bf16 [out, in] weight run with fp32 activations (the module docstring's contract).
 
     `ops` is the C++ kernel module, None where the kernels are not built: then every row
-    count takes torch's bf16 matmul."""
+    count takes torch's bf16 matmul. Also an embedding table (rows widened exactly at
+    lookup), shared with a tied lm_head: one bf16 copy for both."""
 
     format = "bf16"
 
@@ -57,6 +60,12 @@ class Bf16Weight(LinearMethod):
         self.ops = ops
         self.torch_rows = torch_rows
         self.weight = weight.detach().to(torch.bfloat16).contiguous()
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        return self.apply(x, None)
+
+    def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[token_ids].float()
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         lead = x.shape[:-1]

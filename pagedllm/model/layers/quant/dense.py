@@ -116,6 +116,15 @@ class PackedWeight(LinearMethod):
         return self.packed.transpose(1, 2).reshape(p * nb, k)[:self.out_features]
 
 
+def bf16_table(weight: torch.Tensor, weight_dtype: torch.dtype | None) -> Bf16Weight | None:
+    """A CPU fp32 matrix (a linear layer's weight, an embedding table) as bf16 when
+    `weight_dtype` asks for bf16 matrices under an fp32 model; else None."""
+    if (weight_dtype != torch.bfloat16 or weight.dtype != torch.float32
+            or weight.device.type != "cpu" or weight.requires_grad):
+        return None
+    return Bf16Weight(cpu_ops.load(), weight.detach())
+
+
 def dense_method(weight: torch.Tensor, keep_dense: bool,
                  weight_dtype: torch.dtype | None = None) -> LinearMethod:
     """The fastest layout of a loaded HF-layout weight on its device (module docstring);
@@ -123,8 +132,8 @@ def dense_method(weight: torch.Tensor, keep_dense: bool,
     if weight.device.type != "cpu" or keep_dense:
         return DenseWeight(weight)
     w = weight.detach()
-    if weight_dtype == torch.bfloat16 and w.dtype == torch.float32:
-        return Bf16Weight(cpu_ops.load(), w)
+    if (table := bf16_table(w, weight_dtype)) is not None:
+        return table
     if (ops := cpu_ops.fp32_ops(w)) is not None:
         return PackedWeight(ops, w)
     return TransposedWeight(w)
