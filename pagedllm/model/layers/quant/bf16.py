@@ -1,12 +1,13 @@
-"""bf16 weights with fp32 activations on CPU: `Bf16Weight`, one `LinearMethod`.
+"""bf16 weights with fp32 activations on CPU: `Bf16Weight`, a `QuantizedWeight`.
 
 `--dtype bfloat16` on CPU (and `--dtype auto` where the CPU has bf16 matrix instructions,
 config/dtype.py) stores every linear layer's weight once in bf16, in the HF layout [N, K],
 and keeps everything else fp32: activations, norms, residuals, attention, the KV cache. The
 embedding table is a bf16 matrix too (its rows widened exactly to fp32 at lookup): a tied
 lm_head shares it, so the model holds one bf16 copy instead of an fp32 table plus the
-lm_head's own copy (Gemma 3 270M: 335 MB instead of 671 + 335 MB). So every fp32 kernel and the C++ decode loop keep working, and the weights take
-half the memory and half the bytes read per decode step.
+lm_head's own copy (Gemma 3 270M: 335 MB instead of 671 + 335 MB). So every fp32 kernel and
+the C++ decode loop keep working, and the weights take half the memory and half the bytes
+read per decode step.
 
 The contract (also the grouped bf16 MoE kernels'), for x [M, K] fp32 -> y [M, N] fp32:
 
@@ -19,7 +20,10 @@ The contract (also the grouped bf16 MoE kernels'), for x [M, K] fp32 -> y [M, N]
                       matmul), bias added in fp32
 
 Both branches live in the C++ `bf16_linear` (the decode loop calls the same function). Without
-the C++ kernels every M takes the torch branch.
+the C++ kernels every M takes the torch branch. A row's result does not depend on the rows
+beside it below TORCH_ROWS (the kernel is batch-invariant); a batch of TORCH_ROWS rows or
+more (prefill chunks, many decodes) rounds its activations to bf16, so there the numerics
+follow the batch size.
 """
 
 from __future__ import annotations
