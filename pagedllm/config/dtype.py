@@ -17,9 +17,9 @@ C++ decode loop) keep running, and the linear layers read half the bytes
     there torch's bf16 matmul runs prefill 3.5-4.4x faster than fp32, on AVX2-only CPUs it is
     emulated and slower;
   * the weights are float once loaded: not a GGUF kept quantized, not AWQ / GPTQ / int8;
-  * the checkpoint is not saved in float16: vLLM keeps such a model in float16 (its `auto`
-    downcasts only float32 checkpoints); bf16 would round 3 of the mantissa bits it was
-    saved with, so here it stays exact in float32;
+  * the checkpoint is not saved in float16: vLLM's `auto` downcasts float32 checkpoints and
+    keeps a float16 one in float16, which this engine has no CPU kernels for; bf16 would
+    round away 3 of the mantissa bits it was saved with, so it stays exact in float32;
   * `PAGEDLLM_AUTO_DTYPE` does not pin it (float32 or bfloat16; the test suite pins float32
     so its fp32-vs-HF comparisons at 1e-4 test fp32 on every CPU).
 Greedy agreement with HF fp32 by vLLM's logprob rule is tested on SmolLM2 and Gemma 3 270M
