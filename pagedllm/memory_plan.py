@@ -1,6 +1,7 @@
 """Memory planning from a model config alone (no weights): what fits in a memory budget.
 
-    weights      = parameter count x dtype bytes (from the config's shapes), or for a GGUF
+    weights      = parameter count x dtype bytes (from the config's shapes; with bf16 linear
+                   weights under fp32 on CPU, `bf16_linear_weight_bytes`), or for a GGUF
                    file the bytes of its (quantized) tensors, which the engine keeps as they are;
                    a mixture-of-experts model holds every expert but a token reads only its
                    top-k: the plan shows total and active parameters and the experts' bytes
@@ -105,6 +106,24 @@ def parameter_counts(cfg: SimpleNamespace) -> tuple[int, int]:
     return fixed + total, fixed + active
 
 
+def bf16_linear_weight_bytes(cfg: SimpleNamespace) -> int:
+    """Weight bytes with bf16 matrices under fp32 compute (`--dtype bfloat16` on CPU,
+    model/layers/quant/bf16.py): the decoder layers' attention and MLP matrices, the
+    embedding table and the lm_head (one table when tied) at 2 bytes, norms and biases at 4. A MoE
+    model's routed experts and multi-head latent attention are counted at 4 bytes (an upper
+    bound: they are not `Linear` layers)."""
+    total, _ = parameter_counts(cfg)
+    h, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    hd = getattr(cfg, "head_dim", None) or h // heads
+    attn = 0 if latent_kv_dims(cfg) is not None else 2 * h * heads * hd + 2 * h * kv * hd
+    mlp = 0 if MoESpec.from_config(cfg) is not None else 3 * h * cfg.intermediate_size
+    tables = vocab * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
+    matrices = layers * (attn + mlp) + tables
+    return (total - matrices) * 4 + matrices * 2
+
+
 @dataclass
 class MemoryPlan:
     weight_bytes: int
@@ -118,6 +137,7 @@ class MemoryPlan:
     full_length_seqs: int
     pairs: list[tuple[int, int]]  # (max_model_len, largest max_num_seqs at that length)
     moe: MoESpec | None = None  # a mixture-of-experts model's shape
+    bf16_linear: bool = False  # bf16 linear weights under fp32 compute (CPU)
     parameters: int = 0
     active_parameters: int = 0  # read per token (the top-k experts of a MoE model)
     expert_bytes: int = 0  # of the routed experts, in the weights' dtype
@@ -128,7 +148,9 @@ class MemoryPlan:
         dtype = str(self.dtype).removeprefix("torch.")
         kv_dtype = str(s.dtype).removeprefix("torch.")
         out = [
-            f"weights:            {self.weight_bytes / GiB:8.2f} GiB ({dtype})",
+            f"weights:            {self.weight_bytes / GiB:8.2f} GiB ("
+            + ("bf16 linear layers and embeddings, float32 norms" if self.bf16_linear
+               else dtype) + ")",
             *self.moe_lines(),
             f"KV cache dtype:     {kv_dtype}",
             f"KV bytes per token: {self.kv_bytes_per_token} B = {self.kv_bytes_per_token / 1024:g} "
@@ -234,15 +256,26 @@ def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
         budget = DEFAULT_CPU_KV_BYTES
     # A GGUF the engine keeps quantized weighs its tensor bytes, not shapes x dtype.
     measured = (getattr(cfg, "weight_bytes", None) if config.quantization != "none" else None)
+    gguf = getattr(cfg, "weight_bytes", None) is not None
+    held = "gguf" if gguf else ("none" if getattr(cfg, "quantization_config", None) is None
+                                else "quantized")
+    from pagedllm.worker.model_setup import float_weights
+
+    config.resolve_linear_dtype(float_weights(held, config.quantization),
+                                getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", None))
+    bf16 = config.bf16_linear_weights and float_weights(held, config.quantization)
+    if bf16:
+        measured = bf16_linear_weight_bytes(cfg)
     return _plan(cfg, spec, config.torch_dtype, config.max_model_len, budget=budget,
                  memory_bytes=memory_bytes, utilization=config.gpu_memory_utilization,
                  max_num_batched_tokens=config.max_num_batched_tokens, clamp=False,
-                 weights=measured)
+                 weights=measured, bf16_linear=bf16)
 
 
 def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: int, *,
           budget: int | None, memory_bytes: int | None, utilization: float,
-          max_num_batched_tokens: int, clamp: bool, weights: int | None = None) -> MemoryPlan:
+          max_num_batched_tokens: int, clamp: bool, weights: int | None = None,
+          bf16_linear: bool = False) -> MemoryPlan:
     wbytes = torch.empty((), dtype=dtype).element_size()
     total, active = parameter_counts(cfg)
     moe = MoESpec.from_config(cfg)
@@ -283,4 +316,5 @@ def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: 
                       kv_budget=budget, num_blocks=blocks,
                       full_length_seqs=usable // per_seq_blocks, pairs=pairs, moe=moe,
                       parameters=total, active_parameters=active,
-                      expert_bytes=_expert_bytes(cfg, moe, wbytes, measured=weights_measured))
+                      expert_bytes=_expert_bytes(cfg, moe, wbytes, measured=weights_measured),
+                      bf16_linear=bf16_linear)

@@ -20,6 +20,12 @@ TINY_VOCAB = 512
 if platform.system() == "Linux" and platform.machine() in ("x86_64", "aarch64"):
     os.environ.setdefault("PAGEDLLM_REQUIRE_CPU_KERNELS", "1")
 
+# `--dtype auto` on a CPU with bf16 matrix instructions means bf16 linear weights
+# (config/dtype.py); the suite's ~2000 comparisons with HF fp32 at 1e-4 test the fp32 path on
+# every CPU, so 'auto' is pinned to float32 here. Tests of the bf16 path set dtype themselves
+# (or unset the variable).
+os.environ.setdefault("PAGEDLLM_AUTO_DTYPE", "float32")
+
 # Without a GPU the Triton kernels (pagedllm/kernels/triton/) run in Triton's interpreter on
 # CPU tensors; the variable must be set before triton is first imported.
 if not torch.cuda.is_available():

@@ -14,6 +14,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.entrypoints.cli import main
 from pagedllm.memory_plan import load_config, plan_for_engine
+from pagedllm.worker.model_setup import weight_bytes
 
 KV = 4 * 2**20  # small pools: the engines are built for their numbers only
 
@@ -38,12 +39,17 @@ def test_plan_equals_engine(model_dir, dtype):
     result = plan_for_engine(load_config(str(model_dir)), EngineConfig(**args))
     engine = LLMEngine(EngineConfig(**args))
     assert result.dtype == engine.config.torch_dtype
-    assert result.dtype == (torch.float32 if dtype == "auto" else getattr(torch, dtype))
+    # bf16 on CPU: bf16 linear weights under fp32 compute (config/dtype.py)
+    assert result.dtype == (torch.float16 if dtype == "float16" else torch.float32)
     assert result.kv_spec == engine.kv_spec
     assert result.kv_bytes_per_token == engine.kv_spec.bytes_per_token
     assert result.num_blocks == engine.num_blocks
     assert result.max_model_len == engine.config.max_model_len
-    assert result.weight_bytes == _checkpoint_params(model_dir) * result.dtype.itemsize
+    assert result.bf16_linear == (dtype == "bfloat16")
+    if dtype == "bfloat16":  # what the engine holds: bf16 matrices, a tied lm_head's copy
+        assert result.weight_bytes == weight_bytes(engine.model)
+    else:
+        assert result.weight_bytes == _checkpoint_params(model_dir) * result.dtype.itemsize
 
 
 def test_plan_equals_engine_int8_cache(tiny_llama_dir):
@@ -91,4 +97,4 @@ def test_cli_plan_prints_the_engine_dtype(tiny_llama_dir, capsys):
     assert "512 B" in out and "512 blocks of 16 tokens" in out
     assert main(["plan", str(tiny_llama_dir), "--kv-cache-memory", "4MiB", "--dtype",
                  "bfloat16"]) == 0
-    assert "(bfloat16)" in capsys.readouterr().out
+    assert "(bf16 linear layers and embeddings, float32 norms)" in capsys.readouterr().out

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedllm.config import dtype as dtypes
+from pagedllm.config.dtype import DTYPES, resolve_dtype  # noqa: F401 - re-exported
 from pagedllm.config.generation import validate_generation_config
 from pagedllm.config.pooler import PoolerConfig, validate_runner
 from pagedllm.config.speculative import SpeculativeConfig
@@ -34,9 +36,6 @@ _UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB
           "T": 1e12, "TB": 1e12, "KI": 2**10, "KIB": 2**10, "MI": 2**20, "MIB": 2**20,
           "GI": 2**30, "GIB": 2**30, "TI": 2**40, "TIB": 2**40}
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-          "float": torch.float32, "half": torch.float16}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = {name: getattr(torch, attr) for name, attr in KV_CACHE_DTYPE_NAMES.items()}
 
@@ -52,19 +51,6 @@ def parse_size(value: int | float | str) -> int:
     if unit not in _UNITS:
         raise ValueError(f"unknown memory unit in {value!r}")
     return int(float(m.group(1)) * _UNITS[unit])
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """'auto' is float32 on CPU (no native bf16 matmul on the target CPUs) and bf16 on CUDA."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
-    return DTYPES[dtype]
 
 
 @dataclass
@@ -131,7 +117,12 @@ class EngineConfig:
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.torch_device = torch.device(self.device)
+        # compute dtype (activations, norms, attention, 'auto' KV cache) and the matrices'
+        # (linear weights, embedding table; None: 'auto' on CPU, settled by
+        # `resolve_linear_dtype`); they differ for bf16 on CPU: bf16 matrices, fp32 compute
+        # (config/dtype.py)
         self.torch_dtype = resolve_dtype(self.dtype, self.torch_device)
+        self.linear_dtype = dtypes.linear_dtype(self.dtype, self.torch_device)
         if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of auto, {', '.join(KV_CACHE_DTYPES)}; "
                              f"got {self.kv_cache_dtype!r}")
@@ -206,6 +197,21 @@ class EngineConfig:
             self.int8_activations = False
             return
         self.int8_activations = cpu_features.default_int8_activations()
+
+    def resolve_linear_dtype(self, float_weights: bool, checkpoint_dtype: object = None) -> None:
+        """Settle linear_dtype=None ('auto' on CPU) once the checkpoint is known: bf16 where
+        `dtype.auto_linear_dtype` allows it (the CPU, the weights being float, the saved
+        dtype), else float32; logged with the reason."""
+        if self.linear_dtype is not None:
+            return
+        self.linear_dtype, why = dtypes.auto_linear_dtype(float_weights, checkpoint_dtype)
+        logger.info("dtype auto: %s linear weights, float32 activations (%s)",
+                    str(self.linear_dtype).removeprefix("torch."), why)
+
+    @property
+    def bf16_linear_weights(self) -> bool:
+        """Linear weights in bf16 under fp32 compute (CPU): model/layers/quant/bf16.py."""
+        return self.linear_dtype == torch.bfloat16 and self.torch_dtype == torch.float32
 
     def finalize(self, model_max_len: int, derivation: str = "") -> None:
         """Resolve defaults that depend on the model's context length (`rope_max_len`)."""

@@ -36,8 +36,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                             "(default: SmolLM2-135M-Instruct)")
     parser.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
     g = parser.add_argument_group("engine")
-    g.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), float32, "
-                   "float16, bfloat16")
+    g.add_argument("--dtype", default="auto", help="auto (CPU: bf16 linear weights under fp32 "
+                   "compute where the CPU has avx512_bf16 / amx_bf16 and the weights are float, "
+                   "else fp32; CUDA: bf16), float32, float16, bfloat16 (on CPU: bf16 linear "
+                   "weights, fp32 compute)")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--kv-cache-memory", default=None, type=arg_types.size,

@@ -227,6 +227,7 @@ def cmd_plan(args) -> int:
     if config.torch_device.type == "cuda" and not torch.cuda.is_available() \
             and args.dtype == "auto":
         config.torch_dtype = torch.bfloat16  # what "auto" resolves to on bf16-capable GPUs
+        config.linear_dtype = torch.bfloat16
         if args.kv_cache_dtype == "auto":
             config.torch_kv_cache_dtype = torch.bfloat16
     memory = None if args.memory is None else _memory_bytes(args.memory)

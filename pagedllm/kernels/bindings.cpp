@@ -39,6 +39,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_linear_weight", &pack_linear_weight, kNoGil,
         "pack an fp32 [N, K] weight into [N / NB, K, NB] panels for packed_linear");
   m.def("packed_linear", &packed_linear, kNoGil, "y = x @ W^T (+ bias) over a packed weight (CPU)");
+  m.def("bf16_linear", &bf16_linear, kNoGil,
+        "y = x @ W^T (+ bias) over a bf16 weight [N, K]: fp32 x below torch_rows rows, bf16 x "
+        "through torch's bf16 matmul from torch_rows rows on (0: never); y fp32");
+  m.def("bf16_linear_isa", &bf16_linear_isa, kNoGil,
+        "the instructions of bf16_linear's kernel: avx512, avx2 or scalar");
   m.def("grouped_packed_linear", &grouped_packed_linear, kNoGil,
         "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
         "expert's packed weight [E, P, K, NB]");

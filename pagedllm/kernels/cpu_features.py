@@ -8,6 +8,10 @@ defaults follow the build:
     int8 dot products (int8_dot_cpu.h)   int8 activations by default
     avx512_vnni (vpdpbusd)               on  (GGUF models kept quantized, --quantization int8)
     avx512bw / avx2 (maddubs pairs)      off (the exact path; --int8-activations turns it on)
+
+The default dtype follows the CPU instead (torch's bf16 matmul, oneDNN, dispatches at run
+time): `--dtype auto` may pick bf16 linear weights where the CPU has amx_bf16 or avx512_bf16
+(`bf16_matrix_isa`; config/dtype.py has the rules).
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 _FLAG = re.compile(r"^(avx2|avx512\w*|avx_vnni\w*|amx\w*|fma|f16c)$")
+
+# The bf16 matrix ISAs, best first, under which torch's bf16 matmul (oneDNN) is native: AMX
+# tiles (Xeon Sapphire Rapids on) and AVX-512 BF16 dot products (Cooper Lake, Zen 4 on).
+BF16_MATRIX_FLAGS = ("amx_bf16", "avx512_bf16")
 
 # The int8 dot-product ISAs whose int8-activation kernels beat the exact path at every batch
 # size on the machines measured (docs/benchmarks.md): VNNI's vpdpbusd.
@@ -35,6 +43,13 @@ def cpu_flags() -> tuple[str, ...]:
         return ()
     line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
     return tuple(sorted({f for f in line.split(":", 1)[-1].split() if _FLAG.match(f)}))
+
+
+def bf16_matrix_isa(flags: tuple[str, ...] | None = None) -> str | None:
+    """The best bf16 matrix ISA among `flags` (default: this CPU's), None without one:
+    where `--dtype auto` on CPU may pick bf16 linear weights (config/dtype.py)."""
+    have = set(cpu_flags() if flags is None else flags)
+    return next((f for f in BF16_MATRIX_FLAGS if f in have), None)
 
 
 def int8_dot_isa() -> str | None:

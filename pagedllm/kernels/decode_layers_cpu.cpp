@@ -12,8 +12,9 @@
 //
 // A `LinearRef` is one linear layer's weight in the form its kernel takes: packed fp32
 // panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF rows with int8
-// activations (quant_gguf_a8_cpu.cpp) or Q8_0 / Q4_0 / Q4_1 panels with int8 activations
-// (quant_a8_panels_cpu.cpp); pagedllm/model/fused_decode.py builds them.
+// activations (quant_gguf_a8_cpu.cpp), Q8_0 / Q4_0 / Q4_1 panels with int8 activations
+// (quant_a8_panels_cpu.cpp) or a bf16 [N, K] matrix (bf16_linear_cpu.cpp);
+// pagedllm/model/fused_decode.py builds them.
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
 #include <tuple>
@@ -23,7 +24,7 @@
 
 namespace {
 
-enum LinearKind : int64_t { kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2, kA8Panels = 3 };
+enum LinearKind : int64_t { kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2, kA8Panels = 3, kBf16 = 4 };
 
 struct LinearRef {
   int64_t kind, fmt, N, K, rows;  // rows: the kernel's in-register / int8 row limit
@@ -33,13 +34,15 @@ struct LinearRef {
   LinearRef(int64_t kind_, int64_t fmt_, int64_t N_, int64_t K_, int64_t rows_,
             std::vector<torch::Tensor> t_, c10::optional<torch::Tensor> bias_)
       : kind(kind_), fmt(fmt_), N(N_), K(K_), rows(rows_), t(std::move(t_)), bias(std::move(bias_)) {
-    const size_t want = kind == kPacked || kind == kGGUFRows ? 1 : kind == kGGUFPanels ? 5
+    const size_t want = kind == kPacked || kind == kGGUFRows || kind == kBf16 ? 1
+                        : kind == kGGUFPanels ? 5
                         : kind == kA8Panels ? 3 : 0;
     TORCH_CHECK(want && t.size() == want, "LinearRef: kind ", kind, " takes ", want, " tensors");
   }
 
   torch::Tensor operator()(const torch::Tensor& x) const {
     if (kind == kPacked) return packed_linear(x, t[0], N, bias);
+    if (kind == kBf16) return bf16_linear(x, t[0], bias, rows);  // rows: its torch_rows
     torch::Tensor y = kind == kGGUFPanels ? gguf_linear(x, fmt, N, t[0], t[1], t[2], t[3], t[4], rows)
                       : kind == kA8Panels   ? a8_panel_linear(x, fmt, t[0], t[1], t[2], N)
                                             : gguf_a8_linear(x, fmt, t[0], K, rows);

@@ -2,6 +2,7 @@
 // declarations bindings.cpp binds to Python and decode_layers_cpu.cpp calls directly.
 #pragma once
 #include "torch_lite_cpu.h"
+#include <string>
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor block_tables,
@@ -22,6 +23,9 @@ int64_t gemm_panel_width();
 torch::Tensor pack_linear_weight(torch::Tensor w);
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
                             c10::optional<torch::Tensor> bias);
+torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
+                          int64_t torch_rows);
+std::string bf16_linear_isa();
 torch::Tensor grouped_packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
                                     torch::Tensor offsets);
 void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);

@@ -31,6 +31,7 @@ from pagedllm.model.layers.attention_backends import BatchLayout
 from pagedllm.model.layers.sampler import make_generator
 from pagedllm.speculative.adaptive import DraftState
 from pagedllm.speculative.proposer import Proposer
+from pagedllm.worker import model_setup
 from pagedllm.worker.cache_engine import CacheEngine
 from pagedllm.worker.input_batch import BatchInputs
 from pagedllm.worker.rank_builder import build_rank
@@ -57,6 +58,7 @@ class DraftModel(Proposer):
         draft_config = dataclasses.replace(
             config, model=path, quantization=None, speculative_config=None, enable_lora=False)
         draft_config.finalize(config.max_model_len)
+        model_setup.resolve_linear_dtype(ckpt, draft_config)  # 'auto' on CPU: by its weights
         # The target's start-up (worker/rank_builder.py) on the draft's own checkpoint: the
         # target's RoPE overrides and trained length do not apply to it.
         parts = build_rank(draft_config, ckpt)

@@ -18,6 +18,7 @@ from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.mla import latent_kv_dims
 from pagedllm.model.layers.parallel import tensor_parallel_layers
 from pagedllm.model.layers.quant import hf_checkpoint
+from pagedllm.model.layers.quant.dense import linear_weights
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
 
@@ -34,11 +35,28 @@ def resolve_int8_activations(config: EngineConfig) -> None:
         gguf=resolve_model(config.model, config.revision, config.download_dir).is_file())
 
 
+def resolve_linear_dtype(ckpt: Checkpoint, config: EngineConfig) -> None:
+    """linear_dtype=None ('auto' on CPU) settled for this checkpoint: whether its linear
+    weights are float once loaded, and the dtype it was saved in (config/dtype.py)."""
+    config.resolve_linear_dtype(float_weights(ckpt.quantization, config.quantization),
+                                getattr(ckpt.config, "dtype", None)
+                                or getattr(ckpt.config, "torch_dtype", None))
+
+
+def float_weights(held: str, asked: str | None) -> bool:
+    """The linear weights are float once loaded: `asked` (--quantization) is "none" (GGUF,
+    AWQ, GPTQ dequantized), or nothing is asked and the checkpoint `held` is float."""
+    return asked == "none" or (asked is None and held == "none")
+
+
 def weight_format(ckpt: Checkpoint, config: EngineConfig) -> str:
     """The format the weights are held in once loaded (for the start-up log): int8 made at
-    load (W8A8 with int8 activations), else what the checkpoint yields."""
+    load (W8A8 with int8 activations), bf16 linear weights under fp32, else what the
+    checkpoint yields."""
     if config.quantization == "int8":
         return "int8 (W8A8)" if config.int8_activations else "int8"
+    if config.bf16_linear_weights and float_weights(ckpt.quantization, config.quantization):
+        return "bf16 linear layers and embeddings, float32 norms"
     return ckpt.quantization
 
 
@@ -52,7 +70,8 @@ def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
     cls = get_model_class(getattr(ckpt.config, "architectures", None))
     model_config = ckpt.config if tp is None else tp[0].model_config(ckpt.config)
     collectives = None if tp is None else tp[0].collectives(tp[1])
-    with torch.device("meta"), tensor_parallel_layers(collectives):
+    with (torch.device("meta"), tensor_parallel_layers(collectives),
+          linear_weights(config.linear_dtype)):
         model = cls(model_config)
     model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
     n_params = sum(p.numel() for p in model.parameters())

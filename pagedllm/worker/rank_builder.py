@@ -3,7 +3,8 @@
 The same two calls start the engine (rank 0), every tensor-parallel rank > 0
 (distributed/worker.py) and the speculative draft model (speculative/draft_model.py)::
 
-    ckpt  = prepare_checkpoint(config)     int8 auto settled, RoPE overrides, max_model_len
+    ckpt  = prepare_checkpoint(config)     int8 and dtype auto settled, RoPE overrides,
+                                           max_model_len
     parts = build_rank(config, ckpt, tp)   the model (this rank's shard), its KV spec (KV
                                            groups with their windows), attention backend
 
@@ -46,7 +47,8 @@ class RankParts:
 
 def prepare_checkpoint(config: EngineConfig) -> Checkpoint:
     """The checkpoint `config` names (the CPU kernels loaded first), with int8 activations
-    settled (auto: by the CPU and the file), --rope-scaling / --rope-theta applied to its
+    settled (auto: by the CPU and the file), the linear weights' dtype settled (auto on CPU:
+    by the CPU, the weights' format and saved dtype), --rope-scaling / --rope-theta applied to its
     config and max_model_len resolved against its trained length (`config.finalize`)."""
     if config.torch_device.type == "cpu":
         # Compiled on a first start (minutes), else loaded from the cache; before the
@@ -58,6 +60,7 @@ def prepare_checkpoint(config: EngineConfig) -> Checkpoint:
                            revision=config.revision, download_dir=config.download_dir,
                            tokenizer=config.tokenizer,
                            int8_activations=config.int8_activations)
+    model_setup.resolve_linear_dtype(ckpt, config)
     apply_rope_overrides(ckpt.config, config.rope_scaling, config.rope_theta)
     config.finalize(*rope_max_len(ckpt.config))
     return ckpt

@@ -40,8 +40,9 @@ def check_fused_equals_layers(llm) -> None:
     assert_same(fused, outputs(llm))
 
 
-@pytest.mark.parametrize("extra", [{}, {"kv_cache_dtype": "int8"}, {"quantization": "int8"}],
-                         ids=["fp32", "int8-kv", "int8-weights"])
+@pytest.mark.parametrize("extra", [{}, {"kv_cache_dtype": "int8"}, {"quantization": "int8"},
+                                   {"dtype": "bfloat16"}],
+                         ids=["fp32", "int8-kv", "int8-weights", "bf16-weights"])
 def test_fused_equals_layers(tiny_llama_dir: Path, make_llm, extra: dict) -> None:
     llm = make_llm(tiny_llama_dir, enable_prefix_caching=False, **extra)
     if "quantization" in extra:  # int8 weights have no C++ reference: the loop stays off
@@ -84,8 +85,9 @@ def test_a8_panels_in_the_loop(tiny_llama_dir: Path, make_llm, qtype: str) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [{"int8_activations": False}, {"int8_activations": True}],
-                         ids=["gguf", "gguf-a8"])
+@pytest.mark.parametrize("extra", [{"int8_activations": False}, {"int8_activations": True},
+                                   {"quantization": "none", "dtype": "bfloat16"}],
+                         ids=["gguf", "gguf-a8", "bf16-weights"])
 def test_smollm2_fused_equals_layers(extra: dict) -> None:
     from pagedllm import LLM
 

@@ -1,8 +1,9 @@
 """Token embedding whose table may stay quantized (`quant.QuantizedWeight.embedding`).
 
 Dense: `F.embedding` over `weight` as before. Quantized (adopted with `set_quantized`, e.g. a
-GGUF Q8_0 `token_embd`): only the looked-up rows are dequantized, and a tied lm_head adopts
-the same quantized object, so the table is held once.
+GGUF Q8_0 `token_embd`, or the bf16 table `finalize` makes under `--dtype bfloat16` on CPU):
+only the looked-up rows are dequantized, and a tied lm_head adopts the same object, so the
+table is held once.
 Under tensor parallelism (constructed inside layers/parallel.tensor_parallel_layers) this rank
 holds a range of the vocabulary's rows, looks the ids up in it and all-reduces.
 """
@@ -15,6 +16,7 @@ from torch import nn
 
 from pagedllm.model.layers.parallel import embedding_collective
 from pagedllm.model.layers.quant import QuantizedWeight
+from pagedllm.model.layers.quant.dense import bf16_table, linear_weight_dtype
 
 
 class VocabEmbedding(nn.Module):
@@ -25,6 +27,14 @@ class VocabEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
         self.quant: QuantizedWeight | None = None
         self.parallel = embedding_collective()  # None on one rank
+        # bf16 matrices under an fp32 model (quant/dense.py `linear_weights`); None: the model's
+        self.weight_dtype = linear_weight_dtype()
+
+    def finalize(self) -> None:
+        """Called once after loading: with bf16 matrices under an fp32 model (CPU) the dense
+        table becomes a `Bf16Weight` (quant/bf16.py), which a tied lm_head then adopts."""
+        if self.quant is None and (table := bf16_table(self.weight, self.weight_dtype)):
+            self.set_quantized(table)
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
         """Adopt a quantized table [num_embeddings, embedding_dim] (frees the dense one)."""

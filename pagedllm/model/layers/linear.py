@@ -4,7 +4,8 @@
 
 Weights load in HF layout [out, in] into `weight` (the loaders' target, named as in the
 checkpoint); `finalize()` then picks the dense layout for the device once
-(`quant.dense.dense_method`: packed panels, transposed, or the HF layout itself). A quantized
+(`quant.dense.dense_method`: packed panels, transposed, the HF layout itself, or bf16 weights
+under fp32 activations when the layer was constructed inside `quant.dense.linear_weights`). A quantized
 weight (`quant.QuantizedWeight`, adopted with `set_quantized`) is the method instead: its own
 kernel runs and the dense weight is never materialised. Model code never asks which format a
 layer holds: the method answers `apply`, `nbytes` and `fused_ref` (quant/base.py).
@@ -24,7 +25,7 @@ from torch import nn
 
 from pagedllm.model.layers.parallel import Combine, output_collective
 from pagedllm.model.layers.quant import LinearMethod, QuantizedWeight
-from pagedllm.model.layers.quant.dense import dense_method
+from pagedllm.model.layers.quant.dense import dense_method, linear_weight_dtype
 
 
 class Linear(nn.Module):
@@ -39,6 +40,8 @@ class Linear(nn.Module):
         self.method: LinearMethod | None = None  # set by set_quantized() or finalize()
         # Training (pagedllm.finetune) keeps the HF layout: F.linear has a backward for x.
         self.keep_dense = False
+        # bf16 on CPU under an fp32 model (quant/dense.py `linear_weights`); None: the model's
+        self.weight_dtype = linear_weight_dtype()
         self.parallel = output_collective(combine)  # completes a tensor-parallel output
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:
@@ -54,7 +57,7 @@ class Linear(nn.Module):
         (a layer that adopted a quantized weight keeps it)."""
         if self.method is not None:
             return
-        self.method = dense_method(self.weight, self.keep_dense)
+        self.method = dense_method(self.weight, self.keep_dense, self.weight_dtype)
         if not self.method.uses_layer_weight:
             self._free_dense()
 

@@ -204,6 +204,7 @@ class LlamaForCausalLM(nn.Module):
                                  f"quantized {target!r}")
             self._module_of(modules, target).set_quantized(
                 concat_quantized([parts[s] for s in order]))
+        self.model.embed_tokens.finalize()  # its layout for the device (bf16 on CPU, ...)
         if self.tie_word_embeddings:
             if self.model.embed_tokens.quant is not None:  # one quantized table for both
                 self.lm_head.set_quantized(self.model.embed_tokens.quant)

@@ -2,6 +2,10 @@
 
 Weights load in HF layout [out, in] into `Linear.weight`; `dense_method` picks the layout once
 after loading (`Linear.finalize`):
+  * CPU, fp32 model, linear weights asked for in bf16 (`--dtype bfloat16`, or `auto` on CPUs
+    with bf16 matrix instructions: config/dtype.py): `Bf16Weight` (bf16.py), the weight
+    stored once in bf16, fp32 activations. The dtype reaches each `Linear` at construction
+    (`linear_weights(dtype)` around the model's construction, worker/model_setup.build_model).
   * CPU, fp32, C++ kernels built: `PackedWeight`, column panels for `packed_linear`
     (pagedllm/kernels/gemm_cpu.cpp), which reads the weight at full memory bandwidth when
     decoding few sequences and beats torch.mm at every batch size measured (1-1024 rows).
@@ -14,11 +18,34 @@ after loading (`Linear.finalize`):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 import torch.nn.functional as F
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant.base import LinearMethod
+from pagedllm.model.layers.quant.bf16 import Bf16Weight
+
+_LINEAR_DTYPE: ContextVar[torch.dtype | None] = ContextVar("linear_weight_dtype", default=None)
+
+
+@contextmanager
+def linear_weights(dtype: torch.dtype | None) -> Iterator[None]:
+    """Linear layers constructed inside hold their weights in `dtype` once loaded (None: the
+    model's own dtype). Read once by each layer (`linear_weight_dtype`) at construction."""
+    token = _LINEAR_DTYPE.set(dtype)
+    try:
+        yield
+    finally:
+        _LINEAR_DTYPE.reset(token)
+
+
+def linear_weight_dtype() -> torch.dtype | None:
+    """The weight dtype a linear layer constructed now is to hold (None: the model's)."""
+    return _LINEAR_DTYPE.get()
 
 #: the packed layout's kind in the C++ decode loop (LinearKind in kernels/decode_layers_cpu.cpp)
 PACKED_KIND = 0
@@ -89,11 +116,24 @@ class PackedWeight(LinearMethod):
         return self.packed.transpose(1, 2).reshape(p * nb, k)[:self.out_features]
 
 
-def dense_method(weight: torch.Tensor, keep_dense: bool) -> LinearMethod:
-    """The fastest layout of a loaded HF-layout weight on its device (module docstring)."""
+def bf16_table(weight: torch.Tensor, weight_dtype: torch.dtype | None) -> Bf16Weight | None:
+    """A CPU fp32 matrix (a linear layer's weight, an embedding table) as bf16 when
+    `weight_dtype` asks for bf16 matrices under an fp32 model; else None."""
+    if (weight_dtype != torch.bfloat16 or weight.dtype != torch.float32
+            or weight.device.type != "cpu" or weight.requires_grad):
+        return None
+    return Bf16Weight(cpu_ops.load(), weight.detach())
+
+
+def dense_method(weight: torch.Tensor, keep_dense: bool,
+                 weight_dtype: torch.dtype | None = None) -> LinearMethod:
+    """The fastest layout of a loaded HF-layout weight on its device (module docstring);
+    `weight_dtype` bf16 with an fp32 weight on CPU: bf16 weights, fp32 activations."""
     if weight.device.type != "cpu" or keep_dense:
         return DenseWeight(weight)
     w = weight.detach()
+    if (table := bf16_table(w, weight_dtype)) is not None:
+        return table
     if (ops := cpu_ops.fp32_ops(w)) is not None:
         return PackedWeight(ops, w)
     return TransposedWeight(w)

@@ -1,0 +1,113 @@
+"""bf16 linear weights under fp32 compute (`--dtype bfloat16` on CPU) against fp32, through
+the `LLM` API, both engines in one process, measurements interleaved.
+
+    python benchmarks/bf16_weights.py                 # SmolLM2 dequantized (~3 min, 2 cores)
+    python benchmarks/bf16_weights.py --quick         # smoke test
+
+For each dtype, on the same dequantized weights (`--quantization none`):
+  * one-stream decode tokens/s: (time of a 1 + N token generation - time of a 1-token one) / N;
+  * prefill tokens/s of a 512-token prompt (one request, max_tokens=1, no prefix cache);
+  * greedy closeness of bf16 to fp32 by vLLM's rule (4 prompts x 32 tokens, top-5);
+  * weight bytes held.
+Best of `--reps` rounds; each round runs every dtype once (interleaved, so load from other
+processes hits both alike). Writes benchmarks/results/bf16_weights.json, prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from pagedllm import LLM, SamplingParams  # noqa: E402
+from pagedllm.worker.model_setup import weight_bytes  # noqa: E402
+
+DTYPES = ("float32", "bfloat16")
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
+           "Once upon a time, in a small village,"]
+
+
+def timed(llm: LLM, prompt: list[int], max_tokens: int) -> float:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    return time.perf_counter() - t0
+
+
+def close_by_vllm_rule(ref: list, got: list) -> tuple[int, int]:
+    """(sequences close by vLLM's rule, identical leading tokens in all)."""
+    ok = same = 0
+    for a, b in zip(ref, got, strict=True):
+        first = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=True))
+                      if x != y), None)
+        if first is None:
+            ok, same = ok + 1, same + len(a.token_ids)
+            continue
+        same += first
+        ok += int(b.token_ids[first] in a.logprobs[first]
+                  and a.token_ids[first] in b.logprobs[first])
+    return ok, same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct GGUF")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.decode_tokens, args.prefill, args.reps = 8, 64, 1
+    llms = {d: LLM(args.model, dtype=d, quantization="none", num_threads=args.threads,
+                   max_model_len=args.prefill + args.decode_tokens + 8,
+                   kv_cache_memory=256 * 2**20, enable_prefix_caching=False) for d in DTYPES}
+    tok = llms["float32"].get_tokenizer()
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * (args.prefill // 8))
+    long_prompt = tok.encode(text)[:args.prefill]
+    short = tok.encode(PROMPTS[0])
+    best: dict[str, dict[str, float]] = {d: {"decode": 0.0, "prefill": 0.0} for d in DTYPES}
+    for llm in llms.values():  # warm-up: kernels, allocator, thread team
+        timed(llm, short, 4)
+        timed(llm, long_prompt, 1)
+    for _ in range(args.reps):
+        for name, llm in llms.items():
+            one = timed(llm, short, 1)
+            many = timed(llm, short, 1 + args.decode_tokens)
+            best[name]["decode"] = max(best[name]["decode"], args.decode_tokens / (many - one))
+            best[name]["prefill"] = max(best[name]["prefill"],
+                                        len(long_prompt) / timed(llm, long_prompt, 1))
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=5)
+    outs = {d: [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+            for d, llm in llms.items()}
+    ok, same = close_by_vllm_rule(outs["float32"], outs["bfloat16"])
+    result = {
+        "load_average": os.getloadavg(), "threads": args.threads,
+        "decode_tokens": args.decode_tokens, "prefill_tokens": len(long_prompt),
+        "dtypes": {d: {**best[d], "weight_mib": weight_bytes(llms[d].llm_engine.model) / 2**20}
+                   for d in DTYPES},
+        "bf16_vs_fp32": {"close_by_vllm_rule": f"{ok}/{len(PROMPTS)}",
+                         "identical_leading_tokens": f"{same}/{32 * len(PROMPTS)}"},
+    }
+    print(f"| dtype | decode tok/s (1 stream) | prefill-{len(long_prompt)} tok/s | weights MiB |")
+    print("|---|---|---|---|")
+    for d in DTYPES:
+        r = result["dtypes"][d]
+        print(f"| {d} | {r['decode']:.1f} | {r['prefill']:.0f} | {r['weight_mib']:.0f} |")
+    print(f"bf16 vs fp32 by vLLM's rule: {ok}/{len(PROMPTS)} close, {same}/{32 * len(PROMPTS)} "
+          f"identical leading tokens; load average {result['load_average']}")
+    out = ROOT / "benchmarks" / "results" / ("bf16_weights_quick.json" if args.quick
+                                             else "bf16_weights.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
