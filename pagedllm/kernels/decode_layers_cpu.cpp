@@ -8,7 +8,7 @@
 //   h = norm(x + r)            add_rms_norm_ (first layer: r = x, h = rms_norm(x))
 //   qkv = h W_qkv ; RoPE(q, k) ; a = attention(write K/V, q)      paged_decode_attention_qkv
 //   h = norm(a W_o + r)        add_rms_norm_
-//   x = silu_mul(h W_gate_up) W_down
+//   x = silu_mul(h W_gate_up) W_down   (or a mixture-of-experts block: moe_decode_cpu.h)
 //
 // A `LinearRef` is one linear layer's weight in the form its kernel takes: packed fp32
 // panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF rows with int8
@@ -16,6 +16,7 @@
 // (quant_a8_panels_cpu.cpp); pagedllm/model/fused_decode.py builds them.
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -48,9 +49,17 @@ struct LinearRef {
   }
 };
 
+#include "moe_decode_cpu.h"  // MoERef, which holds LinearRefs
+
 struct DecodeLayer {
   torch::Tensor in_norm, post_norm;
-  LinearRef qkv, o, gate_up, down;
+  LinearRef qkv, o;
+  std::optional<LinearRef> gate_up, down;  // a dense MLP, or
+  std::optional<MoERef> moe;               // a mixture-of-experts block
+
+  torch::Tensor mlp(const torch::Tensor& h) const {
+    return moe ? (*moe)(h) : (*down)(silu_mul((*gate_up)(h)));
+  }
 };
 
 // x [T, hidden] (the embeddings; overwritten) -> (h, residual) of the last layer, before the
@@ -84,7 +93,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
                                                  block_tables, seq_lens, H, scale, window);
     h = l.o(a);
     add_rms_norm_(h, residual, l.post_norm, eps);
-    x = l.down(silu_mul(l.gate_up(h)));
+    x = l.mlp(h);
   }
   return {x, residual};
 }
@@ -99,10 +108,13 @@ void register_decode_layers(pybind11::module_& m) {
            py::arg("kind"), py::arg("fmt"), py::arg("N"), py::arg("K"), py::arg("rows"),
            py::arg("tensors"), py::arg("bias"))
       .def("__call__", &LinearRef::operator(), py::call_guard<py::gil_scoped_release>());
+  register_moe_refs(m);
   py::class_<DecodeLayer>(m, "DecodeLayer", "the weights of one Llama decoder layer")
-      .def(py::init<torch::Tensor, torch::Tensor, LinearRef, LinearRef, LinearRef, LinearRef>(),
+      .def(py::init<torch::Tensor, torch::Tensor, LinearRef, LinearRef, std::optional<LinearRef>,
+                    std::optional<LinearRef>, std::optional<MoERef>>(),
            py::arg("in_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("o"),
-           py::arg("gate_up"), py::arg("down"));
+           py::arg("gate_up") = py::none(), py::arg("down") = py::none(),
+           py::arg("moe") = py::none());
   m.def("decode_layers", &decode_layers, py::call_guard<py::gil_scoped_release>(),
         "a decode step through every decoder layer: (h, residual) before the final norm");
 }

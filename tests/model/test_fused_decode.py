@@ -20,8 +20,8 @@ def decoder(llm) -> LlamaModel:
     return llm.llm_engine.model.model
 
 
-def outputs(llm) -> list:
-    return [o.outputs[0] for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+def outputs(llm, prompts: list[list[int]] = PROMPTS) -> list:
+    return [o.outputs[0] for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
 
 
 def assert_same(fused: list, plain: list) -> None:
@@ -31,13 +31,13 @@ def assert_same(fused: list, plain: list) -> None:
             assert {t: p.logprob for t, p in pa.items()} == {t: p.logprob for t, p in pb.items()}
 
 
-def check_fused_equals_layers(llm) -> None:
+def check_fused_equals_layers(llm, prompts: list[list[int]] = PROMPTS) -> None:
     """(The engine under test runs without prefix caching: a cached prompt would change the
     second run's prefill batches, and the torch prefill attention is not batch-invariant.)"""
-    fused = outputs(llm)
+    fused = outputs(llm, prompts)
     assert isinstance(decoder(llm).fused_decode(), FusedDecode)  # it ran
     decoder(llm)._fused = None  # the Python layer loop from now on
-    assert_same(fused, outputs(llm))
+    assert_same(fused, outputs(llm, prompts))
 
 
 @pytest.mark.parametrize("extra", [{}, {"kv_cache_dtype": "int8"}, {"quantization": "int8"}],

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from pagedllm.errors import ModelLoadError
+from pagedllm.model.fused_decode import FusedDecode
 from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.moe import FusedMoE, MoESpec, StackedExperts
@@ -89,6 +90,14 @@ class MoEModel(LlamaModel):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def fused_decode(self) -> FusedDecode | None:
+        """The C++ decode loop (model/fused_decode.py) where this family's attention is
+        Llama's (Mixtral, Qwen2-MoE without sliding windows); Qwen3-MoE's and OLMoE's q/k
+        norms keep the Python layers."""
+        if not hasattr(self, "_fused"):
+            self._fused = FusedDecode.build(self.layers, MoEDecoderLayer,
+                                            (LlamaAttention, Qwen2MoeAttention))
+        return self._fused
 
     @staticmethod
     def moe_spec_for(config) -> MoESpec | None:

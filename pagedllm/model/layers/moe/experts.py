@@ -203,10 +203,17 @@ class StackedExperts(nn.Module):
             return sum(p.nbytes for p in self.packed)
         return self.gate_up_proj.nbytes + self.down_proj.nbytes
 
+    @property
+    def grouped(self) -> tuple[GroupedLinear, GroupedLinear] | None:
+        """(gate_up, down) stacked for the grouped kernels, or None (the reference loop runs)."""
+        return self.quant.grouped if self.quant is not None else self.packed
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """sum over each token's k experts of weight * expert(x): x [T, H], weights / ids
-        [T, k] -> [T, H]."""
-        grouped = self.quant.grouped if self.quant is not None else self.packed
+        [T, k] -> [T, H]. One token's rows are summed in expert order (`sum(0)`), more
+        tokens' added in that order (`index_add_`): the C++ decode loop's MoE block
+        (kernels/moe_decode_cpu.h) does the same, so both agree to the bit."""
+        grouped = self.grouped
         if grouped is not None and 0 < ids.numel() <= SMALL_BATCH and kernel_applies(x):
             return self._forward_small(x, weights, ids, grouped)
         k = ids.shape[1]
@@ -220,6 +227,8 @@ class StackedExperts(nn.Module):
         else:
             out = self.reference(xs, counts)
         out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
+        if x.shape[0] == 1:
+            return out.sum(0, keepdim=True)
         return torch.zeros_like(x).index_add_(0, tokens, out)
 
     def _forward_small(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,

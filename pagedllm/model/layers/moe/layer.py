@@ -88,6 +88,33 @@ class FusedMoE(nn.Module):
             spec.expert_bias,
         )
 
+    def fused_ref(self, ops):
+        """This block as the C++ decode loop runs it (`ops.MoERef`, kernels/moe_decode_cpu.h:
+        the same ops, equal to the bit), or None where the loop has no form of it: routing
+        other than softmax top-k (DeepSeek's sigmoid, expert bias, groups, scaling), experts
+        split over ranks or held dense (Triton, the reference loop), a tensor-parallel
+        all-reduce, or a linear layer without a C++ reference."""
+        r = self.router
+        if (r.scoring != "softmax" or r.num_groups > 1 or r.scale != 1.0
+                or self.expert_bias is not None or self.parallel is not None
+                or self.experts.num_experts != r.num_experts or self.experts.grouped is None):
+            return None
+        router = self.gate.fused_ref(ops)
+        gate_up, down = (g.fused_ref(ops) for g in self.experts.grouped)
+        shared = None
+        if self.shared_expert is not None:
+            linears = [self.shared_expert.gate_up_proj.fused_ref(ops),
+                       self.shared_expert.down_proj.fused_ref(ops)]
+            gate = None
+            if self.shared_expert_gate is not None:
+                linears.append(gate := self.shared_expert_gate.fused_ref(ops))
+            if any(ref is None for ref in linears):
+                return None
+            shared = ops.SharedExpertRef(linears[0], linears[1], gate)
+        if router is None or gate_up is None or down is None:
+            return None
+        return ops.MoERef(router, gate_up, down, r.top_k, r.renormalize, shared)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = select_experts(self.gate(x), self.router, self.expert_bias)
         out = run_experts(self.experts, x, weights, ids, self.router.num_experts)
