@@ -6,12 +6,13 @@ module calls and ~10 op dispatches at ~3-5 us each, 1.5-2.5 ms of a ~13 ms SmolL
 kernels in the same order (results equal to the bit; tests/model/test_fused_decode.py).
 
 A layer's MLP is Llama's (gate_up, down) or a mixture-of-experts block (`FusedMoE`: Mixtral,
-Qwen2-MoE with its shared expert, softmax top-k routing; kernels/moe_decode_cpu.h), which
-answers its own `fused_ref`.
+Qwen2-MoE with its shared expert, Qwen3-MoE, softmax top-k routing; kernels/moe_decode_cpu.h),
+which answers its own `fused_ref`.
 
 `FusedDecode.build(model)` returns None when a layer has anything the C++ loop does not do:
-another layer or attention type (q/k norms: Qwen3, Qwen3-MoE, OLMoE; Gemma's extra norms), a
-layer's own sliding window, LoRA or tensor parallelism on a linear layer, a weight format
+another layer or attention type than the model names (`fused_layer`, `fused_attention`: OLMoE's
+q/k norms over all heads and clipping, Gemma's extra norms, ...; Qwen3's per-head q/k norms
+the loop does), a layer's own sliding window, LoRA or tensor parallelism on a linear layer, a weight format
 without a C++ reference (each format answers `fused_ref`; AWQ, GPTQ and int8 have none), a
 MoE block the loop cannot run (DeepSeek's routing, split experts), no CPU kernels, or
 PAGEDLLM_FUSED_DECODE=0 in the environment (to measure the difference). Each step the model asks its attention backend whether the step
@@ -29,6 +30,7 @@ import torch
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.moe import FusedMoE
+from pagedllm.model.layers.norm import RMSNorm
 from pagedllm.model.layers.rotary import RopeBatch
 
 
@@ -67,9 +69,15 @@ class FusedDecode:
                             "down": mlp.down_proj.fused_ref(ops)}
             linears = [attn.qkv_proj.fused_ref(ops), attn.o_proj.fused_ref(ops)]
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
+            head_norms = [n for n in (getattr(attn, "q_norm", None),
+                                      getattr(attn, "k_norm", None)) if n is not None]
             if (any(r is None for r in (*linears, *mlp_refs.values()))
-                    or norms[0].eps != norms[1].eps):
+                    or any(type(n) is not RMSNorm for n in (*norms, *head_norms))
+                    or len({n.eps for n in (*norms, *head_norms)}) != 1
+                    or len(head_norms) not in (0, 2) or getattr(attn, "softcap", None)):
                 return None
+            if head_norms:
+                mlp_refs.update(q_norm=head_norms[0].weight, k_norm=head_norms[1].weight)
             refs.append(ops.DecodeLayer(norms[0].weight, norms[1].weight, *linears,
                                         **mlp_refs))
         first = decoder_layers[0]

@@ -1,6 +1,7 @@
 """The C++ decode loop (model/fused_decode.py) computes what the Python layers compute, to the
 bit: greedy tokens and logprobs equal with it on and off, across weight formats, an 8-bit KV
-cache, q/k/v biases and a sliding window; and it stays off where it does not apply."""
+cache, q/k/v biases, a sliding window and Qwen3's q/k norms; and it stays off where it does
+not apply (MoE layers: test_fused_decode_moe.py)."""
 
 from __future__ import annotations
 
@@ -57,10 +58,19 @@ def test_fused_with_biases_and_sliding_window(fixture: str, request, make_llm) -
                                        enable_prefix_caching=False))
 
 
-def test_qwen3_layers_do_not_take_it(tiny_qwen3_dir: Path, make_llm) -> None:
-    llm = make_llm(tiny_qwen3_dir)
+def test_qwen3_head_norms_in_the_loop(tiny_qwen3_dir: Path, make_llm) -> None:
+    """Qwen3's per-head q/k norms run in the loop (`head_norms_` in decode_layers_cpu.cpp)."""
+    check_fused_equals_layers(make_llm(tiny_qwen3_dir, max_num_seqs=3,
+                                       enable_prefix_caching=False))
+
+
+def test_other_layers_keep_the_python_layers(tmp_path: Path, tiny_tokenizer, make_llm) -> None:
+    """OLMo 2: q/k norms over all heads and post-norms, which the loop does not do."""
+    from tests.model.family_checkpoints import make_family_checkpoint
+
+    llm = make_llm(make_family_checkpoint(tmp_path, "olmo2", tiny_tokenizer))
     outputs(llm)
-    assert decoder(llm).fused_decode() is None  # q/k norms: the Python layers run
+    assert decoder(llm).fused_decode() is None
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])

@@ -1,11 +1,12 @@
 """Mixture-of-experts layers in the C++ decode loop (model/fused_decode.py,
 kernels/moe_decode_cpu.h) compute what the Python layers compute, to the bit: greedy tokens
-and logprobs equal with the loop on and off for Mixtral and Qwen2-MoE (shared expert, a dense
-layer), fp32 and GGUF experts (blocks with fp32 or int8 activations), at batches on both sides
-of the experts' small-batch path; greedy Mixtral equals HF transformers with the loop on.
-Qwen3-MoE and OLMoE normalize q and k, which the loop does not: they keep the Python layers,
-but their MoE blocks (renormalized or not) are checked against the C++ block directly, as are
-the routing edge cases (ties, top-k = number of experts, every token to one expert)."""
+and logprobs equal with the loop on and off for Mixtral, Qwen2-MoE (shared expert, a dense
+layer) and Qwen3-MoE (per-head q/k norms), fp32 and GGUF experts (blocks with fp32 or int8
+activations), at batches on both sides of the experts' small-batch path; greedy Mixtral equals
+HF transformers with the loop on. OLMoE's attention (q/k norms over all heads, clipping) keeps
+the Python layers. The C++ block equals the torch ops of `FusedMoE.forward_torch`, which the
+Python layers no longer call on CPU, for each family's routing (renormalized or not) and the
+routing edge cases (ties, top-k = number of experts, every token to one expert)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pagedllm.model.fused_decode import FusedDecode
 from pagedllm.model.layers.moe import FusedMoE, RouterSpec
 from pagedllm.model.layers.moe import experts as experts_mod
 from tests.model.family_checkpoints import make_family_checkpoint
-from tests.model.test_fused_decode import check_fused_equals_layers, decoder
+from tests.model.test_fused_decode import assert_same, decoder, outputs
 from tests.model.test_vs_hf import PROMPTS, assert_matches_hf
 
 
@@ -35,15 +36,26 @@ def blocks(llm) -> list[FusedMoE]:
     return [m for m in llm.llm_engine.model.modules() if isinstance(m, FusedMoE)]
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def check_loop_equals_torch_layers(llm, prompts: list[list[int]], monkeypatch) -> None:
+    """Outputs with the loop equal those of the Python layers with the MoE blocks in torch
+    ops (`forward_torch`, not the C++ block both would otherwise share)."""
+    fused = outputs(llm, prompts)
+    assert isinstance(decoder(llm).fused_decode(), FusedDecode)  # it ran
+    decoder(llm)._fused = None  # the Python layer loop from now on
+    monkeypatch.setattr(FusedMoE, "forward", FusedMoE.forward_torch)
+    assert_same(fused, outputs(llm, prompts))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe"])
 @pytest.mark.parametrize("max_num_seqs", [4, 12])
-def test_fused_equals_layers(moe_dirs, make_llm, family: str, max_num_seqs: int) -> None:
+def test_fused_equals_layers(moe_dirs, make_llm, monkeypatch, family: str,
+                             max_num_seqs: int) -> None:
     """12 sequences of top-2: 24 assignments, past the small-batch path (experts.py)."""
     assert 4 * 2 <= experts_mod.SMALL_BATCH < 12 * 2
     llm = make_llm(moe_dirs[family], max_num_seqs=max_num_seqs, enable_prefix_caching=False)
     if family == "qwen2_moe":
         assert any(b.shared_expert_gate is not None for b in blocks(llm))
-    check_fused_equals_layers(llm, prompts=[*PROMPTS, *PROMPTS][:max_num_seqs])
+    check_loop_equals_torch_layers(llm, [*PROMPTS, *PROMPTS][:max_num_seqs], monkeypatch)
 
 
 def test_mixtral_with_the_loop_matches_hf(moe_dirs, make_llm, hf_reference) -> None:
@@ -53,10 +65,12 @@ def test_mixtral_with_the_loop_matches_hf(moe_dirs, make_llm, hf_reference) -> N
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "olmoe"])
-def test_qk_norm_families_keep_the_python_layers(moe_dirs, make_llm, family: str) -> None:
-    """The loop refuses their attention; their MoE blocks equal the C++ block."""
+def test_blocks_equal_the_torch_path(moe_dirs, make_llm, family: str) -> None:
+    """Each MoE block's C++ form equals its torch ops: renormalized (Qwen3-MoE) or not
+    (OLMoE, whose q/k norms over all heads keep the Python layers: its blocks still call
+    the C++ block, FusedMoE.forward)."""
     llm = make_llm(moe_dirs[family])
-    assert decoder(llm).fused_decode() is None
+    assert (decoder(llm).fused_decode() is None) == (family == "olmoe")
     ops = cpu_ops.load()
     renormalized = {b.router.renormalize for b in blocks(llm)}
     assert renormalized == {family == "qwen3_moe"}
@@ -83,7 +97,7 @@ def test_gguf_experts_in_the_loop(tmp_path, tiny_tokenizer, make_llm, monkeypatc
     llm = make_llm(path, int8_activations=int8_activations, max_model_len=512,
                    enable_prefix_caching=False, max_num_seqs=12)
     assert all(b.experts.quant is not None for b in blocks(llm))
-    check_fused_equals_layers(llm, prompts=[*PROMPTS, *PROMPTS][:12])
+    check_loop_equals_torch_layers(llm, [*PROMPTS, *PROMPTS][:12], monkeypatch)
 
 
 def routed_block(num_experts: int, top_k: int, renormalize: bool, seed: int,

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from pagedllm.errors import ModelLoadError
-from pagedllm.model.fused_decode import FusedDecode
 from pagedllm.model.layers.embedding import VocabEmbedding
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.moe import FusedMoE, MoESpec, StackedExperts
@@ -68,6 +67,7 @@ class MoEDecoderLayer(LlamaDecoderLayer):
 
 class MoEModel(LlamaModel):
     attention_cls: type[nn.Module] = LlamaAttention  # families swap it
+    fused_layer = MoEDecoderLayer  # MoE blocks run in the C++ loop (FusedMoE.fused_ref)
 
     def __init__(self, config) -> None:
         nn.Module.__init__(self)
@@ -89,15 +89,6 @@ class MoEModel(LlamaModel):
             for sparse in spec.sparse_layers
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def fused_decode(self) -> FusedDecode | None:
-        """The C++ decode loop (model/fused_decode.py) where this family's attention is
-        Llama's (Mixtral, Qwen2-MoE without sliding windows); Qwen3-MoE's and OLMoE's q/k
-        norms keep the Python layers."""
-        if not hasattr(self, "_fused"):
-            self._fused = FusedDecode.build(self.layers, MoEDecoderLayer,
-                                            (LlamaAttention, Qwen2MoeAttention))
-        return self._fused
 
     @staticmethod
     def moe_spec_for(config) -> MoESpec | None:
@@ -237,6 +228,7 @@ class MixtralForCausalLM(MoEForCausalLM):
 
 class Qwen2MoeModel(MoEModel):
     attention_cls = Qwen2MoeAttention
+    fused_attention = (Qwen2MoeAttention,)  # Llama's, with q/k/v biases (sliding: refused)
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -252,6 +244,7 @@ class Qwen2MoeForCausalLM(MoEForCausalLM):
 
 class Qwen3MoeModel(MoEModel):
     attention_cls = Qwen3Attention
+    fused_attention = (Qwen3Attention,)
 
 
 class Qwen3MoeForCausalLM(MoEForCausalLM):
