@@ -10,13 +10,14 @@
 //   order = assignments t * k + j stably sorted by expert id (a counting sort on the host)
 //   xs = x[order / k]                        [R = T * k, H], the rows of expert 0, 1, ...
 //   out = down(silu_mul(gate_up(xs)))        two grouped calls (grouped_cpu.h), `ExpertsRef`
-//   out *= w.flat[order] ; y = sum of each token's rows, in expert order
+//   out *= w.flat[order] ; y[t] = 0 + each of token t's rows, in expert order
 //   (+ sigmoid(x W_gate) * shared(x): Qwen2-MoE's shared expert)
 //
-// Routing and the combine call ATen's own ops (softmax, topk, sum, index_add_, ...), a few us
-// per layer: hand-written versions would not match torch's vectorized exp, its tie order or
-// its reduction order to the bit, and the kernels are built with -ffast-math (contracted
-// multiply-adds) where torch's are not.
+// Routing and the weighting call ATen's own ops (softmax, topk, sum, div, mul_), a few us a
+// layer: hand-written versions would not match torch's vectorized exp, its tie order or its
+// reduction order to the bit, and the kernels are built with -ffast-math (a product fused
+// into the next add) where torch's are not. The sums of the combine are plain adds in
+// index_add_'s order, written out here.
 #pragma once
 #include <algorithm>
 #include <cstring>
@@ -101,21 +102,30 @@ struct MoERef {
     for (int64_t a = 0; a < R; ++a) order[next[id[a]]++] = a;
     torch::Tensor xs = torch::empty({R, H}, x.options());
     torch::Tensor ws = torch::empty({R, 1}, x.options());
-    torch::Tensor tokens = torch::empty({R}, x.options().dtype(torch::kInt64));
+    std::vector<int64_t> token(R);
     const float* xp = x.data_ptr<float>();
     float* xsp = xs.data_ptr<float>();
     float* wsp = ws.data_ptr<float>();
-    int64_t* tp = tokens.data_ptr<int64_t>();
     for (int64_t j = 0; j < R; ++j) {
-      tp[j] = order[j] / k;
+      token[j] = order[j] / k;
       wsp[j] = wp[order[j]];
-      std::memcpy(xsp + j * H, xp + tp[j] * H, H * sizeof(float));
+      std::memcpy(xsp + j * H, xp + token[j] * H, H * sizeof(float));
     }
     torch::Tensor out = down(silu_mul(gate_up(xs, offsets)), offsets);
-    out.mul_(ws);
-    // one token: the sum of its rows (experts.py does the same); else index_add_ in row order
-    torch::Tensor y = T == 1 ? out.sum(0, true)
-                             : torch::zeros({T, H}, x.options()).index_add_(0, tokens, out);
+    out.mul_(ws);  // ATen's product, rounded on its own (a loop here could fuse it into the adds)
+    // y = zeros, then each row added to its token's in row (expert) order: index_add_'s sums
+    // (~1 us an op a row in ATen). Columns split over threads: each sum keeps its order.
+    torch::Tensor y = torch::zeros({T, H}, x.options());
+    const float* op = out.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, H, std::max<int64_t>(64, (int64_t{1} << 16) / std::max<int64_t>(R, 1)),
+                     [&](int64_t c0, int64_t c1) {
+      for (int64_t j = 0; j < R; ++j) {
+        const float* o = op + j * H;
+        float* yr = yp + token[j] * H;
+        for (int64_t c = c0; c < c1; ++c) yr[c] += o[c];
+      }
+    });
     if (shared) {
       torch::Tensor s = shared->down(silu_mul(shared->gate_up(x)));
       if (shared->gate) s = (*shared->gate)(x).sigmoid().mul(s);

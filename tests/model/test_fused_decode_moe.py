@@ -120,15 +120,16 @@ def routed_block(num_experts: int, top_k: int, renormalize: bool, seed: int,
 @pytest.mark.parametrize("tokens", [1, 5, 20])
 def test_routing_edge_cases(case: str, tokens: int) -> None:
     """x > 0, so a router row of ones outscores rows of zeros for every token."""
-    router = torch.zeros(6, 32)
+    experts = 16 if case == "top-k = experts" else 6  # one token: 16 rows summed
+    router = torch.zeros(experts, 32)
     if case == "ties":  # experts 1, 3 and 4 score the same for every token
         router[[1, 3, 4]] = 1.0
     elif case == "all to one expert":
         router[4] = 1.0
     else:
         router = None
-    top_k = {"ties": 2, "top-k = experts": 6, "all to one expert": 1}[case]
-    block = routed_block(6, top_k, case != "ties", seed=7, router=router)
+    top_k = {"ties": 2, "top-k = experts": experts, "all to one expert": 1}[case]
+    block = routed_block(experts, top_k, case != "ties", seed=7, router=router)
     x = torch.rand(tokens, 32, generator=torch.Generator().manual_seed(8)) + 0.1
     ref = block.fused_ref(cpu_ops.load())
     assert ref is not None

@@ -210,9 +210,9 @@ class StackedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """sum over each token's k experts of weight * expert(x): x [T, H], weights / ids
-        [T, k] -> [T, H]. One token's rows are summed in expert order (`sum(0)`), more
-        tokens' added in that order (`index_add_`): the C++ decode loop's MoE block
-        (kernels/moe_decode_cpu.h) does the same, so both agree to the bit."""
+        [T, k] -> [T, H]. Each token's rows are added in expert order (`index_add_`; the
+        small-batch path's `sum(0)` of one token's rows adds them in the same order), as the
+        C++ MoE block (kernels/moe_decode_cpu.h) does: they agree to the bit."""
         grouped = self.grouped
         if grouped is not None and 0 < ids.numel() <= SMALL_BATCH and kernel_applies(x):
             return self._forward_small(x, weights, ids, grouped)
@@ -227,8 +227,6 @@ class StackedExperts(nn.Module):
         else:
             out = self.reference(xs, counts)
         out.mul_(weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out.dtype))
-        if x.shape[0] == 1:
-            return out.sum(0, keepdim=True)
         return torch.zeros_like(x).index_add_(0, tokens, out)
 
     def _forward_small(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
