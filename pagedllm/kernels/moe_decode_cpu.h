@@ -37,7 +37,8 @@ struct ExpertsRef {
     const size_t want = kind == kPacked || kind == kGGUFRows ? 1 : kind == kGGUFPanels ? 5
                         : kind == kA8Panels ? 3 : 0;
     TORCH_CHECK(want && t.size() == want, "ExpertsRef: kind ", kind, " takes ", want, " tensors");
-    TORCH_CHECK(t[0].dim() >= 1 && t[0].size(0) > 0, "ExpertsRef: tensors must be stacked [E, ...]");
+    TORCH_CHECK(t[0].dim() >= 1 && t[0].size(0) > 0,
+                "ExpertsRef: tensors must be stacked [E, ...]");
   }
 
   int64_t experts() const { return t[0].size(0); }

@@ -10,15 +10,16 @@ Qwen2-MoE with its shared expert, Qwen3-MoE, softmax top-k routing; kernels/moe_
 which answers its own `fused_ref`.
 
 `FusedDecode.build(model)` returns None when a layer has anything the C++ loop does not do:
-another layer or attention type than the model names (`fused_layer`, `fused_attention`: OLMoE's
-q/k norms over all heads and clipping, Gemma's extra norms, ...; Qwen3's per-head q/k norms
-the loop does), a layer's own sliding window, LoRA or tensor parallelism on a linear layer, a weight format
-without a C++ reference (each format answers `fused_ref`; AWQ, GPTQ and int8 have none), a
-MoE block the loop cannot run (DeepSeek's routing, split experts), no CPU kernels, or
-PAGEDLLM_FUSED_DECODE=0 in the environment (to measure the difference). Each step the model asks its attention backend whether the step
-may take the loop (`meta.backend.fused_decode_applies`): only the C++ CPU backend says yes
-(fp32 on CPU, settled when it was selected), for decode-only steps (every row one token of
-its own sequence) with one KV group (model/layers/attention_backends/cpu.py).
+another layer or attention type than the model names (`fused_layer`, `fused_attention`:
+OLMoE's q/k norms over all heads and clipping, Gemma's extra norms, ...; Qwen3's per-head q/k
+norms the loop does), a layer's own sliding window, LoRA or tensor parallelism on a linear
+layer, a weight format without a C++ reference (each format answers `fused_ref`; AWQ, GPTQ and
+int8 have none), a MoE block the loop cannot run (DeepSeek's routing, split experts), no CPU
+kernels, or PAGEDLLM_FUSED_DECODE=0 in the environment (to measure the difference). Each step
+the model asks its attention backend whether the step may take the loop
+(`meta.backend.fused_decode_applies`): only the C++ CPU backend says yes (fp32 on CPU, settled
+when it was selected), for decode-only steps (every row one token of its own sequence) with
+one KV group (model/layers/attention_backends/cpu.py).
 """
 
 from __future__ import annotations
