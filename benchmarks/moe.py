@@ -8,9 +8,9 @@ same MoE as a GGUF file against llama.cpp, one run.
 Models (random weights, written once under --work-dir; greedy, ignore_eos throughout):
   moe     Mixtral layout: E experts of width I, top-k routing (default 8 experts, top-2)
   dense   Llama, the same but an MLP of width k * I: its MLP parameters equal the MoE's active
-          ones (the router's H x E per layer aside); decoding runs its C++ layer loop
-          (model/fused_decode.py), which MoE layers do not take
-  dense-py  the dense model with PAGEDLLM_FUSED_DECODE=0: Python layers, as the MoE's run
+          ones (the router's H x E per layer aside); both decode in the C++ layer loop
+          (model/fused_decode.py; MoE layers through kernels/moe_decode_cpu.h)
+  dense-py  the dense model with PAGEDLLM_FUSED_DECODE=0: Python layers
   gguf    the MoE written as a GGUF file (--gguf-type, default Q8_0), run by pagedllm (its
           default: blocks kept quantized, int8 activations where the CPU has VNNI) and by
           llama.cpp (`llama-batched-bench`, `llama-bench`)

@@ -7,8 +7,9 @@
 //
 //   h = norm(x + r)            add_rms_norm_ (first layer: r = x, h = rms_norm(x))
 //   qkv = h W_qkv ; RoPE(q, k) ; a = attention(write K/V, q)      paged_decode_attention_qkv
+//                              (Qwen3: each q and k head RMS-normalized before RoPE)
 //   h = norm(a W_o + r)        add_rms_norm_
-//   x = silu_mul(h W_gate_up) W_down
+//   x = silu_mul(h W_gate_up) W_down   (or a mixture-of-experts block: moe_decode_cpu.h)
 //
 // A `LinearRef` is one linear layer's weight in the form its kernel takes: packed fp32
 // panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF rows with int8
@@ -17,6 +18,7 @@
 // pagedllm/model/fused_decode.py builds them.
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -51,10 +53,29 @@ struct LinearRef {
   }
 };
 
+#include "moe_decode_cpu.h"  // MoERef, which holds LinearRefs
+
 struct DecodeLayer {
   torch::Tensor in_norm, post_norm;
-  LinearRef qkv, o, gate_up, down;
+  LinearRef qkv, o;
+  std::optional<torch::Tensor> q_norm, k_norm;  // Qwen3's per-head norms of q and k
+  std::optional<LinearRef> gate_up, down;  // a dense MLP, or
+  std::optional<MoERef> moe;               // a mixture-of-experts block
+
+  torch::Tensor mlp(const torch::Tensor& h) const {
+    return moe ? (*moe)(h) : (*down)(silu_mul((*gate_up)(h)));
+  }
 };
+
+// Each q head and each k head of qkv rows [T, (H + 2 KVH) d] RMS-normalized in place, as
+// model/layers/norm.py's head_norms_ does: the same rms_norm over [T * heads, d] rows, copied back.
+void head_norms_(torch::Tensor& qkv, const torch::Tensor& q_norm, const torch::Tensor& k_norm,
+                 int64_t H, int64_t KVH, int64_t d, double eps) {
+  torch::Tensor heads = qkv.view({qkv.size(0), -1, d});
+  torch::Tensor q = heads.narrow(1, 0, H), k = heads.narrow(1, H, KVH);
+  q.copy_(rms_norm(q.reshape({-1, d}).contiguous(), q_norm, eps).view_as(q));
+  k.copy_(rms_norm(k.reshape({-1, d}).contiguous(), k_norm, eps).view_as(k));
+}
 
 // x [T, hidden] (the embeddings; overwritten) -> (h, residual) of the last layer, before the
 // final norm. Every row is a decode; caches, scales (empty lists for an fp32 cache) per layer.
@@ -80,6 +101,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
       h = x;
     }
     torch::Tensor qkv = l.qkv(h);
+    if (l.q_norm) head_norms_(qkv, *l.q_norm, *l.k_norm, H, KVH, d, eps);
     rotary_qk_(qkv, halves, H, KVH, d);
     c10::optional<torch::Tensor> ks, vs;
     if (quant) ks = k_scales[i], vs = v_scales[i];
@@ -87,7 +109,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
                                                  block_tables, seq_lens, H, scale, window);
     h = l.o(a);
     add_rms_norm_(h, residual, l.post_norm, eps);
-    x = l.down(silu_mul(l.gate_up(h)));
+    x = l.mlp(h);
   }
   return {x, residual};
 }
@@ -102,10 +124,15 @@ void register_decode_layers(pybind11::module_& m) {
            py::arg("kind"), py::arg("fmt"), py::arg("N"), py::arg("K"), py::arg("rows"),
            py::arg("tensors"), py::arg("bias"))
       .def("__call__", &LinearRef::operator(), py::call_guard<py::gil_scoped_release>());
+  register_moe_refs(m);
   py::class_<DecodeLayer>(m, "DecodeLayer", "the weights of one Llama decoder layer")
-      .def(py::init<torch::Tensor, torch::Tensor, LinearRef, LinearRef, LinearRef, LinearRef>(),
+      .def(py::init<torch::Tensor, torch::Tensor, LinearRef, LinearRef,
+                    std::optional<torch::Tensor>, std::optional<torch::Tensor>,
+                    std::optional<LinearRef>, std::optional<LinearRef>, std::optional<MoERef>>(),
            py::arg("in_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("o"),
-           py::arg("gate_up"), py::arg("down"));
+           py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
+           py::arg("gate_up") = py::none(), py::arg("down") = py::none(),
+           py::arg("moe") = py::none());
   m.def("decode_layers", &decode_layers, py::call_guard<py::gil_scoped_release>(),
         "a decode step through every decoder layer: (h, residual) before the final norm");
 }

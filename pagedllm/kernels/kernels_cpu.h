@@ -40,3 +40,12 @@ torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int6
                              int64_t int_rows);
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                               torch::Tensor m, int64_t N);
+torch::Tensor gguf_grouped_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q,
+                                  torch::Tensor d, torch::Tensor sc, torch::Tensor m,
+                                  torch::Tensor mi, torch::Tensor offsets,
+                                  int64_t in_register_rows);
+torch::Tensor gguf_a8_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
+                                     torch::Tensor offsets, int64_t int_rows);
+torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
+                                      torch::Tensor d, torch::Tensor m, int64_t N,
+                                      torch::Tensor offsets);

@@ -5,14 +5,21 @@ module calls and ~10 op dispatches at ~3-5 us each, 1.5-2.5 ms of a ~13 ms SmolL
 `FusedDecode` hands the layer loop to kernels/decode_layers_cpu.cpp, which calls the same
 kernels in the same order (results equal to the bit; tests/model/test_fused_decode.py).
 
+A layer's MLP is Llama's (gate_up, down) or a mixture-of-experts block (`FusedMoE`: Mixtral,
+Qwen2-MoE with its shared expert, Qwen3-MoE, softmax top-k routing; kernels/moe_decode_cpu.h),
+which answers its own `fused_ref`.
+
 `FusedDecode.build(model)` returns None when a layer has anything the C++ loop does not do:
-another layer type (q/k norms, Gemma's extra norms), LoRA or tensor parallelism on a linear
-layer, a weight format without a C++ reference (each format answers `fused_ref`; AWQ, GPTQ
-and int8 have none), no CPU kernels, or PAGEDLLM_FUSED_DECODE=0 in the environment (to
-measure the difference). Each step the model asks its attention backend whether the step
-may take the loop (`meta.backend.fused_decode_applies`): only the C++ CPU backend says yes
-(fp32 on CPU, settled when it was selected), for decode-only steps (every row one token of
-its own sequence) with one KV group (model/layers/attention_backends/cpu.py).
+another layer or attention type than the model names (`fused_layer`, `fused_attention`:
+OLMoE's q/k norms over all heads and clipping, Gemma's extra norms, ...; Qwen3's per-head q/k
+norms the loop does), a layer's own sliding window, LoRA or tensor parallelism on a linear
+layer, a weight format without a C++ reference (each format answers `fused_ref`; AWQ, GPTQ and
+int8 have none), a MoE block the loop cannot run (DeepSeek's routing, split experts), no CPU
+kernels, or PAGEDLLM_FUSED_DECODE=0 in the environment (to measure the difference). Each step
+the model asks its attention backend whether the step may take the loop
+(`meta.backend.fused_decode_applies`): only the C++ CPU backend says yes (fp32 on CPU, settled
+when it was selected), for decode-only steps (every row one token of its own sequence) with
+one KV group (model/layers/attention_backends/cpu.py).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import torch
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
+from pagedllm.model.layers.moe import FusedMoE
+from pagedllm.model.layers.norm import RMSNorm
 from pagedllm.model.layers.rotary import RopeBatch
 
 
@@ -36,25 +45,42 @@ class FusedDecode:
         self.scale, self.eps = scale, eps
 
     @classmethod
-    def build(cls, decoder_layers, layer_type: type, attention_type: type) -> FusedDecode | None:
-        """For a ModuleList of exactly `layer_type` layers (with `attention_type` attention)
-        whose linear layers all have C++ references; else None."""
+    def build(cls, decoder_layers, layer_type: type,
+              attention_types: type | tuple[type, ...]) -> FusedDecode | None:
+        """For a ModuleList of exactly `layer_type` layers (attention exactly one of
+        `attention_types`, without a window of its own) whose linear layers and MoE blocks
+        all have C++ references; else None."""
         if os.environ.get("PAGEDLLM_FUSED_DECODE", "1") == "0":  # the Python layers, to compare
             return None
         ops = cpu_ops.load()
         if ops is None or not hasattr(ops, "decode_layers") or not len(decoder_layers):
             return None
+        if not isinstance(attention_types, tuple):
+            attention_types = (attention_types,)
         refs = []
         for layer in decoder_layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if type(layer) is not layer_type or type(attn) is not attention_type:
+            if (type(layer) is not layer_type or type(attn) not in attention_types
+                    or attn.window is not None):
                 return None
-            linears = [m.fused_ref(ops) for m in (attn.qkv_proj, attn.o_proj,
-                                                  mlp.gate_up_proj, mlp.down_proj)]
+            if isinstance(mlp, FusedMoE):
+                mlp_refs = {"moe": mlp.fused_ref(ops)}
+            else:
+                mlp_refs = {"gate_up": mlp.gate_up_proj.fused_ref(ops),
+                            "down": mlp.down_proj.fused_ref(ops)}
+            linears = [attn.qkv_proj.fused_ref(ops), attn.o_proj.fused_ref(ops)]
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if any(r is None for r in linears) or norms[0].eps != norms[1].eps:
+            head_norms = [n for n in (getattr(attn, "q_norm", None),
+                                      getattr(attn, "k_norm", None)) if n is not None]
+            if (any(r is None for r in (*linears, *mlp_refs.values()))
+                    or any(type(n) is not RMSNorm for n in (*norms, *head_norms))
+                    or len({n.eps for n in (*norms, *head_norms)}) != 1
+                    or len(head_norms) not in (0, 2) or getattr(attn, "softcap", None)):
                 return None
-            refs.append(ops.DecodeLayer(norms[0].weight, norms[1].weight, *linears))
+            if head_norms:
+                mlp_refs.update(q_norm=head_norms[0].weight, k_norm=head_norms[1].weight)
+            refs.append(ops.DecodeLayer(norms[0].weight, norms[1].weight, *linears,
+                                        **mlp_refs))
         first = decoder_layers[0]
         attn = first.self_attn
         return cls(ops, refs, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,

@@ -1,6 +1,7 @@
 """The C++ decode loop (model/fused_decode.py) computes what the Python layers compute, to the
 bit: greedy tokens and logprobs equal with it on and off, across weight formats, an 8-bit KV
-cache, q/k/v biases and a sliding window; and it stays off where it does not apply."""
+cache, q/k/v biases, a sliding window and Qwen3's q/k norms; and it stays off where it does
+not apply (MoE layers: test_fused_decode_moe.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def decoder(llm) -> LlamaModel:
     return llm.llm_engine.model.model
 
 
-def outputs(llm) -> list:
-    return [o.outputs[0] for o in llm.generate(PROMPTS, PARAMS, use_tqdm=False)]
+def outputs(llm, prompts: list[list[int]] = PROMPTS) -> list:
+    return [o.outputs[0] for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
 
 
 def assert_same(fused: list, plain: list) -> None:
@@ -31,13 +32,13 @@ def assert_same(fused: list, plain: list) -> None:
             assert {t: p.logprob for t, p in pa.items()} == {t: p.logprob for t, p in pb.items()}
 
 
-def check_fused_equals_layers(llm) -> None:
+def check_fused_equals_layers(llm, prompts: list[list[int]] = PROMPTS) -> None:
     """(The engine under test runs without prefix caching: a cached prompt would change the
     second run's prefill batches, and the torch prefill attention is not batch-invariant.)"""
-    fused = outputs(llm)
+    fused = outputs(llm, prompts)
     assert isinstance(decoder(llm).fused_decode(), FusedDecode)  # it ran
     decoder(llm)._fused = None  # the Python layer loop from now on
-    assert_same(fused, outputs(llm))
+    assert_same(fused, outputs(llm, prompts))
 
 
 @pytest.mark.parametrize("extra", [{}, {"kv_cache_dtype": "int8"}, {"quantization": "int8"},
@@ -58,10 +59,19 @@ def test_fused_with_biases_and_sliding_window(fixture: str, request, make_llm) -
                                        enable_prefix_caching=False))
 
 
-def test_qwen3_layers_do_not_take_it(tiny_qwen3_dir: Path, make_llm) -> None:
-    llm = make_llm(tiny_qwen3_dir)
+def test_qwen3_head_norms_in_the_loop(tiny_qwen3_dir: Path, make_llm) -> None:
+    """Qwen3's per-head q/k norms run in the loop (`head_norms_` in decode_layers_cpu.cpp)."""
+    check_fused_equals_layers(make_llm(tiny_qwen3_dir, max_num_seqs=3,
+                                       enable_prefix_caching=False))
+
+
+def test_other_layers_keep_the_python_layers(tmp_path: Path, tiny_tokenizer, make_llm) -> None:
+    """OLMo 2: q/k norms over all heads and post-norms, which the loop does not do."""
+    from tests.model.family_checkpoints import make_family_checkpoint
+
+    llm = make_llm(make_family_checkpoint(tmp_path, "olmo2", tiny_tokenizer))
     outputs(llm)
-    assert decoder(llm).fused_decode() is None  # q/k norms: the Python layers run
+    assert decoder(llm).fused_decode() is None
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])

@@ -81,5 +81,7 @@ def head_norms_(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, num_hea
     heads = qkv.view(qkv.shape[0], -1, head_dim)
     q = heads[:, :num_heads]
     k = heads[:, num_heads:num_heads + num_kv_heads]
-    q.copy_(q_norm(q.reshape(-1, head_dim))[0].view_as(q))
-    k.copy_(k_norm(k.reshape(-1, head_dim))[0].view_as(k))
+    # contiguous rows always (one KV head over several rows reshapes to a strided view): the
+    # C++ norm then takes every step, as the C++ decode loop's head_norms_ does
+    q.copy_(q_norm(q.reshape(-1, head_dim).contiguous())[0].view_as(q))
+    k.copy_(k_norm(k.reshape(-1, head_dim).contiguous())[0].view_as(k))

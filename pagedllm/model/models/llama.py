@@ -97,6 +97,11 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    # What the C++ decode loop runs (model/fused_decode.py): layers of exactly `fused_layer`,
+    # attention of exactly one of `fused_attention`; a variant that swaps either keeps these
+    # and so the Python layers, unless it says the loop computes its layers too.
+    fused_layer: type[nn.Module] = LlamaDecoderLayer
+    fused_attention: tuple[type[nn.Module], ...] = (LlamaAttention,)
 
     def __init__(self, config) -> None:
         super().__init__()
@@ -125,7 +130,8 @@ class LlamaModel(nn.Module):
         """The C++ decode loop over these layers (model/fused_decode.py), built at the first
         decode step (after loading, LoRA and tensor-parallel set-up); None if it cannot run."""
         if not hasattr(self, "_fused"):
-            self._fused = FusedDecode.build(self.layers, LlamaDecoderLayer, LlamaAttention)
+            self._fused = FusedDecode.build(self.layers, self.fused_layer,
+                                            self.fused_attention)
         return self._fused
 
 

@@ -67,6 +67,7 @@ class MoEDecoderLayer(LlamaDecoderLayer):
 
 class MoEModel(LlamaModel):
     attention_cls: type[nn.Module] = LlamaAttention  # families swap it
+    fused_layer = MoEDecoderLayer  # MoE blocks run in the C++ loop (FusedMoE.fused_ref)
 
     def __init__(self, config) -> None:
         nn.Module.__init__(self)
@@ -88,7 +89,6 @@ class MoEModel(LlamaModel):
             for sparse in spec.sparse_layers
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
 
     @staticmethod
     def moe_spec_for(config) -> MoESpec | None:
@@ -228,6 +228,7 @@ class MixtralForCausalLM(MoEForCausalLM):
 
 class Qwen2MoeModel(MoEModel):
     attention_cls = Qwen2MoeAttention
+    fused_attention = (Qwen2MoeAttention,)  # Llama's, with q/k/v biases (sliding: refused)
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -243,6 +244,7 @@ class Qwen2MoeForCausalLM(MoEForCausalLM):
 
 class Qwen3MoeModel(MoEModel):
     attention_cls = Qwen3Attention
+    fused_attention = (Qwen3Attention,)
 
 
 class Qwen3MoeForCausalLM(MoEForCausalLM):

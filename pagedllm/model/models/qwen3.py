@@ -52,6 +52,8 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
 
 class Qwen3Model(LlamaModel):
     layer_cls = Qwen3DecoderLayer
+    fused_layer = Qwen3DecoderLayer  # the C++ decode loop normalizes q and k heads too
+    fused_attention = (Qwen3Attention,)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

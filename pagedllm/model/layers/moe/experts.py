@@ -203,10 +203,17 @@ class StackedExperts(nn.Module):
             return sum(p.nbytes for p in self.packed)
         return self.gate_up_proj.nbytes + self.down_proj.nbytes
 
+    @property
+    def grouped(self) -> tuple[GroupedLinear, GroupedLinear] | None:
+        """(gate_up, down) stacked for the grouped kernels, or None (the reference loop runs)."""
+        return self.quant.grouped if self.quant is not None else self.packed
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """sum over each token's k experts of weight * expert(x): x [T, H], weights / ids
-        [T, k] -> [T, H]."""
-        grouped = self.quant.grouped if self.quant is not None else self.packed
+        [T, k] -> [T, H]. Each token's rows are added in expert order (`index_add_`; the
+        small-batch path's `sum(0)` of one token's rows adds them in the same order), as the
+        C++ MoE block (kernels/moe_decode_cpu.h) does: they agree to the bit."""
+        grouped = self.grouped
         if grouped is not None and 0 < ids.numel() <= SMALL_BATCH and kernel_applies(x):
             return self._forward_small(x, weights, ids, grouped)
         k = ids.shape[1]

@@ -22,6 +22,7 @@ import torch
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.kernels import triton as triton_kernels
+from pagedllm.model.layers.quant.dense import PACKED_KIND
 
 
 class GroupedLinear(abc.ABC):
@@ -42,6 +43,11 @@ class GroupedLinear(abc.ABC):
     def nbytes(self) -> int:
         """Bytes of all E experts' weights."""
 
+    def fused_ref(self, ops):
+        """The stack as the C++ decode loop's MoE block takes it (`ops.ExpertsRef`,
+        kernels/moe_decode_cpu.h), or None for a format it does not run."""
+        return None
+
 
 class PackedExperts(GroupedLinear):
     """fp32 experts in `packed_linear`'s panels, stacked: [E, P, K, NB] (gemm_cpu.cpp)."""
@@ -53,6 +59,10 @@ class PackedExperts(GroupedLinear):
 
     def run(self, xs: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return cpu_ops.load().grouped_packed_linear(xs, self.packed, self.out_features, offsets)
+
+    def fused_ref(self, ops):
+        return ops.ExpertsRef(PACKED_KIND, 0, self.out_features, self.in_features, 0,
+                              [self.packed])
 
     def dense(self, expert: int) -> torch.Tensor:
         """Expert `expert`'s HF-layout weight [N, K] back from its panels."""

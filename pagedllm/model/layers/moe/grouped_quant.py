@@ -39,12 +39,21 @@ def _stack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 class StackedQuantized(GroupedLinear):
     """The fields of E same-format weights, stacked; `call(xs, offsets, **fields)` is the
-    format's grouped kernel."""
+    format's grouped kernel. `ref`: (LinearRef kind, format code, row limit) of the formats
+    the C++ decode loop runs (their fields in the kernel's argument order), else None."""
 
     def __init__(self, parts: Sequence[QuantizedWeight], fields: dict[str, torch.Tensor],
-                 call: Callable[..., torch.Tensor]) -> None:
+                 call: Callable[..., torch.Tensor],
+                 ref: tuple[int, int, int] | None = None) -> None:
         super().__init__(len(parts), parts[0].out_features, parts[0].in_features)
-        self.fields, self.call = fields, call
+        self.fields, self.call, self.ref = fields, call, ref
+
+    def fused_ref(self, ops):
+        if self.ref is None:
+            return None
+        kind, code, rows = self.ref
+        return ops.ExpertsRef(kind, code, self.out_features, self.in_features, rows,
+                              list(self.fields.values()))
 
     def run(self, xs: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.call(xs, offsets, **self.fields)
@@ -67,7 +76,8 @@ def _gguf(parts: Sequence[GGUFWeight]) -> tuple[GroupedLinear, list[QuantizedWei
                         {key: t[e] if t.numel() else getattr(first, key)
                          for key, t in fields.items()}, first.nb_cols)
              for e in range(len(parts))]
-    return StackedQuantized(parts, fields, call), views
+    ref = (gguf.FUSED_KIND, code, gguf.IN_REGISTER_ROWS)
+    return StackedQuantized(parts, fields, call, ref), views
 
 
 def _gguf_a8_rows(parts: Sequence[GGUFA8Weight]) -> tuple[GroupedLinear, list[QuantizedWeight]]:
@@ -79,7 +89,8 @@ def _gguf_a8_rows(parts: Sequence[GGUFA8Weight]) -> tuple[GroupedLinear, list[Qu
         return ops.gguf_a8_grouped_linear(xs, code, rows, k, offsets, gguf_a8.INT_ROWS)
 
     views = [GGUFA8Weight(first.qtype, k, fields["rows"][e]) for e in range(len(parts))]
-    return StackedQuantized(parts, fields, call), views
+    ref = (gguf_a8.FUSED_KIND, code, gguf_a8.INT_ROWS)
+    return StackedQuantized(parts, fields, call, ref), views
 
 
 def _a8_panels(parts: Sequence[GGUFA8PanelWeight]) -> tuple[GroupedLinear,
@@ -94,7 +105,7 @@ def _a8_panels(parts: Sequence[GGUFA8PanelWeight]) -> tuple[GroupedLinear,
     views = [GGUFA8PanelWeight(first.qtype, n, first.in_features, fields["codes"][e],
                                fields["d"][e], fields["m"][e] if first.m.numel() else first.m)
              for e in range(len(parts))]
-    return StackedQuantized(parts, fields, call), views
+    return StackedQuantized(parts, fields, call, (gguf_a8_panels.FUSED_KIND, code, 0)), views
 
 
 def _int8(parts: Sequence[Int8Weight]) -> tuple[GroupedLinear, list[QuantizedWeight]]:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.moe.dispatch import run_experts
 from pagedllm.model.layers.moe.experts import StackedExperts
+from pagedllm.model.layers.moe.grouped import kernel_applies
 from pagedllm.model.layers.moe.router import RouterSpec, select_experts
 from pagedllm.model.layers.moe.spec import MoESpec
 from pagedllm.model.layers.parallel import local_experts, output_collective
@@ -88,7 +90,54 @@ class FusedMoE(nn.Module):
             spec.expert_bias,
         )
 
+    def fused_ref(self, ops):
+        """This block as the C++ decode loop runs it (`ops.MoERef`, kernels/moe_decode_cpu.h:
+        the same ops, equal to the bit), or None where the loop has no form of it: routing
+        other than softmax top-k (DeepSeek's sigmoid, expert bias, groups, scaling), experts
+        split over ranks or held dense (Triton, the reference loop), a tensor-parallel
+        all-reduce, or a linear layer without a C++ reference."""
+        r = self.router
+        if (r.scoring != "softmax" or r.num_groups > 1 or r.scale != 1.0
+                or self.expert_bias is not None or self.parallel is not None
+                or self.experts.num_experts != r.num_experts or self.experts.grouped is None):
+            return None
+        router = self.gate.fused_ref(ops)
+        gate_up, down = (g.fused_ref(ops) for g in self.experts.grouped)
+        shared = None
+        if self.shared_expert is not None:
+            linears = [self.shared_expert.gate_up_proj.fused_ref(ops),
+                       self.shared_expert.down_proj.fused_ref(ops)]
+            gate = None
+            if self.shared_expert_gate is not None:
+                linears.append(gate := self.shared_expert_gate.fused_ref(ops))
+            if any(ref is None for ref in linears):
+                return None
+            shared = ops.SharedExpertRef(linears[0], linears[1], gate)
+        if router is None or gate_up is None or down is None:
+            return None
+        return ops.MoERef(router, gate_up, down, r.top_k, r.renormalize, shared)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """On CPU in fp32 the C++ block (`fused_ref`, equal to `forward_torch` to the bit: one
+        call instead of ~15 torch ops and module calls, ~20 us a layer at a decode step), else
+        `forward_torch`."""
+        if x.shape[0] and kernel_applies(x) and (block := self._cpu_block()) is not None:
+            return block(x.contiguous())
+        return self.forward_torch(x)
+
+    def _cpu_block(self):
+        """`fused_ref`, made at the first CPU call (after loading; made again if the router
+        was replaced since, e.g. wrapped for LoRA), or None where there is none."""
+        made = getattr(self, "_made_block", None)
+        if made is None or made[0] is not self.gate:
+            ops = cpu_ops.load()
+            block = self.fused_ref(ops) if ops is not None and hasattr(ops, "MoERef") else None
+            self._made_block = made = (self.gate, block)
+        return made[1]
+
+    def forward_torch(self, x: torch.Tensor) -> torch.Tensor:
+        """The block in torch ops (and the grouped kernels): any device and dtype, autograd,
+        expert and tensor parallelism, DeepSeek's routing."""
         weights, ids = select_experts(self.gate(x), self.router, self.expert_bias)
         out = run_experts(self.experts, x, weights, ids, self.router.num_experts)
         if self.shared_expert is not None:
