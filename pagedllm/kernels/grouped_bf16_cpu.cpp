@@ -1,0 +1,378 @@
+// bf16 MoE experts in one call per projection (grouped_cpu.h draws the work items): rows of
+// fp32 x sorted by expert, every expert's bf16 weight packed once at load
+// (model/layers/moe/grouped_bf16.py) into panels of kNB = 32 output columns, k in pairs:
+//
+//   packed bf16 [E, P, K2, kNB, 2]    K2 = ceil(K / 2), N and K zero-padded
+//   panel p, pair k2:  w[c0][2k2] w[c0][2k2+1] w[c1][2k2] w[c1][2k2+1] ... w[c31][2k2+1]
+//                      = 128 bytes: one 32-bit lane per column holding (even k, odd k)
+//
+// One layout serves every path, so the ISA is chosen per call (at run time, from the CPU):
+//
+//   exact (any group below min_bf16_rows, every group where the CPU lacks avx512_bf16):
+//     fp32 x times the weights widened exactly to fp32 (a 16-bit shift of each lane's low
+//     half gives w[2k], masking its low half gives w[2k+1]), one k-ordered fp32 FMA chain per
+//     output: bit for bit packed_linear (gemm_cpu.cpp) over the widened weights.
+//       avx512   MR = 8 rows x 32 columns per pass      avx2   MR = 4 rows x 16 columns
+//       generic  plain C++ (any CPU; what a non-x86 build runs)
+//   avx512_bf16 (groups of at least min_bf16_rows rows): the group's rows rounded to bf16
+//     (round to nearest even) once per call, then vdpbf16ps, 12 rows x 32 columns per pass:
+//     each step adds two exact products to an fp32 accumulator (odd k, then even k).
+//
+// Why both: below ~16 rows a panel's bytes dominate (memory-bound, the widening is free and
+// the result exact); above, the bf16 dot product does twice the multiply-adds per
+// instruction. y is fp32 [R, N].
+#include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
+#include "torch_lite_cpu.h"
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+#include "grouped_cpu.h"
+
+#pragma GCC push_options
+#pragma GCC optimize("no-associative-math")
+
+constexpr int kNB = 32;                 // output columns per panel
+constexpr int64_t kPairBytes = kNB * 2;  // bf16 values per panel row (one k pair)
+constexpr int64_t kRowTile = 256;       // rows of one expert per work item
+
+enum class Isa { generic, avx2, avx512, avx512_bf16 };
+const char* const kIsaNames[] = {"generic", "avx2", "avx512", "avx512_bf16"};
+
+// The ISAs this CPU runs, best first (the best is the default).
+std::vector<Isa> cpu_isas() {
+  std::vector<Isa> isas;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) isas.push_back(Isa::avx512_bf16);
+  if (avx512) isas.push_back(Isa::avx512);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isas.push_back(Isa::avx2);
+#endif
+  isas.push_back(Isa::generic);
+  return isas;
+}
+
+Isa pick_isa(const std::string& want) {
+  static const std::vector<Isa> isas = cpu_isas();
+  if (want.empty()) return isas.front();
+  for (Isa isa : isas)
+    if (want == kIsaNames[static_cast<int>(isa)]) return isa;
+  std::string have;
+  for (Isa isa : isas) have += std::string(have.empty() ? "" : ", ") + kIsaNames[static_cast<int>(isa)];
+  TORCH_CHECK(false, "bf16 grouped linear: ISA '", want, "' is not one this CPU runs (", have, ")");
+  return isas.front();
+}
+
+inline void store_row(float* y, const float* out, int64_t ncols) {
+  std::memcpy(y, out, ncols * sizeof(float));
+}
+
+// ---- generic: plain C++, one k-ordered chain per output (the compiler vectorizes over columns)
+template <int MR>
+void micro_generic(const float* x, int64_t ldx, const uint16_t* wp, int64_t K, float* y,
+                   int64_t ldy, int64_t ncols) {
+  float acc[MR][kNB] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    const uint16_t* row = wp + (k / 2) * kPairBytes + (k & 1);
+    float w[kNB];
+    for (int j = 0; j < kNB; ++j) {
+      const uint32_t bits = static_cast<uint32_t>(row[2 * j]) << 16;
+      std::memcpy(&w[j], &bits, 4);
+    }
+    for (int i = 0; i < MR; ++i) {
+      const float xv = x[i * ldx + k];
+      for (int j = 0; j < kNB; ++j) acc[i][j] += xv * w[j];
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_row(y + i * ldy, acc[i], ncols);
+}
+
+#if defined(__x86_64__)
+// ---- avx2: a panel in two halves of 16 columns; a 256-bit load is 8 columns' (even, odd) pairs
+#define PAGEDLLM_AVX2 __attribute__((target("avx2,fma")))
+
+template <int MR>
+PAGEDLLM_AVX2 __attribute__((noinline)) void half_avx2(const float* x, int64_t ldx,
+                                                       const uint16_t* wp, int64_t K, float* y,
+                                                       int64_t ldy, int64_t ncols) {
+  __m256 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t pairs = K / 2;
+  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+    const uint16_t* row = wp + k2 * kPairBytes;
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16));
+    const __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+    const __m256 b0 = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+    const __m256 a1 = _mm256_castsi256_ps(_mm256_and_si256(a, hi_mask));
+    const __m256 b1 = _mm256_castsi256_ps(_mm256_and_si256(b, hi_mask));
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 x0 = _mm256_set1_ps(x[i * ldx + 2 * k2]);
+      const __m256 x1 = _mm256_set1_ps(x[i * ldx + 2 * k2 + 1]);
+      acc[i][0] = _mm256_fmadd_ps(x0, a0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x0, b0, acc[i][1]);
+      acc[i][0] = _mm256_fmadd_ps(x1, a1, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x1, b1, acc[i][1]);
+    }
+  }
+  if (K & 1) {  // the last k alone (its odd partner is padding)
+    const uint16_t* row = wp + pairs * kPairBytes;
+    const __m256 a0 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)), 16));
+    const __m256 b0 = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16)), 16));
+    for (int i = 0; i < MR; ++i) {
+      const __m256 x0 = _mm256_set1_ps(x[i * ldx + K - 1]);
+      acc[i][0] = _mm256_fmadd_ps(x0, a0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x0, b0, acc[i][1]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float out[16];
+    _mm256_storeu_ps(out, acc[i][0]);
+    _mm256_storeu_ps(out + 8, acc[i][1]);
+    store_row(y + i * ldy, out, ncols);
+  }
+}
+
+template <int MR>
+PAGEDLLM_AVX2 void micro_avx2(const float* x, int64_t ldx, const uint16_t* wp, int64_t K,
+                              float* y, int64_t ldy, int64_t ncols) {
+  half_avx2<MR>(x, ldx, wp, K, y, ldy, std::min<int64_t>(ncols, 16));
+  if (ncols > 16) half_avx2<MR>(x, ldx, wp + 32, K, y + 16, ldy, ncols - 16);
+}
+
+// ---- avx512: a 512-bit load is 16 columns' (even, odd) pairs, two per panel row
+#define PAGEDLLM_AVX512 __attribute__((target("avx512f,avx512bw,fma")))
+
+template <int MR>
+PAGEDLLM_AVX512 __attribute__((noinline)) void micro_avx512(const float* x, int64_t ldx,
+                                                            const uint16_t* wp, int64_t K,
+                                                            float* y, int64_t ldy,
+                                                            int64_t ncols) {
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const int64_t pairs = K / 2;
+  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+    const uint16_t* row = wp + k2 * kPairBytes;
+    const __m512i a = _mm512_loadu_si512(row), b = _mm512_loadu_si512(row + 32);
+    const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+    const __m512 b0 = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+    const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a, hi_mask));
+    const __m512 b1 = _mm512_castsi512_ps(_mm512_and_si512(b, hi_mask));
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 x0 = _mm512_set1_ps(x[i * ldx + 2 * k2]);
+      const __m512 x1 = _mm512_set1_ps(x[i * ldx + 2 * k2 + 1]);
+      acc[i][0] = _mm512_fmadd_ps(x0, a0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(x0, b0, acc[i][1]);
+      acc[i][0] = _mm512_fmadd_ps(x1, a1, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(x1, b1, acc[i][1]);
+    }
+  }
+  if (K & 1) {
+    const uint16_t* row = wp + pairs * kPairBytes;
+    const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(row), 16));
+    const __m512 b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(row + 32), 16));
+    for (int i = 0; i < MR; ++i) {
+      const __m512 x0 = _mm512_set1_ps(x[i * ldx + K - 1]);
+      acc[i][0] = _mm512_fmadd_ps(x0, a0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(x0, b0, acc[i][1]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    if (ncols == kNB) {
+      _mm512_storeu_ps(y + i * ldy, acc[i][0]);
+      _mm512_storeu_ps(y + i * ldy + 16, acc[i][1]);
+    } else {
+      float out[kNB];
+      _mm512_storeu_ps(out, acc[i][0]);
+      _mm512_storeu_ps(out + 16, acc[i][1]);
+      store_row(y + i * ldy, out, ncols);
+    }
+  }
+}
+
+// ---- avx512_bf16: xb holds each row's bf16 pairs as 32-bit words (K2 per row)
+#define PAGEDLLM_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+template <int MR>
+PAGEDLLM_BF16 __attribute__((noinline)) void micro_bf16(const uint32_t* xb, int64_t ldxb,
+                                                        const uint16_t* wp, int64_t K2,
+                                                        float* y, int64_t ldy, int64_t ncols) {
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t k2 = 0; k2 < K2; ++k2) {
+    const uint16_t* row = wp + k2 * kPairBytes;
+    const __m512bh a = (__m512bh)_mm512_loadu_si512(row);
+    const __m512bh b = (__m512bh)_mm512_loadu_si512(row + 32);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[i * ldxb + k2]));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, a);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, b);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    if (ncols == kNB) {
+      _mm512_storeu_ps(y + i * ldy, acc[i][0]);
+      _mm512_storeu_ps(y + i * ldy + 16, acc[i][1]);
+    } else {
+      float out[kNB];
+      _mm512_storeu_ps(out, acc[i][0]);
+      _mm512_storeu_ps(out + 16, acc[i][1]);
+      store_row(y + i * ldy, out, ncols);
+    }
+  }
+}
+
+// Row r of x (K floats) as bf16 pairs: K2 32-bit words, round to nearest even, a zero after an
+// odd K's last value.
+PAGEDLLM_BF16 void round_row_bf16(const float* x, int64_t K, uint16_t* out) {
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + k)));
+  if (k < K) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (K - k)) - 1);
+    _mm256_mask_storeu_epi16(out + k, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + k)));
+  }
+  if (K & 1) out[K] = 0;
+}
+#endif  // __x86_64__
+
+// Rows [0, M) through one micro-kernel `Micro<MR>` in passes of MR rows, the M % MR leftover
+// with the micro-kernel of exactly that many rows.
+template <int MR, template <int> class Micro, typename... Args>
+inline void rows_tail(int rows, Args... args) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return Micro<MR>::run(args...);
+    rows_tail<MR - 1, Micro>(rows, args...);
+  }
+}
+
+#define PAGEDLLM_MICRO(Name, fn)                                                        \
+  template <int MR>                                                                     \
+  struct Name {                                                                         \
+    template <typename... A>                                                            \
+    static void run(A... a) { fn<MR>(a...); }                                           \
+  };
+PAGEDLLM_MICRO(Generic, micro_generic)
+#if defined(__x86_64__)
+PAGEDLLM_MICRO(Avx2, micro_avx2)
+PAGEDLLM_MICRO(Avx512, micro_avx512)
+PAGEDLLM_MICRO(Bf16, micro_bf16)
+#endif
+
+// M fp32 rows of x (row stride ldx) against one panel, MR rows per pass: y[:, :ncols].
+template <int MR, template <int> class Micro, typename X>
+void panel_rows(const X* x, int64_t ldx, int64_t M, const uint16_t* wp, int64_t depth,
+                float* y, int64_t ldy, int64_t ncols) {
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) Micro<MR>::run(x + m * ldx, ldx, wp, depth, y + m * ldy, ldy, ncols);
+  if (m < M)
+    rows_tail<MR - 1, Micro>(static_cast<int>(M - m), x + m * ldx, ldx, wp, depth, y + m * ldy,
+                             ldy, ncols);
+}
+
+int64_t bf16_panel_width() { return kNB; }
+
+std::vector<std::string> bf16_isas() {
+  std::vector<std::string> names;
+  for (Isa isa : cpu_isas()) names.emplace_back(kIsaNames[static_cast<int>(isa)]);
+  return names;
+}
+
+// y [R, N] = rows of expert e times W_e^T (module comment). `isa` "" picks this CPU's best.
+torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
+                                  torch::Tensor offsets, int64_t min_bf16_rows,
+                                  const std::string& isa_name) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              "bf16 grouped linear: x must be contiguous fp32 [R, K]");
+  const int64_t R = x.size(0), K = x.size(1), K2 = (K + 1) / 2;
+  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == at::kBFloat16 &&
+                  packed.is_contiguous() && packed.size(2) == K2 && packed.size(3) == kNB &&
+                  packed.size(4) == 2 && packed.size(1) * kNB >= N,
+              "bf16 grouped linear: weights not packed [E, P, ceil(K / 2), ", kNB,
+              ", 2] bf16 for K = ", K);
+  const int64_t E = packed.size(0), P = packed.size(1);
+  const int64_t* off = checked_offsets(offsets, E, R);
+  const Isa isa = pick_isa(isa_name);
+  auto y = torch::empty({R, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  float* yp = y.data_ptr<float>();
+  const int64_t expert_stride = P * K2 * kPairBytes;
+  const auto tiles = group_tiles(off, E, P, kRowTile);
+#if defined(__x86_64__)
+  // The rows of groups that take the bf16 dot product, rounded once (not once per panel).
+  std::vector<uint16_t> xb;
+  if (isa == Isa::avx512_bf16) {
+    std::vector<int64_t> rows;
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] - off[e] >= min_bf16_rows)
+        for (int64_t r = off[e]; r < off[e + 1]; ++r) rows.push_back(r);
+    if (!rows.empty()) {
+      xb.resize(R * 2 * K2);
+      at::parallel_for(0, static_cast<int64_t>(rows.size()), 16, [&](int64_t b, int64_t end) {
+        for (int64_t i = b; i < end; ++i)
+          round_row_bf16(xp + rows[i] * K, K, xb.data() + rows[i] * 2 * K2);
+      });
+    }
+  }
+#endif
+  run_tiles(tiles, [&](const GroupTile* t, const GroupTile* end) {
+    for (; t < end; ++t) {
+      const uint16_t* wp = w + t->expert * expert_stride + t->col * K2 * kPairBytes;
+      const int64_t ncols = std::min<int64_t>(kNB, N - t->col * kNB);
+      const float* xr = xp + t->row0 * K;
+      float* yr = yp + t->row0 * N + t->col * kNB;
+      switch (isa) {
+#if defined(__x86_64__)
+        case Isa::avx512_bf16:
+          if (t->group_rows >= min_bf16_rows) {
+            const auto* xbr = reinterpret_cast<const uint32_t*>(xb.data() + t->row0 * 2 * K2);
+            panel_rows<12, Bf16>(xbr, K2, t->rows, wp, K2, yr, N, ncols);
+            break;
+          }
+          [[fallthrough]];
+        case Isa::avx512:
+          panel_rows<8, Avx512>(xr, K, t->rows, wp, K, yr, N, ncols);
+          break;
+        case Isa::avx2:
+          panel_rows<4, Avx2>(xr, K, t->rows, wp, K, yr, N, ncols);
+          break;
+#endif
+        default:
+          panel_rows<4, Generic>(xr, K, t->rows, wp, K, yr, N, ncols);
+      }
+    }
+  });
+  return y;
+}
+
+#pragma GCC pop_options
+}  // namespace
+
+void register_bf16_grouped_kernels(pybind11::module_& m) {
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("bf16_panel_width", &bf16_panel_width, nogil,
+        "output columns per panel of bf16_grouped_linear's packed weights");
+  m.def("bf16_isas", &bf16_isas, nogil,
+        "the instruction sets bf16_grouped_linear can run on this CPU, best first");
+  m.def("bf16_grouped_linear", &bf16_grouped_linear, nogil,
+        "MoE experts in one call: fp32 rows of x sorted by expert (offsets [E + 1]) times "
+        "their expert's bf16 weight packed [E, P, ceil(K / 2), 32, 2]; groups of at least "
+        "min_bf16_rows rows round x to bf16 where the ISA has a bf16 dot product");
+}
