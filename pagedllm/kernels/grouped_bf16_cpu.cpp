@@ -18,9 +18,10 @@
 //     (round to nearest even) once per call, then vdpbf16ps, 12 rows x 32 columns per pass:
 //     each step adds two exact products to an fp32 accumulator (odd k, then even k).
 //
-// Why both: below ~16 rows a panel's bytes dominate (memory-bound, the widening is free and
-// the result exact); above, the bf16 dot product does twice the multiply-adds per
-// instruction. y is fp32 [R, N].
+// Why both: up to kWideRows rows a pass over two panels reads weights near memory speed and
+// the result is exact; from there on the widened path is bound by its FMAs, and the bf16 dot
+// product does twice the multiply-adds per instruction (grouped_bf16.py's MIN_BF16_ROWS has
+// the numbers). y is fp32 [R, N].
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
@@ -42,6 +43,7 @@ namespace {
 constexpr int kNB = 32;                 // output columns per panel
 constexpr int64_t kPairBytes = kNB * 2;  // bf16 values per panel row (one k pair)
 constexpr int64_t kRowTile = 256;       // rows of one expert per work item
+constexpr int64_t kWideRows = 4;        // groups up to this many rows: two panels per pass
 
 enum class Isa { generic, avx2, avx512, avx512_bf16 };
 const char* const kIsaNames[] = {"generic", "avx2", "avx512", "avx512_bf16"};
@@ -152,89 +154,91 @@ PAGEDLLM_AVX2 void micro_avx2(const float* x, int64_t ldx, const uint16_t* wp, i
   if (ncols > 16) half_avx2<MR>(x, ldx, wp + 32, K, y + 16, ldy, ncols - 16);
 }
 
-// ---- avx512: a 512-bit load is 16 columns' (even, odd) pairs, two per panel row
+// ---- avx512: a 512-bit load is 16 columns' (even, odd) pairs, two per panel row. NP = 2
+// runs two panels (ps values apart) in one pass: a group of a few rows (decode) then has four
+// independent FMA chains per row instead of two, enough to hide the FMA latency that bounds
+// one panel's pass (the sums themselves are unchanged).
 #define PAGEDLLM_AVX512 __attribute__((target("avx512f,avx512bw,fma")))
 
-template <int MR>
+template <int MR, int NP>
+PAGEDLLM_AVX512 inline void store_tile512(__m512 (&acc)[MR][2 * NP], float* y, int64_t ldy,
+                                          int64_t ncols) {
+  for (int i = 0; i < MR; ++i)
+    for (int q = 0; q < NP; ++q) {
+      const int64_t cols = std::min<int64_t>(kNB, ncols - q * kNB);
+      float* yq = y + i * ldy + q * kNB;
+      if (cols == kNB) {
+        _mm512_storeu_ps(yq, acc[i][2 * q]);
+        _mm512_storeu_ps(yq + 16, acc[i][2 * q + 1]);
+      } else if (cols > 0) {
+        float out[kNB];
+        _mm512_storeu_ps(out, acc[i][2 * q]);
+        _mm512_storeu_ps(out + 16, acc[i][2 * q + 1]);
+        store_row(yq, out, cols);
+      }
+    }
+}
+
+template <int MR, int NP = 1>
 PAGEDLLM_AVX512 __attribute__((noinline)) void micro_avx512(const float* x, int64_t ldx,
                                                             const uint16_t* wp, int64_t K,
                                                             float* y, int64_t ldy,
-                                                            int64_t ncols) {
-  __m512 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+                                                            int64_t ncols, int64_t ps = 0) {
+  __m512 acc[MR][2 * NP];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm512_setzero_ps();
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t pairs = K / 2;
   for (int64_t k2 = 0; k2 < pairs; ++k2) {
-    const uint16_t* row = wp + k2 * kPairBytes;
-    const __m512i a = _mm512_loadu_si512(row), b = _mm512_loadu_si512(row + 32);
-    const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
-    const __m512 b0 = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
-    const __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(a, hi_mask));
-    const __m512 b1 = _mm512_castsi512_ps(_mm512_and_si512(b, hi_mask));
+    __m512 even[2 * NP], odd[2 * NP];
+    for (int j = 0; j < 2 * NP; ++j) {
+      const __m512i v = _mm512_loadu_si512(wp + (j / 2) * ps + k2 * kPairBytes + (j % 2) * 32);
+      even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      odd[j] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 x0 = _mm512_set1_ps(x[i * ldx + 2 * k2]);
       const __m512 x1 = _mm512_set1_ps(x[i * ldx + 2 * k2 + 1]);
-      acc[i][0] = _mm512_fmadd_ps(x0, a0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(x0, b0, acc[i][1]);
-      acc[i][0] = _mm512_fmadd_ps(x1, a1, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(x1, b1, acc[i][1]);
+      for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm512_fmadd_ps(x0, even[j], acc[i][j]);
+      for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm512_fmadd_ps(x1, odd[j], acc[i][j]);
     }
   }
-  if (K & 1) {
-    const uint16_t* row = wp + pairs * kPairBytes;
-    const __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(row), 16));
-    const __m512 b0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(row + 32), 16));
+  if (K & 1) {  // the last k alone (its odd partner is padding)
+    __m512 even[2 * NP];
+    for (int j = 0; j < 2 * NP; ++j)
+      even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_loadu_si512(wp + (j / 2) * ps + pairs * kPairBytes + (j % 2) * 32), 16));
     for (int i = 0; i < MR; ++i) {
       const __m512 x0 = _mm512_set1_ps(x[i * ldx + K - 1]);
-      acc[i][0] = _mm512_fmadd_ps(x0, a0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(x0, b0, acc[i][1]);
+      for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm512_fmadd_ps(x0, even[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    if (ncols == kNB) {
-      _mm512_storeu_ps(y + i * ldy, acc[i][0]);
-      _mm512_storeu_ps(y + i * ldy + 16, acc[i][1]);
-    } else {
-      float out[kNB];
-      _mm512_storeu_ps(out, acc[i][0]);
-      _mm512_storeu_ps(out + 16, acc[i][1]);
-      store_row(y + i * ldy, out, ncols);
-    }
-  }
+  store_tile512<MR, NP>(acc, y, ldy, ncols);
 }
 
-// ---- avx512_bf16: xb holds each row's bf16 pairs as 32-bit words (K2 per row)
+// ---- avx512_bf16: xb holds each row's bf16 pairs as 32-bit words (K2 per row); NP as above
 #define PAGEDLLM_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
-template <int MR>
+template <int MR, int NP = 1>
 PAGEDLLM_BF16 __attribute__((noinline)) void micro_bf16(const uint32_t* xb, int64_t ldxb,
                                                         const uint16_t* wp, int64_t K2,
-                                                        float* y, int64_t ldy, int64_t ncols) {
-  __m512 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+                                                        float* y, int64_t ldy, int64_t ncols,
+                                                        int64_t ps = 0) {
+  __m512 acc[MR][2 * NP];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t k2 = 0; k2 < K2; ++k2) {
-    const uint16_t* row = wp + k2 * kPairBytes;
-    const __m512bh a = (__m512bh)_mm512_loadu_si512(row);
-    const __m512bh b = (__m512bh)_mm512_loadu_si512(row + 32);
+    __m512bh w[2 * NP];
+    for (int j = 0; j < 2 * NP; ++j)
+      w[j] = (__m512bh)_mm512_loadu_si512(wp + (j / 2) * ps + k2 * kPairBytes + (j % 2) * 32);
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
       const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[i * ldxb + k2]));
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xv, a);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xv, b);
+      for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, w[j]);
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    if (ncols == kNB) {
-      _mm512_storeu_ps(y + i * ldy, acc[i][0]);
-      _mm512_storeu_ps(y + i * ldy + 16, acc[i][1]);
-    } else {
-      float out[kNB];
-      _mm512_storeu_ps(out, acc[i][0]);
-      _mm512_storeu_ps(out + 16, acc[i][1]);
-      store_row(y + i * ldy, out, ncols);
-    }
-  }
+  store_tile512<MR, NP>(acc, y, ldy, ncols);
 }
 
 // Row r of x (K floats) as bf16 pairs: K2 32-bit words, round to nearest even, a zero after an
@@ -286,6 +290,34 @@ void panel_rows(const X* x, int64_t ldx, int64_t M, const uint16_t* wp, int64_t 
                              ldy, ncols);
 }
 
+#if defined(__x86_64__)
+// Two panels per pass (the second, if any, ps values after the first; ncols over both),
+// M <= kWideRows rows; one panel's micro-kernel where only one is left (an odd P).
+#define PAGEDLLM_WIDE(Name, fn)                                                          \
+  struct Name {                                                                          \
+    template <int MR, typename X>                                                        \
+    static void run(const X* x, int64_t ldx, const uint16_t* wp, int64_t depth, float* y, \
+                    int64_t ldy, int64_t ncols, int64_t ps) {                            \
+      if (ncols > kNB) fn<MR, 2>(x, ldx, wp, depth, y, ldy, ncols, ps);                  \
+      else fn<MR, 1>(x, ldx, wp, depth, y, ldy, ncols, 0);                               \
+    }                                                                                    \
+  };
+PAGEDLLM_WIDE(Avx512Wide, micro_avx512)
+PAGEDLLM_WIDE(Bf16Wide, micro_bf16)
+
+template <class Wide, typename X>
+void wide_rows(const X* x, int64_t ldx, int64_t M, const uint16_t* wp, int64_t depth, float* y,
+               int64_t ldy, int64_t ncols, int64_t ps) {
+  static_assert(kWideRows == 4, "one case per row count");
+  switch (M) {
+    case 1: return Wide::template run<1>(x, ldx, wp, depth, y, ldy, ncols, ps);
+    case 2: return Wide::template run<2>(x, ldx, wp, depth, y, ldy, ncols, ps);
+    case 3: return Wide::template run<3>(x, ldx, wp, depth, y, ldy, ncols, ps);
+    default: return Wide::template run<4>(x, ldx, wp, depth, y, ldy, ncols, ps);
+  }
+}
+#endif
+
 int64_t bf16_panel_width() { return kNB; }
 
 std::vector<std::string> bf16_isas() {
@@ -314,7 +346,12 @@ torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t
   const uint16_t* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
   const int64_t expert_stride = P * K2 * kPairBytes;
-  const auto tiles = group_tiles(off, E, P, kRowTile);
+  const int64_t panel_stride = K2 * kPairBytes;
+  // AVX-512 items of a group of at most kWideRows rows span two panels (micro_avx512's NP)
+  const bool avx512 = isa == Isa::avx512 || isa == Isa::avx512_bf16;
+  auto wide = [&](int64_t rows) { return avx512 && rows <= kWideRows; };
+  const auto tiles = group_tiles(
+      off, E, [&](int64_t rows) { return wide(rows) ? (P + 1) / 2 : P; }, kRowTile);
 #if defined(__x86_64__)
   // The rows of groups that take the bf16 dot product, rounded once (not once per panel).
   std::vector<uint16_t> xb;
@@ -334,9 +371,23 @@ torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t
 #endif
   run_tiles(tiles, [&](const GroupTile* t, const GroupTile* end) {
     for (; t < end; ++t) {
-      const uint16_t* wp = w + t->expert * expert_stride + t->col * K2 * kPairBytes;
-      const int64_t ncols = std::min<int64_t>(kNB, N - t->col * kNB);
       const float* xr = xp + t->row0 * K;
+#if defined(__x86_64__)
+      if (wide(t->group_rows)) {
+        const int64_t p = 2 * t->col, ncols = std::min<int64_t>(2 * kNB, N - p * kNB);
+        const uint16_t* wp = w + t->expert * expert_stride + p * panel_stride;
+        float* yr = yp + t->row0 * N + p * kNB;
+        if (isa == Isa::avx512_bf16 && t->group_rows >= min_bf16_rows) {
+          const auto* xbr = reinterpret_cast<const uint32_t*>(xb.data() + t->row0 * 2 * K2);
+          wide_rows<Bf16Wide>(xbr, K2, t->rows, wp, K2, yr, N, ncols, panel_stride);
+        } else {
+          wide_rows<Avx512Wide>(xr, K, t->rows, wp, K, yr, N, ncols, panel_stride);
+        }
+        continue;
+      }
+#endif
+      const uint16_t* wp = w + t->expert * expert_stride + t->col * panel_stride;
+      const int64_t ncols = std::min<int64_t>(kNB, N - t->col * kNB);
       float* yr = yp + t->row0 * N + t->col * kNB;
       switch (isa) {
 #if defined(__x86_64__)

@@ -102,11 +102,11 @@ def experts(weights):
     return bf16_experts(*weights)
 
 
-def assert_group_matches(got, x, w, isa) -> None:
+def assert_group_matches(got, x, w, isa, min_bf16_rows: int = MIN_BF16_ROWS) -> None:
     """One expert's rows against the contract (module doc)."""
     ops = cpu_ops.load()
     n = w.shape[0]
-    if not rounds(isa, x.shape[0]):
+    if not (isa == "avx512_bf16" and x.shape[0] >= min_bf16_rows):
         want = ops.packed_linear(x.contiguous(), ops.pack_linear_weight(w.float()), n, None)
         assert torch.equal(got, want), f"max diff {(got - want).abs().max():.3g}"
         return
@@ -131,6 +131,24 @@ def test_each_projection_equals_the_per_expert_reference(experts, weights, isa, 
         assert_group_matches(h[rows], xs[rows], weights[0][e], isa)
         assert_group_matches(out[rows], act[rows], weights[1][e], isa)
         start += n
+
+
+@pytest.mark.parametrize("min_bf16_rows", [1, 2**30], ids=["dot-from-1-row", "exact-only"])
+def test_every_group_size_on_either_path(isa, min_bf16_rows) -> None:
+    """Groups of 1 ... 13 rows (a few rows: two panels per pass on AVX-512; 4 panels, then
+    3: an even and an odd panel count) forced onto one path, then the other."""
+    g = torch.Generator().manual_seed(5)
+    counts = [1, 2, 3, 4, 0, 5, 8, 13]
+    for n_out in (100, 90):
+        w = (torch.randn(len(counts), n_out, H, generator=g) * H**-0.5).bfloat16()
+        grouped = Bf16Experts(cpu_ops.load(), w, min_bf16_rows=min_bf16_rows)
+        xs = torch.randn(sum(counts), H, generator=g)
+        got = grouped.run(xs, offsets_of(counts))
+        start = 0
+        for e, n in enumerate(counts):
+            rows = slice(start, start + n)
+            assert_group_matches(got[rows], xs[rows], w[e], isa, min_bf16_rows)
+            start += n
 
 
 def rule_reference(weights, x, router_weights, ids, isa) -> torch.Tensor:

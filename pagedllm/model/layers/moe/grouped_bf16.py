@@ -5,8 +5,8 @@
                                        panel p, pair k2: 32 columns x (w[.., 2k2], w[.., 2k2+1])
 
     run(xs fp32 [R, K], offsets) -> fp32 [R, N]
-        a group of fewer than MIN_BF16_ROWS rows: fp32 x times the weights widened exactly to
-        fp32, fp32 FMA chains (equal to the fp32 linear over `dense(e).float()`)
+        a group of fewer than MIN_BF16_ROWS (5) rows: fp32 x times the weights widened exactly
+        to fp32, fp32 FMA chains (equal to the fp32 linear over `dense(e).float()`)
         MIN_BF16_ROWS rows or more, where the CPU has avx512_bf16: x rounded to bf16, the bf16
         dot product with fp32 accumulation (on other CPUs these groups stay exact: there the
         rounding would buy no speed)
@@ -27,9 +27,13 @@ from pagedllm.kernels import cpu_ops
 from pagedllm.kernels import triton as triton_kernels
 from pagedllm.model.layers.moe.grouped import GroupedLinear
 
-#: rows of one expert's group from which the kernel rounds x to bf16 for the bf16 dot product
-#: (measured: benchmarks/moe.py --workload bf16-threshold)
-MIN_BF16_ROWS = 16
+#: rows of one expert's group from which the kernel rounds x to bf16 for the bf16 dot product.
+#: Measured (benchmarks/moe.py --only layer, "rows/expert"; 8 experts, H 1024 / 2048, one
+#: thread, CPU time, Zen 4/5 under load 5-8): up to 4 rows the exact path runs two panels
+#: per pass and reads weights near memory speed, the dot product only 1.1-1.4x faster; from
+#: 5 rows the exact path is bound by its FMAs (two per pair of k) and the dot product is
+#: 2.0-2.6x faster. So groups of up to 4 rows (decode: a token's experts) stay exact.
+MIN_BF16_ROWS = 5
 ISA_ENV = "PAGEDLLM_BF16_ISA"
 
 
