@@ -54,7 +54,8 @@ std::vector<Isa> cpu_isas() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  if (avx512 && __builtin_cpu_supports("avx512bf16")) isas.push_back(Isa::avx512_bf16);
+  if (avx512 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"))
+    isas.push_back(Isa::avx512_bf16);
   if (avx512) isas.push_back(Isa::avx512);
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isas.push_back(Isa::avx2);
 #endif
@@ -218,7 +219,7 @@ PAGEDLLM_AVX512 __attribute__((noinline)) void micro_avx512(const float* x, int6
 }
 
 // ---- avx512_bf16: xb holds each row's bf16 pairs as 32-bit words (K2 per row); NP as above
-#define PAGEDLLM_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define PAGEDLLM_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 template <int MR, int NP = 1>
 PAGEDLLM_BF16 __attribute__((noinline)) void micro_bf16(const uint32_t* xb, int64_t ldxb,

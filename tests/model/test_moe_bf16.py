@@ -34,7 +34,7 @@ from pagedllm.model.layers.moe.grouped_bf16 import (
 H, INTER, E = 67, 45, 5  # odd: K = 67 and 45 end on half a pair; N = 90, 67: partial panels
 ALL_ISAS = ["avx512_bf16", "avx512", "avx2", "generic"]
 # the /proc/cpuinfo flags each path needs
-ISA_FLAGS = {"avx512_bf16": {"avx512f", "avx512bw", "avx512_bf16"},
+ISA_FLAGS = {"avx512_bf16": {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
              "avx512": {"avx512f", "avx512bw"}, "avx2": {"avx2", "fma"}, "generic": set()}
 
 
