@@ -71,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="hidden 256, 2 layers, width 256, 8 new tokens, concurrency 1 and 4")
     ap.add_argument("--only", choices=["layer"], default=None,
                     help="run one workload (no models written, no engines)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="layer workload: the calling thread's CPU time instead of wall time "
+                         "(with --threads 1 the kernels run in that thread; steadier on a "
+                         "shared machine, blind to waiting for memory no more than wall time)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.quick:
@@ -78,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.output_len, args.prefill_len, args.prefill_reps = 8, 64, 1
         args.concurrency = "1,4"
     args.levels = [int(c) for c in args.concurrency.split(",")]
+    if args.cpu_time and args.threads != 1:
+        ap.error("--cpu-time measures one thread: pass --threads 1")
     name = "moe_quick" if args.quick else "moe"
     args.out = args.out or str(ROOT / "benchmarks/results" /
                                (f"{name}_{args.only}.json" if args.only else f"{name}.json"))
@@ -182,15 +188,20 @@ def llama_cpp_runs(gguf_path: Path, args) -> dict | None:
                                                                prefill["command"]]}
 
 
-def timed(fn, reps: int) -> float:
-    """Median ms of `reps` calls of fn (after one warm-up call)."""
+def timed(fn, reps: int, clock=time.perf_counter) -> float:
+    """Median ms of `reps` calls of fn (after one warm-up call), by `clock`."""
     fn()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return 1e3 * statistics.median(times)
+
+
+def clock(args):
+    """What the layer workload times by: wall time, or with --cpu-time the thread's CPU time."""
+    return time.thread_time if args.cpu_time else time.perf_counter
 
 
 @torch.inference_mode()
@@ -229,15 +240,15 @@ def layer_runs(args) -> dict:
         offsets = offsets_of(counts)
         reps = max(3, 200 // tokens)
         grouped = timed(lambda xs=xs, o=offsets: down.run(silu_and_mul(gate_up.run(xs, o)), o),
-                        reps)
-        looped = timed(lambda xs=xs, c=counts: loop(xs, c), reps)
+                        reps, clock(args))
+        looped = timed(lambda xs=xs, c=counts: loop(xs, c), reps, clock(args))
         # what fusing the elementwise steps into the GEMMs could save at most
         g = gate_up.run(xs, offsets)
-        silu = timed(lambda g=g: silu_and_mul(g), reps)
+        silu = timed(lambda g=g: silu_and_mul(g), reps, clock(args))
         y = down.run(silu_and_mul(g), offsets)
         w = weights.reshape(-1)[order]
         combine = timed(lambda y=y, w=w, t=order // args.top_k, n=tokens: torch.zeros(
-            n, args.hidden).index_add_(0, t, y * w.unsqueeze(1)), reps)
+            n, args.hidden).index_add_(0, t, y * w.unsqueeze(1)), reps, clock(args))
         out[tokens] = {"grouped_ms": grouped, "per_expert_loop_ms": looped,
                        "speedup": looped / grouped, "silu_mul_ms": silu,
                        "weighted_combine_ms": combine,
@@ -275,9 +286,10 @@ def bf16_runs(args, w_gate_up, w_down, xs, counts, offsets, reps) -> dict:
                 start += n
         return out
 
-    grouped = timed(lambda: down.run(silu_and_mul(gate_up.run(xs, offsets)), offsets), reps)
+    grouped = timed(lambda: down.run(silu_and_mul(gate_up.run(xs, offsets)), offsets), reps,
+                    clock(args))
     xb = xs.bfloat16()
-    looped = timed(lambda: loop(xb, counts), reps)
+    looped = timed(lambda: loop(xb, counts), reps, clock(args))
     return {"bf16_grouped_ms": grouped, "bf16_per_expert_loop_ms": looped,
             "bf16_speedup": looped / grouped}
 
@@ -307,8 +319,8 @@ def bf16_threshold_runs(args) -> dict:
         # interleaved A / B, so a busy machine's slow spells hit both
         a, b = [], []
         for _ in range(3):
-            a.append(timed(lambda xs=xs, o=offsets: exact.run(xs, o), reps))
-            b.append(timed(lambda xs=xs, o=offsets: dot.run(xs, o), reps))
+            a.append(timed(lambda xs=xs, o=offsets: exact.run(xs, o), reps, clock(args)))
+            b.append(timed(lambda xs=xs, o=offsets: dot.run(xs, o), reps, clock(args)))
         out[m] = {"exact_ms": statistics.median(a), "bf16_dot_ms": statistics.median(b),
                   "dot_speedup": statistics.median(a) / statistics.median(b)}
     return out
