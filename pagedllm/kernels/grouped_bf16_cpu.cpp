@@ -13,6 +13,7 @@
 //     half gives w[2k], masking its low half gives w[2k+1]), one k-ordered fp32 FMA chain per
 //     output: bit for bit packed_linear (gemm_cpu.cpp) over the widened weights.
 //       avx512   MR = 8 rows x 32 columns per pass      avx2   MR = 4 rows x 16 columns
+//       (a group of up to 4 rows: 64 columns; one row on avx2: 32, for more FMA chains)
 //       generic  plain C++ (any CPU; what a non-x86 build runs)
 //   avx512_bf16 (groups of at least min_bf16_rows rows): the group's rows rounded to bf16
 //     (round to nearest even) once per call, then vdpbf16ps, 12 rows x 32 columns per pass:
@@ -99,60 +100,63 @@ void micro_generic(const float* x, int64_t ldx, const uint16_t* wp, int64_t K, f
 }
 
 #if defined(__x86_64__)
-// ---- avx2: a panel in two halves of 16 columns; a 256-bit load is 8 columns' (even, odd) pairs
+// ---- avx2: a 256-bit load is 8 columns' (even, odd) pairs. Rows in passes of MR over half a
+// panel (NV = 2 vectors: 16 ymm registers hold no more), one row over the whole panel (NV = 4:
+// four FMA chains, so decode's single row is not bound by the FMA latency).
 #define PAGEDLLM_AVX2 __attribute__((target("avx2,fma")))
 
-template <int MR>
-PAGEDLLM_AVX2 __attribute__((noinline)) void half_avx2(const float* x, int64_t ldx,
+template <int MR, int NV>
+PAGEDLLM_AVX2 __attribute__((noinline)) void span_avx2(const float* x, int64_t ldx,
                                                        const uint16_t* wp, int64_t K, float* y,
                                                        int64_t ldy, int64_t ncols) {
-  __m256 acc[MR][2];
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  __m256 acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_setzero_ps();
   const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t pairs = K / 2;
   for (int64_t k2 = 0; k2 < pairs; ++k2) {
-    const uint16_t* row = wp + k2 * kPairBytes;
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16));
-    const __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
-    const __m256 b0 = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
-    const __m256 a1 = _mm256_castsi256_ps(_mm256_and_si256(a, hi_mask));
-    const __m256 b1 = _mm256_castsi256_ps(_mm256_and_si256(b, hi_mask));
+    __m256 even[NV], odd[NV];
+    for (int j = 0; j < NV; ++j) {
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k2 * kPairBytes + 16 * j));
+      even[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      odd[j] = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 x0 = _mm256_set1_ps(x[i * ldx + 2 * k2]);
       const __m256 x1 = _mm256_set1_ps(x[i * ldx + 2 * k2 + 1]);
-      acc[i][0] = _mm256_fmadd_ps(x0, a0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(x0, b0, acc[i][1]);
-      acc[i][0] = _mm256_fmadd_ps(x1, a1, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(x1, b1, acc[i][1]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_fmadd_ps(x0, even[j], acc[i][j]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_fmadd_ps(x1, odd[j], acc[i][j]);
     }
   }
   if (K & 1) {  // the last k alone (its odd partner is padding)
-    const uint16_t* row = wp + pairs * kPairBytes;
-    const __m256 a0 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row)), 16));
-    const __m256 b0 = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16)), 16));
+    __m256 even[NV];
+    for (int j = 0; j < NV; ++j)
+      even[j] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + pairs * kPairBytes + 16 * j)),
+          16));
     for (int i = 0; i < MR; ++i) {
       const __m256 x0 = _mm256_set1_ps(x[i * ldx + K - 1]);
-      acc[i][0] = _mm256_fmadd_ps(x0, a0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(x0, b0, acc[i][1]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_fmadd_ps(x0, even[j], acc[i][j]);
     }
   }
   for (int i = 0; i < MR; ++i) {
-    float out[16];
-    _mm256_storeu_ps(out, acc[i][0]);
-    _mm256_storeu_ps(out + 8, acc[i][1]);
-    store_row(y + i * ldy, out, ncols);
+    float out[8 * NV];
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(out + 8 * j, acc[i][j]);
+    store_row(y + i * ldy, out, std::min<int64_t>(ncols, 8 * NV));
   }
 }
 
 template <int MR>
 PAGEDLLM_AVX2 void micro_avx2(const float* x, int64_t ldx, const uint16_t* wp, int64_t K,
                               float* y, int64_t ldy, int64_t ncols) {
-  half_avx2<MR>(x, ldx, wp, K, y, ldy, std::min<int64_t>(ncols, 16));
-  if (ncols > 16) half_avx2<MR>(x, ldx, wp + 32, K, y + 16, ldy, ncols - 16);
+  if constexpr (MR == 1) {
+    span_avx2<1, 4>(x, ldx, wp, K, y, ldy, ncols);
+  } else {
+    span_avx2<MR, 2>(x, ldx, wp, K, y, ldy, std::min<int64_t>(ncols, 16));
+    if (ncols > 16) span_avx2<MR, 2>(x, ldx, wp + 32, K, y + 16, ldy, ncols - 16);
+  }
 }
 
 // ---- avx512: a 512-bit load is 16 columns' (even, odd) pairs, two per panel row. NP = 2

@@ -69,8 +69,10 @@ class Bf16Experts(GroupedLinear):
         self.ops, self.min_bf16_rows = ops, min_bf16_rows
         width = ops.bf16_panel_width()
         panels, pairs = -(-n // width), -(-k // 2)
-        padded = weights.new_zeros(e, panels * width, 2 * pairs)
-        padded[:, :n, :k] = weights
+        padded = weights  # zero-padded to whole panels and pairs only where it is not
+        if (panels * width, 2 * pairs) != (n, k):
+            padded = weights.new_zeros(e, panels * width, 2 * pairs)
+            padded[:, :n, :k] = weights
         self.packed = padded.view(e, panels, width, pairs, 2).permute(0, 1, 3, 2, 4).contiguous()
 
     def run(self, xs: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
