@@ -42,7 +42,7 @@ namespace {
 #pragma GCC optimize("no-associative-math")
 
 constexpr int kNB = 32;                 // output columns per panel
-constexpr int64_t kPairBytes = kNB * 2;  // bf16 values per panel row (one k pair)
+constexpr int64_t kPanelRow = kNB * 2;   // bf16 values in one panel row (one k pair)
 constexpr int64_t kRowTile = 256;       // rows of one expert per work item
 constexpr int64_t kWideRows = 4;        // groups up to this many rows: two panels per pass
 
@@ -85,7 +85,7 @@ void micro_generic(const float* x, int64_t ldx, const uint16_t* wp, int64_t K, f
                    int64_t ldy, int64_t ncols) {
   float acc[MR][kNB] = {};
   for (int64_t k = 0; k < K; ++k) {
-    const uint16_t* row = wp + (k / 2) * kPairBytes + (k & 1);
+    const uint16_t* row = wp + (k / 2) * kPanelRow + (k & 1);
     float w[kNB];
     for (int j = 0; j < kNB; ++j) {
       const uint32_t bits = static_cast<uint32_t>(row[2 * j]) << 16;
@@ -118,7 +118,7 @@ PAGEDLLM_AVX2 __attribute__((noinline)) void span_avx2(const float* x, int64_t l
     __m256 even[NV], odd[NV];
     for (int j = 0; j < NV; ++j) {
       const __m256i v =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k2 * kPairBytes + 16 * j));
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k2 * kPanelRow + 16 * j));
       even[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
       odd[j] = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
     }
@@ -134,7 +134,7 @@ PAGEDLLM_AVX2 __attribute__((noinline)) void span_avx2(const float* x, int64_t l
     __m256 even[NV];
     for (int j = 0; j < NV; ++j)
       even[j] = _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + pairs * kPairBytes + 16 * j)),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + pairs * kPanelRow + 16 * j)),
           16));
     for (int i = 0; i < MR; ++i) {
       const __m256 x0 = _mm256_set1_ps(x[i * ldx + K - 1]);
@@ -197,7 +197,7 @@ PAGEDLLM_AVX512 __attribute__((noinline)) void micro_avx512(const float* x, int6
   for (int64_t k2 = 0; k2 < pairs; ++k2) {
     __m512 even[2 * NP], odd[2 * NP];
     for (int j = 0; j < 2 * NP; ++j) {
-      const __m512i v = _mm512_loadu_si512(wp + (j / 2) * ps + k2 * kPairBytes + (j % 2) * 32);
+      const __m512i v = _mm512_loadu_si512(wp + (j / 2) * ps + k2 * kPanelRow + (j % 2) * 32);
       even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       odd[j] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
     }
@@ -213,7 +213,7 @@ PAGEDLLM_AVX512 __attribute__((noinline)) void micro_avx512(const float* x, int6
     __m512 even[2 * NP];
     for (int j = 0; j < 2 * NP; ++j)
       even[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_loadu_si512(wp + (j / 2) * ps + pairs * kPairBytes + (j % 2) * 32), 16));
+          _mm512_loadu_si512(wp + (j / 2) * ps + pairs * kPanelRow + (j % 2) * 32), 16));
     for (int i = 0; i < MR; ++i) {
       const __m512 x0 = _mm512_set1_ps(x[i * ldx + K - 1]);
       for (int j = 0; j < 2 * NP; ++j) acc[i][j] = _mm512_fmadd_ps(x0, even[j], acc[i][j]);
@@ -236,7 +236,7 @@ PAGEDLLM_BF16 __attribute__((noinline)) void micro_bf16(const uint32_t* xb, int6
   for (int64_t k2 = 0; k2 < K2; ++k2) {
     __m512bh w[2 * NP];
     for (int j = 0; j < 2 * NP; ++j)
-      w[j] = (__m512bh)_mm512_loadu_si512(wp + (j / 2) * ps + k2 * kPairBytes + (j % 2) * 32);
+      w[j] = (__m512bh)_mm512_loadu_si512(wp + (j / 2) * ps + k2 * kPanelRow + (j % 2) * 32);
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
       const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[i * ldxb + k2]));
@@ -350,8 +350,8 @@ torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t
   const float* xp = x.data_ptr<float>();
   const uint16_t* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
-  const int64_t expert_stride = P * K2 * kPairBytes;
-  const int64_t panel_stride = K2 * kPairBytes;
+  const int64_t expert_stride = P * K2 * kPanelRow;
+  const int64_t panel_stride = K2 * kPanelRow;
   // AVX-512 items of a group of at most kWideRows rows span two panels (micro_avx512's NP)
   const bool avx512 = isa == Isa::avx512 || isa == Isa::avx512_bf16;
   auto wide = [&](int64_t rows) { return avx512 && rows <= kWideRows; };
