@@ -21,7 +21,11 @@ Workloads:
   layer   one MoE layer's experts (fp32) at 1, 32 and 512 tokens: the grouped C++ kernel
           calls against the per-expert torch.mm loop they replaced, and the time of the steps
           between and after them (SiLU * up, the weighted combine): what fusing them into the
-          GEMMs could save at most
+          GEMMs could save at most; the same experts in bf16: the grouped bf16 kernel against
+          the per-expert torch bf16 loop and against the fp32 grouped kernel, and the bf16
+          kernel's two paths (exact widened fp32 vs avx512_bf16 dot product) at 1 ... 128 rows
+          per expert, where grouped_bf16.MIN_BF16_ROWS comes from
+          (`--only layer` runs this workload alone, in a minute)
 Reach (issue #31): MoE decode at 1 sequence within 1.3x of the dense model; pagedllm's GGUF
 decode at 32 sequences >= llama.cpp's. Prints a table, writes JSON to --out.
 """
@@ -65,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="where the random models are written (default: a cache dir per size)")
     ap.add_argument("--quick", action="store_true",
                     help="hidden 256, 2 layers, width 256, 8 new tokens, concurrency 1 and 4")
+    ap.add_argument("--only", choices=["layer"], default=None,
+                    help="run one workload (no models written, no engines)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="layer workload: the calling thread's CPU time instead of wall time "
+                         "(with --threads 1 the kernels run in that thread; steadier on a "
+                         "shared machine, blind to waiting for memory no more than wall time)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.quick:
@@ -72,8 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.output_len, args.prefill_len, args.prefill_reps = 8, 64, 1
         args.concurrency = "1,4"
     args.levels = [int(c) for c in args.concurrency.split(",")]
+    if args.cpu_time and args.threads != 1:
+        ap.error("--cpu-time measures one thread: pass --threads 1")
+    name = "moe_quick" if args.quick else "moe"
     args.out = args.out or str(ROOT / "benchmarks/results" /
-                               ("moe_quick.json" if args.quick else "moe.json"))
+                               (f"{name}_{args.only}.json" if args.only else f"{name}.json"))
     return args
 
 
@@ -175,15 +188,20 @@ def llama_cpp_runs(gguf_path: Path, args) -> dict | None:
                                                                prefill["command"]]}
 
 
-def timed(fn, reps: int) -> float:
-    """Median ms of `reps` calls of fn (after one warm-up call)."""
+def timed(fn, reps: int, clock=time.perf_counter) -> float:
+    """Median ms of `reps` calls of fn (after one warm-up call), by `clock`."""
     fn()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return 1e3 * statistics.median(times)
+
+
+def clock(args):
+    """What the layer workload times by: wall time, or with --cpu-time the thread's CPU time."""
+    return time.thread_time if args.cpu_time else time.perf_counter
 
 
 @torch.inference_mode()
@@ -222,18 +240,89 @@ def layer_runs(args) -> dict:
         offsets = offsets_of(counts)
         reps = max(3, 200 // tokens)
         grouped = timed(lambda xs=xs, o=offsets: down.run(silu_and_mul(gate_up.run(xs, o)), o),
-                        reps)
-        looped = timed(lambda xs=xs, c=counts: loop(xs, c), reps)
+                        reps, clock(args))
+        looped = timed(lambda xs=xs, c=counts: loop(xs, c), reps, clock(args))
         # what fusing the elementwise steps into the GEMMs could save at most
         g = gate_up.run(xs, offsets)
-        silu = timed(lambda g=g: silu_and_mul(g), reps)
+        silu = timed(lambda g=g: silu_and_mul(g), reps, clock(args))
         y = down.run(silu_and_mul(g), offsets)
         w = weights.reshape(-1)[order]
         combine = timed(lambda y=y, w=w, t=order // args.top_k, n=tokens: torch.zeros(
-            n, args.hidden).index_add_(0, t, y * w.unsqueeze(1)), reps)
+            n, args.hidden).index_add_(0, t, y * w.unsqueeze(1)), reps, clock(args))
         out[tokens] = {"grouped_ms": grouped, "per_expert_loop_ms": looped,
                        "speedup": looped / grouped, "silu_mul_ms": silu,
-                       "weighted_combine_ms": combine}
+                       "weighted_combine_ms": combine,
+                       **bf16_runs(args, w_gate_up, w_down, xs, counts, offsets, reps)}
+    return out
+
+
+def bf16_experts_of(args, w_gate_up, w_down):
+    """The layer's experts held in bf16 for the grouped bf16 kernel (moe/grouped_bf16.py)."""
+    from pagedllm.model.layers.moe import StackedExperts
+
+    experts = StackedExperts(args.experts, args.hidden, args.expert_width).to(torch.bfloat16)
+    experts.gate_up_proj.copy_(w_gate_up)
+    experts.down_proj.copy_(w_down)
+    experts.finalize()
+    if not experts.bf16:
+        raise RuntimeError("the grouped bf16 kernel is not built here")
+    return experts.packed
+
+
+def bf16_runs(args, w_gate_up, w_down, xs, counts, offsets, reps) -> dict:
+    """The same rows through bf16 experts: the grouped bf16 kernel (fp32 rows in and out)
+    and the per-expert torch loop in bf16 (bf16 rows, torch.mm's bf16 GEMM), ms per call."""
+    from pagedllm.model.layers.activation import silu_and_mul
+
+    gate_up, down = bf16_experts_of(args, w_gate_up, w_down)
+    b_gate_up, b_down = w_gate_up.bfloat16(), w_down.bfloat16()
+
+    def loop(xb, counts):
+        out, start = torch.empty_like(xb), 0
+        for e, n in enumerate(counts):
+            if n:
+                h = silu_and_mul(torch.mm(xb[start:start + n], b_gate_up[e].t()))
+                torch.mm(h, b_down[e].t(), out=out[start:start + n])
+                start += n
+        return out
+
+    grouped = timed(lambda: down.run(silu_and_mul(gate_up.run(xs, offsets)), offsets), reps,
+                    clock(args))
+    xb = xs.bfloat16()
+    looped = timed(lambda: loop(xb, counts), reps, clock(args))
+    return {"bf16_grouped_ms": grouped, "bf16_per_expert_loop_ms": looped,
+            "bf16_speedup": looped / grouped}
+
+
+@torch.inference_mode()
+def bf16_threshold_runs(args) -> dict:
+    """Every expert's group `m` rows, the gate|up projection: the bf16 kernel's exact path
+    (x fp32, weights widened) against its dot-product path (x rounded to bf16, vdpbf16ps),
+    ms per call; where the second wins is grouped_bf16.MIN_BF16_ROWS. {} without
+    avx512_bf16."""
+    from pagedllm.kernels import cpu_ops
+    from pagedllm.model.layers.moe.grouped import offsets_of
+    from pagedllm.model.layers.moe.grouped_bf16 import Bf16Experts, isas
+
+    if "avx512_bf16" not in isas():
+        return {}
+    ops = cpu_ops.load()
+    w = (torch.randn(args.experts, 2 * args.expert_width, args.hidden)
+         * args.hidden ** -0.5).bfloat16()
+    exact = Bf16Experts(ops, w, min_bf16_rows=1 << 30)
+    dot = Bf16Experts(ops, w, min_bf16_rows=1)
+    out = {}
+    for m in (1, 2, 4, 8, 12, 16, 24, 32, 64, 128):
+        xs = torch.randn(m * args.experts, args.hidden)
+        offsets = offsets_of([m] * args.experts)
+        reps = max(5, 400 // m)
+        # interleaved A / B, so a busy machine's slow spells hit both
+        a, b = [], []
+        for _ in range(3):
+            a.append(timed(lambda xs=xs, o=offsets: exact.run(xs, o), reps, clock(args)))
+            b.append(timed(lambda xs=xs, o=offsets: dot.run(xs, o), reps, clock(args)))
+        out[m] = {"exact_ms": statistics.median(a), "bf16_dot_ms": statistics.median(b),
+                  "dot_speedup": statistics.median(a) / statistics.median(b)}
     return out
 
 
@@ -253,13 +342,29 @@ def table(res: dict) -> str:
             lines.append(f"{name:<12}" + "".join(
                 f"{res[a]['decode'][c]['output_tok_s'] / res[b]['decode'][c]['output_tok_s']:>13.2f}x"
                 for c in levels) + f"{res[a]['prefill']['prefill_tok_s'] / res[b]['prefill']['prefill_tok_s']:>11.2f}x")
-    lines.append("")
-    lines.append(f"{'layer tokens':<14}{'grouped ms':>12}{'loop ms':>12}{'speedup':>10}"
-                 f"{'silu*up ms':>12}{'combine ms':>12}")
+    return "\n".join([*lines, "", layer_table(res)])
+
+
+def layer_table(res: dict) -> str:
+    """The layer workload's rows: fp32 grouped vs loop, bf16, the bf16 kernel's paths."""
+    lines = [f"{'layer tokens':<14}{'grouped ms':>12}{'loop ms':>12}{'speedup':>10}"
+             f"{'silu*up ms':>12}{'combine ms':>12}"]
     for t, r in res["layer"].items():
         lines.append(f"{t:<14}{r['grouped_ms']:>12.3f}{r['per_expert_loop_ms']:>12.3f}"
                      f"{r['speedup']:>9.2f}x{r['silu_mul_ms']:>12.3f}"
                      f"{r['weighted_combine_ms']:>12.3f}")
+    lines.append("")
+    lines.append(f"{'bf16 tokens':<14}{'grouped ms':>12}{'bf16 loop ms':>14}{'vs loop':>10}"
+                 f"{'vs fp32 grouped':>17}")
+    for t, r in res["layer"].items():
+        lines.append(f"{t:<14}{r['bf16_grouped_ms']:>12.3f}{r['bf16_per_expert_loop_ms']:>14.3f}"
+                     f"{r['bf16_speedup']:>9.2f}x{r['grouped_ms'] / r['bf16_grouped_ms']:>16.2f}x")
+    if res.get("bf16_threshold"):
+        lines.append("")
+        lines.append(f"{'rows/expert':<14}{'exact ms':>12}{'bf16 dot ms':>13}{'dot speedup':>13}")
+        for m, r in res["bf16_threshold"].items():
+            lines.append(f"{m:<14}{r['exact_ms']:>12.3f}{r['bf16_dot_ms']:>13.3f}"
+                         f"{r['dot_speedup']:>12.2f}x")
     return "\n".join(lines)
 
 
@@ -270,6 +375,8 @@ def main(argv: list[str] | None = None) -> dict:
     from benchmarks.peers import machine_info
 
     res: dict = {"machine": machine_info(), "args": vars(args).copy()}
+    if args.only == "layer":
+        return report_and_save(res, args, layer_only=True)
     paths = build_models(args)
     prompts = prompts_of(paths["moe"], max(args.levels), args.prompt_len)
     long_prompts = prompts_of(paths["moe"], args.prefill_reps, args.prefill_len)
@@ -280,8 +387,16 @@ def main(argv: list[str] | None = None) -> dict:
         res[name] = pagedllm_runs(paths[model], args, prompts, long_prompts, env)
     if not args.no_llama_cpp:
         res["llama.cpp"] = llama_cpp_runs(paths["gguf"], args)
+    return report_and_save(res, args)
+
+
+def report_and_save(res: dict, args, layer_only: bool = False) -> dict:
+    """Print the table and write the JSON (`layer_only`: the layer workloads are run here)."""
+    if layer_only:
+        res["layer"] = layer_runs(args)
+    res["bf16_threshold"] = bf16_threshold_runs(args)
     res["machine"]["load_after"] = os.getloadavg()[0]
-    report = table(res)
+    report = layer_table(res) if layer_only else table(res)
     print(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2, default=str))

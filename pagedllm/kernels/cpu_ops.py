@@ -35,14 +35,14 @@ from pagedllm.errors import EngineError
 logger = logging.getLogger(__name__)
 # Kernel families, each its own extension module, built the first time something asks for
 # it: "core" is what every model on the CPU path runs (attention, the fp32 and bf16-weight
-# GEMMs and fused ops,
-# GGUF blocks with fp32 or int8 activations, the C++ decode loop, which calls only these);
+# GEMMs and fused ops, GGUF blocks with fp32 or int8 activations, bf16 MoE experts, the C++
+# decode loop, which calls only these);
 # "int" holds the AWQ / GPTQ int4, int8 and W8A8 kernels of HF quantized checkpoints and
 # `--quantization int8`, which a GGUF or float model never builds.
 FAMILIES = {
     "core": ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "bf16_linear_cpu.cpp", "fused_cpu.cpp",
              "quant_gguf_cpu.cpp", "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp", "decode_layers_cpu.cpp",
-             "varlen_attention_cpu.cpp", "bindings.cpp"),
+             "varlen_attention_cpu.cpp", "grouped_bf16_cpu.cpp", "bindings.cpp"),
     "int": ("quant_int_cpu.cpp", "quant_w8a8_cpu.cpp"),
 }
 

@@ -22,10 +22,14 @@ Rows are added in ascending expert order, the order HF's per-expert loop adds th
 
 `finalize` (after loading) stacks each projection for the grouped C++ kernels
 (grouped.py; kernels/grouped_cpu.h): one call per projection runs every expert's rows, no
-Python loop per expert. (Where Triton is enabled, dense experts stay dense: moe/dispatch.py
-runs them with the Triton fused-MoE kernel instead of this forward.) Where they do not apply (another device, bf16, autograd, mixed
-quantized formats) `reference` runs one GEMM pair per expert in torch; the grouped kernels
-are tested equal to it.
+Python loop per expert. fp32 experts get fp32 panels; bf16 experts (a model loaded in
+bfloat16) stay bf16 in the panels of the grouped bf16 kernel (grouped_bf16.py), which takes
+fp32 rows: bf16 activations are widened at the entry and the result rounded back, so bf16
+weights serve both an all-bf16 model and one with fp32 activations. (Where Triton is
+enabled, dense experts stay dense: moe/dispatch.py runs them with the Triton fused-MoE kernel
+instead of this forward.) Where they do not apply (another device, autograd, mixed quantized
+formats) `reference` runs one GEMM pair per expert in torch; the grouped kernels are tested
+equal to it.
 
 Experts whose checkpoint weights arrive quantized (`QuantizedWeight`: GGUF blocks, int8 made
 at load, ...) stay so: `finalize` fuses each expert's gate and up and frees the dense storage
@@ -48,6 +52,7 @@ from pagedllm.model.layers.moe.grouped import (
     offsets_of,
     packed_experts,
 )
+from pagedllm.model.layers.moe.grouped_bf16 import Bf16Experts, bf16_experts
 from pagedllm.model.layers.moe.grouped_quant import stack_quantized
 from pagedllm.model.layers.quant import QuantizedWeight, concat_quantized
 
@@ -71,6 +76,17 @@ class QuantizedExperts:
     @property
     def format(self) -> str:
         return self.down[0].format
+
+
+DenseGrouped = PackedExperts | Bf16Experts
+
+
+def dense_grouped(weights: torch.Tensor) -> DenseGrouped | None:
+    """Float stacked experts [E, N, K] packed for the grouped kernel of their dtype (fp32:
+    grouped.PackedExperts, bf16: grouped_bf16.Bf16Experts), or None (the reference runs)."""
+    if weights.dtype == torch.bfloat16:
+        return bf16_experts(weights)
+    return packed_experts(weights)
 
 
 def group_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, list[int]]:
@@ -112,15 +128,22 @@ class StackedExperts(nn.Module):
         )
         self._quantized: dict[tuple[int, str], QuantizedWeight] = {}
         self.quant: QuantizedExperts | None = None  # set by finalize for quantized weights
-        # fp32 experts stacked for the grouped kernel (set by finalize on CPU)
-        self.packed: tuple[PackedExperts, PackedExperts] | None = None
+        # fp32 / bf16 experts stacked for their grouped kernel (set by finalize on CPU)
+        self.packed: tuple[DenseGrouped, DenseGrouped] | None = None
 
-    def finalize(self) -> None:
-        """Called once after loading: fp32 experts are packed for the grouped kernel (the
-        dense storage freed), experts loaded quantized become `quant` (gate and up fused per
-        expert, stacked for their format's grouped kernel); all or none must be quantized."""
+    def finalize(self, weight_dtype: torch.dtype | None = None) -> None:
+        """Called once after loading: fp32 and bf16 experts are packed for the grouped kernel
+        of their dtype (the dense storage freed), experts loaded quantized become `quant`
+        (gate and up fused per expert, stacked for their format's grouped kernel); all or none
+        must be quantized.
+
+        `weight_dtype` holds dense experts in another float dtype than they were loaded in
+        (None: as loaded): bfloat16 on an fp32 model is the CPU regime of bf16 weights with
+        fp32 activations, which the grouped bf16 kernel runs as it is."""
         if not self._quantized:
-            gate_up, down = packed_experts(self.gate_up_proj), packed_experts(self.down_proj)
+            if weight_dtype is not None:
+                self._convert_dense(weight_dtype)
+            gate_up, down = dense_grouped(self.gate_up_proj), dense_grouped(self.down_proj)
             if gate_up is not None and down is not None:
                 self.packed = (gate_up, down)
                 self.register_buffer("packed_gate_up", gate_up.packed, persistent=False)
@@ -143,6 +166,14 @@ class StackedExperts(nn.Module):
             self.quant = QuantizedExperts(gate_up, down)
         self._quantized = {}
         self._free_dense()
+
+    def _convert_dense(self, dtype: torch.dtype) -> None:
+        if not dtype.is_floating_point:
+            raise ValueError(f"experts' weight_dtype must be a float dtype, got {dtype}")
+        for name in ("gate_up_proj", "down_proj"):
+            old = getattr(self, name)
+            if old.dtype != dtype:
+                setattr(self, name, nn.Parameter(old.detach().to(dtype), requires_grad=False))
 
     def _free_dense(self) -> None:
         for name in ("gate_up_proj", "down_proj"):
@@ -195,6 +226,11 @@ class StackedExperts(nn.Module):
         return self.quant is None and self.packed is None
 
     @property
+    def bf16(self) -> bool:
+        """Whether the experts are held in the grouped bf16 kernel's panels (fp32 rows in)."""
+        return self.packed is not None and isinstance(self.packed[0], Bf16Experts)
+
+    @property
     def weight_nbytes(self) -> int:
         """Bytes the experts' weights occupy, in whatever format they are held."""
         if self.quant is not None:
@@ -212,7 +248,11 @@ class StackedExperts(nn.Module):
         """sum over each token's k experts of weight * expert(x): x [T, H], weights / ids
         [T, k] -> [T, H]. Each token's rows are added in expert order (`index_add_`; the
         small-batch path's `sum(0)` of one token's rows adds them in the same order), as the
-        C++ MoE block (kernels/moe_decode_cpu.h) does: they agree to the bit."""
+        C++ MoE block (kernels/moe_decode_cpu.h) does: they agree to the bit.
+        bf16 x on bf16-packed experts runs as fp32 rows (the kernel's input), the result
+        rounded back to bf16."""
+        if x.dtype == torch.bfloat16 and self.bf16 and not x.requires_grad:
+            return self.forward(x.float(), weights, ids).to(x.dtype)
         grouped = self.grouped
         if grouped is not None and 0 < ids.numel() <= SMALL_BATCH and kernel_applies(x):
             return self._forward_small(x, weights, ids, grouped)
