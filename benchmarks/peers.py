@@ -229,6 +229,7 @@ class Run:
         self.tok = None  # pagedllm's tokenizer and KV bytes/token, from the first engine built
         self.kv_bytes_per_token = 0
         self.vllm_load_s: dict[str, float] = {}  # engine -> seconds its LLM(...) took
+        self._hf_dir: Path | None = None
         self._check_engines()
 
     def _check_engines(self) -> None:
@@ -273,7 +274,12 @@ class Run:
             return None
 
     def cmd(self, text: str) -> None:
+        """Record a peer's command line as the docs show it: $PEERS, $MODEL and $HF_DIR for
+        the paths, this checkout's files relative to its root."""
         text = text.replace(str(self.peer_dir), "$PEERS").replace(str(self.model_path), "$MODEL")
+        if any(e in self.engines for e in vllm.DTYPES):
+            text = text.replace(str(self.hf_dir()), "$HF_DIR")
+        text = text.replace(f"{ROOT}/", "")
         if text not in self.peer_commands:
             self.peer_commands.append(text)
 
@@ -375,16 +381,19 @@ class Run:
                 self._store(self.res["offline"], engine, row, int(c))
         if want_prefill:
             self._store(self.res["prefill"], engine, out["prefill"])
-        self.cmd(f"vLLM {vllm.VERSION} (CPU): LLM(model=HF_DIR, dtype='{dtype}', "
+        self.cmd(f"vLLM {vllm.VERSION} (CPU): LLM(model=$HF_DIR, dtype='{dtype}', "
                  f"max_num_seqs={max(levels)}, enable_prefix_caching=False).generate in batches "
                  f"of c; VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-{a.threads - 1}")
 
     def hf_dir(self) -> Path:
         """The HF directory of the model (vLLM's input): for a GGUF, pagedllm's conversion
-        cache entry, whose fp32 safetensors are exactly the weights pagedllm runs."""
+        cache entry, whose fp32 safetensors are exactly the weights pagedllm runs (looked up
+        once: the lookup reads the checkpoint)."""
         from pagedllm.loader import hf_reference_dir
 
-        return hf_reference_dir(self.model_arg)
+        if self._hf_dir is None:
+            self._hf_dir = hf_reference_dir(self.model_arg)
+        return self._hf_dir
 
     @staticmethod
     def _store(section: dict, engine: str, value, level: int | None = None) -> None:

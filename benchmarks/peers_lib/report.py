@@ -357,6 +357,7 @@ Commands the harness ran for llama.cpp and vLLM (`$PEERS` is `--peer-dir`, defau
 
 ```bash
 MODEL=$(python -c "from pagedllm.loader import default_model_path; print(default_model_path())")
+HF_DIR=$(python -c "from pagedllm.loader import hf_reference_dir; print(hf_reference_dir(None))")
 {chr(10).join(cmds)}
 ```
 """]

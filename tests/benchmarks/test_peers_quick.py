@@ -227,3 +227,22 @@ def test_vllm_is_prepared_on_request_and_never_by_a_full_run(monkeypatch, caplog
     peers.auto_prepare(_args("--peer-dir", str(tmp_path), "--peers", f"pagedllm,{engine}"))
     assert made == [tmp_path.resolve()]
     assert "vLLM's venv is missing" in caplog.text
+
+
+def test_peer_commands_name_their_paths_by_variable(tmp_path):
+    """The docs' command lines use $PEERS / $HF_DIR and paths relative to the checkout."""
+    from benchmarks import peers
+    from benchmarks.peers_lib import vllm
+
+    (tmp_path / "vllm-venv" / "bin").mkdir(parents=True)
+    (tmp_path / "vllm-venv" / "bin" / "python").write_text("")
+    (tmp_path / "vllm-venv" / "pagedllm-ok").write_text(vllm.VERSION)
+    run = peers.Run(_args("--quick", "--peer-dir", str(tmp_path), "--peers", "pagedllm,vllm-bf16"))
+    assert "vllm-bf16" in run.engines and run.res["skipped"]["vllm"] == "not selected (--peers)"
+    assert vllm.installed_version(tmp_path) == vllm.VERSION
+    run.cmd(" ".join(vllm.server_command(run.peer_dir, run.hf_dir(), dtype="bfloat16", port=7,
+                                         max_num_seqs=32, max_model_len=1216)))
+    assert run.peer_commands == [
+        "$PEERS/vllm-venv/bin/python benchmarks/peers_lib/vllm.py cli serve $HF_DIR --port 7 "
+        "--dtype bfloat16 --max-model-len 1216 --max-num-seqs 32 --no-enable-prefix-caching "
+        "--disable-log-stats --served-model-name model"]
