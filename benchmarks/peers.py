@@ -436,7 +436,10 @@ class Run:
 
         a = self.args
         logs = self.out_dir / "logs"
+        # prefix caching off, as for `vllm serve`: each level re-sends the first prompts of the
+        # one before (same seed) and every run its warm-up prompt, which a cache would serve
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in self.engine_args.items()]
+        flags.append("--no-enable-prefix-caching")
         ctx = self.serving_ctx()
         with contextlib.ExitStack() as stack:
             port = free_port()

@@ -391,6 +391,8 @@ def _notes(res: dict) -> str:
         "llama-cpp-python's `Llama.eval`.",
         "Serving: `benchmarks/serving.py`'s client (streaming `/v1/completions`, token-id "
         "prompts) against one `pagedllm serve` per pagedllm engine for all levels, "
+        "prefix caching off in pagedllm and vLLM (each level re-sends prompts of the one "
+        "before), "
         "`llama-server --parallel N` started for each level (N = clients) and one `vllm "
         "serve` per dtype (`--max-num-seqs` = the largest level) for all levels.",
     ]
