@@ -2,7 +2,7 @@
 vLLM (CPU), same model, same machine, one run.
 
     nice -n 19 python benchmarks/peers.py --prepare    # optional: build the peers ahead
-    python benchmarks/peers.py --write-docs            # full run (~10 min on 2 cores); builds
+    python benchmarks/peers.py --write-docs            # full run (~40 min on 2 cores); builds
                                                        # missing peers first (~25 min once;
                                                        # --no-prepare: skip them)
     python benchmarks/peers.py --quick --out /tmp/p    # smoke test (tiny sizes, under a minute)
