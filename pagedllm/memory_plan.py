@@ -108,19 +108,21 @@ def parameter_counts(cfg: SimpleNamespace) -> tuple[int, int]:
 
 def bf16_linear_weight_bytes(cfg: SimpleNamespace) -> int:
     """Weight bytes with bf16 matrices under fp32 compute (`--dtype bfloat16` on CPU,
-    model/layers/quant/bf16.py): the decoder layers' attention and MLP matrices, the
-    embedding table and the lm_head (one table when tied) at 2 bytes, norms and biases at 4. A MoE
-    model's routed experts and multi-head latent attention are counted at 4 bytes (an upper
-    bound: they are not `Linear` layers)."""
+    model/layers/quant/bf16.py): the decoder layers' attention and MLP matrices (a MoE
+    model's routers, routed and shared experts, model/layers/moe/experts.py, and dense MLPs),
+    the embedding table and the lm_head (one table when tied) at 2 bytes, norms and biases at
+    4. Multi-head latent attention is counted at 4 bytes (an upper bound: its absorbed
+    projections are not `Linear` layers)."""
     total, _ = parameter_counts(cfg)
     h, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     hd = getattr(cfg, "head_dim", None) or h // heads
     attn = 0 if latent_kv_dims(cfg) is not None else 2 * h * heads * hd + 2 * h * kv * hd
-    mlp = 0 if MoESpec.from_config(cfg) is not None else 3 * h * cfg.intermediate_size
+    moe = MoESpec.from_config(cfg)
+    mlp = moe.mlp_parameters()[0] if moe is not None else layers * 3 * h * cfg.intermediate_size
     tables = vocab * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
-    matrices = layers * (attn + mlp) + tables
+    matrices = layers * attn + mlp + tables
     return (total - matrices) * 4 + matrices * 2
 
 
@@ -316,5 +318,6 @@ def _plan(cfg: SimpleNamespace, spec: KVCacheSpec, dtype: torch.dtype, max_len: 
                       kv_budget=budget, num_blocks=blocks,
                       full_length_seqs=usable // per_seq_blocks, pairs=pairs, moe=moe,
                       parameters=total, active_parameters=active,
-                      expert_bytes=_expert_bytes(cfg, moe, wbytes, measured=weights_measured),
+                      expert_bytes=_expert_bytes(cfg, moe, 2 if bf16_linear else wbytes,
+                                                 measured=weights_measured),
                       bf16_linear=bf16_linear)

@@ -276,22 +276,19 @@ def held_experts(llm) -> list[StackedExperts]:
 
 @pytest.mark.parametrize("family", ENGINE_FAMILIES)
 def test_bf16_experts_with_fp32_activations_agree_with_hf_fp32(family, moe_dirs, make_llm,
-                                                               hf_reference,
-                                                               monkeypatch) -> None:
-    """The contract's regime (bf16 weights, fp32 activations), the experts finalized in bf16
-    as the engine's weight dtype will ask: 8 prompts of 1 ... 75 tokens prefilled together
-    (groups of both paths), 20 greedy tokens each, equal to HF's in fp32 up to the first
-    difference, where each side's token is among the other's top 5 (vLLM's
-    check_logprobs_close)."""
-    import functools
+                                                               hf_reference) -> None:
+    """`--dtype bfloat16` on CPU (bf16 weights, fp32 activations): the experts are held in
+    bf16 like the linear layers (StackedExperts reads the weight dtype at construction):
+    8 prompts of 1 ... 75 tokens prefilled together (groups of both paths), 20 greedy tokens
+    each, equal to HF's in fp32 up to the first difference, where each side's token is among
+    the other's top 5 (vLLM's check_logprobs_close)."""
     from types import SimpleNamespace
 
     from tests.model.quant.test_int8_engine import check_logprobs_close
     from tests.model.test_vs_hf import PROMPTS
 
-    monkeypatch.setattr(StackedExperts, "finalize", functools.partialmethod(
-        StackedExperts.finalize, weight_dtype=torch.bfloat16))
-    llm = make_llm(moe_dirs[family], dtype="float32")
+    llm = make_llm(moe_dirs[family], dtype="bfloat16")
+    assert llm.llm_engine.config.torch_dtype == torch.float32
     assert all(m.bf16 for m in held_experts(llm)) and held_experts(llm)
     same = []
     for prompt, out in zip(PROMPTS, greedy(llm), strict=True):
@@ -303,13 +300,10 @@ def test_bf16_experts_with_fp32_activations_agree_with_hf_fp32(family, moe_dirs,
 
 
 @pytest.mark.parametrize("family", ENGINE_FAMILIES)
-def test_an_all_bf16_model_runs_the_grouped_kernel(family, moe_dirs, make_llm,
-                                                   monkeypatch) -> None:
-    """dtype=bfloat16 as this tree loads it (activations bf16 too): the experts take the
-    grouped bf16 kernel (bf16 rows widened at its entry) and agree by vLLM's rule with the
-    same model on the per-expert torch loop. (Against HF in fp32 such a model may fail the
-    rule on the tiny Mixtral whichever runs the experts: its bf16 residual stream and
-    attention move near-ties.)"""
+def test_the_grouped_bf16_kernel_agrees_with_the_per_expert_loop(family, moe_dirs, make_llm,
+                                                                 monkeypatch) -> None:
+    """`--dtype bfloat16`: the experts take the grouped bf16 kernel and agree by vLLM's rule
+    with the same model whose bf16 experts run the per-expert torch loop."""
     from pagedllm.model.layers.moe import experts as experts_module
     from tests.model.quant.test_int8_engine import check_logprobs_close
 
@@ -318,6 +312,7 @@ def test_an_all_bf16_model_runs_the_grouped_kernel(family, moe_dirs, make_llm,
     monkeypatch.setattr(experts_module, "bf16_experts", lambda weights: None)
     loop = make_llm(moe_dirs[family], dtype="bfloat16")
     assert not any(m.bf16 for m in held_experts(loop))
+    assert all(m.gate_up_proj.dtype == torch.bfloat16 for m in held_experts(loop))
     same = [check_logprobs_close(a, b) for a, b in zip(greedy(grouped), greedy(loop),
                                                           strict=True)]
     assert min(same) >= 1, same

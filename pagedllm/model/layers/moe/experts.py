@@ -22,8 +22,9 @@ Rows are added in ascending expert order, the order HF's per-expert loop adds th
 
 `finalize` (after loading) stacks each projection for the grouped C++ kernels
 (grouped.py; kernels/grouped_cpu.h): one call per projection runs every expert's rows, no
-Python loop per expert. fp32 experts get fp32 panels; bf16 experts (a model loaded in
-bfloat16) stay bf16 in the panels of the grouped bf16 kernel (grouped_bf16.py), which takes
+Python loop per expert. fp32 experts get fp32 panels; bf16 experts (`--dtype bfloat16` or
+auto's bf16 on CPU, read at construction like the linear layers' weight dtype, or a model
+loaded in bfloat16) are held in the panels of the grouped bf16 kernel (grouped_bf16.py), which takes
 fp32 rows: bf16 activations are widened at the entry and the result rounded back, so bf16
 weights serve both an all-bf16 model and one with fp32 activations. (Where Triton is
 enabled, dense experts stay dense: moe/dispatch.py runs them with the Triton fused-MoE kernel
@@ -55,6 +56,7 @@ from pagedllm.model.layers.moe.grouped import (
 from pagedllm.model.layers.moe.grouped_bf16 import Bf16Experts, bf16_experts
 from pagedllm.model.layers.moe.grouped_quant import stack_quantized
 from pagedllm.model.layers.quant import QuantizedWeight, concat_quantized
+from pagedllm.model.layers.quant.dense import linear_weight_dtype
 
 EXPERT_PARTS = ("gate", "up", "down")
 
@@ -130,6 +132,10 @@ class StackedExperts(nn.Module):
         self.quant: QuantizedExperts | None = None  # set by finalize for quantized weights
         # fp32 / bf16 experts stacked for their grouped kernel (set by finalize on CPU)
         self.packed: tuple[DenseGrouped, DenseGrouped] | None = None
+        # the dtype dense experts are held in once loaded, as for the model's linear layers
+        # (quant/dense.linear_weights: bf16 on CPU under `--dtype bfloat16` / auto; None: as
+        # loaded)
+        self.weight_dtype = linear_weight_dtype()
 
     def finalize(self, weight_dtype: torch.dtype | None = None) -> None:
         """Called once after loading: fp32 and bf16 experts are packed for the grouped kernel
@@ -138,8 +144,10 @@ class StackedExperts(nn.Module):
         must be quantized.
 
         `weight_dtype` holds dense experts in another float dtype than they were loaded in
-        (None: as loaded): bfloat16 on an fp32 model is the CPU regime of bf16 weights with
-        fp32 activations, which the grouped bf16 kernel runs as it is."""
+        (None: the dtype the layer was constructed under, `linear_weight_dtype`, else as
+        loaded): bfloat16 on an fp32 model is the CPU regime of bf16 weights with fp32
+        activations, which the grouped bf16 kernel runs as it is."""
+        weight_dtype = weight_dtype or self.weight_dtype
         if not self._quantized:
             if weight_dtype is not None:
                 self._convert_dense(weight_dtype)
