@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="layer workload: the calling thread's CPU time instead of wall time "
                          "(with --threads 1 the kernels run in that thread; steadier on a "
                          "shared machine, blind to waiting for memory no more than wall time)")
+    ap.add_argument("--dtype", default="auto",
+                    help="pagedllm's --dtype for both models (auto: bf16 weights on CPUs with "
+                         "bf16 matrix instructions, config/dtype.py; float32 pins fp32)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.quick:
@@ -162,9 +165,10 @@ def _pagedllm_runs(model: Path, args, prompts, long_prompts) -> dict:
     res: dict = {"decode": {}}
     for c in args.levels:
         res["decode"][c] = pagedllm_offline(str(model), args.threads, prompts[:c],
-                                            args.output_len, c, {})
+                                            args.output_len, c, {"dtype": args.dtype})
         logger.info("%s c=%d: %.1f tok/s", model.name, c, res["decode"][c]["output_tok_s"])
-    llm = new_llm(str(model), args.threads, max_num_seqs=1)
+    llm = new_llm(str(model), args.threads, max_num_seqs=1, dtype=args.dtype)
+    res["linear_dtype"] = str(llm.llm_engine.config.linear_dtype).removeprefix("torch.")
     res["prefill"] = pagedllm_prefill(llm, long_prompts)
     del llm
     return res

@@ -8,8 +8,9 @@ vLLM (CPU), same model, same machine, one run.
     python benchmarks/peers.py --quick --out /tmp/p    # smoke test (tiny sizes, under a minute)
 
 pagedllm runs in every section with its default path (GGUF blocks kept quantized, C++
-kernels), `--quantization none` (dequantized fp32, "pagedllm-fp32") and `--dtype bfloat16
---quantization none` (the dequantized weights held in bf16, "pagedllm-bf16"), interleaved.
+kernels), `--quantization none --dtype float32` (dequantized fp32, "pagedllm-fp32") and
+`--dtype bfloat16 --quantization none` (the dequantized weights held in bf16,
+"pagedllm-bf16"), interleaved.
 vLLM runs twice: dtype float32 ("vllm") and bfloat16 ("vllm-bf16", its fast CPU path).
 Workloads (greedy, ignore_eos, `--threads` everywhere):
   offline     output tok/s at concurrency 1, 8, 32, 64 (128-token prompts, 128 new tokens):
@@ -61,13 +62,14 @@ from pagedllm.entrypoints.launcher import ServerProcess, free_port  # noqa: E402
 logger = logging.getLogger("benchmarks.peers")
 # "pagedllm" runs the default flags (a GGUF's weights stay quantized; int8 activations where the
 # kernels have VNNI, kernels/cpu_features.py); "pagedllm-exact" the GGUF blocks with fp32
-# activations (--no-int8-activations); "pagedllm-fp32" --quantization none (weights
-# dequantized to fp32, the path before issue 12); "pagedllm-bf16" those weights held in bf16.
+# activations (--no-int8-activations); "pagedllm-fp32" --quantization none --dtype float32
+# (weights dequantized to fp32, the path before issue 12); "pagedllm-bf16" those weights held in bf16.
 # "vllm" / "vllm-bf16": vLLM's dtype float32 / bfloat16 (peers_lib/vllm.py DTYPES).
 ENGINES = ("pagedllm", "pagedllm-fp32", "hf", "llama.cpp", "llama-cpp-python", "vllm",
            "vllm-bf16", "pagedllm-int8", "pagedllm-w8a8", "pagedllm-a8", "pagedllm-exact",
            "pagedllm-bf16")
-FP32 = {"quantization": "none"}
+# (dtype pinned: `auto` holds dequantized weights in bf16 on CPUs with bf16 matrix instructions)
+FP32 = {"quantization": "none", "dtype": "float32"}
 # pagedllm's int8 paths: engine args added to the default run's (--quantization int8 [W8A8])
 PAGED_VARIANTS = {"pagedllm-int8": {"quantization": "int8", "int8_activations": False},
                   "pagedllm-w8a8": {"quantization": "int8", "int8_activations": True},
@@ -75,7 +77,8 @@ PAGED_VARIANTS = {"pagedllm-int8": {"quantization": "int8", "int8_activations": 
                   "pagedllm-exact": {"int8_activations": False},  # GGUF blocks, fp32 act.
                   "pagedllm-bf16": {"dtype": "bfloat16", "quantization": "none"}}
 # pagedllm servers besides the default one, with their extra flags
-PAGED_SERVERS = {"pagedllm-fp32": ["--quantization=none"], "pagedllm-a8": ["--int8-activations"],
+PAGED_SERVERS = {"pagedllm-fp32": ["--quantization=none", "--dtype=float32"],
+                 "pagedllm-a8": ["--int8-activations"],
                  "pagedllm-exact": ["--no-int8-activations"],
                  "pagedllm-bf16": ["--dtype=bfloat16", "--quantization=none"]}
 SECTIONS = ("offline", "prefill", "serving", "block-sweep", "kv", "perplexity")

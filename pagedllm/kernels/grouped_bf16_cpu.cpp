@@ -24,7 +24,7 @@
 // product does twice the multiply-adds per instruction (grouped_bf16.py's MIN_BF16_ROWS has
 // the numbers). y is fp32 [R, N].
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
-#include "torch_lite_cpu.h"
+#include "kernels_cpu.h"
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdint>
@@ -332,7 +332,7 @@ std::vector<std::string> bf16_isas() {
 }
 
 // y [R, N] = rows of expert e times W_e^T (module comment). `isa` "" picks this CPU's best.
-torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
+torch::Tensor grouped_linear_impl(torch::Tensor x, torch::Tensor packed, int64_t N,
                                   torch::Tensor offsets, int64_t min_bf16_rows,
                                   const std::string& isa_name) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
@@ -420,6 +420,14 @@ torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t
 
 #pragma GCC pop_options
 }  // namespace
+
+// (kernels_cpu.h: also called by the C++ decode loop's MoE block, moe_decode_cpu.h)
+torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
+                                  torch::Tensor offsets, int64_t min_bf16_rows,
+                                  const std::string& isa_name) {
+  return grouped_linear_impl(std::move(x), std::move(packed), N, std::move(offsets),
+                             min_bf16_rows, isa_name);
+}
 
 void register_bf16_grouped_kernels(pybind11::module_& m) {
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();

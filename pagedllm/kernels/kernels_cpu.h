@@ -28,6 +28,9 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
 std::string bf16_linear_isa();
 torch::Tensor grouped_packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
                                     torch::Tensor offsets);
+torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
+                                  torch::Tensor offsets, int64_t min_bf16_rows,
+                                  const std::string& isa_name);
 void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,

@@ -34,8 +34,8 @@ struct ExpertsRef {
   ExpertsRef(int64_t kind_, int64_t fmt_, int64_t N_, int64_t K_, int64_t rows_,
              std::vector<torch::Tensor> t_)
       : kind(kind_), fmt(fmt_), N(N_), K(K_), rows(rows_), t(std::move(t_)) {
-    const size_t want = kind == kPacked || kind == kGGUFRows ? 1 : kind == kGGUFPanels ? 5
-                        : kind == kA8Panels ? 3 : 0;
+    const size_t want = kind == kPacked || kind == kGGUFRows || kind == kBf16 ? 1
+                        : kind == kGGUFPanels ? 5 : kind == kA8Panels ? 3 : 0;
     TORCH_CHECK(want && t.size() == want, "ExpertsRef: kind ", kind, " takes ", want, " tensors");
     TORCH_CHECK(t[0].dim() >= 1 && t[0].size(0) > 0,
                 "ExpertsRef: tensors must be stacked [E, ...]");
@@ -50,6 +50,8 @@ struct ExpertsRef {
       case kGGUFPanels:
         return gguf_grouped_linear(xs, fmt, N, t[0], t[1], t[2], t[3], t[4], offsets, rows);
       case kGGUFRows: return gguf_a8_grouped_linear(xs, fmt, t[0], K, offsets, rows);
+      // rows: the group size from which x is rounded for the bf16 dot product; this CPU's ISA
+      case kBf16: return bf16_grouped_linear(xs, t[0], N, offsets, rows, "");
       default: return a8_panel_grouped_linear(xs, fmt, t[0], t[1], t[2], N, offsets);
     }
   }

@@ -177,6 +177,9 @@ def test_engine_names_parse_and_every_engine_has_a_report_name():
     assert args.peers == ["pagedllm", "pagedllm-bf16", "vllm", "vllm-bf16"]
     assert peers.PAGED_VARIANTS["pagedllm-bf16"] == {"dtype": "bfloat16", "quantization": "none"}
     assert peers.PAGED_SERVERS["pagedllm-bf16"] == ["--dtype=bfloat16", "--quantization=none"]
+    # fp32 pinned: `auto` would hold the dequantized weights in bf16 on bf16-capable CPUs
+    assert peers.FP32["dtype"] == "float32"
+    assert "--dtype=float32" in peers.PAGED_SERVERS["pagedllm-fp32"]
     assert set(peers.ENGINES) == {"pagedllm", *report.PEERS}
     assert set(report.NAMES) == set(peers.ENGINES)
     assert report.NAMES["vllm"] == "vLLM fp32" and report.NAMES["vllm-bf16"] == "vLLM bf16"

@@ -58,6 +58,17 @@ def test_fused_equals_layers(moe_dirs, make_llm, monkeypatch, family: str,
     check_loop_equals_torch_layers(llm, [*PROMPTS, *PROMPTS][:max_num_seqs], monkeypatch)
 
 
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_bf16_experts_in_the_loop(moe_dirs, make_llm, monkeypatch, family: str) -> None:
+    """`--dtype bfloat16` on CPU: bf16 linear layers and bf16 experts (the grouped bf16
+    kernel, groups on both sides of its bf16 dot product threshold at 12 sequences) run in
+    the loop, equal to the Python layers."""
+    llm = make_llm(moe_dirs[family], dtype="bfloat16", max_num_seqs=12,
+                   enable_prefix_caching=False)
+    assert blocks(llm) and all(b.experts.bf16 for b in blocks(llm))
+    check_loop_equals_torch_layers(llm, [*PROMPTS, *PROMPTS][:12], monkeypatch)
+
+
 def test_mixtral_with_the_loop_matches_hf(moe_dirs, make_llm, hf_reference) -> None:
     llm = make_llm(moe_dirs["mixtral"])
     assert isinstance(decoder(llm).fused_decode(), FusedDecode)
@@ -101,9 +112,10 @@ def test_gguf_experts_in_the_loop(tmp_path, tiny_tokenizer, make_llm, monkeypatc
 
 
 def routed_block(num_experts: int, top_k: int, renormalize: bool, seed: int,
-                 router: torch.Tensor | None = None) -> FusedMoE:
+                 router: torch.Tensor | None = None,
+                 expert_dtype: torch.dtype | None = None) -> FusedMoE:
     """A random block (`router`: the router's weight [E, 32], else random), finalized as
-    loading does (router packed, experts stacked for the grouped kernel)."""
+    loading does (router packed, experts stacked for the grouped kernel of `expert_dtype`)."""
     block = FusedMoE(32, 48, RouterSpec(num_experts, top_k, renormalize=renormalize))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -112,14 +124,16 @@ def routed_block(num_experts: int, top_k: int, renormalize: bool, seed: int,
         if router is not None:
             block.gate.weight.copy_(router)
     block.gate.finalize()
-    block.experts.finalize()
+    block.experts.finalize(weight_dtype=expert_dtype)
     return block
 
 
+@pytest.mark.parametrize("expert_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("case", ["ties", "top-k = experts", "all to one expert"])
 @pytest.mark.parametrize("tokens", [1, 5, 20])
-def test_routing_edge_cases(case: str, tokens: int) -> None:
-    """x > 0, so a router row of ones outscores rows of zeros for every token."""
+def test_routing_edge_cases(case: str, tokens: int, expert_dtype: torch.dtype) -> None:
+    """x > 0, so a router row of ones outscores rows of zeros for every token. bf16 experts:
+    groups below and (20 tokens to one expert) above the bf16 dot product's threshold."""
     experts = 16 if case == "top-k = experts" else 6  # one token: 16 rows summed
     router = torch.zeros(experts, 32)
     if case == "ties":  # experts 1, 3 and 4 score the same for every token
@@ -129,13 +143,27 @@ def test_routing_edge_cases(case: str, tokens: int) -> None:
     else:
         router = None
     top_k = {"ties": 2, "top-k = experts": experts, "all to one expert": 1}[case]
-    block = routed_block(experts, top_k, case != "ties", seed=7, router=router)
+    block = routed_block(experts, top_k, case != "ties", seed=7, router=router,
+                         expert_dtype=expert_dtype)
+    assert block.experts.bf16 == (expert_dtype == torch.bfloat16)
     x = torch.rand(tokens, 32, generator=torch.Generator().manual_seed(8)) + 0.1
     ref = block.fused_ref(cpu_ops.load())
     assert ref is not None
     expected = block.forward_torch(x)
     assert torch.equal(ref(x), expected)
     assert torch.equal(block(x), expected)  # the block's own CPU path is the C++ one
+
+
+def test_a_forced_bf16_isa_keeps_the_python_block(monkeypatch) -> None:
+    """PAGEDLLM_BF16_ISA (a path forced for tests / comparison) is honoured by the Python
+    block; the C++ block runs this CPU's own choice, so it steps aside."""
+    from pagedllm.model.layers.moe.grouped_bf16 import ISA_ENV
+
+    ops = cpu_ops.load()
+    block = routed_block(4, 2, True, 1, expert_dtype=torch.bfloat16)
+    assert block.fused_ref(ops) is not None
+    monkeypatch.setenv(ISA_ENV, "generic")
+    assert block.fused_ref(ops) is None
 
 
 def test_routings_the_loop_does_not_run() -> None:

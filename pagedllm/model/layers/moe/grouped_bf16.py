@@ -26,6 +26,7 @@ from pagedllm.errors import InvalidInputError
 from pagedllm.kernels import cpu_ops
 from pagedllm.kernels import triton as triton_kernels
 from pagedllm.model.layers.moe.grouped import GroupedLinear
+from pagedllm.model.layers.quant.bf16 import BF16_KIND
 
 #: rows of one expert's group from which the kernel rounds x to bf16 for the bf16 dot product.
 #: Measured (benchmarks/moe.py --only layer, "rows/expert"; 8 experts, H 1024 / 2048, one
@@ -78,6 +79,14 @@ class Bf16Experts(GroupedLinear):
     def run(self, xs: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.ops.bf16_grouped_linear(xs, self.packed, self.out_features, offsets,
                                             self.min_bf16_rows, forced_isa())
+
+    def fused_ref(self, ops):
+        """The C++ MoE block's form (its own ISA choice, so None while PAGEDLLM_BF16_ISA
+        forces one: the Python path honours it)."""
+        if forced_isa():
+            return None
+        return ops.ExpertsRef(BF16_KIND, 0, self.out_features, self.in_features,
+                              self.min_bf16_rows, [self.packed])
 
     def dense(self, expert: int) -> torch.Tensor:
         """Expert `expert`'s HF-layout bf16 weight [N, K] back from its panels."""
