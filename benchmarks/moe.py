@@ -78,6 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto",
                     help="pagedllm's --dtype for both models (auto: bf16 weights on CPUs with "
                          "bf16 matrix instructions, config/dtype.py; float32 pins fp32)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="one-sequence decode of the MoE and the dense model alternated this "
+                         "many times in one process (the reach ratio, steadier than one run "
+                         "each on a shared machine); 0 skips it")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.quick:
@@ -346,6 +350,12 @@ def table(res: dict) -> str:
             lines.append(f"{name:<12}" + "".join(
                 f"{res[a]['decode'][c]['output_tok_s'] / res[b]['decode'][c]['output_tok_s']:>13.2f}x"
                 for c in levels) + f"{res[a]['prefill']['prefill_tok_s'] / res[b]['prefill']['prefill_tok_s']:>11.2f}x")
+    if res.get("interleaved"):
+        r = res["interleaved"]
+        lines += ["", f"one sequence, {r['rounds']} interleaved rounds: moe "
+                  f"{r['moe_median_tok_s']:.1f} tok/s, dense {r['dense_median_tok_s']:.1f} tok/s, "
+                  f"moe/dense median {r['median_ratio']:.2f}x "
+                  f"(rounds {', '.join(f'{x:.2f}' for x in r['ratios'])})"]
     return "\n".join([*lines, "", layer_table(res)])
 
 
@@ -391,7 +401,34 @@ def main(argv: list[str] | None = None) -> dict:
         res[name] = pagedllm_runs(paths[model], args, prompts, long_prompts, env)
     if not args.no_llama_cpp:
         res["llama.cpp"] = llama_cpp_runs(paths["gguf"], args)
+    if args.rounds:
+        res["interleaved"] = interleaved_runs(paths, args, prompts[0])
     return report_and_save(res, args)
+
+
+def interleaved_runs(paths: dict[str, Path], args, prompt: list[int]) -> dict:
+    """One sequence (prompt -> output_len tokens) on the MoE and the dense model in turn,
+    `rounds` times, both engines loaded in this process: the median of the per-round
+    MoE / dense ratios, so a slow spell of a shared machine hits both sides of a ratio."""
+    from benchmarks.peers_lib.workloads import new_llm
+    from pagedllm import SamplingParams
+
+    llms = {n: new_llm(str(paths[n]), args.threads, max_num_seqs=1, dtype=args.dtype)
+            for n in ("moe", "dense")}
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0)
+    request = [{"prompt_token_ids": prompt}]
+    for llm in llms.values():  # warm-up
+        llm.generate(request, params, use_tqdm=False)
+    tok_s: dict[str, list[float]] = {n: [] for n in llms}
+    for _ in range(args.rounds):
+        for name, llm in llms.items():
+            t0 = time.perf_counter()
+            llm.generate(request, params, use_tqdm=False)
+            tok_s[name].append(args.output_len / (time.perf_counter() - t0))
+    ratios = [m / d for m, d in zip(tok_s["moe"], tok_s["dense"], strict=True)]
+    return {"rounds": args.rounds, "tok_s": tok_s, "ratios": ratios,
+            "median_ratio": statistics.median(ratios),
+            **{f"{n}_median_tok_s": statistics.median(v) for n, v in tok_s.items()}}
 
 
 def report_and_save(res: dict, args, layer_only: bool = False) -> dict:
