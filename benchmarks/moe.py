@@ -212,6 +212,23 @@ def clock(args):
     return time.thread_time if args.cpu_time else time.perf_counter
 
 
+def per_expert_loop(w_gate_up: torch.Tensor, w_down: torch.Tensor):
+    """The per-expert torch loop over rows sorted by expert (`counts` rows each): one GEMM
+    pair per expert with tokens, in the weights' dtype."""
+    from pagedllm.model.layers.activation import silu_and_mul
+
+    def loop(xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        out, start = torch.empty_like(xs), 0
+        for e, n in enumerate(counts):
+            if n:
+                h = silu_and_mul(torch.mm(xs[start:start + n], w_gate_up[e].t()))
+                torch.mm(h, w_down[e].t(), out=out[start:start + n])
+                start += n
+        return out
+
+    return loop
+
+
 @torch.inference_mode()
 def layer_runs(args) -> dict:
     """One MoE layer's experts over rows already sorted by expert: the two grouped kernel
@@ -226,14 +243,7 @@ def layer_runs(args) -> dict:
     w_gate_up, w_down = experts.gate_up_proj.clone(), experts.down_proj.clone()
     experts.finalize()
 
-    def loop(xs, counts):  # the per-expert loop StackedExperts.forward ran before
-        out, start = torch.empty_like(xs), 0
-        for e, n in enumerate(counts):
-            if n:
-                h = silu_and_mul(torch.mm(xs[start:start + n], w_gate_up[e].t()))
-                torch.mm(h, w_down[e].t(), out=out[start:start + n])
-                start += n
-        return out
+    loop = per_expert_loop(w_gate_up, w_down)  # what StackedExperts.forward ran before
 
     if experts.packed is None:
         raise RuntimeError("the grouped CPU kernels are not built here")
@@ -283,17 +293,7 @@ def bf16_runs(args, w_gate_up, w_down, xs, counts, offsets, reps) -> dict:
     from pagedllm.model.layers.activation import silu_and_mul
 
     gate_up, down = bf16_experts_of(args, w_gate_up, w_down)
-    b_gate_up, b_down = w_gate_up.bfloat16(), w_down.bfloat16()
-
-    def loop(xb, counts):
-        out, start = torch.empty_like(xb), 0
-        for e, n in enumerate(counts):
-            if n:
-                h = silu_and_mul(torch.mm(xb[start:start + n], b_gate_up[e].t()))
-                torch.mm(h, b_down[e].t(), out=out[start:start + n])
-                start += n
-        return out
-
+    loop = per_expert_loop(w_gate_up.bfloat16(), w_down.bfloat16())
     grouped = timed(lambda: down.run(silu_and_mul(gate_up.run(xs, offsets)), offsets), reps,
                     clock(args))
     xb = xs.bfloat16()
