@@ -105,3 +105,34 @@ def test_swap_pool_round_trip_keeps_values_and_scales(dtype) -> None:
 
 def test_no_swap_pool_without_swap_blocks() -> None:
     assert _engine(torch.float32).swap_pools == []
+
+
+def _vm_flags(address: int) -> set[str]:
+    """The VmFlags of the mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(a, 16) for a in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_NOHUGEPAGE"),
+                    reason="the platform has no madvise(MADV_NOHUGEPAGE)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8], ids=str)
+def test_cpu_pool_is_zeroed_lazily_on_small_pages(dtype) -> None:
+    """The CPU pool (and an 8-bit cache's scales) is zero, committed as written, and kept
+    off transparent huge pages: a prefill's first write touches a few KiB in each layer's
+    pool, and zeroing a 2 MiB huge page per layer for it made fresh prefills ~1.7x slower
+    (cache_engine._zeros)."""
+    spec = KVCacheSpec(num_layers=4, num_kv_heads=2, head_dim=64, dtype=dtype, block_size=16)
+    engine = CacheEngine(spec, 4096, torch.device("cpu"))  # 8 MiB of values per layer part
+    for pool in engine.pools:
+        assert not kv_quant.raw(pool).any()
+        for address in (pool.data_ptr(), pool.data_ptr() + pool.nbytes // 2):
+            flags = _vm_flags(address)
+            assert "nh" in flags and "hg" not in flags, flags
