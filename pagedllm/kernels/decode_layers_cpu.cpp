@@ -28,6 +28,17 @@ namespace {
 
 enum LinearKind : int64_t { kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2, kA8Panels = 3, kBf16 = 4 };
 
+// The tensors a kind's kernel takes (0: not a kind); a `LinearRef` and an `ExpertsRef`
+// (moe_decode_cpu.h) of one kind hold the same fields.
+inline size_t tensors_of_kind(int64_t kind) {
+  switch (kind) {
+    case kPacked: case kGGUFRows: case kBf16: return 1;
+    case kGGUFPanels: return 5;
+    case kA8Panels: return 3;
+    default: return 0;
+  }
+}
+
 struct LinearRef {
   int64_t kind, fmt, N, K, rows;  // rows: the kernel's in-register / int8 row limit
   std::vector<torch::Tensor> t;
@@ -36,9 +47,7 @@ struct LinearRef {
   LinearRef(int64_t kind_, int64_t fmt_, int64_t N_, int64_t K_, int64_t rows_,
             std::vector<torch::Tensor> t_, c10::optional<torch::Tensor> bias_)
       : kind(kind_), fmt(fmt_), N(N_), K(K_), rows(rows_), t(std::move(t_)), bias(std::move(bias_)) {
-    const size_t want = kind == kPacked || kind == kGGUFRows || kind == kBf16 ? 1
-                        : kind == kGGUFPanels ? 5
-                        : kind == kA8Panels ? 3 : 0;
+    const size_t want = tensors_of_kind(kind);
     TORCH_CHECK(want && t.size() == want, "LinearRef: kind ", kind, " takes ", want, " tensors");
   }
 

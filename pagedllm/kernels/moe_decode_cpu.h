@@ -34,8 +34,7 @@ struct ExpertsRef {
   ExpertsRef(int64_t kind_, int64_t fmt_, int64_t N_, int64_t K_, int64_t rows_,
              std::vector<torch::Tensor> t_)
       : kind(kind_), fmt(fmt_), N(N_), K(K_), rows(rows_), t(std::move(t_)) {
-    const size_t want = kind == kPacked || kind == kGGUFRows || kind == kBf16 ? 1
-                        : kind == kGGUFPanels ? 5 : kind == kA8Panels ? 3 : 0;
+    const size_t want = tensors_of_kind(kind);
     TORCH_CHECK(want && t.size() == want, "ExpertsRef: kind ", kind, " takes ", want, " tensors");
     TORCH_CHECK(t[0].dim() >= 1 && t[0].size(0) > 0,
                 "ExpertsRef: tensors must be stacked [E, ...]");
