@@ -261,11 +261,10 @@ def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
     gguf = getattr(cfg, "weight_bytes", None) is not None
     held = "gguf" if gguf else ("none" if getattr(cfg, "quantization_config", None) is None
                                 else "quantized")
-    from pagedllm.worker.model_setup import float_weights
+    from pagedllm.worker.model_setup import bf16_linear_held, settle_linear_dtype
 
-    config.resolve_linear_dtype(float_weights(held, config.quantization),
-                                getattr(cfg, "torch_dtype", None) or getattr(cfg, "dtype", None))
-    bf16 = config.bf16_linear_weights and float_weights(held, config.quantization)
+    settle_linear_dtype(config, held, cfg)
+    bf16 = bf16_linear_held(config, held)
     if bf16:
         measured = bf16_linear_weight_bytes(cfg)
     return _plan(cfg, spec, config.torch_dtype, config.max_model_len, budget=budget,

@@ -36,11 +36,17 @@ def resolve_int8_activations(config: EngineConfig) -> None:
 
 
 def resolve_linear_dtype(ckpt: Checkpoint, config: EngineConfig) -> None:
-    """linear_dtype=None ('auto' on CPU) settled for this checkpoint: whether its linear
-    weights are float once loaded, and the dtype it was saved in (config/dtype.py)."""
-    config.resolve_linear_dtype(float_weights(ckpt.quantization, config.quantization),
-                                getattr(ckpt.config, "dtype", None)
-                                or getattr(ckpt.config, "torch_dtype", None))
+    """linear_dtype=None ('auto' on CPU) settled for this checkpoint (`settle_linear_dtype`)."""
+    settle_linear_dtype(config, ckpt.quantization, ckpt.config)
+
+
+def settle_linear_dtype(config: EngineConfig, held: str, model_config) -> None:
+    """linear_dtype=None ('auto' on CPU) settled for a checkpoint holding `held` weights
+    ("none": float) and saved in `model_config`'s dtype (config/dtype.py); shared by the
+    engine's start-up and `pagedllm plan`, which has only the config."""
+    config.resolve_linear_dtype(float_weights(held, config.quantization),
+                                getattr(model_config, "dtype", None)
+                                or getattr(model_config, "torch_dtype", None))
 
 
 def float_weights(held: str, asked: str | None) -> bool:
@@ -49,13 +55,19 @@ def float_weights(held: str, asked: str | None) -> bool:
     return asked == "none" or (asked is None and held == "none")
 
 
+def bf16_linear_held(config: EngineConfig, held: str) -> bool:
+    """Whether the settled config holds a checkpoint of `held` weights as bf16 matrices under
+    fp32 compute (only float weights become bf16; quantized ones stay as they are)."""
+    return config.bf16_linear_weights and float_weights(held, config.quantization)
+
+
 def weight_format(ckpt: Checkpoint, config: EngineConfig) -> str:
     """The format the weights are held in once loaded (for the start-up log): int8 made at
     load (W8A8 with int8 activations), bf16 linear weights under fp32, else what the
     checkpoint yields."""
     if config.quantization == "int8":
         return "int8 (W8A8)" if config.int8_activations else "int8"
-    if config.bf16_linear_weights and float_weights(ckpt.quantization, config.quantization):
+    if bf16_linear_held(config, ckpt.quantization):
         return "bf16 linear layers and embeddings, float32 norms"
     return ckpt.quantization
 
