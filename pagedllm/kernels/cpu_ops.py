@@ -41,8 +41,9 @@ logger = logging.getLogger(__name__)
 # `--quantization int8`, which a GGUF or float model never builds.
 FAMILIES = {
     "core": ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "bf16_linear_cpu.cpp", "fused_cpu.cpp",
-             "quant_gguf_cpu.cpp", "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp", "decode_layers_cpu.cpp",
-             "varlen_attention_cpu.cpp", "grouped_bf16_cpu.cpp", "bindings.cpp"),
+             "quant_gguf_cpu.cpp", "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp",
+             "decode_layers_cpu.cpp", "varlen_attention_cpu.cpp", "grouped_bf16_cpu.cpp",
+             "bindings.cpp"),
     "int": ("quant_int_cpu.cpp", "quant_w8a8_cpu.cpp"),
 }
 

@@ -33,7 +33,7 @@ class VocabEmbedding(nn.Module):
     def finalize(self) -> None:
         """Called once after loading: with bf16 matrices under an fp32 model (CPU) the dense
         table becomes a `Bf16Weight` (quant/bf16.py), which a tied lm_head then adopts."""
-        if self.quant is None and (table := bf16_table(self.weight, self.weight_dtype)):
+        if self.quant is None and (table := bf16_table(self.weight, self.weight_dtype)) is not None:
             self.set_quantized(table)
 
     def set_quantized(self, qweight: QuantizedWeight) -> None:

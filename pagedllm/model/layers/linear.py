@@ -5,9 +5,9 @@
 Weights load in HF layout [out, in] into `weight` (the loaders' target, named as in the
 checkpoint); `finalize()` then picks the dense layout for the device once
 (`quant.dense.dense_method`: packed panels, transposed, the HF layout itself, or bf16 weights
-under fp32 activations when the layer was constructed inside `quant.dense.linear_weights`). A quantized
-weight (`quant.QuantizedWeight`, adopted with `set_quantized`) is the method instead: its own
-kernel runs and the dense weight is never materialised. Model code never asks which format a
+under fp32 activations when the layer was constructed inside `quant.dense.linear_weights`). A
+quantized weight (`quant.QuantizedWeight`, adopted with `set_quantized`) is the method instead:
+its own kernel runs and the dense weight is never materialised. Model code never asks which format a
 layer holds: the method answers `apply`, `nbytes` and `fused_ref` (quant/base.py).
 Under tensor parallelism each rank loads its shard of the weight
 (pagedllm/distributed/sharding.py) and `parallel` is the collective that completes the layer's

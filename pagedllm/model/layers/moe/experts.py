@@ -24,11 +24,11 @@ Rows are added in ascending expert order, the order HF's per-expert loop adds th
 (grouped.py; kernels/grouped_cpu.h): one call per projection runs every expert's rows, no
 Python loop per expert. fp32 experts get fp32 panels; bf16 experts (`--dtype bfloat16` or
 auto's bf16 on CPU, read at construction like the linear layers' weight dtype, or a model
-loaded in bfloat16) are held in the panels of the grouped bf16 kernel (grouped_bf16.py), which takes
-fp32 rows: bf16 activations are widened at the entry and the result rounded back, so bf16
-weights serve both an all-bf16 model and one with fp32 activations. (Where Triton is
-enabled, dense experts stay dense: moe/dispatch.py runs them with the Triton fused-MoE kernel
-instead of this forward.) Where they do not apply (another device, autograd, mixed quantized
+loaded in bfloat16) are held in the panels of the grouped bf16 kernel (grouped_bf16.py),
+which takes fp32 rows: bf16 activations are widened at the entry and the result rounded
+back, so bf16 weights serve both an all-bf16 model and one with fp32 activations. (Where
+Triton is enabled, dense experts stay dense: moe/dispatch.py runs them with the Triton
+fused-MoE kernel instead of this forward.) Where they do not apply (another device, autograd, mixed quantized
 formats) `reference` runs one GEMM pair per expert in torch; the grouped kernels are tested
 equal to it.
 
