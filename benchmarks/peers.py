@@ -332,8 +332,18 @@ class Run:
                     "llama-cpp-python", "prefill", lambda: bindings.prefill(long_prompts[0],
                                                                             a.prefill_reps)))
         del llm
-        if "offline" not in a.sections:
-            return
+        if "offline" in a.sections:
+            self._offline_levels(prompts, levels, hf, bindings)
+        for e in vllm.DTYPES:
+            if e in self.engines:
+                self._vllm_offline_and_prefill(e, prompts, long_prompts, levels)
+
+    def _offline_levels(self, prompts, levels, hf, bindings) -> None:
+        """pagedllm, HF and llama.cpp at each offline concurrency level (vLLM runs its own
+        levels in one process, `_vllm_offline_and_prefill`)."""
+        from benchmarks.peers_lib import workloads as w
+
+        a = self.args
         off = self.res["offline"]
         for c in levels:
             reqs = prompts[:max(c, a.min_requests)]
@@ -361,9 +371,6 @@ class Run:
                         lambda reqs=reqs, c=c, extra=extra: w.pagedllm_offline(
                             self.model_arg, a.threads, reqs, a.output_len, c,
                             {**self.engine_args, **extra}))), c)
-        for e in vllm.DTYPES:
-            if e in self.engines:
-                self._vllm_offline_and_prefill(e, prompts, long_prompts, levels)
 
     def _vllm_offline_and_prefill(self, engine: str, prompts, long_prompts, levels) -> None:
         """All of one vLLM engine's offline levels and its prefill in one process (it loads

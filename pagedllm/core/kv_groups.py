@@ -179,6 +179,10 @@ class CompanionBlocks:
     def __len__(self) -> int:
         return len(self.owner)
 
+    def __contains__(self, block: int) -> bool:
+        """`block` is some group's companion of a cached group-0 block."""
+        return block in self.owner
+
     def register(self, group: int, full_block: int, block: int) -> None:
         if block == NULL_BLOCK or full_block in self.by_group[group] or block in self.owner:
             return

@@ -1,4 +1,5 @@
-"""BlockManager unit tests: allocation, append, free order, fork + copy-on-write, failure
+"""BlockManager unit tests: allocation, append, free order (tests/core/test_prefix_cache.py
+has the order with cached blocks), fork + copy-on-write, failure
 atomicity, and that check_invariants() (run after every operation here) catches corruption."""
 
 from __future__ import annotations
@@ -100,26 +101,32 @@ def test_chunked_allocation_matches_one_shot() -> None:
     assert req.num_computed_tokens == 13
 
 
-def test_free_returns_blocks_last_block_first() -> None:
+def test_freed_blocks_are_taken_next_in_table_order() -> None:
+    """Without caching a freed block holds nothing to keep: it goes to the head of the free
+    queue (its memory is mapped and warm), and a request's blocks come back in table order."""
     pool = Pool(4)
     a = pool.new("a", 4 * BS)
     pool.compute(a, 4 * BS)
     assert a.block_ids == [0, 1, 2, 3] and pool.bm.num_free_blocks == 0
     pool.free(a)
     assert a.block_ids == [] and pool.bm.num_free_blocks == 4
-    # The tail is reused (evicted) first: the next request gets the blocks in reverse.
-    assert list(pool.bm.free_queue) == [3, 2, 1, 0]
+    assert list(pool.bm.free_queue) == [0, 1, 2, 3]
     b = pool.new("b", 2 * BS)
     pool.compute(b, 2 * BS)
-    assert b.block_ids == [3, 2]
+    assert b.block_ids == [0, 1]
 
 
-def test_freed_blocks_queue_behind_never_used_ones() -> None:
+def test_freed_blocks_queue_before_never_used_ones() -> None:
+    """The pool's working set stays as large as the peak load: freed blocks are reused before
+    the never-used ones are touched."""
     pool = Pool(6)
     a = pool.new("a", 2 * BS)
     pool.compute(a, 2 * BS)
     pool.free(a)
-    assert list(pool.bm.free_queue) == [2, 3, 4, 5, 1, 0]
+    assert list(pool.bm.free_queue) == [0, 1, 2, 3, 4, 5]
+    b = pool.new("b", 3 * BS)
+    pool.compute(b, 3 * BS)
+    assert b.block_ids == [0, 1, 2]
 
 
 def test_fork_shares_blocks_with_refcount() -> None:

@@ -193,8 +193,9 @@ def test_eviction_takes_least_recently_freed_first_and_a_requests_tail_first() -
     pool.run(a)
     a_full = a.block_ids[:3]
     pool.free(a)
-    assert list(pool.bm.free_queue) == [4, 5, 6, 7, 3, 2, 1, 0]
-    hog = pool.new("hog", list(range(100, 120)))  # 5 blocks: 4 never used, a's partial block
+    # a's partial block holds nothing cached: it is taken first; full ones queue at the tail
+    assert list(pool.bm.free_queue) == [3, 4, 5, 6, 7, 2, 1, 0]
+    hog = pool.new("hog", list(range(100, 120)))  # 5 blocks: a's partial block, 4 never used
     pool.admit(hog)
     assert all(map(pool.cached, a_full))          # nothing cached evicted yet
     more = pool.new("more", list(range(200, 204)))
@@ -215,7 +216,9 @@ def test_a_hit_makes_blocks_recently_used_again() -> None:
     x2 = pool.new("x2", list(range(5)))
     assert pool.admit(x2) == [x0]
     pool.free(x2)                                 # ... but x's prefix was used again since
-    hog = pool.new("hog", list(range(300, 316)))  # 4 blocks, the 4th evicts y's prefix
+    # 5 blocks: two freed partial blocks and the two never used go first, the 5th evicts
+    # y's prefix (freed before x's, which x2 used again since)
+    hog = pool.new("hog", list(range(300, 320)))
     pool.admit(hog)
     assert not pool.cached(y0) and pool.cached(x0)
     assert pool.bm.get_computed_blocks(pool.new("y2", list(range(50, 55)))) == []

@@ -86,6 +86,49 @@ def test_decode_matches_dense(block_size, use_kernel, window):
         torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8], ids=str)
+@pytest.mark.parametrize("window", [None, 20])
+def test_kernel_decode_alone_equals_batched(dtype, window):
+    """The C++ kernel splits one sequence's query heads across threads (fewer sequences than
+    threads) and a batch by sequence: each sequence decoded alone equals, to the bit, its row
+    of the batched call, and the dense reference."""
+    ops = cpu_ops.load()
+    if ops is None:
+        pytest.skip("CPU kernels unavailable")
+    if torch.get_num_threads() < 2:
+        pytest.skip("one thread: no head split to compare (torch.get_num_threads() == 1)")
+    torch.manual_seed(0)
+    h, kvh, d, nblocks, block_size = 9, 3, 64, 64, 16
+    lens = [1, 7, 33, 70, 150]
+    bt = _tables(lens, block_size, nblocks)
+    q = torch.randn(len(lens), h, d)
+    seq = torch.tensor(lens)
+    scale = d ** -0.5
+    pools = [torch.randn(nblocks, block_size, kvh, d) for _ in range(2)]
+    if dtype == torch.float32:
+        def run(rows):
+            out = torch.empty(len(rows), h, d)
+            ops.paged_decode_attention(out, q[rows].contiguous(), *pools, bt[rows].contiguous(),
+                                       seq[rows].contiguous(), scale, window or 0)
+            return out
+        deq = pools
+    else:
+        quant = [kv_quant.quantize(x, dtype) for x in pools]
+        deq = [kv_quant.dequantize(v, s, torch.float32) for v, s in quant]
+        def run(rows):
+            out = torch.empty(len(rows), h, d)
+            ops.paged_decode_attention_quant(
+                out, q[rows].contiguous(), quant[0][0], quant[1][0], quant[0][1], quant[1][1],
+                bt[rows].contiguous(), seq[rows].contiguous(), scale, window or 0)
+            return out
+    batched = run(list(range(len(lens))))
+    for i, L in enumerate(lens):
+        assert torch.equal(run([i])[0], batched[i]), f"sequence {i} alone != batched"
+        ref = _dense_reference(q[i], _context(deq[0], bt[i], L, block_size),
+                               _context(deq[1], bt[i], L, block_size), scale, window)
+        torch.testing.assert_close(batched[i], ref, atol=2e-5, rtol=1e-4)
+
+
 # ------------------------------------------------------------- int8 / fp8 caches
 
 QUANT_DTYPES = [torch.int8, torch.float8_e4m3fn, torch.float8_e5m2]
