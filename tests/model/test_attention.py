@@ -88,17 +88,16 @@ def test_decode_matches_dense(block_size, use_kernel, window):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int8], ids=str)
 @pytest.mark.parametrize("window", [None, 20])
-def test_kernel_decode_alone_equals_batched(dtype, window):
+@pytest.mark.parametrize("d", [64, 128, 80])
+def test_kernel_decode_alone_equals_batched(dtype, window, d):
     """The C++ kernel splits one sequence's query heads across threads (fewer sequences than
     threads) and a batch by sequence: each sequence decoded alone equals, to the bit, its row
     of the batched call, and the dense reference."""
     ops = cpu_ops.load()
     if ops is None:
         pytest.skip("CPU kernels unavailable")
-    if torch.get_num_threads() < 2:
-        pytest.skip("one thread: no head split to compare (torch.get_num_threads() == 1)")
     torch.manual_seed(0)
-    h, kvh, d, nblocks, block_size = 9, 3, 64, 64, 16
+    h, kvh, nblocks, block_size = 9, 3, 64, 16
     lens = [1, 7, 33, 70, 150]
     bt = _tables(lens, block_size, nblocks)
     q = torch.randn(len(lens), h, d)
@@ -121,9 +120,15 @@ def test_kernel_decode_alone_equals_batched(dtype, window):
                 out, q[rows].contiguous(), quant[0][0], quant[1][0], quant[0][1], quant[1][1],
                 bt[rows].contiguous(), seq[rows].contiguous(), scale, window or 0)
             return out
-    batched = run(list(range(len(lens))))
+    threads = torch.get_num_threads()
+    try:  # 3 threads: one sequence alone splits its heads, the batch of 5 its sequences
+        torch.set_num_threads(3)
+        batched = run(list(range(len(lens))))
+        alone = [run([i])[0] for i in range(len(lens))]
+    finally:
+        torch.set_num_threads(threads)
     for i, L in enumerate(lens):
-        assert torch.equal(run([i])[0], batched[i]), f"sequence {i} alone != batched"
+        assert torch.equal(alone[i], batched[i]), f"sequence {i} alone != batched"
         ref = _dense_reference(q[i], _context(deq[0], bt[i], L, block_size),
                                _context(deq[1], bt[i], L, block_size), scale, window)
         torch.testing.assert_close(batched[i], ref, atol=2e-5, rtol=1e-4)
