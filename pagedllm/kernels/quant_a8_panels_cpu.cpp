@@ -267,6 +267,59 @@ torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
   return y;
 }
 
+// Rows `ids` of a panel-layout matrix (the token embedding of a tied GGUF model), exact:
+// d * (code - offset) (Q8_0; offset 128 where the layout stores VNNI's u8 codes), d * (code - 8)
+// (Q4_0), d * code + m (Q4_1), in fp32 as gguf_a8_panels.py's `embedding` computes them. One call
+// instead of ~10 torch ops per decode step; an id outside [0, N) raises IndexError. No fused
+// multiply-add (-ffast-math would contract d * code + m): the same two roundings as torch.
+__attribute__((optimize("fp-contract=off"))) torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes, torch::Tensor d,
+                            torch::Tensor m, int64_t N, int64_t K) {
+  TORCH_CHECK(ids.dtype() == torch::kInt64 && ids.dim() == 1 && ids.is_contiguous(),
+              "a8_panel_rows: ids must be contiguous int64 [T]");
+  const int64_t T = ids.size(0), nb = K / 32, P = (N + kNB - 1) / kNB, lanes = code_bytes(fmt) / 4;
+  TORCH_CHECK(K % 32 == 0 && codes.dtype() == torch::kUInt8 && codes.is_contiguous() &&
+                  codes.sizes() == torch::IntArrayRef({P, nb, lanes, kNB, 4}),
+              "a8_panel_rows: codes must be uint8 [", P, ", ", nb, ", ", lanes, ", ", kNB, ", 4]");
+  TORCH_CHECK(d.dtype() == torch::kFloat16 && d.is_contiguous() && d.numel() == P * nb * kNB &&
+                  (fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
+                                    m.numel() == P * nb * kNB)),
+              "a8_panel_rows: d (and Q4_1's m) must be fp16 [", P, ", ", nb, ", ", kNB, "]");
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t)
+    if (ip[t] < 0 || ip[t] >= N)
+      throw std::out_of_range("row ids must be in [0, " + std::to_string(N) + "), got " +
+                              std::to_string(ip[t]));
+  auto out = torch::empty({T, K}, torch::TensorOptions().dtype(torch::kFloat32));
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  const int offset = fmt == kQ8_0 ? static_cast<int>(q8_0_code_offset()) : fmt == kQ4_0 ? 8 : 0;
+  float* op = out.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = ip[t] / kNB, c = ip[t] % kNB;
+    for (int64_t j = 0; j < nb; ++j) {
+      const int64_t s = (p * nb + j) * kNB + c;
+      const float dj = c10::detail::fp16_ieee_to_fp32_value(dp[s]);
+      const float mj = mp ? c10::detail::fp16_ieee_to_fp32_value(mp[s]) : 0.f;
+      float* row = op + t * K + 32 * j;
+      for (int64_t g = 0; g < lanes; ++g) {
+        const uint8_t* b = cp + (((p * nb + j) * lanes + g) * kNB + c) * 4;
+        for (int i = 0; i < 4; ++i) {
+          if (fmt == kQ8_0) {
+            row[4 * g + i] = static_cast<float>(static_cast<int>(b[i]) - offset) * dj;
+          } else {  // lane g: codes 8g + i (low nibbles), 8g + 4 + i (high)
+            const float lo = static_cast<float>((b[i] & 15) - offset) * dj;
+            const float hi = static_cast<float>((b[i] >> 4) - offset) * dj;
+            row[8 * g + i] = mp ? lo + mj : lo;
+            row[8 * g + 4 + i] = mp ? hi + mj : hi;
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
 // The experts of a MoE layer in one call: codes [E, P, K / 32, lanes, NB, 4], d (and Q4_1's
 // m) [E, P, K / 32, NB] (expert e's are a8_panel_linear's), x's rows sorted by expert,
 // offsets [E + 1] (grouped_cpu.h).
@@ -317,6 +370,8 @@ void register_a8_panel_kernels(pybind11::module_& m) {
   m.def("int8_dot_isa", &int8_dot_isa,
         "instructions of the int8 dot products: avx512_vnni, avx512bw, avx2 or scalar");
   m.def("a8_panel_width", &a8_panel_width, nogil, "output rows per int8-activation panel");
+  m.def("a8_panel_rows", &a8_panel_rows, nogil,
+        "rows ids of a panel-layout Q8_0 / Q4_0 / Q4_1 matrix, dequantized exactly (fp32)");
   m.def("q8_0_code_offset", &q8_0_code_offset, nogil,
         "what the panel layout adds to each Q8_0 code (128 for VNNI's u8 codes, else 0)");
   m.def("a8_panel_grouped_linear", &a8_panel_grouped_linear, nogil,

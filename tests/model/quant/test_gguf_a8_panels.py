@@ -36,12 +36,16 @@ def test_values_rows_and_bytes_equal_the_file(qtype):
     assert w.nbytes == -(-n // panel) * panel * (k // 32) * block_bytes  # + padding rows
     np.testing.assert_array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
     ids = torch.tensor([44, 0, 7, 31, 7])
-    np.testing.assert_array_equal(w.embedding(ids).numpy(), ref[ids.numpy()])
+    np.testing.assert_array_equal(w.embedding(ids).numpy(), ref[ids.numpy()])  # C++ rows
+    np.testing.assert_array_equal(w.embedding_reference(ids).numpy(), ref[ids.numpy()])
     order = np.random.default_rng(3).permutation(n)
     permuted = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k), row_order=order)
     np.testing.assert_array_equal(permuted.dequantize().numpy(), ref[order])
-    with pytest.raises(IndexError, match=r"\[0, 45\)"):
-        w.embedding(torch.tensor([45]))
+    for bad in (45, -1):
+        with pytest.raises(IndexError, match=r"\[0, 45\)"):
+            w.embedding(torch.tensor([3, bad]))
+        with pytest.raises(IndexError, match=r"\[0, 45\)"):
+            w.embedding_reference(torch.tensor([3, bad]))
 
 
 @pytest.mark.parametrize("qtype", PANEL_TYPES)
