@@ -69,6 +69,7 @@ static inline void axpy(float* y, float a, const float* x, int64_t d) {
 // row kAhead tokens later, through the block table, before it is read: 24-37 ms in random
 // order, the same as before in pool order (a noisy shared VM; medians of 3 alternating runs).
 constexpr int64_t kAhead = 16;
+constexpr int64_t kSplitTokens = 128;  // see decode: heads split across threads from here
 
 template <typename T>
 static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len) {
@@ -81,8 +82,8 @@ static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len) {
 //
 // Work items: with at least as many sequences as threads, one per sequence, where each cached
 // token's K (then V) row of all kv heads is read once, contiguously, and serves all H query
-// heads. With fewer (one stream: D = 1), one per (sequence, query head), so every thread has
-// work (a row's kv-head slice then serves the heads of one item; the rest stay in L2). A head's
+// heads. With fewer (one stream: D = 1) holding kSplitTokens or more, one per (sequence, query
+// head), so every thread has work (a row's kv-head slice then serves the heads of one item; the rest stay in L2). A head's
 // numbers do not depend on the split: the same dot products, softmax and sums in token order.
 template <typename T>
 static void decode(float* op, const float* qp, const T* kp, const T* vp, const uint16_t* ks,
@@ -91,7 +92,11 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
                    float fscale, int64_t window, int64_t q_stride) {
   constexpr bool kQuant = !std::is_same_v<T, float>;
   const int64_t G = H / kvh, row_len = kvh * d;
-  const int64_t per_seq = D >= at::get_num_threads() ? H : 1;  // query heads per work item
+  int64_t tokens = 0;
+  for (int64_t b = 0; b < D; ++b) tokens += lens[b];
+  // query heads per work item: all, unless fewer sequences than threads have enough tokens
+  // to pay for the parallel region (~3-5 us; a 64-token head split ran slower than one thread)
+  const int64_t per_seq = D >= at::get_num_threads() || tokens < kSplitTokens ? H : 1;
   const int64_t items_per_seq = H / per_seq;
   at::parallel_for(0, D * items_per_seq, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc(H * d), buf(kQuant ? row_len : 0), row_scale(kvh);

@@ -306,7 +306,8 @@ __attribute__((optimize("fp-contract=off"))) torch::Tensor a8_panel_rows(torch::
         const uint8_t* b = cp + (((p * nb + j) * lanes + g) * kNB + c) * 4;
         for (int i = 0; i < 4; ++i) {
           if (fmt == kQ8_0) {
-            row[4 * g + i] = static_cast<float>(static_cast<int>(b[i]) - offset) * dj;
+            // s8 codes stored as bytes (offset 0), or VNNI's u8 = s8 + 128
+            row[4 * g + i] = static_cast<float>(static_cast<int8_t>(b[i] - offset)) * dj;
           } else {  // lane g: codes 8g + i (low nibbles), 8g + 4 + i (high)
             const float lo = static_cast<float>((b[i] & 15) - offset) * dj;
             const float hi = static_cast<float>((b[i] >> 4) - offset) * dj;

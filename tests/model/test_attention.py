@@ -98,7 +98,7 @@ def test_kernel_decode_alone_equals_batched(dtype, window, d):
         pytest.skip("CPU kernels unavailable")
     torch.manual_seed(0)
     h, kvh, nblocks, block_size = 9, 3, 64, 16
-    lens = [1, 7, 33, 70, 150]
+    lens = [1, 7, 33, 70, 150, 300]  # from 128 tokens alone: heads split
     bt = _tables(lens, block_size, nblocks)
     q = torch.randn(len(lens), h, d)
     seq = torch.tensor(lens)
@@ -121,7 +121,7 @@ def test_kernel_decode_alone_equals_batched(dtype, window, d):
                 bt[rows].contiguous(), seq[rows].contiguous(), scale, window or 0)
             return out
     threads = torch.get_num_threads()
-    try:  # 3 threads: one sequence alone splits its heads, the batch of 5 its sequences
+    try:  # 3 threads: a long sequence alone splits its heads, the batch of 6 its sequences
         torch.set_num_threads(3)
         batched = run(list(range(len(lens))))
         alone = [run([i])[0] for i in range(len(lens))]
