@@ -87,13 +87,15 @@ void head_norms_(torch::Tensor& qkv, const torch::Tensor& q_norm, const torch::T
 }
 
 // x [T, hidden] (the embeddings; overwritten) -> (h, residual) of the last layer, before the
-// final norm. Every row is a decode; caches, scales (empty lists for an fp32 cache) per layer.
+// final norm, or (norm(h + residual), h + residual) with `final_norm` (the model's RMSNorm,
+// the same call as model/layers/norm.py's). Every row is a decode; caches, scales (empty
+// lists for an fp32 cache) per layer.
 std::tuple<torch::Tensor, torch::Tensor> decode_layers(
     torch::Tensor x, const std::vector<DecodeLayer>& layers, int64_t H, int64_t KVH, int64_t d,
     double scale, double eps, torch::Tensor halves, const std::vector<torch::Tensor>& k_caches,
     const std::vector<torch::Tensor>& v_caches, const std::vector<torch::Tensor>& k_scales,
     const std::vector<torch::Tensor>& v_scales, torch::Tensor slots, torch::Tensor block_tables,
-    torch::Tensor seq_lens, int64_t window) {
+    torch::Tensor seq_lens, int64_t window, c10::optional<torch::Tensor> final_norm) {
   const size_t L = layers.size();
   TORCH_CHECK(k_caches.size() == L && v_caches.size() == L, "decode_layers: one K and V cache per layer");
   const bool quant = !k_scales.empty();
@@ -120,6 +122,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
     add_rms_norm_(h, residual, l.post_norm, eps);
     x = l.mlp(h);
   }
+  if (final_norm) add_rms_norm_(x, residual, *final_norm, eps);
   return {x, residual};
 }
 
@@ -143,5 +146,6 @@ void register_decode_layers(pybind11::module_& m) {
            py::arg("gate_up") = py::none(), py::arg("down") = py::none(),
            py::arg("moe") = py::none());
   m.def("decode_layers", &decode_layers, py::call_guard<py::gil_scoped_release>(),
-        "a decode step through every decoder layer: (h, residual) before the final norm");
+        "a decode step through every decoder layer: (h, residual) before the final norm, or "
+        "after it when final_norm (the model's RMSNorm weight) is given");
 }

@@ -39,17 +39,27 @@ class FusedDecode:
     """The C++ layer loop of one model (module docstring); built once, called per step."""
 
     def __init__(self, ops, layers: list, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float, eps: float) -> None:
+                 scale: float, eps: float, final_norm: torch.Tensor | None = None) -> None:
         self.ops, self.layers = ops, layers
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.eps = scale, eps
+        # The model's final RMSNorm weight when the loop applies it too (its ~10 Python /
+        # dispatch steps ran at ~70 us after the layers had streamed the weights through the
+        # caches), else None: the caller norms.
+        self.final_norm = final_norm
+
+    @property
+    def applies_final_norm(self) -> bool:
+        return self.final_norm is not None
 
     @classmethod
     def build(cls, decoder_layers, layer_type: type,
-              attention_types: type | tuple[type, ...]) -> FusedDecode | None:
+              attention_types: type | tuple[type, ...],
+              final_norm: torch.nn.Module | None = None) -> FusedDecode | None:
         """For a ModuleList of exactly `layer_type` layers (attention exactly one of
         `attention_types`, without a window of its own) whose linear layers and MoE blocks
-        all have C++ references; else None."""
+        all have C++ references; else None. `final_norm`: the model's norm after the last
+        layer, which the loop applies when it is an RMSNorm with the layers' eps."""
         if os.environ.get("PAGEDLLM_FUSED_DECODE", "1") == "0":  # the Python layers, to compare
             return None
         ops = cpu_ops.load()
@@ -82,17 +92,21 @@ class FusedDecode:
             refs.append(ops.DecodeLayer(norms[0].weight, norms[1].weight, *linears,
                                         **mlp_refs))
         first = decoder_layers[0]
-        attn = first.self_attn
+        attn, eps = first.self_attn, first.input_layernorm.eps
+        norm = (final_norm.weight if type(final_norm) is RMSNorm and final_norm.eps == eps
+                else None)
         return cls(ops, refs, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale,
-                   first.input_layernorm.eps)
+                   eps, norm)
 
     def __call__(self, x: torch.Tensor, rope: RopeBatch, kv_caches: list[LayerKVCache],
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h, residual) after the last layer, before the final norm (x is overwritten)."""
+        """(h, residual) after the last layer, before the final norm, or after it when
+        `applies_final_norm` (x is overwritten)."""
         quant = kv_caches[0].k_scale is not None
         return self.ops.decode_layers(
             x.contiguous(), self.layers, self.num_heads, self.num_kv_heads, self.head_dim,
             self.scale, self.eps, rope.halves, [c.k for c in kv_caches],
             [c.v for c in kv_caches], [c.k_scale for c in kv_caches] if quant else [],
             [c.v_scale for c in kv_caches] if quant else [], meta.slot_mapping,
-            meta.decode_block_tables, meta.decode_seq_lens, meta.sliding_window or 0)
+            meta.decode_block_tables, meta.decode_seq_lens, meta.sliding_window or 0,
+            self.final_norm)

@@ -37,6 +37,7 @@ def check_fused_equals_layers(llm, prompts: list[list[int]] = PROMPTS) -> None:
     second run's prefill batches, and the torch prefill attention is not batch-invariant.)"""
     fused = outputs(llm, prompts)
     assert isinstance(decoder(llm).fused_decode(), FusedDecode)  # it ran
+    assert decoder(llm).fused_decode().applies_final_norm  # the model's RMSNorm too
     decoder(llm)._fused = None  # the Python layer loop from now on
     assert_same(fused, outputs(llm, prompts))
 

@@ -119,6 +119,8 @@ class LlamaModel(nn.Module):
         if meta.backend.fused_decode_applies(x, meta, kv_caches) and (
                 fused := self.fused_decode()):
             x, residual = fused(x, rope, kv_caches, meta)  # the layer loop in one C++ call
+            if fused.applies_final_norm:
+                return x
         else:
             residual = None
             for layer, kv in zip(self.layers, kv_caches, strict=True):
@@ -131,7 +133,7 @@ class LlamaModel(nn.Module):
         decode step (after loading, LoRA and tensor-parallel set-up); None if it cannot run."""
         if not hasattr(self, "_fused"):
             self._fused = FusedDecode.build(self.layers, self.fused_layer,
-                                            self.fused_attention)
+                                            self.fused_attention, self.norm)
         return self._fused
 
 
