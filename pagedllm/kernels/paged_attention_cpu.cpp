@@ -83,8 +83,9 @@ static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len) {
 // Work items: with at least as many sequences as threads, one per sequence, where each cached
 // token's K (then V) row of all kv heads is read once, contiguously, and serves all H query
 // heads. With fewer (one stream: D = 1) holding kSplitTokens or more, one per (sequence, query
-// head), so every thread has work (a row's kv-head slice then serves the heads of one item; the rest stay in L2). A head's
-// numbers do not depend on the split: the same dot products, softmax and sums in token order.
+// head), so every thread has work (a row's kv-head slice then serves the heads of one item;
+// the rest stay in L2). A head's numbers do not depend on the split: the same dot products,
+// softmax and sums in token order.
 template <typename T>
 static void decode(float* op, const float* qp, const T* kp, const T* vp, const uint16_t* ks,
                    const uint16_t* vs, const int64_t* bt, const int64_t* lens, int64_t D,

@@ -225,6 +225,24 @@ int64_t code_bytes(int64_t fmt) {
   return fmt == kQ8_0 ? 32 : 16;
 }
 
+// One [N, K] matrix in the panel layout (the file header): codes uint8 [P, K / 32, lanes,
+// kNB, 4], d (and Q4_1's m) fp16 [P, K / 32, kNB]; `fn` names the caller in the errors.
+void check_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
+                        const torch::Tensor& d, const torch::Tensor& m, int64_t N, int64_t K) {
+  const int64_t nb = K / 32, P = (N + kNB - 1) / kNB, lanes = code_bytes(fmt) / 4;
+  TORCH_CHECK(K % 32 == 0, fn, ": K=", K, " is not whole 32-value blocks");
+  TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.is_contiguous() &&
+                  codes.sizes() == torch::IntArrayRef({P, nb, lanes, kNB, 4}),
+              fn, ": codes must be uint8 [", P, ", ", nb, ", ", lanes, ", ", kNB, ", 4]");
+  const std::vector<int64_t> scale_shape{P, nb, kNB};
+  TORCH_CHECK(d.dtype() == torch::kFloat16 && d.is_contiguous() &&
+                  d.sizes() == torch::IntArrayRef(scale_shape),
+              fn, ": d must be fp16 [", P, ", ", nb, ", ", kNB, "]");
+  TORCH_CHECK(fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
+                               m.sizes() == torch::IntArrayRef(scale_shape)),
+              fn, ": Q4_1 needs m fp16 [", P, ", ", nb, ", ", kNB, "]");
+}
+
 }  // namespace
 
 bool a8_panels_available() { return PAGEDLLM_A8P_SIMD; }
@@ -239,18 +257,8 @@ torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
                               torch::Tensor m, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
               "a8_panel_linear: x must be contiguous fp32 [M, K]");
-  const int64_t M = x.size(0), K = x.size(1), nb = K / 32, P = (N + kNB - 1) / kNB;
-  const int64_t lanes = code_bytes(fmt) / 4;
-  TORCH_CHECK(K % 32 == 0, "a8_panel_linear: K=", K, " is not whole 32-value blocks");
-  TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.is_contiguous() &&
-                  codes.sizes() == torch::IntArrayRef({P, nb, lanes, kNB, 4}),
-              "a8_panel_linear: codes must be uint8 [", P, ", ", nb, ", ", lanes, ", ", kNB, ", 4]");
-  const std::vector<int64_t> scale_shape{P, nb, kNB};
-  TORCH_CHECK(d.dtype() == torch::kFloat16 && d.is_contiguous() && d.sizes() == torch::IntArrayRef(scale_shape),
-              "a8_panel_linear: d must be fp16 [", P, ", ", nb, ", ", kNB, "]");
-  TORCH_CHECK(fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
-                               m.sizes() == torch::IntArrayRef(scale_shape)),
-              "a8_panel_linear: Q4_1 needs m fp16 [", P, ", ", nb, ", ", kNB, "]");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_panel_weight("a8_panel_linear", fmt, codes, d, m, N, K);
   auto y = torch::empty({M, N}, x.options());
 #if PAGEDLLM_A8P_SIMD
   const QuantizedX qx = quantize_x(x.data_ptr<float>(), M, K);
@@ -272,18 +280,13 @@ torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
 // (Q4_0), d * code + m (Q4_1), in fp32 as gguf_a8_panels.py's `embedding` computes them. One call
 // instead of ~10 torch ops per decode step; an id outside [0, N) raises IndexError. No fused
 // multiply-add (-ffast-math would contract d * code + m): the same two roundings as torch.
-__attribute__((optimize("fp-contract=off"))) torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes, torch::Tensor d,
+__attribute__((optimize("fp-contract=off")))
+torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                             torch::Tensor m, int64_t N, int64_t K) {
   TORCH_CHECK(ids.dtype() == torch::kInt64 && ids.dim() == 1 && ids.is_contiguous(),
               "a8_panel_rows: ids must be contiguous int64 [T]");
-  const int64_t T = ids.size(0), nb = K / 32, P = (N + kNB - 1) / kNB, lanes = code_bytes(fmt) / 4;
-  TORCH_CHECK(K % 32 == 0 && codes.dtype() == torch::kUInt8 && codes.is_contiguous() &&
-                  codes.sizes() == torch::IntArrayRef({P, nb, lanes, kNB, 4}),
-              "a8_panel_rows: codes must be uint8 [", P, ", ", nb, ", ", lanes, ", ", kNB, ", 4]");
-  TORCH_CHECK(d.dtype() == torch::kFloat16 && d.is_contiguous() && d.numel() == P * nb * kNB &&
-                  (fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
-                                    m.numel() == P * nb * kNB)),
-              "a8_panel_rows: d (and Q4_1's m) must be fp16 [", P, ", ", nb, ", ", kNB, "]");
+  check_panel_weight("a8_panel_rows", fmt, codes, d, m, N, K);
+  const int64_t T = ids.size(0), nb = K / 32, lanes = code_bytes(fmt) / 4;
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t)
     if (ip[t] < 0 || ip[t] >= N)
