@@ -72,7 +72,7 @@ class EngineConfig:
     rope_theta: float | None = None   # replaces the model's RoPE base
     allow_long_max_model_len: bool = False  # max_model_len past the model's RoPE maximum
     enable_prefix_caching: bool = True  # share full KV blocks of common prompt prefixes
-    kv_cache_dtype: str = "auto"  # auto (model dtype), int8, fp8 (= fp8_e4m3), fp8_e5m2
+    kv_cache_dtype: str = "auto"  # auto (model dtype), float16, int8, fp8 (= fp8_e4m3), fp8_e5m2
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     # "fcfs" (arrival order) or "priority": waiting requests by (priority, arrival), lower
     # first; the preemption victim is the lowest-priority, latest-arrived running request.

@@ -1,7 +1,8 @@
-// Rows of an 8-bit KV cache (int8, fp8 e4m3fn, fp8 e5m2) converted to fp32 and back, shared by
-// the decode kernel (paged_attention_cpu.cpp) and the varlen kernel (varlen_attention_cpu.cpp).
-// Each value is stored as value / scale with a float16 scale per token per KV head
-// (pagedllm/model/layers/kv_quant.py).
+// Rows of an 8-bit KV cache (int8, fp8 e4m3fn, fp8 e5m2) or a float16 one converted to fp32 and
+// back, shared by the decode kernel (paged_attention_cpu.cpp) and the varlen kernel
+// (varlen_attention_cpu.cpp). An 8-bit value is stored as value / scale with a float16 scale
+// per token per KV head (pagedllm/model/layers/kv_quant.py); a float16 row has no scales
+// (kScaled false): it is the fp32 row rounded to nearest, half the bytes of fp32.
 #pragma once
 #include "torch_lite_cpu.h"
 #include <c10/util/Float8_e4m3fn.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -88,6 +90,26 @@ struct Row<c10::Float8_e4m3fn> {
   }
 };
 
+// float16: the rounding of fp32 K / V (what torch's .to(float16) gives), no scale.
+template <>
+struct Row<c10::Half> {
+  static constexpr float kMul = 1.f;
+  static void load(const c10::Half* src, float* d, int64_t n) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#endif
+    for (; i < n; ++i) d[i] = half_to_float(s[i]);
+  }
+  static c10::Half store(float y) { return c10::Half(y); }
+};
+
+// Whether rows of T carry a scale per token per KV head (the 8-bit caches).
+template <typename T>
+constexpr bool kScaled = !std::is_same_v<T, float> && !std::is_same_v<T, c10::Half>;
+
 // Calls run(T{}) with the element type of an 8-bit cache (int8, fp8 e4m3fn, fp8 e5m2).
 template <typename F>
 inline void dispatch_8bit(at::ScalarType dtype, const char* op, F&& run) {
@@ -96,5 +118,15 @@ inline void dispatch_8bit(at::ScalarType dtype, const char* op, F&& run) {
     case at::kFloat8_e4m3fn: run(c10::Float8_e4m3fn{}); break;
     case at::kFloat8_e5m2: run(c10::Float8_e5m2{}); break;
     default: TORCH_CHECK(false, op, ": int8 or fp8 cache expected, got ", dtype);
+  }
+}
+
+// Calls run(T{}) with the element type of an unscaled cache (fp32 or float16).
+template <typename F>
+inline void dispatch_16_32(at::ScalarType dtype, const char* op, F&& run) {
+  switch (dtype) {
+    case at::kFloat: run(float{}); break;
+    case at::kHalf: run(c10::Half{}); break;
+    default: TORCH_CHECK(false, op, ": fp32 or float16 cache (or an 8-bit one with scales) expected, got ", dtype);
   }
 }

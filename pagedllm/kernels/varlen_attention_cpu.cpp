@@ -104,6 +104,10 @@ void load_chunk(const T* kc, const T* vc, const uint16_t* ks, const uint16_t* vs
       (void)ks, (void)vs;
       std::memcpy(kr, kc + at * d, d * sizeof(float));
       std::memcpy(vr, vc + at * d, d * sizeof(float));
+    } else if constexpr (!kScaled<T>) {  // float16: converted, no scale
+      (void)ks, (void)vs;
+      Row<T>::load(kc + at * d, kr, d);
+      Row<T>::load(vc + at * d, vr, d);
     } else {
       const float k_mul = Row<T>::kMul * half_to_float(ks[at]);
       const float v_mul = Row<T>::kMul * half_to_float(vs[at]);
@@ -340,10 +344,12 @@ void paged_varlen_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   const Layout lo{H, kvh, d, bs, max_blocks, q.stride(0), static_cast<float>(scale),
                   static_cast<float>(softcap), window};
   if (!k_scale.has_value()) {
-    TORCH_CHECK(k_cache.dtype() == torch::kFloat32,
-                "paged_varlen_attention: fp32 cache, or an 8-bit cache with scales");
-    varlen<float>(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<float>(),
-                  v_cache.data_ptr<float>(), nullptr, nullptr, bt, lens, qstart, P, lo);
+    dispatch_16_32(k_cache.scalar_type(), "paged_varlen_attention", [&](auto tag) {
+      using C = decltype(tag);
+      varlen<C>(out.data_ptr<float>(), q.data_ptr<float>(),
+                static_cast<const C*>(k_cache.data_ptr()), static_cast<const C*>(v_cache.data_ptr()),
+                nullptr, nullptr, bt, lens, qstart, P, lo);
+    });
     return;
   }
   TORCH_CHECK(v_scale.has_value() && k_scale->dtype() == torch::kFloat16 &&

@@ -1,8 +1,8 @@
-"""The C++ CPU backend: fp32 queries over an fp32, int8 or fp8 cache (kernels/*_cpu.cpp).
+"""The C++ CPU backend: fp32 queries over an fp32, float16, int8 or fp8 cache (kernels/*_cpu.cpp).
 
     decode rows      paged_decode_attention(_quant)   one query per sequence, reads the
-                                                      blocks in place (8-bit rows converted
-                                                      to fp32 as they are read)
+                                                      blocks in place (float16 and 8-bit
+                                                      rows converted to fp32 as they are read)
     decode-only step paged_decode_attention_qkv       writes the new K/V and attends, reading
                                                       the queries inside the qkv rows
     prefill rows     paged_varlen_attention           all sequences' packed rows in one
@@ -26,7 +26,7 @@ from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.attention_backends.torch_ref import TorchBackend
 
-KERNEL_KV_DTYPES = (torch.float32, *kv_quant.QMAX)
+KERNEL_KV_DTYPES = (torch.float32, torch.float16, *kv_quant.QMAX)
 
 
 class CPUBackend(TorchBackend):

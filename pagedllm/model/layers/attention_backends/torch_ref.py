@@ -23,12 +23,15 @@ from pagedllm.model.layers.attention_backends.base import PagedAttentionBackend
 
 def gather(cache: torch.Tensor, block_tables: torch.Tensor, scales: torch.Tensor | None,
            dtype: torch.dtype) -> torch.Tensor:
-    """[num_blocks, bs, kvh, d] x [B, nb] -> [B, kvh, nb*bs, d] (dequantized to `dtype`)."""
+    """[num_blocks, bs, kvh, d] x [B, nb] -> [B, kvh, nb*bs, d] (dequantized / converted to
+    `dtype`)."""
     b, nb = block_tables.shape
     _, bs, kvh, d = cache.shape
     x = kv_quant.raw(cache)[block_tables].view(cache.dtype).view(b, nb * bs, kvh, d)
     if scales is not None:
         x = kv_quant.dequantize(x, scales[block_tables].view(b, nb * bs, kvh), dtype)
+    else:
+        x = x.to(dtype)  # a float16 cache under fp32 queries (exact); else a no-op
     return x.transpose(1, 2)
 
 
@@ -80,8 +83,8 @@ class TorchBackend(PagedAttentionBackend):
               x: torch.Tensor) -> None:
         """Store the rows x [T, kvh, d] at their slots (quantized, with scales, if 8-bit)."""
         kvh, d = x.shape[1:]
-        if scales is None:
-            cache.view(-1, kvh, d).index_copy_(0, slots, x)
+        if scales is None:  # the model dtype, or float16 under fp32 (rounded to nearest)
+            cache.view(-1, kvh, d).index_copy_(0, slots, x.to(cache.dtype))
             return
         values, s = kv_quant.quantize(x, cache.dtype)
         kv_quant.raw(cache).view(-1, kvh, d).index_copy_(0, slots, kv_quant.raw(values))
