@@ -248,6 +248,8 @@ def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
 
     apply_rope_overrides(cfg, config.rope_scaling, config.rope_theta)
     config.finalize(*rope_max_len(cfg))
+    gguf = getattr(cfg, "weight_bytes", None) is not None
+    config.resolve_int8_activations(gguf)  # and with it the KV dtype 'auto' (as the engine)
     spec = kv_spec_for(cfg, config)
     budget = config.kv_cache_memory
     if budget is None and memory_bytes is None:
@@ -258,7 +260,6 @@ def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
         budget = DEFAULT_CPU_KV_BYTES
     # A GGUF the engine keeps quantized weighs its tensor bytes, not shapes x dtype.
     measured = (getattr(cfg, "weight_bytes", None) if config.quantization != "none" else None)
-    gguf = getattr(cfg, "weight_bytes", None) is not None
     held = "gguf" if gguf else ("none" if getattr(cfg, "quantization_config", None) is None
                                 else "quantized")
     from pagedllm.worker.model_setup import bf16_linear_held, settle_linear_dtype

@@ -72,7 +72,9 @@ class EngineConfig:
     rope_theta: float | None = None   # replaces the model's RoPE base
     allow_long_max_model_len: bool = False  # max_model_len past the model's RoPE maximum
     enable_prefix_caching: bool = True  # share full KV blocks of common prompt prefixes
-    kv_cache_dtype: str = "auto"  # auto (model dtype), float16, int8, fp8 (= fp8_e4m3), fp8_e5m2
+    # auto: the model dtype (float16 on the int8-activation path, `resolve_kv_cache_dtype`),
+    # float32, float16, int8, fp8 (= fp8_e4m3), fp8_e5m2
+    kv_cache_dtype: str = "auto"
     preemption_mode: str = "recompute"  # or "swap": preempted blocks go to CPU swap space
     # "fcfs" (arrival order) or "priority": waiting requests by (priority, arrival), lower
     # first; the preemption victim is the lowest-priority, latest-arrived running request.
@@ -189,14 +191,24 @@ class EngineConfig:
         """Settle int8_activations=None (auto) for a GGUF (`gguf`) or float checkpoint: on
         where it applies (a GGUF model kept quantized, or --quantization int8) on a CPU whose
         kernels have fast int8 dot products; off everywhere else."""
-        if self.int8_activations is not None:
-            return
-        applies = (self.quantization == "int8"
-                   or (gguf and self.quantization in (None, "gguf")))
-        if not applies or self.torch_device.type != "cpu":
-            self.int8_activations = False
-            return
-        self.int8_activations = cpu_features.default_int8_activations()
+        if self.int8_activations is None:
+            applies = (self.quantization == "int8"
+                       or (gguf and self.quantization in (None, "gguf")))
+            self.int8_activations = (applies and self.torch_device.type == "cpu"
+                                     and cpu_features.default_int8_activations())
+        self.resolve_kv_cache_dtype()
+
+    def resolve_kv_cache_dtype(self) -> None:
+        """kv_cache_dtype='auto' settled once int8_activations is: float16 K / V under fp32
+        compute where the matrices run int8 activations on CPU (the fast path, already not
+        bit-exact: llama.cpp's default f16 cache, half the bytes a decode step's attention
+        reads; docs/benchmarks.md measures both), else the model dtype. 'float32' keeps
+        fp32 K / V on that path."""
+        if (self.kv_cache_dtype == "auto" and self.int8_activations
+                and self.torch_device.type == "cpu" and self.torch_dtype == torch.float32):
+            self.torch_kv_cache_dtype = torch.float16
+            logger.info("kv_cache_dtype auto: float16 (int8 activations; --kv-cache-dtype "
+                        "float32 for fp32 K/V)")
 
     def resolve_linear_dtype(self, float_weights: bool, checkpoint_dtype: object = None) -> None:
         """Settle linear_dtype=None ('auto' on CPU) once the checkpoint is known: bf16 where

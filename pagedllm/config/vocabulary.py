@@ -10,10 +10,12 @@ registered there are all choices here).
 from __future__ import annotations
 
 # KV cache element types: name -> torch dtype attribute. "auto" (not listed) stores K/V in the
-# model dtype; "float16" (= "fp16") stores fp32 K / V rounded to float16, no scales (half the
-# bytes, what llama.cpp keeps by default); the 8-bit ones add a float16 scale per token per KV
-# head (model/layers/kv_quant.py). "fp8" is vLLM's alias for fp8_e4m3.
-KV_CACHE_DTYPES = {"float16": "float16", "fp16": "float16", "int8": "int8",
+# model dtype (float16 under int8 activations: EngineConfig.resolve_kv_cache_dtype); "float16"
+# (= "fp16") stores fp32 K / V rounded to float16, no scales (half the bytes, what llama.cpp
+# keeps by default); "float32" (= "fp32") the exact rows; the 8-bit ones add a float16 scale
+# per token per KV head (model/layers/kv_quant.py). "fp8" is vLLM's alias for fp8_e4m3.
+KV_CACHE_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16",
+                   "fp16": "float16", "int8": "int8",
                    "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULING_POLICIES = ("fcfs", "priority")

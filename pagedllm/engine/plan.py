@@ -14,6 +14,7 @@ cross-feature question itself:
     CUDA graphs off for mixture-of-experts models     resolve_plan (expert groups sized on host)
     a block holds target + draft KV                   split_kv_budget
     int8 activations auto                             EngineConfig.resolve_int8_activations
+    KV cache dtype auto (float16 with int8 acts.)     EngineConfig.resolve_kv_cache_dtype
     linear weights' dtype auto (CPU: bf16 or fp32)    EngineConfig.resolve_linear_dtype
 """
 

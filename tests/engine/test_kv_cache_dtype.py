@@ -142,7 +142,8 @@ def test_kv_cache_dtype_config_and_cli() -> None:
     assert EngineConfig(kv_cache_dtype="int8").torch_kv_cache_dtype == torch.int8
     assert EngineConfig(kv_cache_dtype="auto", device="cpu").torch_kv_cache_dtype == (
         torch.float32)
-    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, int8"):
+    assert EngineConfig(kv_cache_dtype="fp16").torch_kv_cache_dtype == torch.float16
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, float32"):
         EngineConfig(kv_cache_dtype="int4")
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
@@ -150,3 +151,21 @@ def test_kv_cache_dtype_config_and_cli() -> None:
     assert config.kv_cache_dtype == "int8"
     with pytest.raises(SystemExit):
         parser.parse_args(["--kv-cache-dtype", "fp4"])
+
+
+@pytest.mark.parametrize(("kv", "int8_acts", "expected"), [
+    ("auto", True, torch.float16),     # the fast path: float16 K/V
+    ("auto", False, torch.float32),    # the exact path: the model dtype
+    ("float32", True, torch.float32),  # fp32 K/V asked for on the fast path
+    ("int8", True, torch.int8),
+])
+def test_kv_cache_dtype_auto_follows_int8_activations(kv, int8_acts, expected) -> None:
+    """'auto' stores float16 K/V under fp32 compute where the matrices run int8 activations
+    (settled with them, before the KV spec is made), the model dtype elsewhere."""
+    config = EngineConfig(kv_cache_dtype=kv, device="cpu", int8_activations=int8_acts)
+    assert config.torch_kv_cache_dtype == KV_DTYPE_BEFORE[kv]
+    config.resolve_int8_activations(gguf=True)
+    assert config.torch_kv_cache_dtype == expected
+
+
+KV_DTYPE_BEFORE = {"auto": torch.float32, "float32": torch.float32, "int8": torch.int8}
