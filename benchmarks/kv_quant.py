@@ -1,9 +1,9 @@
-"""KV cache quantization: accuracy, capacity and speed of int8 / fp8 caches vs auto, one run.
+"""KV cache dtypes: accuracy, capacity and speed of float16 / int8 / fp8 caches vs fp32, one run.
 
     python benchmarks/kv_quant.py                 # default model, ~10 minutes on 2 CPUs
     python benchmarks/kv_quant.py --quick         # small sizes, smoke test
 
-One engine per `--kv-cache-dtype` (auto, int8, fp8_e4m3, fp8_e5m2), all loaded at once and
+One engine per `--kv-cache-dtype` (float32, float16, int8, fp8_e4m3, fp8_e5m2), all loaded at once and
 stepped in lockstep (one step of each in turn), so that a shared machine's load falls on
 all of them alike. For each:
 
@@ -14,7 +14,7 @@ all of them alike. For each:
     token after the first comes from a decode step whose attention reads the whole context
     through the paged (quantized) cache, K/V written by the engine itself;
   * greedy agreement: `--prompts` prompts x `--gen-len` greedy tokens, the fraction of
-    positions where the token equals auto's, and the mean number of tokens before the
+    positions where the token equals float32's, and the mean number of tokens before the
     first difference;
   * capacity: tokens that fit in the 2 GiB default CPU budget (KVCacheSpec, what the
     engine's start-up log reports);
@@ -47,7 +47,10 @@ from pagedllm.model.layers import kv_quant
 
 logger = logging.getLogger("benchmarks.kv_quant")
 
-DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
+# float32 is the reference (exact K/V); "auto" is float16 where int8 activations are on
+# (EngineConfig.resolve_kv_cache_dtype), so it is not listed apart.
+REF = "float32"
+DTYPES = (REF, "float16", "int8", "fp8_e4m3", "fp8_e5m2")
 BUDGET = 2 * 2**30
 
 
@@ -138,13 +141,13 @@ def perplexity(engines: dict[str, LLMEngine], segments: list[list[int]]) -> dict
         for i, seg in enumerate(segments):
             forcers[name].add(eng, f"ppl{i}", seg)
     timing = run_lockstep(engines)
-    ref = [lp for i in range(len(segments)) for lp in forcers["auto"].logprobs[f"ppl{i}"]]
+    ref = [lp for i in range(len(segments)) for lp in forcers[REF].logprobs[f"ppl{i}"]]
     out = {}
     for name in engines:
         lps = [lp for i in range(len(segments)) for lp in forcers[name].logprobs[f"ppl{i}"]]
         assert len(lps) == sum(len(s) - 1 for s in segments), "every token must be scored"
         out[name] = {"scored_tokens": len(lps), "ppl": math.exp(-statistics.fmean(lps)),
-                     "mean_abs_logprob_diff_vs_auto": statistics.fmean(
+                     "mean_abs_logprob_diff_vs_ref": statistics.fmean(
                          abs(a - b) for a, b in zip(lps, ref, strict=True)),
                      "decode_tok_s": timing[name]["decode_tok_s"],
                      "decode_steps": timing[name]["decode_steps"],
@@ -157,8 +160,9 @@ def perplexity(engines: dict[str, LLMEngine], segments: list[list[int]]) -> dict
 
 def greedy_agreement(engines: dict[str, LLMEngine], prompts: list[list[int]],
                      gen_len: int) -> dict[str, dict]:
-    """Position-wise agreement with auto's greedy tokens, and how close auto's own choice was
-    where a sequence first differs (its logprob gap to the other token, if in its top 5)."""
+    """Position-wise agreement with float32's greedy tokens, and how close float32's own
+    choice was where a sequence first differs (its logprob gap to the other token, if in its
+    top 5)."""
     params = SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True, logprobs=5)
     for eng in engines.values():
         for i, p in enumerate(prompts):
@@ -170,7 +174,7 @@ def greedy_agreement(engines: dict[str, LLMEngine], prompts: list[list[int]],
     for name in engines:
         same = prefix = 0
         gaps = []
-        for ref, got in zip(outs["auto"], outs[name], strict=True):
+        for ref, got in zip(outs[REF], outs[name], strict=True):
             a, b = ref.token_ids, got.token_ids
             same += sum(x == y for x, y in zip(a, b, strict=True))
             first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y),
@@ -184,8 +188,8 @@ def greedy_agreement(engines: dict[str, LLMEngine], prompts: list[list[int]],
         out[name] = {"agreement": same / (len(prompts) * gen_len),
                      "mean_tokens_before_first_difference": prefix / len(prompts),
                      "identical_sequences": len(prompts) - len(gaps),
-                     "first_differences_in_auto_top5": len(finite),
-                     "median_auto_gap_at_first_difference": (
+                     "first_differences_in_ref_top5": len(finite),
+                     "median_ref_gap_at_first_difference": (
                          statistics.median(finite) if finite else None),
                      "decode_tok_s": timing[name]["decode_tok_s"],
                      "decode_steps": timing[name]["decode_steps"], "batch": len(prompts)}
@@ -213,9 +217,9 @@ def attention_kernel(spec: KVCacheSpec, dtypes: dict[str, torch.dtype], batch: i
             (k, ks), (v, vs) = (kv_quant.quantize(t, dtype) for t in x)
             calls[name] = functools.partial(ops.paged_decode_attention_quant, out, q, k, v, ks,
                                             vs, bt, lens, d**-0.5, 0)
-        else:
-            calls[name] = functools.partial(ops.paged_decode_attention, out, q, *x, bt, lens,
-                                            d**-0.5, 0)
+        else:  # fp32, or float16 rows
+            calls[name] = functools.partial(ops.paged_decode_attention, out, q,
+                                            *(t.to(dtype) for t in x), bt, lens, d**-0.5, 0)
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(reps + 1):
         for name, call in calls.items():
@@ -256,7 +260,7 @@ def main() -> None:
             model=args.model, num_threads=args.threads, kv_cache_dtype=name,
             max_num_seqs=max(args.segments, args.prompts), kv_cache_memory=args.kv_cache_memory,
             enable_prefix_caching=False)
-    eng = engines["auto"]
+    eng = engines[REF]
     text = prose_tokens(eng.tokenizer)
     half = len(text) // 2
     stride = (half - args.segment_len) // max(args.segments - 1, 1)
@@ -273,8 +277,8 @@ def main() -> None:
         capacity[name] = {"dtype": str(spec.dtype), "bytes_per_token": spec.bytes_per_token,
                           "tokens_in_2GiB": spec.num_blocks_for(BUDGET) * spec.block_size}
     for name in DTYPES:
-        capacity[name]["vs_auto"] = (capacity[name]["tokens_in_2GiB"]
-                                     / capacity["auto"]["tokens_in_2GiB"])
+        capacity[name]["vs_ref"] = (capacity[name]["tokens_in_2GiB"]
+                                     / capacity[REF]["tokens_in_2GiB"])
     res["capacity"] = capacity
     spec = eng.kv_spec
     t0 = time.perf_counter()
@@ -299,34 +303,34 @@ def main() -> None:
 
 def tables(res: dict) -> str:
     ppl, greedy, cap = res["perplexity"], res["greedy"], res["capacity"]
-    p0, k = ppl["auto"]["ppl"], res["attention_kernel_ms"]
+    p0, k = ppl[REF]["ppl"], res["attention_kernel_ms"]
     lines = [
-        f"| kv_cache_dtype | perplexity ({ppl['auto']['scored_tokens']} tokens) | vs auto "
-        f"| mean abs logprob diff | greedy agreement ({greedy['auto']['batch']} x "
-        f"{res['args']['gen_len']}) | tokens before 1st diff | 1st diffs in auto's top 5 "
-        f"(median gap) | bytes/token | tokens in 2 GiB | capacity vs auto "
-        f"| decode tok/s, B={ppl['auto']['batch']} | decode tok/s, B={greedy['auto']['batch']} |",
+        f"| kv_cache_dtype | perplexity ({ppl[REF]['scored_tokens']} tokens) | vs float32 "
+        f"| mean abs logprob diff | greedy agreement ({greedy[REF]['batch']} x "
+        f"{res['args']['gen_len']}) | tokens before 1st diff | 1st diffs in float32's top 5 "
+        f"(median gap) | bytes/token | tokens in 2 GiB | capacity vs float32 "
+        f"| decode tok/s, B={ppl[REF]['batch']} | decode tok/s, B={greedy[REF]['batch']} |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in DTYPES:
         p, g, c = ppl[name], greedy[name], cap[name]
         n_diff = g["batch"] - g["identical_sequences"]
-        gap = g["median_auto_gap_at_first_difference"]
+        gap = g["median_ref_gap_at_first_difference"]
         lines.append(
             f"| {name} | {p['ppl']:.4f} | {100 * (p['ppl'] / p0 - 1):+.2f}% | "
-            f"{p['mean_abs_logprob_diff_vs_auto']:.4f} | {100 * g['agreement']:.1f}% | "
+            f"{p['mean_abs_logprob_diff_vs_ref']:.4f} | {100 * g['agreement']:.1f}% | "
             f"{g['mean_tokens_before_first_difference']:.1f} | "
-            f"{g['first_differences_in_auto_top5']}/{n_diff}"
+            f"{g['first_differences_in_ref_top5']}/{n_diff}"
             f"{'' if gap is None else f' ({gap:.3f})'} | {c['bytes_per_token']} | "
-            f"{c['tokens_in_2GiB']} | {c['vs_auto']:.2f}x | "
-            f"{p['decode_tok_s']:.1f} ({p['decode_tok_s'] / ppl['auto']['decode_tok_s']:.2f}x) "
-            f"| {g['decode_tok_s']:.1f} ({g['decode_tok_s'] / greedy['auto']['decode_tok_s']:.2f}x) |")
+            f"{c['tokens_in_2GiB']} | {c['vs_ref']:.2f}x | "
+            f"{p['decode_tok_s']:.1f} ({p['decode_tok_s'] / ppl[REF]['decode_tok_s']:.2f}x) "
+            f"| {g['decode_tok_s']:.1f} ({g['decode_tok_s'] / greedy[REF]['decode_tok_s']:.2f}x) |")
     lines += ["", "| decode attention, one layer (C++ kernel), ms: median (best), speed-up "
-              "vs auto | " + " | ".join(DTYPES) + " |", "|---|" + "---:|" * len(DTYPES)]
+              "vs float32 | " + " | ".join(DTYPES) + " |", "|---|" + "---:|" * len(DTYPES)]
     for bl, row in k.items():
         if row is None:
             continue
         b, length = bl.split("x")
-        base = row["auto"]["median_ms"]
+        base = row[REF]["median_ms"]
         lines.append(f"| B={b}, context {length} | " + " | ".join(
             f"{row[n]['median_ms']:.2f} ({row[n]['best_ms']:.2f}), "
             f"{base / row[n]['median_ms']:.2f}x" for n in DTYPES) + " |")

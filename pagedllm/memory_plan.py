@@ -45,11 +45,13 @@ def load_config(model_or_config: str) -> SimpleNamespace:
     path = Path(model_or_config)
     if path.suffix == ".gguf":
         from pagedllm.loader.gguf_loader import gguf_config, open_gguf
+        from pagedllm.loader.gguf_reader import block_quantized
 
         reader = open_gguf(path, vocabulary=False)  # a plan needs no vocabulary
         # The engine keeps GGUF blocks quantized: its weights are the file's tensor bytes.
         return SimpleNamespace(**gguf_config(reader).to_dict(),
                                weight_bytes=sum(int(t.n_bytes) for t in reader.tensors),
+                               block_quantized=block_quantized(reader),
                                expert_weight_bytes=sum(int(t.n_bytes) for t in reader.tensors
                                                        if "_exps." in t.name))
     if path.is_dir():
@@ -249,7 +251,8 @@ def plan_for_engine(cfg: SimpleNamespace, config: EngineConfig,
     apply_rope_overrides(cfg, config.rope_scaling, config.rope_theta)
     config.finalize(*rope_max_len(cfg))
     gguf = getattr(cfg, "weight_bytes", None) is not None
-    config.resolve_int8_activations(gguf)  # and with it the KV dtype 'auto' (as the engine)
+    # and with it the KV dtype 'auto', as the engine settles them
+    config.resolve_int8_activations(gguf, getattr(cfg, "block_quantized", False))
     spec = kv_spec_for(cfg, config)
     budget = config.kv_cache_memory
     if budget is None and memory_bytes is None:

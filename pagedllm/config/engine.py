@@ -187,24 +187,27 @@ class EngineConfig:
         if self.rope_theta is not None and not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
 
-    def resolve_int8_activations(self, gguf: bool) -> None:
+    def resolve_int8_activations(self, gguf: bool, block_quantized: bool = True) -> None:
         """Settle int8_activations=None (auto) for a GGUF (`gguf`) or float checkpoint: on
         where it applies (a GGUF model kept quantized, or --quantization int8) on a CPU whose
-        kernels have fast int8 dot products; off everywhere else."""
+        kernels have fast int8 dot products; off everywhere else. Then the KV dtype 'auto'
+        (`resolve_kv_cache_dtype`); `block_quantized`: whether the GGUF's matrices are in
+        block formats (an all-float GGUF runs exact matrices whatever the flag says)."""
         if self.int8_activations is None:
             applies = (self.quantization == "int8"
                        or (gguf and self.quantization in (None, "gguf")))
             self.int8_activations = (applies and self.torch_device.type == "cpu"
                                      and cpu_features.default_int8_activations())
-        self.resolve_kv_cache_dtype()
+        self.resolve_kv_cache_dtype(bool(self.int8_activations) and (
+            self.quantization == "int8" or (gguf and block_quantized)))
 
-    def resolve_kv_cache_dtype(self) -> None:
-        """kv_cache_dtype='auto' settled once int8_activations is: float16 K / V under fp32
-        compute where the matrices run int8 activations on CPU (the fast path, already not
-        bit-exact: llama.cpp's default f16 cache, half the bytes a decode step's attention
-        reads; docs/benchmarks.md measures both), else the model dtype. 'float32' keeps
-        fp32 K / V on that path."""
-        if (self.kv_cache_dtype == "auto" and self.int8_activations
+    def resolve_kv_cache_dtype(self, int8_matrices: bool) -> None:
+        """kv_cache_dtype='auto' settled: float16 K / V under fp32 compute on CPU where the
+        matrices run int8 activations (`int8_matrices`: the fast path, already not
+        bit-exact; llama.cpp's default f16 cache; half the bytes a decode step's attention
+        reads; docs/benchmarks.md measures both), else the model dtype. 'float32' keeps fp32
+        K / V on that path."""
+        if (self.kv_cache_dtype == "auto" and int8_matrices
                 and self.torch_device.type == "cpu" and self.torch_dtype == torch.float32):
             self.torch_kv_cache_dtype = torch.float16
             logger.info("kv_cache_dtype auto: float16 (int8 activations; --kv-cache-dtype "

@@ -110,3 +110,12 @@ def open_gguf(path: Path, vocabulary: bool = True) -> GGUFReader:
         raise UnsupportedModelError(
             f"{path} is not a readable GGUF file ({size} bytes; truncated or corrupt?): "
             f"{exc}") from exc
+
+
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def block_quantized(reader: GGUFReader) -> bool:
+    """Whether any tensor of the file is in a block-quantized format (Q8_0, Q4_K, ...), i.e.
+    the model's matrices are not all float."""
+    return any(t.tensor_type.name not in FLOAT_TYPES for t in reader.tensors)

@@ -14,6 +14,7 @@ from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.errors import ModelLoadError
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
+from pagedllm.loader.gguf_reader import block_quantized, open_gguf
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.mla import latent_kv_dims
 from pagedllm.model.layers.parallel import tensor_parallel_layers
@@ -31,8 +32,10 @@ GiB = 2**30
 def resolve_int8_activations(config: EngineConfig) -> None:
     """int8_activations=None (auto) settled for the model `config` names (a GGUF file or
     not), before anything is loaded: every rank and front calls this with the same answer."""
-    config.resolve_int8_activations(
-        gguf=resolve_model(config.model, config.revision, config.download_dir).is_file())
+    path = resolve_model(config.model, config.revision, config.download_dir)
+    gguf = path.is_file()
+    config.resolve_int8_activations(gguf=gguf, block_quantized=gguf and block_quantized(
+        open_gguf(path, vocabulary=False)))
 
 
 def resolve_linear_dtype(ckpt: Checkpoint, config: EngineConfig) -> None:

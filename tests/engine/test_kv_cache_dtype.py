@@ -153,18 +153,20 @@ def test_kv_cache_dtype_config_and_cli() -> None:
         parser.parse_args(["--kv-cache-dtype", "fp4"])
 
 
-@pytest.mark.parametrize(("kv", "int8_acts", "expected"), [
-    ("auto", True, torch.float16),     # the fast path: float16 K/V
-    ("auto", False, torch.float32),    # the exact path: the model dtype
-    ("float32", True, torch.float32),  # fp32 K/V asked for on the fast path
-    ("int8", True, torch.int8),
+@pytest.mark.parametrize(("kv", "int8_acts", "block_quantized", "expected"), [
+    ("auto", True, True, torch.float16),     # the fast path: float16 K/V
+    ("auto", False, True, torch.float32),    # the exact path: the model dtype
+    ("auto", True, False, torch.float32),    # an all-float GGUF: exact matrices
+    ("float32", True, True, torch.float32),  # fp32 K/V asked for on the fast path
+    ("int8", True, True, torch.int8),
 ])
-def test_kv_cache_dtype_auto_follows_int8_activations(kv, int8_acts, expected) -> None:
+def test_kv_cache_dtype_auto_follows_int8_activations(kv, int8_acts, block_quantized,
+                                                      expected) -> None:
     """'auto' stores float16 K/V under fp32 compute where the matrices run int8 activations
     (settled with them, before the KV spec is made), the model dtype elsewhere."""
     config = EngineConfig(kv_cache_dtype=kv, device="cpu", int8_activations=int8_acts)
     assert config.torch_kv_cache_dtype == KV_DTYPE_BEFORE[kv]
-    config.resolve_int8_activations(gguf=True)
+    config.resolve_int8_activations(gguf=True, block_quantized=block_quantized)
     assert config.torch_kv_cache_dtype == expected
 
 
