@@ -5,11 +5,13 @@
 // KV head. softmax in fp32 with max subtraction.
 // Layout: cache [num_blocks, block_size, kv_heads, d].
 //
-// Cache dtypes: fp32, or 8 bits (int8, fp8 e4m3fn, fp8 e5m2) with a float16 scale per token
-// per KV head, scales [num_blocks, block_size, kv_heads] (pagedllm/model/layers/kv_quant.py).
-// An 8-bit row is converted to fp32 once into a small per-thread buffer (L1) and serves its
-// G query heads; its scale multiplies the G dot products (K) or softmax weights (V) instead
-// of every element. The row read from memory is 1/4 of fp32's bytes.
+// Cache dtypes: fp32, float16, or 8 bits (int8, fp8 e4m3fn, fp8 e5m2) with a float16 scale
+// per token per KV head, scales [num_blocks, block_size, kv_heads]
+// (pagedllm/model/layers/kv_quant.py). A converted row serves its G query heads: in the
+// AVX-512 tiles (head sizes 64, 128) it is converted in registers as it is read, elsewhere
+// once into a small per-thread buffer (L1); an 8-bit row's scale multiplies the G dot products
+// (K) or softmax weights (V) instead of every element. An 8-bit row read from memory is 1/4
+// of fp32's bytes, a float16 row 1/2.
 //
 // quantize_into_cache is the write side: quantize new tokens' K or V and store values and
 // scales at their slots (one call per layer instead of ~15 small torch ops); it computes
@@ -72,10 +74,27 @@ static inline void axpy(float* y, float a, const float* x, int64_t d) {
 #define PAGEDLLM_PA_TILES 1
 constexpr int kTile = 16;
 
-// 16 stored values as fp32: in place (fp32) or converted in registers (float16).
+// 16 stored values as fp32: in place (fp32) or converted in registers, the same values as
+// Row<T>::load (kv_rows_cpu.h; an 8-bit row's scale, and fp8 e4m3's 2^8, stay in the caller's
+// per-token scales).
 static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+static inline __m512 load16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+static inline __m256i bytes16(const void* p) {
+  return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+static inline __m512 load16(const c10::Float8_e5m2* p) {  // the high byte of a float16
+  return _mm512_cvtph_ps(_mm256_slli_epi16(bytes16(p), 8));
+}
+static inline __m512 load16(const c10::Float8_e4m3fn* p) {  // float16 of the value x 2^-8
+  const __m256i w = bytes16(p);
+  return _mm512_cvtph_ps(_mm256_or_si256(
+      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7),
+      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8)));
 }
 
 // Lane i of the result is the sum of p[i]'s 16 lanes (45 shuffles and adds for 16 sums).
@@ -227,30 +246,24 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       std::copy(acc.begin(), acc.begin() + nh * d, op + b * H * d + h0 * d);
     };
 #if defined(PAGEDLLM_PA_TILES)
-    // The rows of tokens [pos0, pos0 + nt) of sequence b: pointers in trows (8-bit rows
-    // converted into tbuf), tscale[j * kTile + i] = mul x row i's scale for kv head j; each
-    // row first asks for the row kAhead tokens later.
-    // E: what the tile kernels read (8-bit rows go through tbuf as fp32; float16 is converted
-    // in registers)
-    using E = std::conditional_t<kScaled<T>, float, T>;
-    std::vector<float> tbuf(kScaled<T> ? kTile * row_len : 0), tscale(kvh * kTile);
-    const E* trows[kTile];
+    // The rows of tokens [pos0, pos0 + nt) of sequence b: pointers in trows (the tile
+    // kernels convert them in registers), tscale[j * kTile + i] = mul x row i's scale for kv
+    // head j; each row first asks for the row kAhead tokens later.
+    std::vector<float> tscale(kvh * kTile);
+    const T* trows[kTile];
     auto fetch_tile = [&](const T* pool, const uint16_t* scales, int64_t b, int64_t pos0, int nt,
                           int64_t L, float mul) {
       for (int i = 0; i < nt; ++i) {
         const int64_t pos = pos0 + i, slot = slot_of(b, pos);
         if (pos + kAhead < L) prefetch_row(pool, slot_of(b, pos + kAhead), row_len);
         if constexpr (kScaled<T>) {
-          float* row = tbuf.data() + i * row_len;
-          Row<T>::load(pool + slot * row_len, row, row_len);
           for (int64_t j = 0; j < kvh; ++j)
             tscale[j * kTile + i] = mul * Row<T>::kMul * half_to_float(scales[slot * kvh + j]);
-          trows[i] = row;
         } else {
           (void)scales;
           for (int64_t j = 0; j < kvh; ++j) tscale[j * kTile + i] = mul;
-          trows[i] = pool + slot * row_len;
         }
+        trows[i] = pool + slot * row_len;
       }
     };
     // attend's arithmetic in tiles (see tile_scores): heads [h0, h1) of sequence b
@@ -266,7 +279,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
         fetch_tile(kp, ks, b, start + t0, nt, L, fscale);
         for (int64_t h = h0; h < h1; ++h) {
           const int64_t j = h / G;
-          tile_scores<NV, E>(qb + h * d, trows, j * d, nt, tscale.data() + j * kTile,
+          tile_scores<NV, T>(qb + h * d, trows, j * d, nt, tscale.data() + j * kTile,
                           scores.data() + (h - h0) * stride + t0);
         }
       }
@@ -297,7 +310,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
               w[i * kTile + k] = scores[(h - h0) * stride + t0 + k] * tscale[j * kTile + k];
             for (int c = 0; c < NV; ++c) a[i][c] = _mm512_loadu_ps(acc.data() + (h - h0) * d + 16 * c);
           }
-          tile_values<NV, E>(a, nc, trows, off, nt, w, kTile);
+          tile_values<NV, T>(a, nc, trows, off, nt, w, kTile);
           for (int i = 0; i < nc; ++i)
             for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc.data() + (c0 + i - h0) * d + 16 * c, a[i][c]);
         }
