@@ -151,6 +151,16 @@ static inline void tile_values(__m512 (*acc)[NV], int nh, const E* const* rows,
 }
 #endif
 
+// s[0, n) -> softmax(s) in place, fp32, with max subtraction.
+static inline void softmax_(float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < n; ++t) m = s[t] > m ? s[t] : m;
+  float sum = 0.f;
+  for (int64_t t = 0; t < n; ++t) { s[t] = std::exp(s[t] - m); sum += s[t]; }
+  const float inv = 1.f / sum;
+  for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+}
+
 // A sequence's blocks lie anywhere in the pool (a server's block tables are shuffled after
 // its first requests finish), so the hardware prefetcher, which follows one contiguous
 // stream, stops at every block boundary: with blocks in random order the kernel ran at half
@@ -224,15 +234,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
           scores[(h - h0) * n + t] = dot(qb + h * d, row + (h / G) * d, d) * row_scale[h / G];
         }
       }
-      for (int64_t h = 0; h < nh; ++h) {
-        float* sh = scores.data() + h * n;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < n; ++t) m = sh[t] > m ? sh[t] : m;
-        float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) { sh[t] = std::exp(sh[t] - m); sum += sh[t]; }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < n; ++t) sh[t] *= inv;
-      }
+      for (int64_t h = 0; h < nh; ++h) softmax_(scores.data() + h * n, n);
       std::fill(acc.begin(), acc.begin() + nh * d, 0.f);
       for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = start + t;
@@ -283,15 +285,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
                           scores.data() + (h - h0) * stride + t0);
         }
       }
-      for (int64_t h = 0; h < nh; ++h) {
-        float* sh = scores.data() + h * stride;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < n; ++t) m = sh[t] > m ? sh[t] : m;
-        float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) { sh[t] = std::exp(sh[t] - m); sum += sh[t]; }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < n; ++t) sh[t] *= inv;
-      }
+      for (int64_t h = 0; h < nh; ++h) softmax_(scores.data() + h * stride, n);
       // V: a tile's rows once, then kHeads heads at a time with their sums in registers
       // (stored between tiles: exact, so a head's sums do not depend on its neighbours)
       std::fill(acc.begin(), acc.begin() + nh * d, 0.f);

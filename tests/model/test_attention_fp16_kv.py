@@ -13,6 +13,7 @@ from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.attention_backends.cpu import CPUBackend
 from pagedllm.model.layers.attention_backends.torch_ref import TorchBackend
+from tests.model.test_attention import _tables as tables
 
 H, KVH, BS, NBLOCKS = 9, 3, 16, 48
 
@@ -21,17 +22,6 @@ def _kernels() -> CPUBackend:
     if cpu_ops.load() is None:
         pytest.skip("CPU kernels unavailable")
     return CPUBackend("cpu")
-
-
-def _tables(lens: list[int]) -> torch.Tensor:
-    perm = torch.randperm(NBLOCKS).tolist()
-    tables, used = [], 0
-    for n in lens:
-        nb = -(-n // BS)
-        tables.append(perm[used:used + nb])
-        used += nb
-    width = max(map(len, tables))
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables])
 
 
 def _slot(bt: torch.Tensor, seq: int, pos: int) -> int:
@@ -52,7 +42,7 @@ def test_fp16_cache_mixed_batch_equals_fp32_of_rounded(d, window):
     backend = _kernels()
     torch.manual_seed(d)
     lens = [9, 150, 90]                      # decode, decode, prefill (50 cached + 40 new)
-    bt = _tables(lens)
+    bt = tables(lens, BS, NBLOCKS)
     new_pos = [[8], [149], list(range(50, 90))]
     slots = torch.tensor([_slot(bt, i, p) for i, ps in enumerate(new_pos) for p in ps])
     t = len(slots)
@@ -92,7 +82,7 @@ def test_fp16_cache_fused_qkv_decode(d):
     backend = _kernels()
     torch.manual_seed(1)
     lens = [1, 17, 64, 200]
-    bt = _tables(lens)
+    bt = tables(lens, BS, NBLOCKS)
     slots = torch.tensor([_slot(bt, i, n - 1) for i, n in enumerate(lens)])
     k_pool = torch.randn(NBLOCKS, BS, KVH, d)
     v_pool = torch.randn(NBLOCKS, BS, KVH, d)
