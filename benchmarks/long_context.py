@@ -109,7 +109,7 @@ def pagedllm_point(engine: LLMEngine, b: int, n: int, steps: int, warmup: int, p
     pools = [(k.view(-1, kvh, head_dim), v.view(-1, kvh, head_dim))
              for k, v, *_ in engine.cache.layer_caches]
     slots = torch.arange(b) * per_seq + n
-    k_new = torch.randn(b, kvh, head_dim)
+    k_new = torch.randn(b, kvh, head_dim).to(engine.cache.kv.dtype)  # what the pool stores
 
     def append():
         for k_pool, v_pool in pools:
