@@ -20,13 +20,18 @@ import argparse
 import json
 import platform
 import statistics
-import time
+import sys
 from pathlib import Path
 
 import torch
 
-from pagedllm.kernels import cpu_ops
-from pagedllm.kernels.cpu_features import cpu_flags
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import run_times  # noqa: E402
+from pagedllm.kernels import cpu_ops  # noqa: E402
+from pagedllm.kernels.cpu_features import cpu_flags  # noqa: E402
 
 H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
 
@@ -44,13 +49,7 @@ def _time_step(ops, pools, q, tables, lens, repeats: int) -> float:
         for kc, vc in pools:
             ops.paged_decode_attention(out, q, kc, vc, tables, lens, D ** -0.5, 0)
 
-    step()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(run_times(step, repeats))
 
 
 def block_order(ops, batch: int, context: int, repeats: int, rounds: int) -> list[dict]:

@@ -28,28 +28,25 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from pagedllm import SamplingParams
-from pagedllm.config import EngineConfig
-from pagedllm.engine.llm_engine import LLMEngine
-from pagedllm.loader import hf_reference_dir
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import run_times  # noqa: E402
+from pagedllm import SamplingParams  # noqa: E402
+from pagedllm.config import EngineConfig  # noqa: E402
+from pagedllm.engine.llm_engine import LLMEngine  # noqa: E402
+from pagedllm.loader import hf_reference_dir  # noqa: E402
 
 logger = logging.getLogger("benchmarks.long_context")
 
 DOCS_SECTION = "## Long context"
-
-
-def timed(fn, reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 @contextlib.contextmanager
@@ -99,7 +96,7 @@ def pagedllm_point(engine: LLMEngine, b: int, n: int, steps: int, warmup: int, p
         started = [o for o in engine.step() if o.outputs[0].token_ids]
     running = list(engine.scheduler.running)
     assert len(started) == len(running) == b, "all prompts must be prefilled in one step"
-    times = timed(engine.step, warmup + steps)[warmup:]
+    times = run_times(engine.step, steps, warmup)
     assert all(r.num_computed_tokens == n for r in running), (
         "the last timed step must decode b sequences attending to n keys each")
     engine.abort_request(ids)
@@ -116,7 +113,7 @@ def pagedllm_point(engine: LLMEngine, b: int, n: int, steps: int, warmup: int, p
             k_pool.index_copy_(0, slots, k_new)
             v_pool.index_copy_(0, slots, k_new)
 
-    return summary("pagedllm", b, n, times, timed(append, 20)[5:])
+    return summary("pagedllm", b, n, times, run_times(append, 15, warmup=5))
 
 
 # ------------------------------------------------------------------------ HF
@@ -149,14 +146,14 @@ def hf_point(model, b: int, n: int, steps: int, warmup: int, gen: torch.Generato
         state["ids"] = out.logits[:, -1].argmax(-1, keepdim=True)
         state["pos"] += 1
 
-    times = timed(step, warmup + steps)[warmup:]
+    times = run_times(step, steps, warmup)
     k_new = torch.randn(b, kvh, 1, head_dim)
 
     def append():
         for layer in range(cfg.num_hidden_layers):
             cache.update(k_new, k_new, layer)
 
-    return summary("hf", b, n, times, timed(append, 5))
+    return summary("hf", b, n, times, run_times(append, 5, warmup=0))
 
 
 # ------------------------------------------------------------------- report

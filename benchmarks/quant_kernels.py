@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -36,6 +35,7 @@ if str(ROOT) not in sys.path:
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
 
+from benchmarks.timing import run_times  # noqa: E402
 from pagedllm.kernels import cpu_ops  # noqa: E402
 from pagedllm.model.layers.quant.gguf import GGUFWeight  # noqa: E402
 from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight  # noqa: E402
@@ -50,13 +50,7 @@ SHAPES = [("qkv", 960, 576, T.Q4_1, LAYERS), ("o", 576, 576, T.Q4_1, LAYERS),
 
 
 def _time(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)  # the least disturbed run: this machine is shared
+    return min(run_times(fn, reps))  # the least disturbed run: this machine is shared
 
 
 def main(argv: list[str] | None = None) -> None:
