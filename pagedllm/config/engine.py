@@ -92,7 +92,7 @@ class EngineConfig:
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
     # with quantization="int8": W8A8 (dynamic int8 x, a scale per 32 values); a GGUF model:
     # its int8-activation kernels (model/layers/quant/gguf_a8.py). None = auto: on where the
-    # CPU kernels' int8 dot products are VNNI's (kernels/cpu_features.py), resolved by
+    # CPU kernels' int8 dot products are SIMD (kernels/cpu_features.py), resolved by
     # `resolve_int8_activations` once the checkpoint's kind is known; False = exact path.
     int8_activations: bool | None = None
     max_logprobs: int = MAX_LOGPROBS  # largest `logprobs` / `top_logprobs` a request may ask for (vLLM)

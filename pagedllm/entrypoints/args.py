@@ -102,9 +102,9 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
     g.add_argument("--int8-activations", action=argparse.BooleanOptionalAction, default=None,
                    help="int8 activations and integer dot products (close, not exact): with "
                    "--quantization int8 W8A8, on a GGUF model its blocks (both with a scale "
-                   "per 32 activation values, llama.cpp's scheme). Default: on where the CPU "
-                   "kernels have VNNI "
-                   "(AVX-512 VNNI, AMX CPUs), else off; --no-int8-activations: the exact path")
+                   "per 32 activation values, llama.cpp's scheme). Default: on on CPU where the "
+                   "kernels have SIMD int8 dot products (AVX2, AVX-512, VNNI), else off; "
+                   "--no-int8-activations: the exact path")
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="most sequences in one batch")
     g.add_argument("--max-num-batched-tokens", type=arg_types.human_int, default=None,

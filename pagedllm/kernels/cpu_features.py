@@ -7,7 +7,8 @@ defaults follow the build:
 
     int8 dot products (int8_dot_cpu.h)   int8 activations by default
     avx512_vnni (vpdpbusd)               on  (GGUF models kept quantized, --quantization int8)
-    avx512bw / avx2 (maddubs pairs)      off (the exact path; --int8-activations turns it on)
+    avx512bw / avx2 (maddubs pairs)      on
+    scalar (no SIMD build)               off (the exact path; --int8-activations turns it on)
 
 The default dtype follows the CPU instead (torch's bf16 matmul, oneDNN, dispatches at run
 time): `--dtype auto` may pick bf16 linear weights where the CPU has amx_bf16 or avx512_bf16
@@ -30,8 +31,11 @@ _FLAG = re.compile(r"^(avx2|avx512\w*|avx_vnni\w*|amx\w*|fma|f16c)$")
 BF16_MATRIX_FLAGS = ("amx_bf16", "avx512_bf16")
 
 # The int8 dot-product ISAs whose int8-activation kernels beat the exact path at every batch
-# size on the machines measured (docs/benchmarks.md): VNNI's vpdpbusd.
-FAST_INT8_DOT = ("avx512_vnni",)
+# size (docs/benchmarks.md): VNNI's vpdpbusd (Zen 4/5), AVX2's maddubs pair sums (Zen 3, and
+# an AVX2 build on Zen 5: 1.2-1.4x the exact path offline, one stream and prefill); AVX-512
+# BW's maddubs, the AVX2 code at twice the width, was not measured apart (no CPU of that
+# class came by) and follows it.
+FAST_INT8_DOT = ("avx512_vnni", "avx512bw", "avx2")
 
 
 @functools.cache
@@ -62,7 +66,8 @@ def int8_dot_isa() -> str | None:
 
 
 def default_int8_activations() -> bool:
-    """Whether int8 activations are the default here: the build's dot products are VNNI's."""
+    """Whether int8 activations are the default here: the build's int8 dot products are
+    SIMD (FAST_INT8_DOT), not the scalar fallback."""
     isa = int8_dot_isa()
     on = isa in FAST_INT8_DOT
     logger.info("CPU %s; int8 dot products: %s -> int8 activations %s by default",

@@ -49,7 +49,7 @@ namespace {
 
 constexpr bool kVNNI = kXOffset;  // int8_dot_cpu.h's VNNI branch
 // rows of x per micro-kernel call: 2 x MR int32 and 2 x MR fp32 accumulators
-constexpr int kMRQ = kVW == 16 ? 6 : 2;
+constexpr int kMRQ = kVW == 16 ? 6 : 3;
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // acc += u8 codes (lanes of 4) . the 4 s8 values of xquad, exact. VNNI only: without it Q8_0
@@ -83,6 +83,10 @@ inline VI nib_lo(VI v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
 inline VI nib_hi(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
 inline V f16v(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
+
+// Keeps v in a register at this point of the schedule (an empty asm the compiler cannot
+// move sums across).
+inline void pin(VI& v) { asm volatile("" : "+x"(v)); }
 
 template <int F> constexpr int kLaneGroups = F == kQ8_0 ? 8 : 4;  // 4-byte lane rows per block
 // what the codes' sum x q carries beyond sum w x / d: z sum q
@@ -128,6 +132,10 @@ __attribute__((noinline)) void micro(const int8_t* xq, int64_t K, const float* d
           } else {  // int16 sums in dot until the block ends (widened below)
             dot[i][0] = add16(dot[i][0], add16(pairs16(nib_lo(w0), xa), pairs16(nib_hi(w0), xb)));
             dot[i][1] = add16(dot[i][1], add16(pairs16(nib_lo(w1), xa), pairs16(nib_hi(w1), xb)));
+            // integer adds reassociate: unpinned, GCC computed a block's 16 maddubs first and
+            // spilled them all to the stack before adding (AVX2, Zen 3 profile)
+            pin(dot[i][0]);
+            pin(dot[i][1]);
           }
         }
       }

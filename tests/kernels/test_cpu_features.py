@@ -1,6 +1,7 @@
 """The ISA the kernels were built for decides the engine's defaults (kernels/cpu_features.py):
-int8 activations are on by default where the build's int8 dot products are VNNI's, for GGUF
-models kept quantized and for --quantization int8, and off everywhere else."""
+int8 activations are on by default where the build's int8 dot products are SIMD (VNNI, AVX-512
+BW or AVX2), for GGUF models kept quantized and for --quantization int8, and off everywhere
+else."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ def test_flags_and_build_isa_agree() -> None:
     ("avx512_vnni", False, "int8", True),   # W8A8 for --quantization int8
     ("avx512_vnni", False, None, False),    # a float checkpoint: nothing to apply to
     ("avx512_vnni", True, "none", False),   # GGUF dequantized to float
-    ("avx2", True, None, False),            # maddubs: the exact path stays the default
-    ("avx512bw", False, "int8", False),
+    ("avx2", True, None, True),             # maddubs pair sums: on too
+    ("avx2", False, "int8", True),
+    ("avx512bw", False, "int8", True),
+    ("scalar", True, None, False),          # no SIMD build: the exact path
     (None, True, None, False),              # no C++ kernels
 ])
 def test_auto_int8_activations(isa, gguf, quantization, expected, monkeypatch) -> None:
@@ -41,7 +44,7 @@ def test_auto_int8_activations(isa, gguf, quantization, expected, monkeypatch) -
 
 @pytest.mark.parametrize("explicit", [True, False])
 def test_explicit_choice_is_kept(explicit, monkeypatch) -> None:
-    monkeypatch.setattr(cpu_features, "int8_dot_isa", lambda: "avx2" if explicit
+    monkeypatch.setattr(cpu_features, "int8_dot_isa", lambda: "scalar" if explicit
                         else "avx512_vnni")
     config = EngineConfig(int8_activations=explicit, device="cpu")
     config.resolve_int8_activations(gguf=True)

@@ -76,15 +76,15 @@ def test_greedy_equals_dense_reference(quantized_llm: LLM, smollm2_gguf: Path,
 @pytest.mark.slow
 def test_default_path_follows_the_kernels_isa(smollm2_gguf: Path, private_cache: Path) -> None:
     """With no flag, int8 activations are on exactly where the kernels' int8 dot products are
-    VNNI's (kernels/cpu_features.py); elsewhere the exact path stays the default."""
-    vnni = cpu_features.int8_dot_isa() == "avx512_vnni"
+    SIMD (kernels/cpu_features.py); elsewhere the exact path stays the default."""
+    fast = cpu_features.int8_dot_isa() in cpu_features.FAST_INT8_DOT
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CACHE_DIR_ENV, str(private_cache))
         llm = LLM(str(smollm2_gguf), kv_cache_memory=16 * 2**20, max_model_len=128,
                   num_threads=1)
-    assert llm.llm_engine.config.int8_activations is vnni
+    assert llm.llm_engine.config.int8_activations is fast
     fmt = llm.llm_engine.model.model.layers[0].mlp.down_proj.quant.format
-    assert fmt == ("gguf:Q4_1+a8" if vnni else "gguf:Q4_1")
+    assert fmt == ("gguf:Q4_1+a8" if fast else "gguf:Q4_1")
 
 
 @pytest.mark.slow
