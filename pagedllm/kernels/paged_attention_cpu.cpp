@@ -8,8 +8,8 @@
 // Cache dtypes: fp32, float16, or 8 bits (int8, fp8 e4m3fn, fp8 e5m2) with a float16 scale
 // per token per KV head, scales [num_blocks, block_size, kv_heads]
 // (pagedllm/model/layers/kv_quant.py). A converted row serves its G query heads: in the
-// AVX-512 tiles (head sizes 64, 128) it is converted in registers as it is read, elsewhere
-// once into a small per-thread buffer (L1); an 8-bit row's scale multiplies the G dot products
+// vector tiles (head sizes 64, 128; AVX-512 or AVX2) it is converted in registers as it is
+// read, elsewhere once into a small per-thread buffer (L1); an 8-bit row's scale multiplies the G dot products
 // (K) or softmax weights (V) instead of every element. An 8-bit row read from memory is 1/4
 // of fp32's bytes, a float16 row 1/2.
 //
@@ -63,34 +63,43 @@ static inline void axpy(float* y, float a, const float* x, int64_t d) {
 }
 #endif
 
-#if defined(__AVX512F__)
-// The AVX-512 path for head sizes 64 and 128 (NV = d / 16 vectors), in tiles of kTile = 16
-// tokens. The scalar-result dot above spends more instructions on its horizontal sum than on
-// its FMAs, and the axpy loads and stores a head's accumulator for every token: with the rows
-// in L2 the kernel ran at ~12% of the FMA peak (SmolLM2, 64 x 192 tokens, 30 layers: 16 ms
-// hot vs 23.5 ms from memory). Here a head's query stays in registers while a tile's 16 K rows
-// each leave one vector of partial sums, and one transpose-add (reduce16) turns the 16 vectors
-// into the tile's 16 scores; a head's V sums stay in registers over all tokens.
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+// The vector path for head sizes 64 and 128, in tiles of kTile tokens (one vector of them:
+// 16 on AVX-512, 8 on AVX2). The scalar-result dot above spends more instructions on its
+// horizontal sum than on its FMAs, and the axpy loads and stores a head's accumulator for
+// every token: with the rows in L2 the kernel ran at ~12% of the FMA peak (SmolLM2, 64 x 192
+// tokens, 30 layers, AVX-512: 16 ms hot vs 23.5 ms from memory). Here a head's query stays in
+// registers while a tile's K rows each leave one vector of partial sums, and one
+// transpose-add (reduce_tile) turns them into the tile's scores; a head's V sums stay in
+// registers over all tokens.
 #define PAGEDLLM_PA_TILES 1
-constexpr int kTile = 16;
 
-// 16 stored values as fp32: in place (fp32) or converted in registers, the same values as
-// Row<T>::load (kv_rows_cpu.h; an 8-bit row's scale, and fp8 e4m3's 2^8, stay in the caller's
-// per-token scales).
-static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const c10::Half* p) {
+// 16 / 8 stored values as fp32: in place (fp32) or converted in registers, the same values
+// as Row<T>::load (kv_rows_cpu.h; an 8-bit row's scale, and fp8 e4m3's 2^8, stay in the
+// caller's per-token scales).
+#if defined(__AVX512F__)
+constexpr int kTile = 16;
+constexpr int kAccRegs = 16;  // V sums kept in registers (of 32)
+using VF = __m512;
+static inline VF vzero() { return _mm512_setzero_ps(); }
+static inline VF vset1(float x) { return _mm512_set1_ps(x); }
+static inline VF vmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+static inline VF vfma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+static inline void vstore(float* p, VF v) { _mm512_storeu_ps(p, v); }
+static inline VF loadv(const float* p) { return _mm512_loadu_ps(p); }
+static inline VF loadv(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-static inline __m512 load16(const int8_t* p) {
+static inline VF loadv(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 static inline __m256i bytes16(const void* p) {
   return _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-static inline __m512 load16(const c10::Float8_e5m2* p) {  // the high byte of a float16
+static inline VF loadv(const c10::Float8_e5m2* p) {  // the high byte of a float16
   return _mm512_cvtph_ps(_mm256_slli_epi16(bytes16(p), 8));
 }
-static inline __m512 load16(const c10::Float8_e4m3fn* p) {  // float16 of the value x 2^-8
+static inline VF loadv(const c10::Float8_e4m3fn* p) {  // float16 of the value x 2^-8
   const __m256i w = bytes16(p);
   return _mm512_cvtph_ps(_mm256_or_si256(
       _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7),
@@ -98,7 +107,7 @@ static inline __m512 load16(const c10::Float8_e4m3fn* p) {  // float16 of the va
 }
 
 // Lane i of the result is the sum of p[i]'s 16 lanes (45 shuffles and adds for 16 sums).
-static inline __m512 reduce16(const __m512* p) {
+static inline VF reduce_tile(const VF* p) {
   __m512 a[8], b[4];
   for (int k = 0; k < 8; ++k)
     a[k] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * k], p[2 * k + 1]),
@@ -114,38 +123,85 @@ static inline __m512 reduce16(const __m512* p) {
                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
   return _mm512_add_ps(_mm512_shuffle_f32x4(c01, c23, 0x88), _mm512_shuffle_f32x4(c01, c23, 0xDD));
 }
+#else  // AVX2 + FMA + F16C
+constexpr int kTile = 8;
+constexpr int kAccRegs = 8;  // V sums kept in registers (of 16)
+using VF = __m256;
+static inline VF vzero() { return _mm256_setzero_ps(); }
+static inline VF vset1(float x) { return _mm256_set1_ps(x); }
+static inline VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+static inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+static inline void vstore(float* p, VF v) { _mm256_storeu_ps(p, v); }
+static inline VF loadv(const float* p) { return _mm256_loadu_ps(p); }
+static inline VF loadv(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+static inline __m128i bytes8(const void* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); }
+static inline VF loadv(const int8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8(p))); }
+static inline VF loadv(const c10::Float8_e5m2* p) {  // the high byte of a float16
+  return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes8(p)), 8));
+}
+static inline VF loadv(const c10::Float8_e4m3fn* p) {  // float16 of the value x 2^-8
+  const __m128i w = _mm_cvtepu8_epi16(bytes8(p));
+  return _mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7),
+                                      _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8)));
+}
 
-// scores[i] = (q . rows[i][0, 16 NV)) * scale[i] for the nt <= 16 rows of a tile.
+// Lane i of the result is the sum of p[i]'s 8 lanes (21 shuffles and adds for 8 sums).
+static inline VF reduce_tile(const VF* p) {
+  __m256 a[4], b[2];
+  for (int k = 0; k < 4; ++k)
+    a[k] = _mm256_add_ps(_mm256_unpacklo_ps(p[2 * k], p[2 * k + 1]),
+                         _mm256_unpackhi_ps(p[2 * k], p[2 * k + 1]));
+  for (int k = 0; k < 2; ++k) {
+    const __m256d x = _mm256_castps_pd(a[2 * k]), y = _mm256_castps_pd(a[2 * k + 1]);
+    b[k] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                         _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+  }
+  return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20),
+                       _mm256_permute2f128_ps(b[0], b[1], 0x31));
+}
+#endif
+constexpr int kVW = kTile;  // floats per vector
+// Which rows take the tiles. AVX2 fp32 rows stay on the per-token loop: from memory (SmolLM2
+// shapes, 64 sequences x 192 tokens, one layer's pool, 2 threads, Zen 3) its tiles ran
+// 1.1-2.9 ms against 1.7-2.1 ms, while float16 rows ran 0.86-0.92 against 1.83-1.98 ms and
+// int8 1.02-1.08 against 1.94-1.95 (the conversion, not the bytes, was their cost).
+template <typename T> constexpr bool kTiles = kVW == 16 || !std::is_same_v<T, float>;
+
+// scores[i] = (q . rows[i][0, kVW NV)) * scale[i] for the nt <= kTile rows of a tile (scale
+// has kTile readable entries).
 template <int NV, typename E>
 static inline void tile_scores(const float* q, const E* const* rows, int64_t off, int nt,
                                const float* scale, float* scores) {
-  __m512 qv[NV], p[kTile];
-  for (int c = 0; c < NV; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  VF qv[NV], p[kTile];
+  for (int c = 0; c < NV; ++c) qv[c] = loadv(q + kVW * c);
   for (int i = 0; i < kTile; ++i) {
     if (i < nt) {
       const E* r = rows[i] + off;
-      p[i] = _mm512_mul_ps(qv[0], load16(r));
-      for (int c = 1; c < NV; ++c) p[i] = _mm512_fmadd_ps(qv[c], load16(r + 16 * c), p[i]);
+      p[i] = vmul(qv[0], loadv(r));
+      for (int c = 1; c < NV; ++c) p[i] = vfma(qv[c], loadv(r + kVW * c), p[i]);
     } else {
-      p[i] = _mm512_setzero_ps();
+      p[i] = vzero();
     }
   }
-  const __mmask16 m = static_cast<__mmask16>((1u << nt) - 1);
-  _mm512_mask_storeu_ps(scores, m, _mm512_mul_ps(reduce16(p), _mm512_maskz_loadu_ps(m, scale)));
+  float out[kTile];
+  vstore(out, vmul(reduce_tile(p), loadv(scale)));
+  std::copy(out, out + nt, scores);
 }
 
-// acc[h] += sum_i w[h][i] rows[i][off[h] ...] over the nt rows of a tile, heads h < nh <= 16 / NV
-// (their sums in registers between tiles: acc is the caller's, in token order).
+// acc[h] += sum_i w[h][i] rows[i][off[h] ...] over the nt rows of a tile, units h < nh <=
+// kAccRegs / NV of NV vectors each (their sums in registers between tiles: acc is the
+// caller's, in token order).
 template <int NV, typename E>
-static inline void tile_values(__m512 (*acc)[NV], int nh, const E* const* rows,
+static inline void tile_values(VF (*acc)[NV], int nh, const E* const* rows,
                                const int64_t* off, int nt, const float* w, int64_t w_stride) {
   for (int i = 0; i < nt; ++i) {
     const E* r = rows[i];
-    for (int h = 0; h < 16 / NV; ++h) {
+    for (int h = 0; h < kAccRegs / NV; ++h) {
       if (h >= nh) break;
-      const __m512 wv = _mm512_set1_ps(w[h * w_stride + i]);
-      for (int c = 0; c < NV; ++c)
-        acc[h][c] = _mm512_fmadd_ps(wv, load16(r + off[h] + 16 * c), acc[h][c]);
+      const VF wv = vset1(w[h * w_stride + i]);
+      for (int c = 0; c < NV; ++c) acc[h][c] = vfma(wv, loadv(r + off[h] + kVW * c), acc[h][c]);
     }
   }
 }
@@ -270,7 +326,9 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
     };
     // attend's arithmetic in tiles (see tile_scores): heads [h0, h1) of sequence b
     auto attend_tiles = [&](auto nv, int64_t b, int64_t h0, int64_t h1) {
-      constexpr int NV = decltype(nv)::value, kHeads = 16 / NV;
+      constexpr int NV = decltype(nv)::value;                     // vectors per head row
+      constexpr int NVC = NV < kAccRegs ? NV : kAccRegs;          // per V unit
+      constexpr int kHeads = kAccRegs / NVC;
       const int64_t L = lens[b];
       const int64_t start = window > 0 && L > window ? L - window : 0;
       const int64_t n = L - start, nh = h1 - h0, stride = (n + kTile - 1) / kTile * kTile;
@@ -286,8 +344,9 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
         }
       }
       for (int64_t h = 0; h < nh; ++h) softmax_(scores.data() + h * stride, n);
-      // V: a tile's rows once, then kHeads heads at a time with their sums in registers
-      // (stored between tiles: exact, so a head's sums do not depend on its neighbours)
+      // V: a tile's rows once, then kHeads heads at a time with their sums in registers,
+      // NVC vectors of columns at a time (a whole head unless it has more than kAccRegs);
+      // stored between tiles: exact, so a head's sums do not depend on its neighbours
       std::fill(acc.begin(), acc.begin() + nh * d, 0.f);
       float w[kHeads * kTile];
       for (int64_t t0 = 0; t0 < n; t0 += kTile) {
@@ -295,18 +354,24 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
         fetch_tile(vp, vs, b, start + t0, nt, L, 1.f);
         for (int64_t c0 = h0; c0 < h1; c0 += kHeads) {
           const int nc = static_cast<int>(std::min<int64_t>(kHeads, h1 - c0));
-          int64_t off[kHeads];
-          __m512 a[kHeads][NV];
           for (int i = 0; i < nc; ++i) {
             const int64_t h = c0 + i, j = h / G;
-            off[i] = j * d;
             for (int k = 0; k < nt; ++k)
               w[i * kTile + k] = scores[(h - h0) * stride + t0 + k] * tscale[j * kTile + k];
-            for (int c = 0; c < NV; ++c) a[i][c] = _mm512_loadu_ps(acc.data() + (h - h0) * d + 16 * c);
           }
-          tile_values<NV, T>(a, nc, trows, off, nt, w, kTile);
-          for (int i = 0; i < nc; ++i)
-            for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc.data() + (c0 + i - h0) * d + 16 * c, a[i][c]);
+          for (int64_t col = 0; col < d; col += NVC * kVW) {
+            int64_t off[kHeads];
+            VF a[kHeads][NVC];
+            for (int i = 0; i < nc; ++i) {
+              float* ai = acc.data() + (c0 + i - h0) * d + col;
+              off[i] = (c0 + i) / G * d + col;
+              for (int c = 0; c < NVC; ++c) a[i][c] = loadv(ai + kVW * c);
+            }
+            tile_values<NVC, T>(a, nc, trows, off, nt, w, kTile);
+            for (int i = 0; i < nc; ++i)
+              for (int c = 0; c < NVC; ++c)
+                vstore(acc.data() + (c0 + i - h0) * d + col + kVW * c, a[i][c]);
+          }
         }
       }
       std::copy(acc.begin(), acc.begin() + nh * d, op + b * H * d + h0 * d);
@@ -317,8 +382,9 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       const int64_t b = it / items_per_seq, first = it % items_per_seq;
       const int64_t last = std::min(items_per_seq, first + (end - it));
 #if defined(PAGEDLLM_PA_TILES)
-      if (d == 64) attend_tiles(std::integral_constant<int, 4>{}, b, first * per_seq, last * per_seq);
-      else if (d == 128) attend_tiles(std::integral_constant<int, 8>{}, b, first * per_seq, last * per_seq);
+      if (!kTiles<T>) attend(b, first * per_seq, last * per_seq);
+      else if (d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b, first * per_seq, last * per_seq);
+      else if (d == 128) attend_tiles(std::integral_constant<int, 128 / kVW>{}, b, first * per_seq, last * per_seq);
       else
 #endif
       attend(b, first * per_seq, last * per_seq);
