@@ -61,7 +61,7 @@ from pagedllm.entrypoints.launcher import ServerProcess, free_port  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
 # "pagedllm" runs the default flags (a GGUF's weights stay quantized; int8 activations where the
-# kernels have VNNI, kernels/cpu_features.py); "pagedllm-exact" the GGUF blocks with fp32
+# kernels have SIMD int8 dot products, kernels/cpu_features.py); "pagedllm-exact" the GGUF blocks with fp32
 # activations (--no-int8-activations); "pagedllm-fp32" --quantization none --dtype float32
 # (weights dequantized to fp32, the path before issue 12); "pagedllm-bf16" those weights held in bf16.
 # "vllm" / "vllm-bf16": vLLM's dtype float32 / bfloat16 (peers_lib/vllm.py DTYPES).
