@@ -79,6 +79,8 @@ class WaitingQueue:
     def remove_many(self, requests: Iterable[Request]) -> None:
         """Remove these requests (all waiting) in one pass over the queue."""
         gone = {id(r) for r in requests}
+        if not gone:  # every step finishes running requests: no pass over a long queue
+            return
         kept = [r for r in self._items if id(r) not in gone]
         for r in self._items:
             if id(r) in gone:
