@@ -9,9 +9,9 @@
 // per token per KV head, scales [num_blocks, block_size, kv_heads]
 // (pagedllm/model/layers/kv_quant.py). A converted row serves its G query heads: in the
 // vector tiles (head sizes 64, 128; AVX-512 or AVX2) it is converted in registers as it is
-// read, elsewhere once into a small per-thread buffer (L1); an 8-bit row's scale multiplies the G dot products
-// (K) or softmax weights (V) instead of every element. An 8-bit row read from memory is 1/4
-// of fp32's bytes, a float16 row 1/2.
+// read, elsewhere once into a small per-thread buffer (L1); an 8-bit row's scale multiplies
+// the G dot products (K) or softmax weights (V) instead of every element. An 8-bit row read
+// from memory is 1/4 of fp32's bytes, a float16 row 1/2.
 //
 // quantize_into_cache is the write side: quantize new tokens' K or V and store values and
 // scales at their slots (one call per layer instead of ~15 small torch ops); it computes
@@ -361,16 +361,16 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
           }
           for (int64_t col = 0; col < d; col += NVC * kVW) {
             int64_t off[kHeads];
+            float* sums[kHeads];  // unit i's columns in acc
             VF a[kHeads][NVC];
             for (int i = 0; i < nc; ++i) {
-              float* ai = acc.data() + (c0 + i - h0) * d + col;
+              sums[i] = acc.data() + (c0 + i - h0) * d + col;
               off[i] = (c0 + i) / G * d + col;
-              for (int c = 0; c < NVC; ++c) a[i][c] = loadv(ai + kVW * c);
+              for (int c = 0; c < NVC; ++c) a[i][c] = loadv(sums[i] + kVW * c);
             }
             tile_values<NVC, T>(a, nc, trows, off, nt, w, kTile);
             for (int i = 0; i < nc; ++i)
-              for (int c = 0; c < NVC; ++c)
-                vstore(acc.data() + (c0 + i - h0) * d + col + kVW * c, a[i][c]);
+              for (int c = 0; c < NVC; ++c) vstore(sums[i] + kVW * c, a[i][c]);
           }
         }
       }
@@ -381,13 +381,14 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
     for (int64_t it = begin; it < end;) {
       const int64_t b = it / items_per_seq, first = it % items_per_seq;
       const int64_t last = std::min(items_per_seq, first + (end - it));
+      const int64_t h0 = first * per_seq, h1 = last * per_seq;
 #if defined(PAGEDLLM_PA_TILES)
-      if (!kTiles<T>) attend(b, first * per_seq, last * per_seq);
-      else if (d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b, first * per_seq, last * per_seq);
-      else if (d == 128) attend_tiles(std::integral_constant<int, 128 / kVW>{}, b, first * per_seq, last * per_seq);
+      if (kTiles<T> && d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b, h0, h1);
+      else if (kTiles<T> && d == 128)
+        attend_tiles(std::integral_constant<int, 128 / kVW>{}, b, h0, h1);
       else
 #endif
-      attend(b, first * per_seq, last * per_seq);
+      attend(b, h0, h1);
       it += last - first;
     }
   });
