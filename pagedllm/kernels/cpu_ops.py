@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from pagedllm.errors import EngineError
+from pagedllm.kernels.build_lock import build_lock
 
 logger = logging.getLogger(__name__)
 # Kernel families, each its own extension module, built the first time something asks for
@@ -237,13 +238,14 @@ def _try_build(family: str) -> dict[str, object]:
 
 def build(sources: list[Path], name: str):
     """Compile `sources` into the extension module `name` (cached in `build_dir(name)`),
-    with every core (`build_jobs`) and progress lines while a first build runs."""
+    with every core (`build_jobs`) and progress lines while a first build runs; one process
+    at a time, and never waiting on a killed one (kernels/build_lock.py)."""
     from torch.utils.cpp_extension import load as load_ext
 
     directory = build_dir(name)
     directory.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MAX_JOBS", str(build_jobs()))
-    with BuildProgress(directory, units=[p.stem for p in sources]) as progress:
+    with build_lock(directory), BuildProgress(directory, units=[p.stem for p in sources]) as progress:
         mod = load_ext(name=name, sources=[str(p) for p in sources],
                        extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
                        extra_ldflags=["-fopenmp"], build_directory=str(directory),

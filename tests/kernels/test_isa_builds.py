@@ -49,6 +49,6 @@ def test_kernels_of_another_target_equal_the_references(march: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
          "-k", "not greedy_matches_hf", *KERNEL_TESTS],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1100)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and " failed" not in proc.stdout
