@@ -39,6 +39,11 @@ def build_lock(directory: Path) -> Iterator[None]:
             logger.info("waiting for another process that builds or loads the CPU kernels in %s",
                         directory)
             fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as exc:  # a file system without flock: torch's own lock alone
+            logger.warning("no flock in %s (%s): kernel loads there are guarded by torch's "
+                           "lock file only", directory, exc)
+            yield
+            return
         try:
             stale = directory / TORCH_LOCK_NAME
             if stale.exists():
