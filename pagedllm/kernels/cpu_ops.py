@@ -242,10 +242,10 @@ def build(sources: list[Path], name: str):
     at a time, and never waiting on a killed one (kernels/build_lock.py)."""
     from torch.utils.cpp_extension import load as load_ext
 
-    directory = build_dir(name)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = build_dir(name)  # build_lock creates it
     os.environ.setdefault("MAX_JOBS", str(build_jobs()))
-    with build_lock(directory), BuildProgress(directory, units=[p.stem for p in sources]) as progress:
+    with build_lock(directory), \
+            BuildProgress(directory, units=[p.stem for p in sources]) as progress:
         mod = load_ext(name=name, sources=[str(p) for p in sources],
                        extra_cflags=["-O3", f"-march={_march()}", "-ffast-math", "-fopenmp"],
                        extra_ldflags=["-fopenmp"], build_directory=str(directory),
