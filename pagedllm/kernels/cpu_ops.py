@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 # Kernel families, each its own extension module, built the first time something asks for
 # it: "core" is what every model on the CPU path runs (attention, the fp32 and bf16-weight
 # GEMMs and fused ops, GGUF blocks with fp32 or int8 activations, bf16 MoE experts, the C++
-# decode loop, which calls only these);
+# decode loop, which calls these, and the "int" kernels by the addresses that module hands
+# out: kernels/extern_linear_cpu.h);
 # "int" holds the AWQ / GPTQ int4, int8 and W8A8 kernels of HF quantized checkpoints and
 # `--quantization int8`, which a GGUF or float model never builds.
 FAMILIES = {

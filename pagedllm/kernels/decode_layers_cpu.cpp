@@ -15,21 +15,25 @@
 // panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF rows with int8
 // activations (quant_gguf_a8_cpu.cpp), Q8_0 / Q4_0 / Q4_1 panels with int8 activations
 // (quant_a8_panels_cpu.cpp) or a bf16 [N, K] matrix (bf16_linear_cpu.cpp);
-// pagedllm/model/fused_decode.py builds them.
+// pagedllm/model/fused_decode.py builds them. Kind kExtern calls a kernel of the "int" module
+// (int8, W8A8, int4 weights) through the address it handed out (extern_linear_cpu.h).
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
 #include <optional>
 #include <tuple>
 #include <vector>
 
+#include "extern_linear_cpu.h"
 #include "kernels_cpu.h"
 
 namespace {
 
-enum LinearKind : int64_t { kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2, kA8Panels = 3, kBf16 = 4 };
+enum LinearKind : int64_t {
+  kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2, kA8Panels = 3, kBf16 = 4, kExtern = 5
+};
 
-// The tensors a kind's kernel takes (0: not a kind); a `LinearRef` and an `ExpertsRef`
-// (moe_decode_cpu.h) of one kind hold the same fields.
+// The tensors a kind's kernel takes (0: not a kind, or kExtern, whose kernel takes its own);
+// a `LinearRef` and an `ExpertsRef` (moe_decode_cpu.h) of one kind hold the same fields.
 inline size_t tensors_of_kind(int64_t kind) {
   switch (kind) {
     case kPacked: case kGGUFRows: case kBf16: return 1;
@@ -40,19 +44,32 @@ inline size_t tensors_of_kind(int64_t kind) {
 }
 
 struct LinearRef {
-  int64_t kind, fmt, N, K, rows;  // rows: the kernel's in-register / int8 row limit
+  int64_t kind, fmt, N, K, rows;  // rows: the kernel's in-register / int8 row limit (kExtern:
+                                  // the kernel's integer argument)
   std::vector<torch::Tensor> t;
   c10::optional<torch::Tensor> bias;
+  ExternLinearFn fn = nullptr;  // kExtern's kernel
 
   LinearRef(int64_t kind_, int64_t fmt_, int64_t N_, int64_t K_, int64_t rows_,
-            std::vector<torch::Tensor> t_, c10::optional<torch::Tensor> bias_)
-      : kind(kind_), fmt(fmt_), N(N_), K(K_), rows(rows_), t(std::move(t_)), bias(std::move(bias_)) {
+            std::vector<torch::Tensor> t_, c10::optional<torch::Tensor> bias_, int64_t fn_ = 0)
+      : kind(kind_), fmt(fmt_), N(N_), K(K_), rows(rows_), t(std::move(t_)), bias(std::move(bias_)),
+        fn(reinterpret_cast<ExternLinearFn>(fn_)) {
     const size_t want = tensors_of_kind(kind);
-    TORCH_CHECK(want && t.size() == want, "LinearRef: kind ", kind, " takes ", want, " tensors");
+    if (kind == kExtern) {
+      TORCH_CHECK(fn && !t.empty(), "LinearRef: kind ", kind,
+                  " takes a kernel address (the int module's extern_linear) and its tensors");
+    } else {
+      TORCH_CHECK(want && t.size() == want, "LinearRef: kind ", kind, " takes ", want, " tensors");
+    }
   }
 
   torch::Tensor operator()(const torch::Tensor& x) const {
     if (kind == kPacked) return packed_linear(x, t[0], N, bias);
+    if (kind == kExtern) {
+      torch::Tensor y = fn(x, t, N, rows);
+      if (bias) y.add_(*bias);
+      return y;
+    }
     if (kind == kBf16) return bf16_linear(x, t[0], bias, rows);  // rows: its torch_rows
     torch::Tensor y = kind == kGGUFPanels ? gguf_linear(x, fmt, N, t[0], t[1], t[2], t[3], t[4], rows)
                       : kind == kA8Panels   ? a8_panel_linear(x, fmt, t[0], t[1], t[2], N)
@@ -132,9 +149,9 @@ void register_decode_layers(pybind11::module_& m) {
   namespace py = pybind11;
   py::class_<LinearRef>(m, "LinearRef", "one linear layer's weight as its C++ kernel takes it")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<torch::Tensor>,
-                    c10::optional<torch::Tensor>>(),
+                    c10::optional<torch::Tensor>, int64_t>(),
            py::arg("kind"), py::arg("fmt"), py::arg("N"), py::arg("K"), py::arg("rows"),
-           py::arg("tensors"), py::arg("bias"))
+           py::arg("tensors"), py::arg("bias"), py::arg("fn") = 0)
       .def("__call__", &LinearRef::operator(), py::call_guard<py::gil_scoped_release>());
   register_moe_refs(m);
   py::class_<DecodeLayer>(m, "DecodeLayer", "the weights of one Llama decoder layer")

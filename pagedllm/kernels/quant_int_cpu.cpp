@@ -25,8 +25,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "extern_linear_cpu.h"
 #include "grouped_cpu.h"
 
 #pragma GCC push_options
@@ -430,6 +432,32 @@ torch::Tensor int8_grouped_linear(torch::Tensor x, torch::Tensor qp, torch::Tens
   return y;
 }
 
+torch::Tensor w8a8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale, int64_t N,
+                          c10::optional<torch::Tensor> bias);  // quant_w8a8_cpu.cpp
+
+// The kernels above as the core module's decode loop calls them (extern_linear_cpu.h); the
+// tensors are the Python weight's (model/layers/quant/int8.py, int4.py), in kernel order.
+torch::Tensor int8_extern(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int64_t N,
+                          int64_t) {
+  return int8_linear(x, t.at(0), t.at(1), N, c10::nullopt, -1);
+}
+torch::Tensor w8a8_extern(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int64_t N,
+                          int64_t) {
+  return w8a8_linear(x, t.at(0), t.at(1), N, c10::nullopt);
+}
+torch::Tensor int4_extern(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int64_t N,
+                          int64_t group_size) {
+  return int4_linear(x, t.at(0), t.at(1), t.at(2), N, group_size, c10::nullopt, -1);
+}
+
+// The address of kernel `name` ("int8", "w8a8", "int4") as an ExternLinearFn.
+int64_t extern_linear(const std::string& name) {
+  ExternLinearFn fn = name == "int8" ? &int8_extern : name == "w8a8" ? &w8a8_extern
+                      : name == "int4" ? &int4_extern : nullptr;
+  TORCH_CHECK(fn != nullptr, "extern_linear: no kernel named '", name, "' (int8, w8a8, int4)");
+  return reinterpret_cast<int64_t>(fn);
+}
+
 // The "int" kernel family's own extension module (kernels/cpu_ops.py FAMILIES): built only
 // when an AWQ / GPTQ / int8 model loads. The W8A8 file's panels must be as wide as these
 // (it defines kVW the same way; w8a8_linear checks the packed shape).
@@ -444,6 +472,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_grouped_linear", &int8_grouped_linear, nogil,
         "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
         "expert's int8 weight (stacked [E, P, K, NB])");
+  m.def("extern_linear", &extern_linear,
+        "the address of kernel name (int8, w8a8, int4) for the core module's decode loop "
+        "(LinearRef kind 5, kernels/extern_linear_cpu.h)");
   register_w8a8_kernels(m);
 }
 

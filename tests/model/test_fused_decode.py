@@ -42,16 +42,16 @@ def check_fused_equals_layers(llm, prompts: list[list[int]] = PROMPTS) -> None:
     assert_same(fused, outputs(llm, prompts))
 
 
-@pytest.mark.parametrize("extra", [{}, {"kv_cache_dtype": "int8"}, {"quantization": "int8"},
+@pytest.mark.parametrize("extra", [{}, {"kv_cache_dtype": "int8"},
+                                   {"quantization": "int8", "int8_activations": True},
+                                   {"quantization": "int8", "int8_activations": False},
                                    {"dtype": "bfloat16"}],
-                         ids=["fp32", "int8-kv", "int8-weights", "bf16-weights"])
+                         ids=["fp32", "int8-kv", "int8-weights-w8a8", "int8-weights-only",
+                              "bf16-weights"])
 def test_fused_equals_layers(tiny_llama_dir: Path, make_llm, extra: dict) -> None:
-    llm = make_llm(tiny_llama_dir, enable_prefix_caching=False, **extra)
-    if "quantization" in extra:  # int8 weights have no C++ reference: the loop stays off
-        outputs(llm)
-        assert decoder(llm).fused_decode() is None
-        return
-    check_fused_equals_layers(llm)
+    """int8 weights run in the loop through the int module's kernels by address
+    (kernels/extern_linear_cpu.h), as AWQ / GPTQ's int4 (test_awq_gptq.py)."""
+    check_fused_equals_layers(make_llm(tiny_llama_dir, enable_prefix_caching=False, **extra))
 
 
 @pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tiny_mistral_dir"])

@@ -59,6 +59,21 @@ def test_engine_matches_hf_on_the_dequantized_weights(quantized_pair, make_llm, 
                 assert entry[tid].logprob == pytest.approx(value, abs=1e-4), f"{name} {step}"
 
 
+def test_fused_decode_loop_equals_layers(quantized_pair, make_llm):
+    """The int4 kernel runs in the C++ decode loop (by address, kernels/extern_linear_cpu.h)
+    and gives the Python layers' results to the bit; GPTQ's act-order permutes x first, which
+    the loop does not do, so those models keep the Python layers."""
+    from tests.model.test_fused_decode import check_fused_equals_layers, decoder, outputs
+
+    name, qdir, _ = quantized_pair
+    llm = make_llm(qdir, enable_prefix_caching=False)
+    if CASES[name][3]:
+        outputs(llm)
+        assert decoder(llm).fused_decode() is None
+        return
+    check_fused_equals_layers(llm)
+
+
 def test_none_dequantizes_and_mismatched_choice_is_refused(quantized_pair, make_llm):
     name, qdir, _ = quantized_pair
     dense = make_llm(qdir, quantization="none")

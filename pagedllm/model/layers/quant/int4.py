@@ -44,6 +44,22 @@ def from_panels(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.transpose(1, 2).reshape(p * nb, x)[:n].contiguous()
 
 
+EXTERN_KIND = 5  # kernels/decode_layers_cpu.cpp: a kernel of the "int" module, by address
+
+
+def extern_ref(ops, kernel: str, weight: QuantizedWeight, tensors: Sequence[torch.Tensor],
+               arg: int, bias: torch.Tensor | None):
+    """`weight` in the core module's C++ decode loop (`ops.LinearRef`) through the "int"
+    module's kernel `kernel` ("int8", "w8a8", "int4"; kernels/extern_linear_cpu.h): the same
+    call as `linear` makes, without Python between the layers. None without the int module
+    or where its panels are not `weight`'s width (then `linear` computes in torch)."""
+    int_ops = cpu_ops.load_int()
+    if int_ops is None or weight.nb != int_ops.quant_panel_width():
+        return None
+    return ops.LinearRef(EXTERN_KIND, 0, weight.out_features, weight.in_features, arg,
+                         list(tensors), bias, int_ops.extern_linear(kernel))
+
+
 class Int4GroupWeight(QuantizedWeight):
     """int4 with per-group float16 scales and uint8 zero points (see the module docstring)."""
 
@@ -94,6 +110,11 @@ class Int4GroupWeight(QuantizedWeight):
             return x @ w.t()
         return ops.int4_linear(x, self.qp, self.zp, self.sp, self.out_features,
                                self.group_size, None, -1)
+
+    def fused_ref(self, ops, bias: torch.Tensor | None):
+        if self.perm is not None:  # GPTQ's act-order: x is permuted first (left to Python)
+            return None
+        return extern_ref(ops, "int4", self, [self.qp, self.zp, self.sp], self.group_size, bias)
 
     @property
     def nbytes(self) -> int:

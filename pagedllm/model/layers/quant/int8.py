@@ -25,7 +25,7 @@ import torch
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant.base import QuantizedWeight
-from pagedllm.model.layers.quant.int4 import from_panels, panel_width, to_panels
+from pagedllm.model.layers.quant.int4 import extern_ref, from_panels, panel_width, to_panels
 
 
 def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,6 +129,12 @@ class Int8Weight(QuantizedWeight):
                 return self._torch_linear(x)
             return ops.w8a8_linear(x, self.qp, self.scale, self.out_features, None)
         return ops.int8_linear(x, self.qp, self.scale, self.out_features, None, -1)
+
+    def fused_ref(self, ops, bias: torch.Tensor | None):
+        if self.w8a8 and self.code_offset != w8a8_code_offset():
+            return None  # packed for another build's kernel: `linear` computes in torch
+        return extern_ref(ops, "w8a8" if self.w8a8 else "int8", self, [self.qp, self.scale], 0,
+                          bias)
 
     def _torch_linear(self, x: torch.Tensor) -> torch.Tensor:
         """The kernels' arithmetic in torch (used without the C++ kernels)."""
