@@ -13,8 +13,9 @@ which answers its own `fused_ref`.
 another layer or attention type than the model names (`fused_layer`, `fused_attention`:
 OLMoE's q/k norms over all heads and clipping, Gemma's extra norms, ...; Qwen3's per-head q/k
 norms the loop does), a layer's own sliding window, LoRA or tensor parallelism on a linear
-layer, a weight format without a C++ reference (each format answers `fused_ref`; AWQ, GPTQ and
-int8 have none), a MoE block the loop cannot run (DeepSeek's routing, split experts), no CPU
+layer, a weight format without a C++ reference (each format answers `fused_ref`; int8, W8A8
+and AWQ / GPTQ int4 weights call the "int" module's kernels by address, GPTQ's act-order has
+none), a MoE block the loop cannot run (DeepSeek's routing, split experts), no CPU
 kernels, or PAGEDLLM_FUSED_DECODE=0 in the environment (to measure the difference). Each step
 the model asks its attention backend whether the step may take the loop
 (`meta.backend.fused_decode_applies`): only the C++ CPU backend says yes (fp32 on CPU, settled
