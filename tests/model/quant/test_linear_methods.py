@@ -14,6 +14,7 @@ from pagedllm.model.layers.parallel import tensor_parallel_layers
 from pagedllm.model.layers.quant import LinearMethod, concat_quantized, gguf, gguf_a8_panels
 from pagedllm.model.layers.quant.dense import DenseWeight, TransposedWeight, dense_method
 from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
+from pagedllm.model.layers.quant.int4 import Int4GroupWeight
 from pagedllm.model.layers.quant.int8 import Int8Weight
 from tests.model.quant.test_gguf_formats import random_blocks
 
@@ -38,8 +39,13 @@ class _OneRank:
 
 def _formats() -> dict[str, LinearMethod]:
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    q4, z4 = torch.randint(0, 16, (N, K), generator=g), torch.randint(0, 16, (N, 2), generator=g)
+    s4 = torch.rand(N, 2, generator=g) * 0.1
     out = {"dense": DenseWeight(w), "transposed": TransposedWeight(w),
-           "int8": Int8Weight.quantize(w)}
+           "int8": Int8Weight.quantize(w), "w8a8": Int8Weight.quantize(w, w8a8=True),
+           "int4": Int4GroupWeight(q4, z4, s4, K // 2),
+           "int4-act-order": Int4GroupWeight(q4, z4, s4, K // 2, torch.randperm(K, generator=g))}
     if ops is not None:
         out["packed"] = dense_method(w, keep_dense=False)
     if gguf.available():
@@ -76,14 +82,15 @@ def test_linear_runs_its_method(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_fused_ref_is_the_formats_own(name: str) -> None:
     """Formats with a C++ kernel in the decode loop give a `LinearRef` computing what
-    `apply` computes; the others (and any layer with a tensor-parallel collective) give None."""
+    `apply` computes (int8 / W8A8 / int4: the int module's kernels by address); the others
+    (and any layer with a tensor-parallel collective) give None."""
     method = FORMATS[name]
     n, k = method.shape
     layer = Linear(k, n, bias=True)
     layer.bias.data.normal_()
     layer.method = method
     ref = layer.fused_ref(ops)
-    if name in ("dense", "transposed", "int8", "stacked"):
+    if name in ("dense", "transposed", "stacked", "int4-act-order"):
         assert ref is None
         return
     assert ref is not None
