@@ -47,15 +47,12 @@ def from_panels(t: torch.Tensor, n: int) -> torch.Tensor:
 EXTERN_KIND = 5  # kernels/decode_layers_cpu.cpp: a kernel of the "int" module, by address
 
 
-def extern_ref(ops, kernel: str, weight: QuantizedWeight, tensors: Sequence[torch.Tensor],
-               arg: int, bias: torch.Tensor | None):
+def extern_ref(ops, int_ops, kernel: str, weight: QuantizedWeight,
+               tensors: Sequence[torch.Tensor], arg: int, bias: torch.Tensor | None):
     """`weight` in the core module's C++ decode loop (`ops.LinearRef`) through the "int"
-    module's kernel `kernel` ("int8", "w8a8", "int4"; kernels/extern_linear_cpu.h): the same
-    call as `linear` makes, without Python between the layers. None without the int module
-    or where its panels are not `weight`'s width (then `linear` computes in torch)."""
-    int_ops = cpu_ops.load_int()
-    if int_ops is None or weight.nb != int_ops.quant_panel_width():
-        return None
+    module `int_ops`'s kernel `kernel` ("int8", "w8a8", "int4"; kernels/extern_linear_cpu.h),
+    which the caller has checked takes `weight`: the same call as `linear` makes, without
+    Python between the layers."""
     return ops.LinearRef(EXTERN_KIND, 0, weight.out_features, weight.in_features, arg,
                          list(tensors), bias, int_ops.extern_linear(kernel))
 
@@ -105,16 +102,23 @@ class Int4GroupWeight(QuantizedWeight):
         if self.perm is not None:
             x = x.index_select(1, self.perm)
         ops = cpu_ops.fp32_ops(x, "int")
-        if ops is None or self.nb != ops.quant_panel_width():
+        if not self._kernels_take(ops):
             w = self.dequantize() if self.perm is None else self.dequantize()[:, self.perm]
             return x @ w.t()
         return ops.int4_linear(x, self.qp, self.zp, self.sp, self.out_features,
                                self.group_size, None, -1)
 
+    def _kernels_take(self, int_ops) -> bool:
+        """Whether the int module's int4 kernel takes these panels (built, the same width)."""
+        return int_ops is not None and self.nb == int_ops.quant_panel_width()
+
     def fused_ref(self, ops, bias: torch.Tensor | None):
-        if self.perm is not None:  # GPTQ's act-order: x is permuted first (left to Python)
+        int_ops = cpu_ops.load_int()
+        # GPTQ's act-order permutes x first, which the loop does not do
+        if self.perm is not None or not self._kernels_take(int_ops):
             return None
-        return extern_ref(ops, "int4", self, [self.qp, self.zp, self.sp], self.group_size, bias)
+        return extern_ref(ops, int_ops, "int4", self, [self.qp, self.zp, self.sp],
+                          self.group_size, bias)
 
     @property
     def nbytes(self) -> int:

@@ -120,21 +120,26 @@ class Int8Weight(QuantizedWeight):
         q, scale = self.unpacked()
         return q[token_ids].float() * scale[token_ids, None]
 
+    def _kernels_take(self, int_ops) -> bool:
+        """Whether the int module's kernel takes these panels: built, the same width and, for
+        W8A8, the same code offset (packed for this build's kernel; else torch computes)."""
+        return (int_ops is not None and self.nb == int_ops.quant_panel_width()
+                and (not self.w8a8 or self.code_offset == int_ops.w8a8_code_offset()))
+
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         ops = cpu_ops.fp32_ops(x, "int")
-        if ops is None or self.nb != ops.quant_panel_width():
+        if not self._kernels_take(ops):
             return self._torch_linear(x)
         if self.w8a8:
-            if self.code_offset != ops.w8a8_code_offset():
-                return self._torch_linear(x)
             return ops.w8a8_linear(x, self.qp, self.scale, self.out_features, None)
         return ops.int8_linear(x, self.qp, self.scale, self.out_features, None, -1)
 
     def fused_ref(self, ops, bias: torch.Tensor | None):
-        if self.w8a8 and self.code_offset != w8a8_code_offset():
-            return None  # packed for another build's kernel: `linear` computes in torch
-        return extern_ref(ops, "w8a8" if self.w8a8 else "int8", self, [self.qp, self.scale], 0,
-                          bias)
+        int_ops = cpu_ops.load_int()
+        if not self._kernels_take(int_ops):
+            return None
+        return extern_ref(ops, int_ops, "w8a8" if self.w8a8 else "int8", self,
+                          [self.qp, self.scale], 0, bias)
 
     def _torch_linear(self, x: torch.Tensor) -> torch.Tensor:
         """The kernels' arithmetic in torch (used without the C++ kernels)."""
