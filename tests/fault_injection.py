@@ -6,7 +6,7 @@ tests/entrypoints/test_server_overload_faults.py).
     PAGEDLLM_TEST_FAULTS="output=MARK1;logits=MARK2;die=MARK3"
 
 MARK1: the request's detokenizer raises `InjectedFault` (as a detokenizer or stop-check bug
-would); MARK2: its logits rows are NaN when the runner reads them back (a bad logits row);
+would); MARK2: its logits rows are NaN when the runner samples them (a bad logits row);
 MARK3: scheduling it kills the engine thread (`InjectedEngineDeath`, a BaseException so that
 no per-step handler catches it). The server tests start `python tests/fault_injection.py
 serve ...`, which installs the wrappers from the environment variable, then serves.
@@ -42,7 +42,7 @@ def parse(text: str) -> dict[str, str]:
 
 
 def install(markers: dict[str, str], setattr_=setattr) -> None:
-    """Wrap add_request (which marks the targets), the detokenizer, the runner's read-back
+    """Wrap add_request (which marks the targets), the detokenizer, the runner's sampling
     and the scheduler (`setattr_`: pytest's
     `monkeypatch.setattr` to undo it after a test; plain setattr in a server process)."""
     from pagedllm.core.scheduler import Scheduler
@@ -77,15 +77,15 @@ def install(markers: dict[str, str], setattr_=setattr) -> None:
             raise InjectedFault("injected output-processing fault")
         return update(self, token_ids)
 
-    collect = model_runner.collect
+    sample = model_runner.ModelRunner._sample
 
-    def nan_collect(logits, result, owners, emitted):
+    def nan_sample(self, logits, plan):
         row = 0
-        for req, n in owners:
+        for req, n in plan.owners:
             if req.group_id in targets["logits"]:
                 logits[row:row + n] = float("nan")
             row += n
-        return collect(logits, result, owners, emitted)
+        return sample(self, logits, plan)
 
     schedule = Scheduler.schedule
 
@@ -98,7 +98,7 @@ def install(markers: dict[str, str], setattr_=setattr) -> None:
     setattr_(LLMEngine, "add_request", marking_add_request)
     setattr_(IncrementalDetokenizer, "__init__", faulty_init)
     setattr_(IncrementalDetokenizer, "update", faulty_update)
-    setattr_(model_runner, "collect", nan_collect)
+    setattr_(model_runner.ModelRunner, "_sample", nan_sample)
     setattr_(Scheduler, "schedule", deadly_schedule)
 
 

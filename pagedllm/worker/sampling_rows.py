@@ -98,6 +98,8 @@ def _to_host(logits: torch.Tensor, result) -> tuple[list[int], list[bool], tuple
 
         [id, finite, sampled logprob, rank, top ids (N), top logprobs (N)]   per row
     """
+    if result.host is not None:  # the sampler's greedy host path did the copy
+        return result.host[0], result.host[1], None
     ids = result.sampled_token_ids
     finite = torch.isfinite(logits.gather(1, ids.unsqueeze(1)).squeeze(1))
     lp = result.logprobs

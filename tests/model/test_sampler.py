@@ -40,6 +40,28 @@ def test_greedy_is_argmax() -> None:
     assert torch.equal(ids, logits.argmax(-1)) and ids.dtype == torch.int64
 
 
+def test_greedy_host_path_matches_torch_argmax_ties_and_non_finite_rows() -> None:
+    """An all-greedy CPU batch with nothing to process is answered on the host (numpy):
+    the same ids as torch's argmax (first maximum on ties, a NaN wins), and per row whether
+    the chosen logit is finite (what the runner reports as a failed request)."""
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(3))
+    logits[1, 7] = logits[1, 200] = logits[1].max() + 1  # a tie: the first one
+    logits[2, 11] = float("nan")
+    logits[2, 5] = float("nan")
+    logits[3, 40] = float("inf")
+    logits[4] = float("-inf")
+    md = SamplingMetadata.build([row(SamplingParams(temperature=0.0))] * 6, 300, DEVICE)
+    out = Sampler()(logits, md)
+    want = logits.argmax(-1)
+    assert torch.equal(out.sampled_token_ids, want) and out.sampled_token_ids.dtype == torch.int64
+    assert out.host == (want.tolist(), [True, True, False, False, False, True])
+    assert out.host[0][1] == 7 and out.host[0][2] == 5  # first max / first NaN
+    # Anything to process (here: logprobs) takes the tensor path, with no host copy.
+    md = SamplingMetadata.build([row(SamplingParams(temperature=0.0, logprobs=1))] * 6, 300,
+                                DEVICE)
+    assert Sampler()(logits, md).host is None
+
+
 def test_mixed_batch_greedy_rows_stay_argmax() -> None:
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(2))
     greedy, rand = SamplingParams(temperature=0.0), SamplingParams(temperature=5.0)
