@@ -9,6 +9,7 @@ from pagedllm.model.layers.sampler import (
     SamplingMetadata,
     SamplingRow,
     make_generator,
+    row_argmax,
 )
 from pagedllm.sampling_params import SamplingParams
 
@@ -60,6 +61,18 @@ def test_greedy_host_path_matches_torch_argmax_ties_and_non_finite_rows() -> Non
     md = SamplingMetadata.build([row(SamplingParams(temperature=0.0, logprobs=1))] * 6, 300,
                                 DEVICE)
     assert Sampler()(logits, md).host is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_row_argmax_is_torch_argmax(dtype: torch.dtype) -> None:
+    """numpy's argmax on the CPU gives torch's answer: ties, NaN and -inf rows, views."""
+    x = torch.randn(5, 1000, generator=torch.Generator().manual_seed(4)).to(dtype)
+    x[0, 3] = x[0, 900] = 100.0
+    x[1, 50] = x[1, 20] = float("nan")
+    x[2] = float("-inf")
+    for t in (x, x[:, ::3], x[1:4]):
+        got = row_argmax(t)
+        assert torch.equal(got, t.argmax(dim=-1)) and got.dtype == torch.int64
 
 
 def test_mixed_batch_greedy_rows_stay_argmax() -> None:
