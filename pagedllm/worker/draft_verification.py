@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.core.request import Request
-from pagedllm.model.layers.sampler import Sampler, SamplerOutput, SamplingMetadata, SamplingRow
+from pagedllm.model.layers.sampler import (
+    Sampler,
+    SamplerOutput,
+    SamplingMetadata,
+    SamplingRow,
+    seeded_draw,
+)
 from pagedllm.worker.rejection_sampler import num_matching, rejection_sample
 
 
@@ -96,10 +102,8 @@ class Verifier:
             if s.first_row in saved:  # give back the draws of the rows it did not emit
                 gen = s.request.generator
                 gen.set_state(saved[s.first_row])
-                scratch = torch.empty(self.vocab_size, dtype=torch.float32,
-                                      device=logits.device)
                 for _ in range(a + 1):
-                    scratch.exponential_(generator=gen)
+                    seeded_draw(gen, logits.device)
         if rejection:
             self._rejection(logits, md, rejection, tokens, emitted)
             ids = torch.tensor(tokens, dtype=torch.int64, device=logits.device)

@@ -8,6 +8,7 @@ from pagedllm.model.layers.sampler import (
     Sampler,
     SamplingMetadata,
     SamplingRow,
+    _apply_top_k_top_p,
     make_generator,
     row_argmax,
 )
@@ -73,6 +74,35 @@ def test_row_argmax_is_torch_argmax(dtype: torch.dtype) -> None:
     for t in (x, x[:, ::3], x[1:4]):
         got = row_argmax(t)
         assert torch.equal(got, t.argmax(dim=-1)) and got.dtype == torch.int64
+
+
+def test_top_k_top_p_masks_by_threshold_the_same_on_numpy_and_torch_sorts() -> None:
+    """float32 CPU rows are sorted by numpy, others by torch: the same kept sets, which
+    are what the definition gives (k largest with ties, then the smallest nucleus)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(16, 400, generator=g) * 3
+    k = torch.randint(1, 400, (16,), generator=g)
+    p = torch.rand(16, generator=g).clamp(min=0.05)
+    got32 = _apply_top_k_top_p(x, k, p)
+    got64 = _apply_top_k_top_p(x.double(), k, p.double())
+    assert torch.equal(got32.isfinite(), got64.isfinite())
+    for r in range(16):
+        kept = got32[r].isfinite()
+        top = x[r].sort(descending=True).values
+        assert kept.sum() <= k[r] and (x[r][kept] >= top[k[r] - 1]).all()
+        probs = torch.softmax(x[r].masked_fill(x[r] < top[k[r] - 1], float("-inf")), -1)
+        mass = probs[kept].sum()
+        smallest = probs[kept].min()
+        assert mass >= p[r] - 1e-5 and mass - smallest < p[r] + 1e-5  # the smallest such set
+    assert torch.equal(got32[got32.isfinite()], x[got32.isfinite()])  # kept values unchanged
+
+
+def test_top_p_keeps_ties_at_the_cutoff() -> None:
+    logits = torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]])
+    probs = torch.softmax(logits, -1)[0]
+    p = torch.tensor([float(probs[0] + probs[1]) - 1e-3])  # the nucleus ends inside the tie
+    kept = _apply_top_k_top_p(logits, None, p)[0].isfinite()
+    assert kept.tolist() == [True, True, True, False, False]
 
 
 def test_mixed_batch_greedy_rows_stay_argmax() -> None:

@@ -8,9 +8,9 @@ Pipeline, all in float32 whatever the model dtype::
         |   allowed_token_ids, bad_words, logit_bias -> min_tokens -> penalties
               |-> greedy rows:  argmax
               '-> random rows:  / temperature -> min_p -> top_k -> top_p
-                                -> softmax -> argmax(probs / q),  q ~ Exp(1)
+                                -> softmax -> inverse CDF at u,  u ~ U[0, 1)
 
-Seeded rows draw ``q`` from their own generator, so their samples do not depend on
+Seeded rows draw ``u`` from their own generator, so their samples do not depend on
 which other requests share the batch; unseeded rows draw from the sampler's generator
 (seeded from the engine's ``seed``), so a run is reproducible given that seed.
 """
@@ -273,12 +273,25 @@ def _token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row from its distribution by the inverse CDF: a uniform u per row (from
+    the row's own generator if seeded, else `generator`), the first token whose cumulative
+    probability (float64) exceeds u times the row's total. One random number per row, where
+    an exponential race needs one per token (~1 ms for a 49,152-token row on the CPU)."""
     # Greedy rows are sampled here too (with temperature 1) and replaced by the caller.
     probs = _random_probs(logits, md)
-    q = torch.empty_like(probs).exponential_(generator=generator)
+    u = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64,
+                   device=probs.device)
     for i, g in md.generators.items():
-        q[i].exponential_(generator=g)
-    return row_argmax(probs / q)
+        u[i] = seeded_draw(g, probs.device)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    return ids.clamp_(max=probs.shape[-1] - 1)  # a NaN row: its check reports it
+
+
+def seeded_draw(generator: torch.Generator, device: torch.device | str) -> torch.Tensor:
+    """The one number a seeded random row draws from its generator per sampled token
+    (the speculative verifier replays these for the tokens a request emitted)."""
+    return torch.rand((), generator=generator, dtype=torch.float64, device=device)
 
 
 def _random_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -296,22 +309,31 @@ def _random_probs(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
 def _apply_top_k_top_p(
     logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None
 ) -> torch.Tensor:
-    """Mask to -inf everything outside the top-k, then outside the top-p nucleus.
-
-    One ascending sort serves both; ties at the k-th value are all kept (as vLLM).
-    """
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    """Mask to -inf everything below the k-th largest value (ties with it are all kept, as
+    vLLM), then below the top-p nucleus: the least likely tokens are dropped while their
+    total mass stays <= 1 - p (the top token is always kept; ties with the smallest kept
+    value are kept). Only each row's sorted values are needed, not their order."""
+    s = _sorted_rows(logits)  # ascending
+    rows = torch.arange(logits.shape[0], device=logits.device)
     if k is not None:
-        kth = sorted_logits.gather(1, (logits.shape[-1] - k).unsqueeze(1))
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+        kth = s[rows, logits.shape[-1] - k].unsqueeze(1)
+        s = s.masked_fill(s < kth, float("-inf"))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
     if p is not None:
-        # Drop the least likely tokens while their total mass stays <= 1 - p; what is
-        # left is the smallest set with mass >= p. The top token is always kept.
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum <= (1.0 - p).unsqueeze(1)
+        cum = s.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1.0 - p).unsqueeze(1)  # a prefix of each row: cum never decreases
         drop[:, -1] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+        smallest_kept = s[rows, drop.sum(dim=-1)].unsqueeze(1)
+        logits = logits.masked_fill(logits < smallest_kept, float("-inf"))
+    return logits
+
+
+def _sorted_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row's values in ascending order: numpy's vectorized sort on the CPU (a
+    49,152-token row ~0.25 ms, against ~8 ms for torch's sort, which also orders indices)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(np.sort(x.detach().numpy(), axis=-1))
+    return x.sort(dim=-1).values
 
 
 def _gather_logprobs(raw: torch.Tensor, sampled: torch.Tensor, n: int) -> LogprobsTensors:
