@@ -28,7 +28,7 @@ from pagedllm.core.block_manager import BlockManager
 from pagedllm.core.request import Request
 from pagedllm.loader import load_checkpoint
 from pagedllm.model.layers.attention_backends import BatchLayout
-from pagedllm.model.layers.sampler import make_generator
+from pagedllm.model.layers.sampler import inverse_cdf, make_generator, uniform_draw
 from pagedllm.speculative.adaptive import DraftState
 from pagedllm.speculative.proposer import Proposer
 from pagedllm.worker import model_setup
@@ -119,8 +119,8 @@ class DraftModel(Proposer):
         if p.is_greedy:
             return int(logits.argmax()), None
         q = torch.softmax(logits.float() / p.temperature, dim=-1)
-        noise = torch.empty_like(q).exponential_(generator=req.generator or self.generator)
-        return int((q / noise).argmax()), q
+        u = uniform_draw(req.generator or self.generator, q.device)
+        return int(inverse_cdf(q.unsqueeze(0), u.view(1))), q
 
     def _decode(self, reqs: list[Request], tokens: list[int], positions: list[int]
                 ) -> torch.Tensor:

@@ -27,7 +27,7 @@ from pagedllm.model.layers.sampler import (
     SamplerOutput,
     SamplingMetadata,
     SamplingRow,
-    seeded_draw,
+    uniform_draw,
 )
 from pagedllm.worker.rejection_sampler import num_matching, rejection_sample
 
@@ -103,7 +103,7 @@ class Verifier:
                 gen = s.request.generator
                 gen.set_state(saved[s.first_row])
                 for _ in range(a + 1):
-                    seeded_draw(gen, logits.device)
+                    uniform_draw(gen, logits.device)
         if rejection:
             self._rejection(logits, md, rejection, tokens, emitted)
             ids = torch.tensor(tokens, dtype=torch.int64, device=logits.device)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from pagedllm.model.layers.sampler import inverse_cdf, uniform_draw
+
 
 def num_matching(sampled: list[int], drafts: list[int]) -> int:
     """Leading positions where the target's token equals the draft (`sampled` has one
@@ -42,10 +44,10 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     k = k1 - 1
     dev = target_probs.device
     uniform = torch.empty(r, k, dtype=torch.float32, device=dev)
-    noise = torch.empty(r, target_probs.shape[-1], dtype=torch.float32, device=dev)
+    final = torch.empty(r, dtype=torch.float64, device=dev)  # the emitted token's draw
     for i, g in enumerate(generators):
         uniform[i].uniform_(generator=g)
-        noise[i].exponential_(generator=g)
+        final[i] = uniform_draw(g, dev)
     pos = torch.arange(k, device=dev)
     valid = pos.unsqueeze(0) < num_drafts.unsqueeze(1)
     safe = drafts.clamp(min=0)
@@ -62,5 +64,5 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
     residual = (p - q).clamp(min=0.0)
     mass = residual.sum(dim=1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)  # p == q: use p
-    token = (residual / noise).argmax(dim=1)
+    token = inverse_cdf(residual, final)
     return accepted, token

@@ -282,15 +282,22 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
     u = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64,
                    device=probs.device)
     for i, g in md.generators.items():
-        u[i] = seeded_draw(g, probs.device)
+        u[i] = uniform_draw(g, probs.device)
+    return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[B] the first token of each row of `probs` [B, V] (unnormalised is fine) whose
+    cumulative probability, in float64, exceeds u [B] in [0, 1) times the row's total: a
+    draw from the row's distribution; zero-probability tokens are never drawn."""
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
     return ids.clamp_(max=probs.shape[-1] - 1)  # a NaN row: its check reports it
 
 
-def seeded_draw(generator: torch.Generator, device: torch.device | str) -> torch.Tensor:
-    """The one number a seeded random row draws from its generator per sampled token
-    (the speculative verifier replays these for the tokens a request emitted)."""
+def uniform_draw(generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:
+    """The one number a random draw takes from `generator` (None: torch's default) per
+    sampled token: a seeded request's verifier replays these for the tokens it emitted."""
     return torch.rand((), generator=generator, dtype=torch.float64, device=device)
 
 
