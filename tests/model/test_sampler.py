@@ -8,10 +8,10 @@ from pagedllm.model.layers.sampler import (
     Sampler,
     SamplingMetadata,
     SamplingRow,
-    _apply_top_k_top_p,
     make_generator,
     row_argmax,
 )
+from pagedllm.model.layers.top_k_top_p import apply_top_k_top_p
 from pagedllm.sampling_params import SamplingParams
 
 DEVICE = "cpu"
@@ -83,8 +83,8 @@ def test_top_k_top_p_masks_by_threshold_the_same_on_numpy_and_torch_sorts() -> N
     x = torch.randn(16, 400, generator=g) * 3
     k = torch.randint(1, 400, (16,), generator=g)
     p = torch.rand(16, generator=g).clamp(min=0.05)
-    got32 = _apply_top_k_top_p(x, k, p)
-    got64 = _apply_top_k_top_p(x.double(), k, p.double())
+    got32 = apply_top_k_top_p(x, k, p)
+    got64 = apply_top_k_top_p(x.double(), k, p.double())
     assert torch.equal(got32.isfinite(), got64.isfinite())
     for r in range(16):
         kept = got32[r].isfinite()
@@ -97,11 +97,30 @@ def test_top_k_top_p_masks_by_threshold_the_same_on_numpy_and_torch_sorts() -> N
     assert torch.equal(got32[got32.isfinite()], x[got32.isfinite()])  # kept values unchanged
 
 
+def test_top_k_top_p_candidates_path_equals_full_sort() -> None:
+    """Rows longer than CANDIDATES: peaked and flat rows, top-k below and above the
+    candidates, top-p alone or with top-k, neither, -inf entries; the CPU float32 path
+    (partition, fallback to a full sort) keeps what the full torch sort keeps."""
+    g = torch.Generator().manual_seed(6)
+    v = 5000
+    scale = torch.tensor([8.0, 8.0, 0.05, 8.0, 0.05, 3.0, 8.0, 1.0])[:, None]
+    x = torch.randn(8, v, generator=g) * scale
+    x[7, ::2] = float("-inf")
+    k = torch.tensor([50, 3000, v, v, v, 20, v, 700])
+    p = torch.tensor([1.0, 1.0, 0.9, 0.9, 0.5, 0.8, 1.0, 0.95])
+    for kk, pp in ((k, p), (k, None), (None, p)):
+        got = apply_top_k_top_p(x, kk, pp).isfinite()
+        want = apply_top_k_top_p(x.double(), kk, None if pp is None else pp.double())
+        assert torch.equal(got, want.isfinite())
+    kept = apply_top_k_top_p(x, k, p).isfinite().sum(dim=-1)
+    assert kept[0] == 50 and kept[1] == 3000 and kept[6] == v and kept[2] > 1000
+
+
 def test_top_p_keeps_ties_at_the_cutoff() -> None:
     logits = torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]])
     probs = torch.softmax(logits, -1)[0]
     p = torch.tensor([float(probs[0] + probs[1]) - 1e-3])  # the nucleus ends inside the tie
-    kept = _apply_top_k_top_p(logits, None, p)[0].isfinite()
+    kept = apply_top_k_top_p(logits, None, p)[0].isfinite()
     assert kept.tolist() == [True, True, True, False, False]
 
 
