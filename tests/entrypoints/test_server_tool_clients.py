@@ -122,7 +122,9 @@ def test_instructor_create_partial_in_tools_mode(client, model):
         temperature=1.0,
         max_retries=0,
     )
-    assert isinstance(full, GetWeather) and full.unit == last.unit
+    # (create_partial sends Partial[GetWeather]: the tool "PartialGetWeather" without the
+    # description, another prompt and grammar, so its sample need not equal this one's)
+    assert isinstance(full, GetWeather)
 
 
 class Forecast(BaseModel):
