@@ -48,8 +48,8 @@ def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None,
             break
         rows = x[todo.numpy()]
         top = torch.from_numpy(np.sort(np.partition(rows, v - m, axis=-1)[:, v - m:], axis=-1))
-        if p is not None and mass is None:  # each row's exp mass relative to its maximum
-            mass = torch.exp(logits - top[:, -1:]).sum(dim=-1).double()  # todo: every row
+        if p is not None and mass is None:  # the first pass (every row): each row's exp
+            mass = torch.exp(logits - top[:, -1:]).sum(dim=-1).double()  # mass over its max
         got, decided = _thresholds(top, v, None if k is None else k[todo],
                                    None if p is None else p[todo],
                                    None if p is None else mass[todo])
