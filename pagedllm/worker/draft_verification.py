@@ -77,9 +77,8 @@ def _random_seeded(req: Request) -> bool:
 class Verifier:
     """Samples the step's rows and decides each speculating request's accepted drafts."""
 
-    def __init__(self, sampler: Sampler, vocab_size: int) -> None:
+    def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
-        self.vocab_size = vocab_size
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata, specs: list[VerifyRows]
                ) -> tuple[SamplerOutput, list[int], dict[int, int]]:

@@ -61,7 +61,7 @@ class ModelRunner:
         # Unseeded random rows draw from this engine-seeded generator (vLLM seeds its RNG
         # from --seed), so a run's samples are reproducible given the engine seed.
         self.sampler = Sampler(make_generator(seed, device))
-        self.verifier = Verifier(self.sampler, vocab_size)
+        self.verifier = Verifier(self.sampler)
         self.batch = PersistentBatch(vocab_size, device)  # block tables, penalty counts
         self.structured_output = structured_output  # StructuredOutputManager or None
         self.lora = lora

@@ -82,7 +82,7 @@ def logits_slices(
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """(offset into `rows`, logits of the slice's rows), slice by slice."""
     step = slice_rows(vocab_size)
-    if len(rows) <= step and rows == list(range(hidden.shape[0])):  # every row: no gather
+    if len(rows) == hidden.shape[0] <= step and rows == list(range(len(rows))):  # no gather
         yield 0, model.compute_logits(hidden)
         return
     for a in range(0, len(rows), step):

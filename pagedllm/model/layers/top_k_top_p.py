@@ -10,8 +10,8 @@ Each row keeps the tokens at or above one value (everything below it becomes -in
 Only a row's largest values matter, in order, never their positions. On the CPU (float32)
 each row's CANDIDATES largest values are selected in linear time (numpy's partition) and only
 they are sorted; a row whose k-th value or nucleus lies past them (k above CANDIDATES, a flat
-distribution) tries 8x as many, then sorts all its values (numpy). For a 49,152-token row torch's sort (values and
-indices) took ~8 ms. Elsewhere (CUDA) torch sorts the rows.
+distribution) tries 8x as many, then sorts all its values (numpy). For a 49,152-token row
+torch's sort (values and indices) took ~8 ms. Elsewhere (CUDA) torch sorts the rows.
 """
 
 from __future__ import annotations
