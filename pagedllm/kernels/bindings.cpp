@@ -11,6 +11,7 @@ void register_a8_panel_kernels(pybind11::module_& m);  // quant_a8_panels_cpu.cp
 void register_decode_layers(pybind11::module_& m);  // decode_layers_cpu.cpp
 void register_varlen_attention(pybind11::module_& m);  // varlen_attention_cpu.cpp
 void register_bf16_grouped_kernels(pybind11::module_& m);  // grouped_bf16_cpu.cpp
+void register_sampling_kernels(pybind11::module_& m);  // sampling_cpu.cpp
 
 // The calling thread's OpenMP team shrinks to one thread and its idle workers exit: the
 // server's main thread calls this once the engine thread has taken over, so that a stray
@@ -60,4 +61,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_decode_layers(m);
   register_varlen_attention(m);
   register_bf16_grouped_kernels(m);
+  register_sampling_kernels(m);
 }

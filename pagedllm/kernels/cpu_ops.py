@@ -36,16 +36,16 @@ from pagedllm.kernels.build_lock import build_lock
 logger = logging.getLogger(__name__)
 # Kernel families, each its own extension module, built the first time something asks for
 # it: "core" is what every model on the CPU path runs (attention, the fp32 and bf16-weight
-# GEMMs and fused ops, GGUF blocks with fp32 or int8 activations, bf16 MoE experts, the C++
-# decode loop, which calls these, and the "int" kernels by the addresses that module hands
-# out: kernels/extern_linear_cpu.h);
+# GEMMs and fused ops, GGUF blocks with fp32 or int8 activations, bf16 MoE experts, random
+# sampling, the C++ decode loop, which calls these, and the "int" kernels by the addresses
+# that module hands out: kernels/extern_linear_cpu.h);
 # "int" holds the AWQ / GPTQ int4, int8 and W8A8 kernels of HF quantized checkpoints and
 # `--quantization int8`, which a GGUF or float model never builds.
 FAMILIES = {
     "core": ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "bf16_linear_cpu.cpp", "fused_cpu.cpp",
              "quant_gguf_cpu.cpp", "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp",
              "decode_layers_cpu.cpp", "varlen_attention_cpu.cpp", "grouped_bf16_cpu.cpp",
-             "bindings.cpp"),
+             "sampling_cpu.cpp", "bindings.cpp"),
     "int": ("quant_int_cpu.cpp", "quant_w8a8_cpu.cpp"),
 }
 

@@ -1,6 +1,7 @@
 // SIMD vocabulary and the fp32 panel micro-kernel shared by the GGUF kernels
 // (quant_gguf_cpu.cpp: weights in panels; quant_gguf_a8_cpu.cpp: weights in GGUF rows) and the
-// varlen attention kernel (varlen_attention_cpu.cpp: max, floor and 2^n for its exp).
+// varlen attention kernel and the sampler (varlen_attention_cpu.cpp, sampling_cpu.cpp: lane
+// masks and e^x).
 // Included inside each file's anonymous namespace, after <immintrin.h>, <cstdint> and
 // <cstring>, under that file's `#pragma GCC optimize` (no FMA contraction, no reassociation):
 // every definition here is internal to the file that includes it.
@@ -21,6 +22,7 @@ inline V vload(const float* p) { return _mm512_loadu_ps(p); }
 inline void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
 inline V vmul(V a, V b) { return _mm512_mul_ps(a, b); }
 inline V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+inline V vdiv(V a, V b) { return _mm512_div_ps(a, b); }
 inline V vcvt(VI a) { return _mm512_cvtepi32_ps(a); }
 inline VI u8x(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 inline VI i8x(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -49,6 +51,7 @@ inline V vload(const float* p) { return _mm256_loadu_ps(p); }
 inline void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
 inline V vmul(V a, V b) { return _mm256_mul_ps(a, b); }
 inline V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+inline V vdiv(V a, V b) { return _mm256_div_ps(a, b); }
 inline V vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
 inline VI u8x(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
 inline VI i8x(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
@@ -110,4 +113,38 @@ void tail_f(int rows, const float* x, int64_t ldx, const float* wp, int64_t K, f
     tail_f<MR - 1>(rows, x, ldx, wp, K, y, ldy, ncols);
   }
 }
+
+// Lane masks: AVX-512 mask registers, AVX2 all-ones / all-zeros lanes.
+#if defined(__AVX512F__)
+using M = __mmask16;
+inline M vle(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
+inline M mand(M a, M b) { return static_cast<M>(a & b); }
+inline V vsel(M m, V x, V y) { return _mm512_mask_blend_ps(m, y, x); }
+inline bool mall(M m) { return m == 0xFFFF; }
+#else
+using M = __m256;
+inline M vle(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
+inline M mand(M a, M b) { return _mm256_and_ps(a, b); }
+inline V vsel(M m, V x, V y) { return _mm256_blendv_ps(y, x, m); }
+inline bool mall(M m) { return _mm256_movemask_ps(m) == 0xFF; }
+#endif
+
+// e^x for the x <= 0 the softmax feeds it (a score minus its running max): Cody-Waite
+// reduction x = n ln2 + r and Cephes' expf polynomial for e^r (relative error ~1e-7); x below
+// -87 gives ~1e-38.
+inline V vexp_le0(V x) {
+  x = vmax(x, vset(-87.f));
+  const V n = vfloor(vfma(x, vset(1.44269504088896341f), vset(0.5f)));
+  V r = vfma(n, vset(-0.693359375f), x);
+  r = vfma(n, vset(2.12194440e-4f), r);
+  V p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vfma(vmul(p, r), r, vadd(r, vset(1.f)));
+  return vmul(p, vpow2(n));
+}
+
 #endif  // PAGEDLLM_GGUF_SIMD

@@ -46,37 +46,6 @@ namespace {
 constexpr int64_t kKC = kVW;  // keys per chunk
 constexpr int64_t kQT = 16;   // query positions per tile
 
-// Lane masks: AVX-512 mask registers, AVX2 all-ones / all-zeros lanes.
-#if defined(__AVX512F__)
-using M = __mmask16;
-inline M vle(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
-inline M mand(M a, M b) { return static_cast<M>(a & b); }
-inline V vsel(M m, V x, V y) { return _mm512_mask_blend_ps(m, y, x); }
-#else
-using M = __m256;
-inline M vle(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
-inline M mand(M a, M b) { return _mm256_and_ps(a, b); }
-inline V vsel(M m, V x, V y) { return _mm256_blendv_ps(y, x, m); }
-#endif
-
-// e^x for the x <= 0 the softmax feeds it (a score minus its running max): Cody-Waite
-// reduction x = n ln2 + r and Cephes' expf polynomial for e^r (relative error ~1e-7); x below
-// -87 gives ~1e-38.
-inline V vexp_le0(V x) {
-  x = vmax(x, vset(-87.f));
-  const V n = vfloor(vfma(x, vset(1.44269504088896341f), vset(0.5f)));
-  V r = vfma(n, vset(-0.693359375f), x);
-  r = vfma(n, vset(2.12194440e-4f), r);
-  V p = vset(1.9875691500e-4f);
-  p = vfma(p, r, vset(1.3981999507e-3f));
-  p = vfma(p, r, vset(8.3334519073e-3f));
-  p = vfma(p, r, vset(4.1665795894e-2f));
-  p = vfma(p, r, vset(1.6666665459e-1f));
-  p = vfma(p, r, vset(5.0000001201e-1f));
-  p = vfma(vmul(p, r), r, vadd(r, vset(1.f)));
-  return vmul(p, vpow2(n));
-}
-
 struct Layout {
   int64_t H, kvh, d, bs, max_blocks, q_stride;
   float scale, softcap;

@@ -28,7 +28,8 @@ KERNEL_TESTS = ["tests/model/test_varlen_attention.py", "tests/model/test_attent
                 "tests/model/quant/test_gguf_a8_panels.py", "tests/model/quant/test_gguf_a8.py",
                 "tests/model/quant/test_gguf_formats.py", "tests/model/quant/test_int_kernels.py",
                 "tests/model/test_fused_ops.py", "tests/model/test_moe_grouped.py",
-                "tests/model/quant/test_bf16_kernel.py", "tests/model/test_moe_bf16.py"]
+                "tests/model/quant/test_bf16_kernel.py", "tests/model/test_moe_bf16.py",
+                "tests/model/test_sampling_kernel.py"]
 TARGETS = {  # march: (flags the CPU needs, what the native build would have to lack)
     "x86-64-v3": ({"avx2", "fma", "f16c"}, {"avx512bw"}),
     "skylake-avx512": ({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"},

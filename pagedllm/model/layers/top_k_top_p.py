@@ -26,12 +26,18 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None,
                       p: torch.Tensor | None) -> torch.Tensor:
     """`logits` [B, V] with everything below each row's threshold set to -inf (module doc).
     k [B] int64 (V where a row does not use it), p [B] (1.0 where off); None: no row."""
-    v = logits.shape[-1]
+    lo = top_k_top_p_threshold(logits, k, p)
+    return logits.masked_fill(logits < lo.unsqueeze(1), float("-inf"))
+
+
+def top_k_top_p_threshold(logits: torch.Tensor, k: torch.Tensor | None,
+                          p: torch.Tensor | None) -> torch.Tensor:
+    """[B] each row's threshold in the logits' dtype: the row keeps the values >= it."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         lo = _cpu_thresholds(logits, k, p)
     else:
-        lo = _thresholds(logits.sort(dim=-1).values, v, k, p, None)[0]
-    return logits.masked_fill(logits < lo.to(logits.dtype).unsqueeze(1), float("-inf"))
+        lo = _thresholds(logits.sort(dim=-1).values, logits.shape[-1], k, p, None)[0]
+    return lo.to(logits.dtype)
 
 
 def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None,
@@ -46,10 +52,10 @@ def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None,
     for m in (CANDIDATES, 8 * CANDIDATES):
         if m >= v or not todo.numel():
             break
-        rows = x[todo.numpy()]
+        rows = x if len(todo) == b else x[todo.numpy()]
         top = torch.from_numpy(np.sort(np.partition(rows, v - m, axis=-1)[:, v - m:], axis=-1))
-        if p is not None and mass is None:  # the first pass (every row): each row's exp
-            mass = torch.exp(logits - top[:, -1:]).sum(dim=-1).double()  # mass over its max
+        if p is not None and mass is None:  # the first pass (every row): its mass over its max
+            mass = _exp_sums(logits, top[:, -1].contiguous())
         got, decided = _thresholds(top, v, None if k is None else k[todo],
                                    None if p is None else p[todo],
                                    None if p is None else mass[todo])
@@ -60,6 +66,17 @@ def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None,
                                None if k is None else k[todo],
                                None if p is None else p[todo], None)[0]
     return lo
+
+
+def _exp_sums(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """[B] float64 sum of exp(x - m) over each row of float32 CPU `x` [B, V]: the C++
+    kernel's (no [B, V] temporaries), torch's without the kernels."""
+    from pagedllm.kernels import cpu_ops
+
+    ops = cpu_ops.load()
+    if ops is None:
+        return torch.exp(x - m.unsqueeze(1)).sum(dim=-1).double()
+    return ops.exp_sums(x.contiguous(), m)
 
 
 def _thresholds(s: torch.Tensor, v: int, k: torch.Tensor | None, p: torch.Tensor | None,

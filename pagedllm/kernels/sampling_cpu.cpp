@@ -1,0 +1,267 @@
+// Random rows of a sampling step on the CPU: one draw per row by the inverse CDF, straight
+// from the logits, with no [B, V] temporaries (model/layers/sampler.py, `_sample_random`).
+//
+// Per row, with t its temperature (0 counts as 1) and lo its threshold (top-k / top-p / min_p,
+// on the scaled logits; -inf without one):
+//
+//   x_i = l_i / t                   IEEE division, torch's `logits / temperature` bit for bit
+//   kept: x_i >= lo and x_i > -inf  (the thresholds' own rule: masked_fill(x < lo))
+//   e_i = e^(x_i - max kept x)      0 for the rest
+//   the first i whose cumulative sum of e (float64) exceeds u times the row's sum
+//
+// torch's path (softmax, a float64 cumsum, searchsorted, and a masked_fill per threshold)
+// allocated and wrote four [B, V] tensors: for 64 rows of a 49,152-token vocabulary ~13-25 ms
+// a step on a Zen 3 core pair, most of it page faults and the cumsum; here two passes over
+// each row in L2 (x, then e in place), e summed in float64 per chunk of kChunk tokens, and the
+// walk to u's token visits the chunk sums, then one chunk. A row's draw depends on its own
+// logits, t, lo and u only (batch-invariant, the same whether or not rows are sampled
+// together), which is what lets a seeded request's speculative verifier replay it.
+//
+// `exp_sums` gives top_k_top_p.py the same chunked float64 sums of e^(x - max) for a row's
+// probability mass (torch's exp and sum wrote two [B, V] temporaries, ~4-6 ms at 64 rows).
+//
+// A row holding a NaN or +inf draws its first such token, so that the sampled token's own
+// logit reports the row as not finite (model/layers/sampler.py's contract with
+// worker/sampling_rows.py).
+#include <torch/csrc/utils/pybind.h>  // register_sampling_kernels(m): pybind11, Tensor casters
+#include "torch_lite_cpu.h"
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#pragma GCC push_options
+#pragma GCC optimize("no-associative-math")  // sums in a fixed order: the same draw every time
+
+namespace {
+
+#include "simd_cpu.h"
+
+constexpr int64_t kChunk = 64;  // tokens per float64 partial sum
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// NaN or +inf, by the bits: -ffast-math (the build's) folds std::isnan to false.
+inline bool nan_or_inf(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return (b & 0x7fffffffu) >= 0x7f800000u && b != 0xff800000u;
+}
+
+// The first token of the row that is NaN or +inf (the row has one).
+int64_t first_not_finite(const float* l, int64_t V) {
+  int64_t i = 0;
+  while (i < V - 1 && !nan_or_inf(l[i])) ++i;
+  return i;
+}
+
+#if PAGEDLLM_GGUF_SIMD
+#if defined(__AVX512F__)
+using VD = __m512d;
+inline VD dzero() { return _mm512_setzero_pd(); }
+// acc + the kVW floats of v widened to float64 (lower half + upper half, then acc)
+inline VD dacc(VD acc, V v) {
+  const VD lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+  const VD hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  return _mm512_add_pd(acc, _mm512_add_pd(lo, hi));
+}
+inline double dsum(VD a) {
+  alignas(64) double t[8];
+  _mm512_store_pd(t, a);
+  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+#else
+using VD = __m256d;
+inline VD dzero() { return _mm256_setzero_pd(); }
+inline VD dacc(VD acc, V v) {
+  const VD lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+  const VD hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+  return _mm256_add_pd(acc, _mm256_add_pd(lo, hi));
+}
+inline double dsum(VD a) {
+  alignas(32) double t[4];
+  _mm256_store_pd(t, a);
+  return (t[0] + t[1]) + (t[2] + t[3]);
+}
+#endif
+static_assert(kChunk % kVW == 0, "a chunk is whole vectors");
+
+// Vector j of the row (values past V read as -inf: never kept, e = 0).
+inline V load_x(const float* l, int64_t V_, int64_t i, V t) {
+  if (i + kVW <= V_) return vdiv(vload(l + i), t);
+  float tail[kVW];
+  for (int k = 0; k < kVW; ++k) tail[k] = i + k < V_ ? l[i + k] : -kInf;
+  return vdiv(vload(tail), t);
+}
+
+// Pass 1: x into `buf` (padded to whole chunks), the row's largest kept x; false if the row
+// holds a NaN or +inf.
+bool scale_and_max(const float* l, int64_t V_, float t, float lo, float* buf, float* mx) {
+  const V vt = vset(t), vlo = vset(lo), big = vset(FLT_MAX);
+  V m = vset(-kInf);
+  M ok = vle(vset(0.f), vset(0.f));  // all lanes
+  const int64_t padded = (V_ + kChunk - 1) / kChunk * kChunk;
+  for (int64_t i = 0; i < padded; i += kVW) {
+    const V x = load_x(l, V_, i, vt);
+    ok = mand(ok, vle(x, big));  // false for NaN and +inf
+    m = vmax(m, vsel(vle(vlo, x), x, vset(-kInf)));
+    vstore(buf + i, x);
+  }
+  float lanes[kVW];
+  vstore(lanes, m);
+  float r = -kInf;
+  for (int k = 0; k < kVW; ++k) r = lanes[k] > r ? lanes[k] : r;
+  *mx = r;
+  return mall(ok);
+}
+
+// e^(x - mx) of one chunk's kept x (lo <= x, x not -inf; 0 for the rest) into e (may be x;
+// nullptr: not stored); returns their float64 sum. -inf needs its own test: lo = -inf lets
+// it through, and vexp_le0 floors at ~1e-38 where e^(-inf) must be 0.
+double chunk_exp(const float* x, float* e, float lo, float mx) {
+  const V vlo = vset(lo), vm = vset(mx), ninf = vset(-kInf);
+  VD acc = dzero();
+  for (int64_t i = 0; i < kChunk; i += kVW) {
+    const V xi = vload(x + i);
+    V ei = vsel(vle(vlo, xi), vexp_le0(vsub(xi, vm)), vzero());
+    ei = vsel(vle(xi, ninf), vzero(), ei);
+    if (e != nullptr) vstore(e + i, ei);
+    acc = dacc(acc, ei);
+  }
+  return dsum(acc);
+}
+#else
+double chunk_exp(const float* x, float* e, float lo, float mx) {
+  double s = 0.0;
+  for (int64_t i = 0; i < kChunk; ++i) {
+    const float ei = x[i] >= lo && x[i] > -kInf ? std::exp(x[i] - mx) : 0.f;
+    if (e != nullptr) e[i] = ei;
+    s += ei;
+  }
+  return s;
+}
+#endif
+
+// The token of a row whose e values (`e`, padded) and chunk sums (`part`) are known: the first
+// whose running float64 sum exceeds target; rounding that leaves a chunk's walk short of its
+// sum picks the chunk's last token with e > 0, and a target past every chunk the row's last.
+int64_t locate(const float* e, const double* part, int64_t chunks, int64_t V_, double target) {
+  double cum = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (!(cum + part[c] > target)) {
+      cum += part[c];
+      continue;
+    }
+    int64_t last = -1;
+    for (int64_t i = c * kChunk; i < (c + 1) * kChunk && i < V_; ++i) {
+      if (e[i] > 0.f) last = i;
+      cum += e[i];
+      if (cum > target && e[i] > 0.f) return i;
+    }
+    if (last >= 0) return last;
+  }
+  for (int64_t i = V_ - 1; i >= 0; --i)
+    if (e[i] > 0.f) return i;
+  return V_ - 1;  // nothing kept (every token -inf): the caller's finiteness check tells
+}
+
+int64_t sample_row(const float* l, int64_t V_, float t, float lo, double u, float* buf,
+                   double* part) {
+  const int64_t chunks = (V_ + kChunk - 1) / kChunk;
+  float mx = -kInf;
+#if PAGEDLLM_GGUF_SIMD
+  if (!scale_and_max(l, V_, t, lo, buf, &mx)) return first_not_finite(l, V_);
+#else
+  for (int64_t i = 0; i < chunks * kChunk; ++i) {
+    if (i < V_ && nan_or_inf(l[i])) return first_not_finite(l, V_);
+    buf[i] = i < V_ ? l[i] / t : -kInf;
+    if (buf[i] >= lo && buf[i] > mx) mx = buf[i];
+  }
+#endif
+  double total = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    part[c] = chunk_exp(buf + c * kChunk, buf + c * kChunk, lo, mx);
+    total += part[c];
+  }
+  return locate(buf, part, chunks, V_, u * total);
+}
+
+// sum_i e^(x_i - m) over one row, chunk by chunk as sample_row sums (-inf adds 0).
+double exp_sum_row(const float* x, int64_t V_, float m) {
+  double total = 0.0;
+  int64_t i = 0;
+  for (; i + kChunk <= V_; i += kChunk) total += chunk_exp(x + i, nullptr, -kInf, m);
+  if (i < V_) {
+    float tail[kChunk];
+    for (int64_t k = 0; k < kChunk; ++k) tail[k] = i + k < V_ ? x[i + k] : -kInf;
+    total += chunk_exp(tail, nullptr, -kInf, m);
+  }
+  return total;
+}
+
+}  // namespace
+
+torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> temperature,
+                          c10::optional<torch::Tensor> threshold, torch::Tensor u) {
+  TORCH_CHECK(logits.dim() == 2 && logits.dtype() == torch::kFloat32 && logits.is_contiguous(),
+              "sample_rows: logits must be contiguous fp32 [B, V]");
+  const int64_t B = logits.size(0), V_ = logits.size(1);
+  TORCH_CHECK(V_ > 0, "sample_rows: empty rows");
+  auto vec = [&](const c10::optional<torch::Tensor>& t, const char* name, at::ScalarType dt)
+      -> const void* {
+    if (!t.has_value()) return nullptr;
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == B && t->dtype() == dt && t->is_contiguous(),
+                "sample_rows: ", name, " must be contiguous [", B, "] of ", dt);
+    return t->data_ptr();
+  };
+  const float* tp = static_cast<const float*>(vec(temperature, "temperature", torch::kFloat32));
+  const float* lp = static_cast<const float*>(vec(threshold, "threshold", torch::kFloat32));
+  const double* up = static_cast<const double*>(vec(u, "u", at::kDouble));
+  const float* l = logits.data_ptr<float>();
+  auto ids = torch::empty({B}, torch::TensorOptions().dtype(torch::kInt64));
+  int64_t* out = ids.data_ptr<int64_t>();
+  const int64_t chunks = (V_ + kChunk - 1) / kChunk;
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(chunks * kChunk);
+    std::vector<double> part(chunks);
+    for (int64_t r = begin; r < end; ++r) {
+      const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
+      const float lo = lp == nullptr ? -kInf : lp[r];
+      out[r] = sample_row(l + r * V_, V_, t, lo, up[r], buf.data(), part.data());
+    }
+  });
+  return ids;
+}
+
+// [B] float64: sum_i e^(x[r, i] - m[r]) per row (top_k_top_p.py's probability mass of a row
+// over its maximum, without torch's two [B, V] temporaries).
+torch::Tensor exp_sums(torch::Tensor x, torch::Tensor m) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              "exp_sums: x must be contiguous fp32 [B, V]");
+  const int64_t B = x.size(0), V_ = x.size(1);
+  TORCH_CHECK(m.dim() == 1 && m.size(0) == B && m.dtype() == torch::kFloat32 && m.is_contiguous(),
+              "exp_sums: m must be contiguous fp32 [", B, "]");
+  auto out = torch::empty({B}, torch::TensorOptions().dtype(at::kDouble));
+  const float* xp = x.data_ptr<float>();
+  const float* mp = m.data_ptr<float>();
+  double* op = out.data_ptr<double>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) op[r] = exp_sum_row(xp + r * V_, V_, mp[r]);
+  });
+  return out;
+}
+
+#pragma GCC pop_options
+
+void register_sampling_kernels(pybind11::module_& m) {
+  m.def("sample_rows", &sample_rows, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "one draw per row of fp32 logits [B, V] by the inverse CDF at u [B] (float64): "
+        "logits / temperature [B] (0 counts as 1; None: 1), tokens below threshold [B] "
+        "(None: none) and -inf never drawn; a row with a NaN / +inf draws its first one");
+  m.def("exp_sums", &exp_sums, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "[B] float64 sums of e^(x - m) over each row of fp32 x [B, V], m [B]");
+}
