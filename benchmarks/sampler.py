@@ -7,7 +7,7 @@ sequence of torch ops of vLLM v1's CPU sampler (`vllm/v1/sample/ops/topk_topp_sa
 top-k / top-p with a scatter back, softmax, an exponential race (`probs / q`, q ~ Exp(1) per
 token) and argmax. pagedllm's (model/layers/sampler.py, model/layers/top_k_top_p.py): numpy
 argmax for greedy rows, per-row thresholds from the largest 1,024 values, one uniform draw per
-row by the inverse CDF.
+row by the inverse CDF in one C++ kernel over the logits (kernels/sampling_cpu.cpp).
 
     python benchmarks/sampler.py                 # B = 1, 8, 64; writes benchmarks/results/sampler.json
     python benchmarks/sampler.py --rows 1 --reps 50
