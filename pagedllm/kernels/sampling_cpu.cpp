@@ -17,8 +17,9 @@
 // logits, t, lo and u only (batch-invariant, the same whether or not rows are sampled
 // together), which is what lets a seeded request's speculative verifier replay it.
 //
-// `exp_sums` gives top_k_top_p.py the same chunked float64 sums of e^(x - max) for a row's
-// probability mass (torch's exp and sum wrote two [B, V] temporaries, ~4-6 ms at 64 rows).
+// `top_values` gives top_k_top_p.py each row's largest values of logits / temperature and its
+// probability mass (the same chunked float64 sums of e^(x - max)), where numpy's partition
+// copied the [B, V] scaled logits and torch's exp and sum wrote two more: ~8 ms at 64 rows.
 //
 // A row holding a NaN or +inf draws its first such token, so that the sampled token's own
 // logit reports the row as not finite (model/layers/sampler.py's contract with
@@ -28,15 +29,19 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #pragma GCC push_options
-#pragma GCC optimize("no-associative-math")  // sums in a fixed order: the same draw every time
+// Sums in a fixed order (the same draw every time) and a true division by the temperature
+// (torch's `logits / temperature` bit for bit; -ffast-math would multiply by a reciprocal).
+#pragma GCC optimize("no-unsafe-math-optimizations")  // (no-reciprocal-math alone: ignored)
 
 namespace {
 
@@ -203,6 +208,50 @@ double exp_sum_row(const float* x, int64_t V_, float m) {
   return total;
 }
 
+
+// Order-preserving uint32 key of a float (NaN above +inf: a total order, so the selection
+// below cannot be misled by a NaN the way a float comparison would).
+inline uint32_t order_key(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+inline float from_key(uint32_t k) {
+  const uint32_t b = k & 0x80000000u ? k & 0x7fffffffu : ~k;
+  float x;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+constexpr int kHistShift = 21;  // keys' top 11 bits: 2,048 buckets (8 KiB, in L1)
+
+// The m largest of the n values x (m < n) into out, ascending: a histogram of the keys' top
+// bits finds the bucket holding the m-th largest; every key above it is taken, and the rest
+// come from that bucket by nth_element (linear, where numpy's partition copied the whole
+// [B, V] array and introselected each row).
+void top_values_row(const float* x, int64_t n, int64_t m, uint32_t* keys, uint32_t* side,
+                    float* out) {
+  uint32_t hist[1u << (32 - kHistShift)] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    keys[i] = order_key(x[i]);
+    ++hist[keys[i] >> kHistShift];
+  }
+  int64_t above = 0;
+  uint32_t b = (1u << (32 - kHistShift)) - 1;
+  while (above + hist[b] < m) above += hist[b--];
+  int64_t na = 0, nb = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t k = keys[i], kb = k >> kHistShift;
+    if (kb > b) keys[na++] = k;  // na <= i: writes behind the read
+    else if (kb == b) side[nb++] = k;
+  }
+  const int64_t need = m - above;
+  std::nth_element(side, side + (nb - need), side + nb);
+  std::memcpy(keys + na, side + (nb - need), need * sizeof(uint32_t));
+  std::sort(keys, keys + m);
+  for (int64_t i = 0; i < m; ++i) out[i] = from_key(keys[i]);
+}
+
 }  // namespace
 
 torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> temperature,
@@ -237,22 +286,40 @@ torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> tem
   return ids;
 }
 
-// [B] float64: sum_i e^(x[r, i] - m[r]) per row (top_k_top_p.py's probability mass of a row
-// over its maximum, without torch's two [B, V] temporaries).
-torch::Tensor exp_sums(torch::Tensor x, torch::Tensor m) {
-  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
-              "exp_sums: x must be contiguous fp32 [B, V]");
-  const int64_t B = x.size(0), V_ = x.size(1);
-  TORCH_CHECK(m.dim() == 1 && m.size(0) == B && m.dtype() == torch::kFloat32 && m.is_contiguous(),
-              "exp_sums: m must be contiguous fp32 [", B, "]");
-  auto out = torch::empty({B}, torch::TensorOptions().dtype(at::kDouble));
-  const float* xp = x.data_ptr<float>();
-  const float* mp = m.data_ptr<float>();
-  double* op = out.data_ptr<double>();
+// Each row's m largest values of logits / temperature, ascending [B, m] fp32 (m < V), and with
+// `with_mass` each row's sum of e^(x - max) over all of it [B] float64 (sample_row's chunks):
+// what top_k_top_p.py's thresholds need, without materializing the scaled logits.
+std::tuple<torch::Tensor, torch::Tensor> top_values(torch::Tensor logits,
+                                                    c10::optional<torch::Tensor> temperature,
+                                                    int64_t m, bool with_mass) {
+  TORCH_CHECK(logits.dim() == 2 && logits.dtype() == torch::kFloat32 && logits.is_contiguous(),
+              "top_values: logits must be contiguous fp32 [B, V]");
+  const int64_t B = logits.size(0), V_ = logits.size(1);
+  TORCH_CHECK(m > 0 && m < V_, "top_values: m=", m, " must be in [1, ", V_, ")");
+  const float* tp = nullptr;
+  if (temperature.has_value()) {
+    TORCH_CHECK(temperature->dim() == 1 && temperature->size(0) == B &&
+                    temperature->dtype() == torch::kFloat32 && temperature->is_contiguous(),
+                "top_values: temperature must be contiguous fp32 [", B, "]");
+    tp = temperature->data_ptr<float>();
+  }
+  auto values = torch::empty({B, m}, logits.options());
+  auto mass = torch::empty({with_mass ? B : 0}, torch::TensorOptions().dtype(at::kDouble));
+  const float* l = logits.data_ptr<float>();
+  float* vp = values.data_ptr<float>();
+  double* mp = mass.data_ptr<double>();
+  const int64_t padded = (V_ + kChunk - 1) / kChunk * kChunk;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) op[r] = exp_sum_row(xp + r * V_, V_, mp[r]);
+    std::vector<float> x(padded);
+    std::vector<uint32_t> keys(V_), side(V_);
+    for (int64_t r = begin; r < end; ++r) {
+      const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
+      for (int64_t i = 0; i < V_; ++i) x[i] = l[r * V_ + i] / t;
+      top_values_row(x.data(), V_, m, keys.data(), side.data(), vp + r * m);
+      if (with_mass) mp[r] = exp_sum_row(x.data(), V_, vp[r * m + m - 1]);
+    }
   });
-  return out;
+  return {values, mass};
 }
 
 #pragma GCC pop_options
@@ -262,6 +329,7 @@ void register_sampling_kernels(pybind11::module_& m) {
         "one draw per row of fp32 logits [B, V] by the inverse CDF at u [B] (float64): "
         "logits / temperature [B] (0 counts as 1; None: 1), tokens below threshold [B] "
         "(None: none) and -inf never drawn; a row with a NaN / +inf draws its first one");
-  m.def("exp_sums", &exp_sums, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "[B] float64 sums of e^(x - m) over each row of fp32 x [B, V], m [B]");
+  m.def("top_values", &top_values, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "(each row's m largest values of logits / temperature, ascending [B, m]; with "
+        "with_mass each row's float64 sum of e^(x - max) [B])");
 }

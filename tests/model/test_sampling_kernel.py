@@ -9,6 +9,7 @@ has one (the runner reports the row as not finite from its sampled logit).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,15 +100,26 @@ def test_a_rows_draw_does_not_depend_on_the_batch() -> None:
     assert batch.tolist() == alone
 
 
-@pytest.mark.parametrize("vocab", [5, 64, 1000, 49152])
-def test_exp_sums_are_the_row_masses(vocab: int) -> None:
-    """top_k_top_p.py's mass of each row over its maximum: torch's sum of exp, to float
-    rounding; -inf adds nothing."""
-    x = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
+@pytest.mark.parametrize("vocab", [1025, 3000, 49152])
+def test_top_values_are_the_largest_scaled_values_and_the_row_masses(vocab: int) -> None:
+    """top_k_top_p.py's candidates: each row's m largest values of logits / temperature
+    (torch's division bit for bit), ascending, as numpy's partition and sort give them; and
+    each row's mass over its maximum, torch's sum of exp to float rounding (-inf adds 0)."""
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(6, vocab, generator=g) * 4
     x[1, ::2] = float("-inf")
-    m = x.amax(dim=-1)
-    want = torch.exp(x.double() - m.double().unsqueeze(1)).sum(dim=-1)
-    torch.testing.assert_close(OPS.exp_sums(x, m), want, rtol=1e-6, atol=0)
+    x[2] = 1.5  # all tied
+    x[3, :700] = torch.round(x[3, :700])  # many ties among the largest
+    t = torch.tensor([0.7, 1.0, 0.0, 1.3, 2.0, 0.33])
+    scaled = x / torch.where(t == 0, 1.0, t).unsqueeze(1)
+    for m in (1, 17, 1024):
+        top, mass = OPS.top_values(x, t, m, True)
+        want = np.sort(np.partition(scaled.numpy(), vocab - m, axis=-1)[:, vocab - m:], axis=-1)
+        assert torch.equal(top, torch.from_numpy(want))
+        ref = torch.exp(scaled.double() - scaled.amax(dim=-1, keepdim=True).double()).sum(-1)
+        torch.testing.assert_close(mass, ref, rtol=1e-6, atol=0)
+    top, mass = OPS.top_values(x, None, 5, False)
+    assert mass.numel() == 0 and torch.equal(top, x.sort(dim=-1).values[:, -5:])
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -118,8 +130,8 @@ def test_bad_arguments_are_refused() -> None:
         OPS.sample_rows(torch.zeros(2, 8), None, None, u.float())
     with pytest.raises(RuntimeError, match="threshold must be contiguous"):
         OPS.sample_rows(torch.zeros(2, 8), None, torch.zeros(3), u)
-    with pytest.raises(RuntimeError, match="m must be contiguous fp32"):
-        OPS.exp_sums(torch.zeros(2, 8), torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="m=8 must be in"):
+        OPS.top_values(torch.zeros(2, 8), None, 8, True)
 
 
 @pytest.mark.parametrize("params", [
@@ -146,3 +158,26 @@ def test_sampler_draws_the_same_with_and_without_the_kernel(params: dict,
     with_kernel = sample()
     monkeypatch.setattr(sampler_mod, "_host_sampling_ops", lambda logits: None)
     assert sample() == with_kernel
+
+
+@pytest.mark.parametrize("k_on,p_on", [(True, False), (False, True), (True, True)])
+def test_thresholds_with_and_without_the_kernels_are_equal(k_on: bool, p_on: bool,
+                                                           monkeypatch) -> None:
+    """top_k_top_p_threshold over logits and temperatures: the kernel's candidates and
+    masses, and numpy's over the materialized scaled logits, give the same thresholds
+    (rows decided by 1,024 candidates, by 8,192, and by a full sort among them)."""
+    from pagedllm.model.layers import top_k_top_p
+
+    g = torch.Generator().manual_seed(21)
+    b, v = 12, 20000
+    logits = torch.randn(b, v, generator=g) * 3
+    logits[3] = torch.randn(v, generator=g) * 0.05  # flat: a nucleus past the candidates
+    t = torch.rand(b, generator=g) + 0.3
+    t[0] = 0.0
+    k = torch.tensor([5, 50, 2000, 9000, 40, 1, v, 300, 1024, 1025, 7, 100]) if k_on else None
+    p = (torch.rand(b, generator=g) * 0.9 + 0.05) if p_on else None
+    with_kernel = top_k_top_p.top_k_top_p_threshold(logits, k, p, t)
+    monkeypatch.setattr(cpu_ops, "load", lambda family="core": None)
+    assert torch.equal(top_k_top_p.top_k_top_p_threshold(logits, k, p, t), with_kernel)
+    scaled = logits / torch.where(t == 0, 1.0, t).unsqueeze(1)
+    assert torch.equal(top_k_top_p.top_k_top_p_threshold(scaled, k, p), with_kernel)

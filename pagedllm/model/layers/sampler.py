@@ -292,10 +292,13 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
     ops = _host_sampling_ops(logits)
     if ops is None:
         return inverse_cdf(_random_probs(logits, md), u)
-    if md.min_p is None and md.top_k is None and md.top_p is None:
-        return ops.sample_rows(logits.contiguous(), md.temperature, None, u)
-    scaled, lo = _restricted(logits, md)
-    return ops.sample_rows(scaled.contiguous(), None, lo, u)
+    logits = logits.contiguous()
+    if md.min_p is not None:  # its cut comes before top-k / top-p: on the scaled logits
+        scaled, lo = _restricted(logits, md)
+        return ops.sample_rows(scaled.contiguous(), None, lo, u)
+    lo = None if md.top_k is None and md.top_p is None else \
+        top_k_top_p_threshold(logits, md.top_k, md.top_p, md.temperature)
+    return ops.sample_rows(logits, md.temperature, lo, u)
 
 
 def _host_sampling_ops(logits: torch.Tensor):

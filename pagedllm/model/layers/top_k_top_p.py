@@ -30,53 +30,66 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None,
     return logits.masked_fill(logits < lo.unsqueeze(1), float("-inf"))
 
 
-def top_k_top_p_threshold(logits: torch.Tensor, k: torch.Tensor | None,
-                          p: torch.Tensor | None) -> torch.Tensor:
-    """[B] each row's threshold in the logits' dtype: the row keeps the values >= it."""
+def top_k_top_p_threshold(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                          temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """[B] each row's threshold in the logits' dtype: the row keeps the values >= it. With
+    `temperature` [B] (0 counting as 1) the thresholds are those of logits / temperature,
+    which the CPU kernels compute as they go, never writing the scaled [B, V] logits."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        lo = _cpu_thresholds(logits, k, p)
+        lo = _cpu_thresholds(logits, k, p, temperature)
     else:
-        lo = _thresholds(logits.sort(dim=-1).values, logits.shape[-1], k, p, None)[0]
+        x = logits if temperature is None else _scaled(logits, temperature)
+        lo = _thresholds(x.sort(dim=-1).values, logits.shape[-1], k, p, None)[0]
     return lo.to(logits.dtype)
 
 
-def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None,
-                    p: torch.Tensor | None) -> torch.Tensor:
+def _scaled(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    return logits / torch.where(temperature == 0.0, 1.0, temperature).unsqueeze(1)
+
+
+def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                    temperature: torch.Tensor | None) -> torch.Tensor:
     """The thresholds from each row's CANDIDATES largest values, then 8x as many for the
-    rows they do not decide, then every value."""
-    x = logits.detach().numpy()
-    b, v = x.shape
+    rows they do not decide, then every value. The C++ kernel selects a row's largest
+    values (and its mass) from the logits and temperature; without it numpy selects them
+    from the scaled logits."""
+    from pagedllm.kernels import cpu_ops
+
+    ops = cpu_ops.load()
+    b, v = logits.shape
+    scaled = None if ops is not None else (
+        logits if temperature is None else _scaled(logits, temperature)).numpy()
     lo = torch.empty(b, dtype=torch.float64)
     todo = torch.arange(b)
     mass = None
     for m in (CANDIDATES, 8 * CANDIDATES):
         if m >= v or not todo.numel():
             break
-        rows = x if len(todo) == b else x[todo.numpy()]
-        top = torch.from_numpy(np.sort(np.partition(rows, v - m, axis=-1)[:, v - m:], axis=-1))
-        if p is not None and mass is None:  # the first pass (every row): its mass over its max
-            mass = _exp_sums(logits, top[:, -1].contiguous())
+        want_mass = p is not None and mass is None  # the first pass: every row
+        if ops is not None:
+            part = (logits, temperature) if len(todo) == b else (
+                logits[todo], None if temperature is None else temperature[todo])
+            top, got_mass = ops.top_values(part[0].contiguous(), None if part[1] is None
+                                           else part[1].contiguous(), m, want_mass)
+        else:
+            rows = scaled if len(todo) == b else scaled[todo.numpy()]
+            top = torch.from_numpy(np.sort(np.partition(rows, v - m, axis=-1)[:, v - m:],
+                                           axis=-1))
+            got_mass = torch.exp(torch.from_numpy(rows) - top[:, -1:]).sum(dim=-1).double() \
+                if want_mass else None
+        if want_mass:
+            mass = got_mass  # each row's probability mass over its maximum
         got, decided = _thresholds(top, v, None if k is None else k[todo],
                                    None if p is None else p[todo],
                                    None if p is None else mass[todo])
         lo[todo[decided]] = got[decided]
         todo = todo[~decided]
     if todo.numel():
-        lo[todo] = _thresholds(torch.from_numpy(np.sort(x[todo.numpy()], axis=-1)), v,
+        rows = logits[todo] if temperature is None else _scaled(logits[todo], temperature[todo])
+        lo[todo] = _thresholds(torch.from_numpy(np.sort(rows.numpy(), axis=-1)), v,
                                None if k is None else k[todo],
                                None if p is None else p[todo], None)[0]
     return lo
-
-
-def _exp_sums(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """[B] float64 sum of exp(x - m) over each row of float32 CPU `x` [B, V]: the C++
-    kernel's (no [B, V] temporaries), torch's without the kernels."""
-    from pagedllm.kernels import cpu_ops
-
-    ops = cpu_ops.load()
-    if ops is None:
-        return torch.exp(x - m.unsqueeze(1)).sum(dim=-1).double()
-    return ops.exp_sums(x.contiguous(), m)
 
 
 def _thresholds(s: torch.Tensor, v: int, k: torch.Tensor | None, p: torch.Tensor | None,
