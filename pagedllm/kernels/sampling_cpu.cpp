@@ -48,6 +48,15 @@ namespace {
 #include "simd_cpu.h"
 
 constexpr int64_t kChunk = 64;  // tokens per float64 partial sum
+
+// A row's scratch (slot `S` of this thread, at least n elements), kept between calls: fresh
+// vocabulary-sized buffers cost a page fault per 4 KiB at every step.
+template <typename E, int S>
+E* scratch(int64_t n) {
+  thread_local std::vector<E> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // NaN or +inf, by the bits: -ffast-math (the build's) folds std::isnan to false.
@@ -275,12 +284,12 @@ torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> tem
   int64_t* out = ids.data_ptr<int64_t>();
   const int64_t chunks = (V_ + kChunk - 1) / kChunk;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(chunks * kChunk);
-    std::vector<double> part(chunks);
+    float* buf = scratch<float, 0>(chunks * kChunk);
+    double* part = scratch<double, 1>(chunks);
     for (int64_t r = begin; r < end; ++r) {
       const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
       const float lo = lp == nullptr ? -kInf : lp[r];
-      out[r] = sample_row(l + r * V_, V_, t, lo, up[r], buf.data(), part.data());
+      out[r] = sample_row(l + r * V_, V_, t, lo, up[r], buf, part);
     }
   });
   return ids;
@@ -310,13 +319,14 @@ std::tuple<torch::Tensor, torch::Tensor> top_values(torch::Tensor logits,
   double* mp = mass.data_ptr<double>();
   const int64_t padded = (V_ + kChunk - 1) / kChunk * kChunk;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(padded);
-    std::vector<uint32_t> keys(V_), side(V_);
+    float* x = scratch<float, 0>(padded);
+    uint32_t* keys = scratch<uint32_t, 1>(V_);
+    uint32_t* side = scratch<uint32_t, 2>(V_);
     for (int64_t r = begin; r < end; ++r) {
       const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
       for (int64_t i = 0; i < V_; ++i) x[i] = l[r * V_ + i] / t;
-      top_values_row(x.data(), V_, m, keys.data(), side.data(), vp + r * m);
-      if (with_mass) mp[r] = exp_sum_row(x.data(), V_, vp[r * m + m - 1]);
+      top_values_row(x, V_, m, keys, side, vp + r * m);
+      if (with_mass) mp[r] = exp_sum_row(x, V_, vp[r * m + m - 1]);
     }
   });
   return {values, mass};
