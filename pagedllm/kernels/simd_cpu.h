@@ -121,12 +121,14 @@ inline M vle(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ); }
 inline M mand(M a, M b) { return static_cast<M>(a & b); }
 inline V vsel(M m, V x, V y) { return _mm512_mask_blend_ps(m, y, x); }
 inline bool mall(M m) { return m == 0xFFFF; }
+inline uint32_t mbits(M m) { return m; }  // lane i's bit i
 #else
 using M = __m256;
 inline M vle(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LE_OQ); }
 inline M mand(M a, M b) { return _mm256_and_ps(a, b); }
 inline V vsel(M m, V x, V y) { return _mm256_blendv_ps(y, x, m); }
 inline bool mall(M m) { return _mm256_movemask_ps(m) == 0xFF; }
+inline uint32_t mbits(M m) { return static_cast<uint32_t>(_mm256_movemask_ps(m)); }
 #endif
 
 // e^x for the x <= 0 the softmax feeds it (a score minus its running max): Cody-Waite
