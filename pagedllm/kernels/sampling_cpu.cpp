@@ -333,6 +333,42 @@ bool scale_row(const float* l, int64_t n, float t, float* x) {
   return ok;
 }
 
+
+// top_k_top_p.py's `_thresholds` for one row from its m largest values s (ascending), in
+// float64 as there: the k-th largest (k < V), then the nucleus over what top-k keeps, each
+// token kept while the mass ranked strictly above it is < p, the row's total from `mass`
+// when top-k cut nothing (the m values hold only part of it). *decided is false when the
+// k-th value or the nucleus may lie past the m values.
+void cut_row(const float* s, int64_t m, int64_t V_, int64_t k, double p, double mass,
+             double* e, double* lo_out, bool* decided) {
+  double lo = -std::numeric_limits<double>::infinity();
+  bool ok = true;
+  if (k < V_) {
+    lo = s[m - std::min<int64_t>(std::max<int64_t>(k, 1), m)];
+    ok = k <= m;
+  }
+  if (p < 1.0) {
+    const double top = s[m - 1];
+    double sum = 0.0;
+    for (int64_t i = 0; i < m; ++i) {
+      e[i] = static_cast<double>(s[i]) >= lo ? std::exp(static_cast<double>(s[i]) - top) : 0.0;
+      sum += e[i];
+    }
+    const double total = lo > -std::numeric_limits<double>::infinity() ? sum : mass;
+    double cum = 0.0;
+    int64_t kept = 0;
+    for (int64_t i = m - 1; i >= 0; --i) {  // descending
+      const double d = e[i] / total;
+      cum += d;
+      kept += cum - d < p;  // the mass ranked strictly above token i
+    }
+    lo = std::max(lo, static_cast<double>(s[m - std::max<int64_t>(kept, 1)]));
+    ok = ok && cum >= p;
+  }
+  *lo_out = lo;
+  *decided = ok;
+}
+
 }  // namespace
 
 torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> temperature,
@@ -405,6 +441,38 @@ std::tuple<torch::Tensor, torch::Tensor> top_values(torch::Tensor logits,
   return {values, mass};
 }
 
+// Each row's top-k / top-p threshold on logits / temperature [B] float64 from its m largest
+// values (top_values' selection and mass, `cut_row`), and whether those m decided it:
+// top_k_top_p.py's first pass in one call. k [B] int64 (V: off) and p [B] (1: off) optional.
+std::tuple<torch::Tensor, torch::Tensor> top_k_top_p_cut(
+    torch::Tensor logits, c10::optional<torch::Tensor> temperature,
+    c10::optional<torch::Tensor> k, c10::optional<torch::Tensor> p, int64_t m) {
+  const int64_t B = logits.size(0), V_ = logits.size(1);
+  auto vec = [&](const c10::optional<torch::Tensor>& t, const char* name,
+                 at::ScalarType dt) -> const void* {
+    if (!t.has_value()) return nullptr;
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == B && t->dtype() == dt && t->is_contiguous(),
+                "top_k_top_p_cut: ", name, " must be contiguous [", B, "] of ", dt);
+    return t->data_ptr();
+  };
+  const int64_t* kp = static_cast<const int64_t*>(vec(k, "k", torch::kInt64));
+  const float* pp = static_cast<const float*>(vec(p, "p", torch::kFloat32));
+  auto [top, mass] = top_values(logits, temperature, m, pp != nullptr);
+  auto lo = torch::empty({B}, torch::TensorOptions().dtype(at::kDouble));
+  auto decided = torch::empty({B}, torch::TensorOptions().dtype(at::kBool));
+  const float* tp = top.data_ptr<float>();
+  const double* mp = pp != nullptr ? mass.data_ptr<double>() : nullptr;
+  double* lp = lo.data_ptr<double>();
+  bool* dp = decided.data_ptr<bool>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    double* e = scratch<double, 4>(m);
+    for (int64_t r = begin; r < end; ++r)
+      cut_row(tp + r * m, m, V_, kp != nullptr ? kp[r] : V_, pp != nullptr ? pp[r] : 1.0,
+              mp != nullptr ? mp[r] : 0.0, e, lp + r, dp + r);
+  });
+  return {lo, decided};
+}
+
 #pragma GCC pop_options
 
 void register_sampling_kernels(pybind11::module_& m) {
@@ -415,4 +483,7 @@ void register_sampling_kernels(pybind11::module_& m) {
   m.def("top_values", &top_values, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "(each row's m largest values of logits / temperature, ascending [B, m]; with "
         "with_mass each row's float64 sum of e^(x - max) [B])");
+  m.def("top_k_top_p_cut", &top_k_top_p_cut, pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "(each row's top-k / top-p threshold on logits / temperature [B] float64, whether its "
+        "m largest values decided it [B] bool)");
 }

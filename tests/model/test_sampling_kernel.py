@@ -136,6 +136,8 @@ def test_bad_arguments_are_refused() -> None:
         OPS.sample_rows(torch.zeros(2, 8), None, torch.zeros(3), u)
     with pytest.raises(RuntimeError, match="m=8 must be in"):
         OPS.top_values(torch.zeros(2, 8), None, 8, True)
+    with pytest.raises(RuntimeError, match="k must be contiguous"):
+        OPS.top_k_top_p_cut(torch.zeros(2, 8), None, torch.zeros(2), None, 4)
 
 
 @pytest.mark.parametrize("params", [

@@ -50,9 +50,10 @@ def _scaled(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
 def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
                     temperature: torch.Tensor | None) -> torch.Tensor:
     """The thresholds from each row's CANDIDATES largest values, then 8x as many for the
-    rows they do not decide, then every value. The C++ kernel selects a row's largest
-    values (and its mass) from the logits and temperature; without it numpy selects them
-    from the scaled logits."""
+    rows they do not decide, then every value. The first pass is one C++ call (each row's
+    largest values of logits / temperature, its mass and `_thresholds`' rule, in float64 as
+    here: kernels/sampling_cpu.cpp); without the kernels numpy selects the values from the
+    scaled logits."""
     from pagedllm.kernels import cpu_ops
 
     ops = cpu_ops.load()
@@ -65,31 +66,40 @@ def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tenso
     for m in (CANDIDATES, 8 * CANDIDATES):
         if m >= v or not todo.numel():
             break
-        want_mass = p is not None and mass is None  # the first pass: every row
-        if ops is not None:
-            part = (logits, temperature) if len(todo) == b else (
-                logits[todo], None if temperature is None else temperature[todo])
-            top, got_mass = ops.top_values(part[0].contiguous(), None if part[1] is None
-                                           else part[1].contiguous(), m, want_mass)
-        else:
-            rows = scaled if len(todo) == b else scaled[todo.numpy()]
-            top = torch.from_numpy(np.sort(np.partition(rows, v - m, axis=-1)[:, v - m:],
-                                           axis=-1))
-            got_mass = torch.exp(torch.from_numpy(rows) - top[:, -1:]).sum(dim=-1).double() \
-                if want_mass else None
-        if want_mass:
-            mass = got_mass  # each row's probability mass over its maximum
+        if ops is not None and m == CANDIDATES:  # every row, in one call
+            lo, decided = ops.top_k_top_p_cut(
+                logits.contiguous(), None if temperature is None else temperature.contiguous(),
+                None if k is None else k.contiguous(), None if p is None else p.contiguous(), m)
+            todo = todo[~decided]
+            if p is not None and todo.numel():  # the later passes' rows need their masses
+                mass = torch.zeros(b, dtype=torch.float64)
+                mass[todo] = ops.top_values(
+                    logits[todo], None if temperature is None else temperature[todo], 1, True)[1]
+            continue
+        rows = _rows(logits, temperature, scaled, todo, b)
+        top = torch.from_numpy(np.sort(np.partition(rows, v - m, axis=-1)[:, v - m:], axis=-1))
+        if p is not None and mass is None:  # the first pass: every row's mass over its max
+            mass = torch.exp(torch.from_numpy(rows) - top[:, -1:]).sum(dim=-1).double()
         got, decided = _thresholds(top, v, None if k is None else k[todo],
                                    None if p is None else p[todo],
                                    None if p is None else mass[todo])
         lo[todo[decided]] = got[decided]
         todo = todo[~decided]
     if todo.numel():
-        rows = logits[todo] if temperature is None else _scaled(logits[todo], temperature[todo])
-        lo[todo] = _thresholds(torch.from_numpy(np.sort(rows.numpy(), axis=-1)), v,
+        rows = _rows(logits, temperature, scaled, todo, b)
+        lo[todo] = _thresholds(torch.from_numpy(np.sort(rows, axis=-1)), v,
                                None if k is None else k[todo],
                                None if p is None else p[todo], None)[0]
     return lo
+
+
+def _rows(logits: torch.Tensor, temperature: torch.Tensor | None, scaled: np.ndarray | None,
+          todo: torch.Tensor, b: int) -> np.ndarray:
+    """Rows `todo` of the scaled logits (`scaled` when materialized, else computed)."""
+    if scaled is not None:
+        return scaled if len(todo) == b else scaled[todo.numpy()]
+    rows = logits[todo] if temperature is None else _scaled(logits[todo], temperature[todo])
+    return rows.numpy()
 
 
 def _thresholds(s: torch.Tensor, v: int, k: torch.Tensor | None, p: torch.Tensor | None,
