@@ -12,6 +12,7 @@ void register_decode_layers(pybind11::module_& m);  // decode_layers_cpu.cpp
 void register_varlen_attention(pybind11::module_& m);  // varlen_attention_cpu.cpp
 void register_bf16_grouped_kernels(pybind11::module_& m);  // grouped_bf16_cpu.cpp
 void register_sampling_kernels(pybind11::module_& m);  // sampling_cpu.cpp
+void register_top_k_top_p_kernels(pybind11::module_& m);  // top_k_top_p_cpu.cpp
 
 // The calling thread's OpenMP team shrinks to one thread and its idle workers exit: the
 // server's main thread calls this once the engine thread has taken over, so that a stray
@@ -62,4 +63,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_varlen_attention(m);
   register_bf16_grouped_kernels(m);
   register_sampling_kernels(m);
+  register_top_k_top_p_kernels(m);
 }

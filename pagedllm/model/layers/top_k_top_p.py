@@ -8,10 +8,12 @@ Each row keeps the tokens at or above one value (everything below it becomes -in
             always stays; ties with its smallest member stay too)
 
 Only a row's largest values matter, in order, never their positions. On the CPU (float32)
-each row's CANDIDATES largest values are selected in linear time (numpy's partition) and only
-they are sorted; a row whose k-th value or nucleus lies past them (k above CANDIDATES, a flat
-distribution) tries 8x as many, then sorts all its values (numpy). For a 49,152-token row
-torch's sort (values and indices) took ~8 ms. Elsewhere (CUDA) torch sorts the rows.
+each row's CANDIDATES largest values are selected in linear time and only they are sorted (the
+C++ kernels of kernels/top_k_top_p_cpu.cpp, straight from the logits and temperatures; numpy's
+partition without them); a row whose k-th value or nucleus lies past them (k above
+CANDIDATES, a flat distribution) tries 8x as many, then sorts all its values (numpy). For a
+49,152-token row torch's sort (values and indices) took ~8 ms. Elsewhere (CUDA) torch sorts
+the rows.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tenso
     """The thresholds from each row's CANDIDATES largest values, then 8x as many for the
     rows they do not decide, then every value. The first pass is one C++ call (each row's
     largest values of logits / temperature, its mass and `_thresholds`' rule, in float64 as
-    here: kernels/sampling_cpu.cpp); without the kernels numpy selects the values from the
+    here: kernels/top_k_top_p_cpu.cpp); without the kernels numpy selects the values from the
     scaled logits."""
     from pagedllm.kernels import cpu_ops
 
