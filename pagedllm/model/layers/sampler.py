@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.logits_processors import (
     LogitsProcessor,
     Penalties,
@@ -305,8 +306,6 @@ def _host_sampling_ops(logits: torch.Tensor):
     """The C++ kernels for float32 CPU logits, None elsewhere or without them."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32:
         return None
-    from pagedllm.kernels import cpu_ops
-
     return cpu_ops.load()
 
 

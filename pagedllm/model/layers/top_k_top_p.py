@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pagedllm.kernels import cpu_ops
+
 CANDIDATES = 1024  # the largest values per row sorted first (CPU)
 
 
@@ -56,8 +58,6 @@ def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tenso
     largest values of logits / temperature, its mass and `_thresholds`' rule, in float64 as
     here: kernels/top_k_top_p_cpu.cpp); without the kernels numpy selects the values from the
     scaled logits."""
-    from pagedllm.kernels import cpu_ops
-
     ops = cpu_ops.load()
     b, v = logits.shape
     scaled = None if ops is not None else (
