@@ -1,8 +1,8 @@
 // Random rows of a sampling step on the CPU: one draw per row by the inverse CDF, straight
 // from the logits, with no [B, V] temporaries (model/layers/sampler.py, `_sample_random`).
 //
-// Per row, with t its temperature (0 counts as 1) and lo its threshold (top-k / top-p / min_p,
-// on the scaled logits; -inf without one):
+// Per row, with t its temperature (0 counts as 1) and lo its threshold (top-k / top-p, or
+// min_p's x_max + log(min_p), on the scaled logits; -inf without one):
 //
 //   x_i = l_i / t                   IEEE division, torch's `logits / temperature` bit for bit
 //   kept: x_i >= lo and x_i > -inf  (the thresholds' own rule: masked_fill(x < lo))
@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -103,8 +104,10 @@ int64_t locate(const float* e, const double* part, int64_t chunks, int64_t V_, d
   return V_ - 1;  // nothing kept (every token -inf): the caller's finiteness check tells
 }
 
-int64_t sample_row(const float* l, int64_t V_, float t, float lo, double u, float* buf,
-                   double* part) {
+// log_min_p (-inf: none) raises lo to the row's largest x + log(min_p), torch's
+// `amax + log(min_p)` in float32 (p < min_p p_max  <=>  x < x_max + log(min_p)).
+int64_t sample_row(const float* l, int64_t V_, float t, float lo, float log_min_p, double u,
+                   float* buf, double* part) {
   const int64_t chunks = (V_ + kChunk - 1) / kChunk;
   float mx = -kInf;
 #if PAGEDLLM_GGUF_SIMD
@@ -116,6 +119,7 @@ int64_t sample_row(const float* l, int64_t V_, float t, float lo, double u, floa
     if (buf[i] >= lo && buf[i] > mx) mx = buf[i];
   }
 #endif
+  lo = std::max(lo, mx + log_min_p);
   double total = 0.0;
   for (int64_t c = 0; c < chunks; ++c) {
     part[c] = chunk_exp(buf + c * kChunk, buf + c * kChunk, lo, mx);
@@ -127,7 +131,8 @@ int64_t sample_row(const float* l, int64_t V_, float t, float lo, double u, floa
 }  // namespace
 
 torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> temperature,
-                          c10::optional<torch::Tensor> threshold, torch::Tensor u) {
+                          c10::optional<torch::Tensor> threshold, torch::Tensor u,
+                          c10::optional<torch::Tensor> log_min_p) {
   TORCH_CHECK(logits.dim() == 2 && logits.dtype() == torch::kFloat32 && logits.is_contiguous(),
               "sample_rows: logits must be contiguous fp32 [B, V]");
   const int64_t B = logits.size(0), V_ = logits.size(1);
@@ -136,6 +141,9 @@ torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> tem
   const float* tp = row_arg<float>(temperature, B, torch::kFloat32, fn, "temperature");
   const float* lp = row_arg<float>(threshold, B, torch::kFloat32, fn, "threshold");
   const double* up = row_arg<double>(u, B, at::kDouble, fn, "u");
+  const float* mp = row_arg<float>(log_min_p, B, torch::kFloat32, fn, "log_min_p");
+  TORCH_CHECK(lp == nullptr || mp == nullptr, "sample_rows: min_p's cut comes before the "
+              "thresholds (on the scaled logits): pass one or the other");
   const float* l = logits.data_ptr<float>();
   auto ids = torch::empty({B}, torch::TensorOptions().dtype(torch::kInt64));
   int64_t* out = ids.data_ptr<int64_t>();
@@ -146,7 +154,7 @@ torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> tem
     for (int64_t r = begin; r < end; ++r) {
       const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
       const float lo = lp == nullptr ? -kInf : lp[r];
-      out[r] = sample_row(l + r * V_, V_, t, lo, up[r], buf, part);
+      out[r] = sample_row(l + r * V_, V_, t, lo, mp == nullptr ? -kInf : mp[r], up[r], buf, part);
     }
   });
   return ids;
@@ -158,5 +166,8 @@ void register_sampling_kernels(pybind11::module_& m) {
   m.def("sample_rows", &sample_rows, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "one draw per row of fp32 logits [B, V] by the inverse CDF at u [B] (float64): "
         "logits / temperature [B] (0 counts as 1; None: 1), tokens below threshold [B] "
-        "(None: none) and -inf never drawn; a row with a NaN / +inf draws its first one");
+        "(None: none) and -inf never drawn; a row with a NaN / +inf draws its first one; "
+        "log_min_p [B] (None: none) cuts below the row's largest + log(min_p)",
+        pybind11::arg("logits"), pybind11::arg("temperature"), pybind11::arg("threshold"),
+        pybind11::arg("u"), pybind11::arg("log_min_p") = pybind11::none());
 }

@@ -55,6 +55,24 @@ def test_thresholds_keep_only_the_values_at_or_above_them() -> None:
         assert (logits[torch.arange(b), got] >= lo).all()
 
 
+def test_min_p_cuts_below_the_rows_largest_plus_log_min_p() -> None:
+    """log_min_p: the tokens x < max(x) + log(min_p) (torch's float32 sum) are never drawn;
+    the draw equals torch's masked softmax's for the same u."""
+    g = torch.Generator().manual_seed(8)
+    b, v = 16, 4000
+    logits = torch.randn(b, v, generator=g) * 2
+    t = torch.rand(b, generator=g) + 0.5
+    min_p = torch.rand(b, generator=g) * 0.2
+    min_p[0] = 0.0  # log(0) = -inf: no cut
+    scaled = logits / t.unsqueeze(1)
+    lo = scaled.amax(dim=-1) + torch.log(min_p)
+    for seed in range(6):
+        u = torch.rand(b, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        got = OPS.sample_rows(logits, t, None, u, torch.log(min_p))
+        assert torch.equal(got, reference(scaled, None, lo, u))
+        assert (scaled[torch.arange(b), got] >= lo).all()
+
+
 def test_a_grid_of_u_gives_the_distribution_and_never_a_minus_inf_token() -> None:
     """u = (i + 0.5) / n for i < n: each kept token is drawn its probability times n times
     (to within one), the -inf tokens never."""
@@ -136,6 +154,8 @@ def test_bad_arguments_are_refused() -> None:
         OPS.sample_rows(torch.zeros(2, 8), None, torch.zeros(3), u)
     with pytest.raises(RuntimeError, match="m=8 must be in"):
         OPS.top_values(torch.zeros(2, 8), None, 8, True)
+    with pytest.raises(RuntimeError, match="min_p's cut comes before the thresholds"):
+        OPS.sample_rows(torch.zeros(2, 8), None, torch.zeros(2), u, torch.zeros(2))
     with pytest.raises(RuntimeError, match="k must be contiguous"):
         OPS.top_k_top_p_cut(torch.zeros(2, 8), None, torch.zeros(2), None, 4)
 

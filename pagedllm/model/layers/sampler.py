@@ -294,12 +294,13 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
     if ops is None:
         return inverse_cdf(_random_probs(logits, md), u)
     logits = logits.contiguous()
-    if md.min_p is not None:  # its cut comes before top-k / top-p: on the scaled logits
+    cuts = md.top_k is not None or md.top_p is not None
+    if md.min_p is not None and cuts:  # min_p's cut first, top-k / top-p on what it keeps
         scaled, lo = _restricted(logits, md)
         return ops.sample_rows(scaled.contiguous(), None, lo, u)
-    lo = None if md.top_k is None and md.top_p is None else \
-        top_k_top_p_threshold(logits, md.top_k, md.top_p, md.temperature)
-    return ops.sample_rows(logits, md.temperature, lo, u)
+    lo = top_k_top_p_threshold(logits, md.top_k, md.top_p, md.temperature) if cuts else None
+    log_min_p = None if md.min_p is None else torch.log(md.min_p)
+    return ops.sample_rows(logits, md.temperature, lo, u, log_min_p)
 
 
 def _host_sampling_ops(logits: torch.Tensor):
