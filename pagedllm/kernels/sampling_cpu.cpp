@@ -50,37 +50,6 @@ int64_t first_not_finite(const float* l, int64_t V) {
   return i;
 }
 
-#if PAGEDLLM_GGUF_SIMD
-// Vector j of the row (values past V read as -inf: never kept, e = 0).
-inline V load_x(const float* l, int64_t V_, int64_t i, V t) {
-  if (i + kVW <= V_) return vdiv(vload(l + i), t);
-  float tail[kVW];
-  for (int k = 0; k < kVW; ++k) tail[k] = i + k < V_ ? l[i + k] : -kInf;
-  return vdiv(vload(tail), t);
-}
-
-// Pass 1: x into `buf` (padded to whole chunks), the row's largest kept x; false if the row
-// holds a NaN or +inf.
-bool scale_and_max(const float* l, int64_t V_, float t, float lo, float* buf, float* mx) {
-  const V vt = vset(t), vlo = vset(lo), big = vset(FLT_MAX);
-  V m = vset(-kInf);
-  M ok = vle(vset(0.f), vset(0.f));  // all lanes
-  const int64_t padded = (V_ + kChunk - 1) / kChunk * kChunk;
-  for (int64_t i = 0; i < padded; i += kVW) {
-    const V x = load_x(l, V_, i, vt);
-    ok = mand(ok, vle(x, big));  // false for NaN and +inf
-    m = vmax(m, vsel(vle(vlo, x), x, vset(-kInf)));
-    vstore(buf + i, x);
-  }
-  float lanes[kVW];
-  vstore(lanes, m);
-  float r = -kInf;
-  for (int k = 0; k < kVW; ++k) r = lanes[k] > r ? lanes[k] : r;
-  *mx = r;
-  return mall(ok);
-}
-#endif
-
 // The token of a row whose e values (`e`, padded) and chunk sums (`part`) are known: the first
 // whose running float64 sum exceeds target; rounding that leaves a chunk's walk short of its
 // sum picks the chunk's last token with e > 0, and a target past every chunk the row's last.
@@ -109,16 +78,8 @@ int64_t locate(const float* e, const double* part, int64_t chunks, int64_t V_, d
 int64_t sample_row(const float* l, int64_t V_, float t, float lo, float log_min_p, double u,
                    float* buf, double* part) {
   const int64_t chunks = (V_ + kChunk - 1) / kChunk;
-  float mx = -kInf;
-#if PAGEDLLM_GGUF_SIMD
-  if (!scale_and_max(l, V_, t, lo, buf, &mx)) return first_not_finite(l, V_);
-#else
-  for (int64_t i = 0; i < chunks * kChunk; ++i) {
-    if (i < V_ && nan_or_inf(l[i])) return first_not_finite(l, V_);
-    buf[i] = i < V_ ? l[i] / t : -kInf;
-    if (buf[i] >= lo && buf[i] > mx) mx = buf[i];
-  }
-#endif
+  float mx;
+  if (!scale_row(l, V_, t, lo, buf, &mx)) return first_not_finite(l, V_);
   lo = std::max(lo, mx + log_min_p);
   double total = 0.0;
   for (int64_t c = 0; c < chunks; ++c) {

@@ -93,15 +93,52 @@ double chunk_exp(const float* x, float* e, float lo, float mx) {
 }
 #endif
 
-// sum_i e^(x_i - m) over one row, chunk by chunk as sample_row sums (-inf adds 0).
-double exp_sum_row(const float* x, int64_t V_, float m) {
-  double total = 0.0;
-  int64_t i = 0;
-  for (; i + kChunk <= V_; i += kChunk) total += chunk_exp(x + i, nullptr, -kInf, m);
-  if (i < V_) {
-    float tail[kChunk];
-    for (int64_t k = 0; k < kChunk; ++k) tail[k] = i + k < V_ ? x[i + k] : -kInf;
-    total += chunk_exp(tail, nullptr, -kInf, m);
+#if PAGEDLLM_GGUF_SIMD
+// Vector i.. of the row divided by t (values past n read as -inf: never kept, e = 0).
+inline V load_x(const float* l, int64_t n, int64_t i, V t) {
+  if (i + kVW <= n) return vdiv(vload(l + i), t);
+  float tail[kVW];
+  for (int k = 0; k < kVW; ++k) tail[k] = i + k < n ? l[i + k] : -kInf;
+  return vdiv(vload(tail), t);
+}
+#endif
+
+// A row's first pass: x = l / t (torch's division) into x, padded with -inf to whole chunks,
+// and *mx the largest x >= lo; false if the row holds a NaN or +inf (x is complete either way).
+bool scale_row(const float* l, int64_t n, float t, float lo, float* x, float* mx) {
+  const int64_t padded = (n + kChunk - 1) / kChunk * kChunk;
+#if PAGEDLLM_GGUF_SIMD
+  const V vt = vset(t), vlo = vset(lo), big = vset(FLT_MAX);
+  V m = vset(-kInf);
+  M ok = vle(vset(0.f), vset(0.f));  // all lanes
+  for (int64_t i = 0; i < padded; i += kVW) {
+    const V xi = load_x(l, n, i, vt);
+    ok = mand(ok, vle(xi, big));  // false for NaN and +inf
+    m = vmax(m, vsel(vle(vlo, xi), xi, vset(-kInf)));
+    vstore(x + i, xi);
   }
+  float lanes[kVW];
+  vstore(lanes, m);
+  float r = -kInf;
+  for (int k = 0; k < kVW; ++k) r = lanes[k] > r ? lanes[k] : r;
+  *mx = r;
+  return mall(ok);
+#else
+  bool ok = true;
+  *mx = -kInf;
+  for (int64_t i = 0; i < padded; ++i) {
+    x[i] = i < n ? l[i] / t : -kInf;
+    ok = ok && !nan_or_inf(x[i]);
+    if (x[i] >= lo && x[i] > *mx) *mx = x[i];
+  }
+  return ok;
+#endif
+}
+
+// sum_i e^(x_i - m) over one row scale_row wrote (its `chunks` whole chunks, -inf adding 0),
+// chunk by chunk as sample_row sums.
+double exp_sum_row(const float* x, int64_t chunks, float m) {
+  double total = 0.0;
+  for (int64_t c = 0; c < chunks; ++c) total += chunk_exp(x + c * kChunk, nullptr, -kInf, m);
   return total;
 }

@@ -4,7 +4,7 @@
 //
 //   top_values        the m largest, ascending: a cut tau from a sample of every 16th value,
 //                     the values >= tau collected in one vector pass, a radix sort of those;
-//                     a row with a NaN (or too few values above the cut) takes the keys path
+//                     a row with a NaN or +inf (or too few values above the cut) takes the keys path
 //                     (order-preserving integer keys: a total order, NaN above +inf, numpy's)
 //   top_k_top_p_cut   top_values + the mass + `_thresholds`' rule per row, and whether the m
 //                     values decided it (the k-th value or the nucleus may lie past them)
@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -50,10 +51,22 @@ inline float from_key(uint32_t k) {
 
 constexpr int kHistShift = 21;  // keys' top 11 bits: 2,048 buckets (8 KiB, in L1)
 
+// keys[0, n) sorted ascending, LSD radix, 8 bits a pass (tmp: n more keys).
+void radix_sort(uint32_t* keys, uint32_t* tmp, int64_t n) {
+  for (int shift = 0; shift < 32; shift += 8) {
+    int64_t count[257] = {};
+    for (int64_t i = 0; i < n; ++i) ++count[((keys[i] >> shift) & 255) + 1];
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (int64_t i = 0; i < n; ++i) tmp[count[(keys[i] >> shift) & 255]++] = keys[i];
+    std::swap(keys, tmp);
+  }
+  // four passes: the sorted keys are back in the caller's array
+}
+
 // The m largest of the n values x (m < n) into out, ascending, for any row (NaN included: the
 // keys order it above +inf, as numpy's sort): a histogram of the keys' top bits finds the
 // bucket holding the m-th largest; every key above it is taken, and the rest come from that
-// bucket by nth_element.
+// bucket by nth_element; the m keys are then radix-sorted.
 void top_values_keys(const float* x, int64_t n, int64_t m, uint32_t* keys, uint32_t* side,
                      float* out) {
   uint32_t hist[1u << (32 - kHistShift)] = {};
@@ -73,30 +86,19 @@ void top_values_keys(const float* x, int64_t n, int64_t m, uint32_t* keys, uint3
   const int64_t need = m - above;
   std::nth_element(side, side + (nb - need), side + nb);
   std::memcpy(keys + na, side + (nb - need), need * sizeof(uint32_t));
-  std::sort(keys, keys + m);
+  radix_sort(keys, side, m);
   for (int64_t i = 0; i < m; ++i) out[i] = from_key(keys[i]);
-}
-
-// keys[0, n) sorted ascending, LSD radix, 8 bits a pass (tmp: n more keys).
-void radix_sort(uint32_t* keys, uint32_t* tmp, int64_t n) {
-  for (int shift = 0; shift < 32; shift += 8) {
-    int64_t count[257] = {};
-    for (int64_t i = 0; i < n; ++i) ++count[((keys[i] >> shift) & 255) + 1];
-    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
-    for (int64_t i = 0; i < n; ++i) tmp[count[(keys[i] >> shift) & 255]++] = keys[i];
-    std::swap(keys, tmp);
-  }
-  // four passes: the sorted keys are back in the caller's array
 }
 
 constexpr int64_t kSampleStride = 16;  // every 16th value estimates where the m largest start
 
-// top_values_keys' answer for a row without NaN, faster: the histogram's increments hit a
+// top_values_keys' answer for a row without NaN or +inf, faster: the histogram's increments hit a
 // few hot buckets (each waits for the last: ~130 us a 49,152-token row on Zen 3). A sample of
 // every 16th value gives a cut tau that ~1.25 m values (at least m, by a 3-sigma margin on the
 // sample's count) clear; one vector pass collects the values >= tau, and a radix sort of
-// those few gives the m largest (std::sort's branches cost ~35 us for 1,024 values). false where the cut leaves fewer than m (a row of
-// mostly -inf, a tiny row): the caller takes the keys.
+// those few gives the m largest (std::sort's branches cost ~35 us for 1,024 values). false
+// where the cut leaves fewer than m (a row of mostly -inf, a tiny row): the caller takes the
+// keys.
 bool top_values_sampled(const float* x, int64_t n, int64_t m, float* cand, uint32_t* tmp,
                         float* out) {
   const int64_t ns = n / kSampleStride, per = m / kSampleStride;
@@ -125,30 +127,6 @@ bool top_values_sampled(const float* x, int64_t n, int64_t m, float* cand, uint3
   for (int64_t j = 0; j < m; ++j) out[j] = from_key(keys[c - m + j]);
   return true;
 }
-
-// x = l / t for one row; false if the row holds a NaN.
-bool scale_row(const float* l, int64_t n, float t, float* x) {
-  int64_t i = 0;
-  bool ok = true;
-#if PAGEDLLM_GGUF_SIMD
-  const V vt = vset(t);
-  M all = vle(vset(0.f), vset(0.f));
-  for (; i + kVW <= n; i += kVW) {
-    const V xi = vdiv(vload(l + i), vt);
-    all = mand(all, vle(xi, xi));  // false for NaN
-    vstore(x + i, xi);
-  }
-  ok = mall(all);
-#endif
-  for (; i < n; ++i) {
-    x[i] = l[i] / t;
-    uint32_t b;
-    std::memcpy(&b, x + i, 4);
-    ok = ok && (b & 0x7fffffffu) <= 0x7f800000u;  // not NaN
-  }
-  return ok;
-}
-
 
 // top_k_top_p.py's `_thresholds` for one row from its m largest values s (ascending), in
 // float64 as there: the k-th largest (k < V), then the nucleus over what top-k keeps, each
@@ -211,18 +189,21 @@ std::tuple<torch::Tensor, torch::Tensor> top_values(torch::Tensor logits,
     float* cand = scratch<float, 3>(V_);
     for (int64_t r = begin; r < end; ++r) {
       const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
-      if (!(scale_row(l + r * V_, V_, t, x) && top_values_sampled(x, V_, m, cand, side, vp + r * m)))
+      float mx;
+      const bool finite = scale_row(l + r * V_, V_, t, -kInf, x, &mx);
+      if (!(finite && top_values_sampled(x, V_, m, cand, side, vp + r * m)))
         top_values_keys(x, V_, m, keys, side, vp + r * m);
-      if (with_mass) mp[r] = exp_sum_row(x, V_, vp[r * m + m - 1]);
+      if (with_mass) mp[r] = exp_sum_row(x, padded / kChunk, vp[r * m + m - 1]);
     }
   });
   return {values, mass};
 }
 
 // Each row's top-k / top-p threshold on logits / temperature [B] float64 from its m largest
-// values (top_values' selection and mass, `cut_row`), and whether those m decided it:
-// top_k_top_p.py's first pass in one call. k [B] int64 (V: off) and p [B] (1: off) optional.
-std::tuple<torch::Tensor, torch::Tensor> top_k_top_p_cut(
+// values (top_values' selection and mass, `cut_row`), whether those m decided it, and (with
+// p) each row's mass for the later passes of the rows they did not: top_k_top_p.py's first
+// pass in one call. k [B] int64 (V: off) and p [B] (1: off) optional.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_k_top_p_cut(
     torch::Tensor logits, c10::optional<torch::Tensor> temperature,
     c10::optional<torch::Tensor> k, c10::optional<torch::Tensor> p, int64_t m) {
   const int64_t B = logits.size(0), V_ = logits.size(1);
@@ -241,7 +222,7 @@ std::tuple<torch::Tensor, torch::Tensor> top_k_top_p_cut(
       cut_row(tp + r * m, m, V_, kp != nullptr ? kp[r] : V_, pp != nullptr ? pp[r] : 1.0,
               mp != nullptr ? mp[r] : 0.0, e, lp + r, dp + r);
   });
-  return {lo, decided};
+  return {lo, decided, mass};
 }
 
 #pragma GCC pop_options
@@ -252,5 +233,5 @@ void register_top_k_top_p_kernels(pybind11::module_& m) {
         "with_mass each row's float64 sum of e^(x - max) [B])");
   m.def("top_k_top_p_cut", &top_k_top_p_cut, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "(each row's top-k / top-p threshold on logits / temperature [B] float64, whether its "
-        "m largest values decided it [B] bool)");
+        "m largest values decided it [B] bool, with p each row's mass over its max [B])");
 }

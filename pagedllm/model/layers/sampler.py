@@ -10,9 +10,10 @@ Pipeline, all in float32 whatever the model dtype::
               '-> random rows:  / temperature -> min_p -> top_k -> top_p
                                 -> softmax -> inverse CDF at u,  u ~ U[0, 1)
 
-On the CPU the random rows' last steps (temperature, the rows' thresholds, softmax and the
-inverse CDF) are one C++ kernel over the logits (kernels/sampling_cpu.cpp), the same draw
-with no [B, V] temporaries: 64 rows with temperature 13 -> 3-4 ms a step on a Zen 3 pair.
+On the CPU the random rows' last steps (temperature, min_p or the top-k / top-p thresholds,
+softmax and the inverse CDF) are C++ kernels over the logits (kernels/sampling_cpu.cpp,
+kernels/top_k_top_p_cpu.cpp), the same draw with no [B, V] temporaries: at 64 rows a Zen 3
+pair's step with temperature 13 -> 2 ms, with top-p 32 -> 7 ms.
 
 Seeded rows draw ``u`` from their own generator, so their samples do not depend on
 which other requests share the batch; unseeded rows draw from the sampler's generator
@@ -34,7 +35,7 @@ from pagedllm.model.layers.logits_processors import (
     build_processors,
 )
 from pagedllm.model.layers.token_constraints import TokenConstraints
-from pagedllm.model.layers.top_k_top_p import top_k_top_p_threshold
+from pagedllm.model.layers.top_k_top_p import scaled_logits, top_k_top_p_threshold
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output.bitmask import GrammarBitmask
 
@@ -329,8 +330,7 @@ def _restricted(logits: torch.Tensor, md: SamplingMetadata
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logits / temperature with min_p's cut applied, each row's top-k / top-p threshold
     [B] in their dtype, None without top-k and top-p): a row keeps the values >= it."""
-    temperature = torch.where(md.temperature == 0.0, 1.0, md.temperature)
-    logits = logits / temperature.unsqueeze(1)
+    logits = scaled_logits(logits, md.temperature)
     if md.min_p is not None:
         # p < min_p * p_max  <=>  logit < logit_max + log(min_p): no softmax needed.
         threshold = logits.amax(dim=-1, keepdim=True) + torch.log(md.min_p).unsqueeze(1)

@@ -42,12 +42,13 @@ def top_k_top_p_threshold(logits: torch.Tensor, k: torch.Tensor | None, p: torch
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         lo = _cpu_thresholds(logits, k, p, temperature)
     else:
-        x = logits if temperature is None else _scaled(logits, temperature)
+        x = logits if temperature is None else scaled_logits(logits, temperature)
         lo = _thresholds(x.sort(dim=-1).values, logits.shape[-1], k, p, None)[0]
     return lo.to(logits.dtype)
 
 
-def _scaled(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """logits / temperature [B] per row, a temperature of 0 (a greedy row) counting as 1."""
     return logits / torch.where(temperature == 0.0, 1.0, temperature).unsqueeze(1)
 
 
@@ -61,23 +62,21 @@ def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tenso
     ops = cpu_ops.load()
     b, v = logits.shape
     scaled = None if ops is not None else (
-        logits if temperature is None else _scaled(logits, temperature)).numpy()
+        logits if temperature is None else scaled_logits(logits, temperature)).numpy()
     lo = torch.empty(b, dtype=torch.float64)
     todo = torch.arange(b)
     mass = None
-    for m in (CANDIDATES, 8 * CANDIDATES):
+    passes = (CANDIDATES, 8 * CANDIDATES)
+    if ops is not None and v > CANDIDATES:  # the first pass, every row, in one call
+        lo, decided, mass = ops.top_k_top_p_cut(
+            logits.contiguous(), None if temperature is None else temperature.contiguous(),
+            None if k is None else k.contiguous(), None if p is None else p.contiguous(),
+            CANDIDATES)
+        mass = mass if p is not None else None
+        todo, passes = todo[~decided], passes[1:]
+    for m in passes:
         if m >= v or not todo.numel():
             break
-        if ops is not None and m == CANDIDATES:  # every row, in one call
-            lo, decided = ops.top_k_top_p_cut(
-                logits.contiguous(), None if temperature is None else temperature.contiguous(),
-                None if k is None else k.contiguous(), None if p is None else p.contiguous(), m)
-            todo = todo[~decided]
-            if p is not None and todo.numel():  # the later passes' rows need their masses
-                mass = torch.zeros(b, dtype=torch.float64)
-                mass[todo] = ops.top_values(
-                    logits[todo], None if temperature is None else temperature[todo], 1, True)[1]
-            continue
         rows = _rows(logits, temperature, scaled, todo, b)
         top = torch.from_numpy(np.sort(np.partition(rows, v - m, axis=-1)[:, v - m:], axis=-1))
         if p is not None and mass is None:  # the first pass: every row's mass over its max
@@ -100,7 +99,7 @@ def _rows(logits: torch.Tensor, temperature: torch.Tensor | None, scaled: np.nda
     """Rows `todo` of the scaled logits (`scaled` when materialized, else computed)."""
     if scaled is not None:
         return scaled if len(todo) == b else scaled[todo.numpy()]
-    rows = logits[todo] if temperature is None else _scaled(logits[todo], temperature[todo])
+    rows = logits[todo] if temperature is None else scaled_logits(logits[todo], temperature[todo])
     return rows.numpy()
 
 
