@@ -1,4 +1,6 @@
-"""The C++ random-row sampler (kernels/sampling_cpu.cpp) against torch's inverse CDF.
+"""The C++ random-row sampler (kernels/sampling_cpu.cpp) against torch's inverse CDF, and the
+top-k / top-p kernels (kernels/top_k_top_p_cpu.cpp) against numpy's selection and the Python
+threshold rule.
 
 The kernel draws each row's token from its logits in two passes with no [B, V] temporaries;
 it must pick the token torch's softmax -> float64 cumsum -> searchsorted picks for the same
