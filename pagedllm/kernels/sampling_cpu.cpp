@@ -36,7 +36,8 @@
 #pragma GCC push_options
 // Sums in a fixed order (the same draw every time) and a true division by the temperature
 // (torch's `logits / temperature` bit for bit; -ffast-math would multiply by a reciprocal).
-#pragma GCC optimize("no-unsafe-math-optimizations")  // (no-reciprocal-math alone: ignored)
+// Comparisons with infinity kept too (-ffinite-math-only lets GCC 13 fold `x > -inf` to true).
+#pragma GCC optimize("no-unsafe-math-optimizations", "no-finite-math-only")  // (no-reciprocal-math alone: ignored)
 
 namespace {
 

@@ -28,7 +28,10 @@
 #include <vector>
 
 #pragma GCC push_options
-#pragma GCC optimize("no-unsafe-math-optimizations")  // a true division (see sampling_cpu.cpp)
+// A true division (see sampling_cpu.cpp), and comparisons with infinity kept: under the build's
+// -ffinite-math-only GCC 13 folds `x > -inf` to true (seen on a Sapphire Rapids host, where a
+// top-p row's total came from its 1,024 candidates instead of its whole mass); GCC 12 did not.
+#pragma GCC optimize("no-unsafe-math-optimizations", "no-finite-math-only")
 
 namespace {
 
@@ -128,6 +131,14 @@ bool top_values_sampled(const float* x, int64_t n, int64_t m, float* cand, uint3
   return true;
 }
 
+// x > -inf (false for NaN), by the bits: a comparison with an infinity may be folded to true
+// under -ffinite-math-only (GCC 13 does; see the pragma above).
+inline bool above_neg_inf(double x) {
+  uint64_t b;
+  std::memcpy(&b, &x, 8);
+  return b != 0xfff0000000000000ull && (b & 0x7fffffffffffffffull) <= 0x7ff0000000000000ull;
+}
+
 // top_k_top_p.py's `_thresholds` for one row from its m largest values s (ascending), in
 // float64 as there: the k-th largest (k < V), then the nucleus over what top-k keeps, each
 // token kept while the mass ranked strictly above it is < p, the row's total from `mass`
@@ -148,7 +159,7 @@ void cut_row(const float* s, int64_t m, int64_t V_, int64_t k, double p, double 
       e[i] = static_cast<double>(s[i]) >= lo ? std::exp(static_cast<double>(s[i]) - top) : 0.0;
       sum += e[i];
     }
-    const double total = lo > -std::numeric_limits<double>::infinity() ? sum : mass;
+    const double total = above_neg_inf(lo) ? sum : mass;
     double cum = 0.0;
     int64_t kept = 0;
     for (int64_t i = m - 1; i >= 0; --i) {  // descending

@@ -15,6 +15,9 @@ persistent buffers and the batch is padded up to the next captured size::
       block_tables   [5 rows of this step | rows left from earlier steps, never read]
       hidden[:5] of the graph's output buffer is the step's result
 
+With several KV groups (Gemma 3's window layers keep block tables of their own) each group
+has its own slot_mapping and block_tables buffers, and the captured metadata its `groups`.
+
 The graphs wrap the rank's attention backend: only one whose forward never waits on the host
 can be captured (`backend.cuda_graphs`: Triton), and the capture's metadata over the
 persistent buffers is built by its builder (`graph_metadata`), like every step's.
@@ -98,33 +101,39 @@ class DecodeGraphs:
     `backend` the rank's attention backend (its device is the buffers'); `max_blocks` is the
     widest block table a sequence can have (max_model_len / block size) and `max_pos` the
     largest position (max_model_len - 1), so that the RoPE table is grown before capture and
-    never reallocated by a replay.
+    never reallocated by a replay. `sliding_window` is KV group 0's window and
+    `group_windows` those of the further groups (Gemma 3's window layers keep block tables of
+    their own): each group has its own slot and block-table buffers, copied at every replay.
     """
 
     def __init__(self, model: nn.Module, kv_caches: list, backend: PagedAttentionBackend, *,
                  sizes: list[int], max_blocks: int, max_pos: int, sliding_window: int | None,
-                 capture=None) -> None:
+                 group_windows: tuple[int | None, ...] = (), capture=None) -> None:
         self.model, self.kv_caches, self.backend = model, kv_caches, backend
         device = backend.device
         self.sizes = sorted(sizes)
         self.max_blocks, self.max_pos = max_blocks, max_pos
         self.sliding_window = sliding_window
+        self.group_windows = tuple(group_windows)
+        groups = 1 + len(self.group_windows)
         self.capturer = capture if capture is not None else CudaGraphCapture()
         n = self.sizes[-1]
         i64 = dict(dtype=torch.int64, device=device)
         self.input_ids = torch.zeros(n, **i64)
         self.positions = torch.zeros(n, **i64)
-        self.slots = torch.full((n,), -1, **i64)
+        self.slots = torch.full((groups, n), -1, **i64)  # [g]: KV group g's
         self.seq_lens = torch.zeros(n, **i64)
-        self.block_tables = torch.zeros(n, max_blocks, **i64)
+        self.block_tables = torch.zeros(groups, n, max_blocks, **i64)
         self.query_start = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.graphs: dict[int, CapturedGraph] = {}
         self.replays = 0  # steps served by a graph (tests, --debug-steps)
 
     def _meta(self, b: int) -> AttentionMetadata:
-        return self.backend.graph_metadata(self.slots[:b], self.block_tables[:b],
+        groups = [(self.slots[g, :b], self.block_tables[g, :b], window)
+                  for g, window in enumerate(self.group_windows, 1)]
+        return self.backend.graph_metadata(self.slots[0, :b], self.block_tables[0, :b],
                                            self.seq_lens[:b], self.query_start[:b + 1],
-                                           self.sliding_window)
+                                           self.sliding_window, groups)
 
     def capture(self, warmup: int = 2) -> None:
         """Warm up and capture every bucket, largest first (its pool serves the others)."""
@@ -144,9 +153,10 @@ class DecodeGraphs:
                     time.perf_counter() - t0)
 
     def can_run(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """A decode-only step that fits a captured graph."""
+        """A decode-only step that fits a captured graph (and has its KV groups)."""
         n = input_ids.shape[0]
         return (meta.num_decodes == n and meta.prefill_block_tables is None
+                and len(meta.groups or (meta,)) == 1 + len(self.group_windows)
                 and choose_bucket(n, list(self.graphs)) is not None
                 and meta.decode_block_tables.shape[1] <= self.max_blocks
                 and meta.sliding_window == self.sliding_window)
@@ -160,13 +170,14 @@ class DecodeGraphs:
         width = meta.decode_block_tables.shape[1]
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
-        self.slots[:n].copy_(meta.slot_mapping)
         self.seq_lens[:n].copy_(meta.decode_seq_lens)
-        self.block_tables[:n, :width].copy_(meta.decode_block_tables)
+        for g, group in enumerate(meta.groups or (meta,)):
+            self.slots[g, :n].copy_(group.slot_mapping)
+            self.block_tables[g, :n, :width].copy_(group.decode_block_tables)
         if b > n:
             self.input_ids[n:b].zero_()
             self.positions[n:b].zero_()
-            self.slots[n:b].fill_(-1)
+            self.slots[:, n:b].fill_(-1)
             self.seq_lens[n:b].zero_()
         graph = self.graphs[b]
         graph.replay()
@@ -202,7 +213,8 @@ def for_engine(rank, cache, config, lora: bool) -> DecodeGraphs | None:
                           sizes=bucket_sizes(config.max_num_seqs),
                           max_blocks=-(-config.max_model_len // config.block_size),
                           max_pos=config.max_model_len - 1,
-                          sliding_window=rank.kv_spec.groups.groups[0].window)
+                          sliding_window=rank.kv_spec.groups.groups[0].window,
+                          group_windows=tuple(g.window for g in rank.kv_spec.groups.groups[1:]))
     before = torch.cuda.memory_reserved(device)
     try:
         graphs.capture()

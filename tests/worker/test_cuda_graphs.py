@@ -46,18 +46,27 @@ def test_graphs_off_without_the_triton_backend(monkeypatch, tiny_llama_dir, make
 PROMPTS = [[5, 9, 3], [7] * 11, list(range(2, 40))]
 
 
-def test_decode_graphs_replay_matches_hf(monkeypatch, tiny_llama_dir, make_llm, hf_reference):
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_decode_graphs_replay_matches_hf(arch, monkeypatch, request, make_llm, hf_reference):
     """Greedy decoding through padded buckets (3 -> 4, then 2 -> 2, 1 -> 1 as requests
-    finish) gives HF's tokens; prefill steps run eagerly; the padding writes no KV."""
+    finish) gives HF's tokens; prefill steps run eagerly; the padding writes no KV. Gemma 3's
+    window layers keep a KV group of their own: the graphs' metadata must carry its tables
+    (with group 0's alone they read and wrote the wrong blocks on the GPU)."""
     monkeypatch.setenv("PAGEDLLM_ATTENTION_BACKEND", "triton")
-    llm = make_llm(tiny_llama_dir, block_size=8, max_num_seqs=4, max_model_len=64)
+    model_dir = request.getfixturevalue(f"tiny_{arch}_dir")
+    llm = make_llm(model_dir, block_size=8, max_num_seqs=4, max_model_len=64)
     engine = llm.llm_engine
+    layout = engine.cache.spec.groups
+    free = engine.block_manager.num_free_blocks  # (several groups keep one block back)
+    assert (layout.num_groups > 1) == (arch == "gemma3")
     assert engine.runner.graphs is None  # CPU: the engine captures nothing by itself
     backend = engine.runner.attention_backend
     assert backend.name == "triton" and backend.device == torch.device("cpu")
     assert cuda_graphs.unsupported_reason(engine.model, backend, False) is None
     graphs = DecodeGraphs(engine.model, engine.cache.layer_caches, backend,
-                          sizes=bucket_sizes(4), max_blocks=8, max_pos=63, sliding_window=None,
+                          sizes=bucket_sizes(4), max_blocks=8, max_pos=63,
+                          sliding_window=layout.groups[0].window,
+                          group_windows=tuple(g.window for g in layout.groups[1:]),
                           capture=EagerReplay())
     graphs.capture(warmup=1)
     assert sorted(graphs.graphs) == [1, 2, 4]
@@ -67,7 +76,7 @@ def test_decode_graphs_replay_matches_hf(monkeypatch, tiny_llama_dir, make_llm, 
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     for prompt, n, out in zip(PROMPTS, lengths, outs, strict=True):
-        expected, _ = hf_reference.greedy(tiny_llama_dir, prompt, n)
+        expected, _ = hf_reference.greedy(model_dir, prompt, n)
         assert out.outputs[0].token_ids == expected
     assert graphs.replays == max(lengths) - 1  # every decode step, none of the prefills
-    assert engine.block_manager.num_free_blocks == engine.num_blocks
+    assert engine.block_manager.num_free_blocks == free  # every block back

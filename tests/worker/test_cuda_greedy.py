@@ -25,13 +25,16 @@ _HF: dict = {}
 @torch.inference_mode()
 def hf_greedy_cuda(model_dir, prompt: list[int], n: int) -> list[int]:
     """HF's argmax at each step over the whole sequence (no EOS handling: the engine runs
-    with ignore_eos, so an EOS argmax is a token like any other on both sides)."""
+    with ignore_eos, so an EOS argmax is a token like any other on both sides). HF's eager
+    attention: on an H200 (transformers 5.17) its SDPA path gave tiny Gemma 3 (window 16)
+    other tokens after a near tie than its own eager path and HF on the CPU, which agree with
+    each other and with the engine (graphs, eager, torch backend, CPU)."""
     import transformers
 
     key = str(model_dir)
     if key not in _HF:
         _HF[key] = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32).cuda().eval()
+            model_dir, dtype=torch.float32, attn_implementation="eager").cuda().eval()
     ids = torch.tensor([prompt], device="cuda")
     for _ in range(n):
         nxt = _HF[key](ids).logits[0, -1].argmax()

@@ -49,12 +49,14 @@ def _rne_shift(m, s):
 
 @triton.jit
 def encode8(y, CODE: tl.constexpr):
-    """float32 y (already clamped to the format's range) -> stored value: int8 rounded half
-    to even, or the fp8 byte rounded to nearest even (normals and subnormals)."""
+    """float32 y (already clamped to the format's range) -> the stored byte as uint8: int8
+    rounded half to even, or the fp8 byte rounded to nearest even (normals and subnormals).
+    One return type for every code: compiled Triton (3.6) rejects a function whose
+    constexpr branches return int8 and uint8; the caller bitcasts to the cache's type."""
     if CODE == 1:
         r = tl.floor(y + 0.5)
         tie_odd = ((r - y) == 0.5) & ((r.to(tl.int32) & 1) != 0)
-        return tl.where(tie_odd, r - 1.0, r).to(tl.int8)
+        return tl.where(tie_odd, r - 1.0, r).to(tl.int8).to(tl.uint8, bitcast=True)
     if CODE == 2:
         MANT: tl.constexpr = 3
         BIAS: tl.constexpr = 7

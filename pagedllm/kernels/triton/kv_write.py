@@ -49,7 +49,7 @@ def _quant_kernel(x_ptr, cache_ptr, scale_ptr, slot_ptr, stride_xt, stride_xh, q
         y = x * (1.0 / s16.to(tl.float32))
         y = tl.minimum(tl.maximum(y, -qmax), qmax)
         q = encode8(y, CODE)
-        tl.store(cache_ptr + (slot * KVH + h) * D + d, q.to(cache_ptr.dtype.element_ty),
+        tl.store(cache_ptr + (slot * KVH + h) * D + d, q.to(cache_ptr.dtype.element_ty, bitcast=True),
                  mask=m)
         tl.store(scale_ptr + slot * KVH + h, s16)
 

@@ -26,6 +26,7 @@ order (decodes first, then prefill chunks)::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
@@ -172,13 +173,26 @@ class PagedAttentionBackend(AttentionBackend):
 
     def graph_metadata(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                        seq_lens: torch.Tensor, query_start: torch.Tensor,
-                       sliding_window: int | None) -> AttentionMetadata:
+                       sliding_window: int | None,
+                       groups: Sequence[tuple[torch.Tensor, torch.Tensor, int | None]] = (),
+                       ) -> AttentionMetadata:
         """Decode-only metadata over persistent device buffers (a CUDA graph's inputs,
         worker/cuda_graphs.py): nothing is copied, so a replay reads what the buffers hold.
-        `query_start` [B + 1] int32 is 0, 1, .., B (one query per sequence)."""
+        `query_start` [B + 1] int32 is 0, 1, .., B (one query per sequence). `groups`: with
+        several KV groups, each further group's (slots, block tables, window) buffers, as
+        `build_metadata` gives them in `meta.groups`."""
         b = slot_mapping.shape[0]
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=slot_mapping, num_decodes=b, decode_block_tables=block_tables,
             decode_seq_lens=seq_lens, sliding_window=sliding_window, prefill_block_tables=None,
             varlen=VarlenBatch(block_tables, seq_lens, query_start, 1)
             if self.whole_batch else None, backend=self)
+        if groups:
+            meta.groups = [meta]
+            for slots_g, bt_g, window in groups:
+                meta.groups.append(replace(
+                    meta.for_window(window), _windowed={}, groups=None, decode_key_mask=None,
+                    slot_mapping=slots_g, decode_block_tables=bt_g,
+                    varlen=None if meta.varlen is None else replace(
+                        meta.varlen, block_tables=bt_g)))
+        return meta
