@@ -144,8 +144,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=2000)
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--num-threads", type=int, default=1)
-    ap.add_argument("--int8-activations", action="store_true",
-                    help="a GGUF model's int8-activation kernels (model/layers/quant/gguf_a8.py)")
+    ap.add_argument("--int8-activations", action=argparse.BooleanOptionalAction, default=None,
+                    help="a GGUF model's int8-activation kernels on / off (default: the "
+                    "engine's choice for this CPU, as `pagedllm serve` makes it)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sampling-only", action="store_true")
     ap.add_argument("--out", default="benchmarks/results/step_cost.json")
