@@ -160,15 +160,11 @@ class PagedAttentionBackend(AttentionBackend):
         if layout.group_tables:
             meta.groups = [meta]
             for bt_g, window in zip(layout.group_tables, layout.group_windows, strict=True):
-                meta.groups.append(replace(
-                    meta.for_window(window), _windowed={}, groups=None, decode_key_mask=None,
-                    slot_mapping=to(layout.slots(bt_g)),
-                    decode_block_tables=None if dec_bt is None
-                    else to(bt_g[req_idx[:nd], :dec_bt.shape[1]]),
-                    prefill_block_tables=None if pre_bt is None
-                    else to(bt_g[nr:, :pre_bt.shape[1]]),
-                    varlen=None if meta.varlen is None else replace(
-                        meta.varlen, block_tables=to(bt_g))))
+                meta.groups.append(_group_metadata(
+                    meta, window, to(layout.slots(bt_g)),
+                    None if dec_bt is None else to(bt_g[req_idx[:nd], :dec_bt.shape[1]]),
+                    None if pre_bt is None else to(bt_g[nr:, :pre_bt.shape[1]]),
+                    None if meta.varlen is None else to(bt_g)))
         return meta
 
     def graph_metadata(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
@@ -190,9 +186,18 @@ class PagedAttentionBackend(AttentionBackend):
         if groups:
             meta.groups = [meta]
             for slots_g, bt_g, window in groups:
-                meta.groups.append(replace(
-                    meta.for_window(window), _windowed={}, groups=None, decode_key_mask=None,
-                    slot_mapping=slots_g, decode_block_tables=bt_g,
-                    varlen=None if meta.varlen is None else replace(
-                        meta.varlen, block_tables=bt_g)))
+                meta.groups.append(_group_metadata(meta, window, slots_g, bt_g, None, bt_g))
         return meta
+
+
+def _group_metadata(meta: AttentionMetadata, window: int | None, slot_mapping: torch.Tensor,
+                    decode_block_tables: torch.Tensor | None,
+                    prefill_block_tables: torch.Tensor | None,
+                    varlen_block_tables: torch.Tensor | None) -> AttentionMetadata:
+    """A further KV group's metadata: group 0's `meta` for the group's window, over the
+    group's own slots and block tables (the whole batch's for the varlen kernel)."""
+    return replace(meta.for_window(window), _windowed={}, groups=None, decode_key_mask=None,
+                   slot_mapping=slot_mapping, decode_block_tables=decode_block_tables,
+                   prefill_block_tables=prefill_block_tables,
+                   varlen=None if meta.varlen is None
+                   else replace(meta.varlen, block_tables=varlen_block_tables))
