@@ -12,7 +12,11 @@
 #                        timeout_s=560)
 #      runs the CUDA tests (Triton kernels compiled for the GPU; greedy == HF with and
 #      without CUDA graphs; bf16 default; memory profiling), then benchmarks/gpu.py, and
-#      leaves in $OUT: nvidia-smi.txt, tests.log, bench.log, gpu_bench.json.
+#      leaves in $OUT: nvidia-smi.txt, tests.log, bench.log, gpu_bench.json. Then the host
+#      CPU (an AMX Xeon on the H200 machines of 2026-12): its flags and torch's fp32 vs bf16
+#      matmul (cpu.txt), the CPU kernels built and their sampling / int8 tests (cpu_tests.log),
+#      and fp32 / bf16 / int8 through LLM on 2 of its cores (cpu_modes.json, cpu_bench.log).
+#      ~4 minutes in all on an H200 machine (2026-12-04), start-up not counted.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
@@ -63,7 +67,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
 # GPU tests: the Triton kernels compiled (not interpreted), greedy == HF on the GPU with and
 # without CUDA graphs, bf16 default + profiled memory plan, the memory arithmetic.
-timeout 240 python3 -m pytest -q -p no:cacheprovider -x \
+timeout 240 python3 -m pytest -q -p no:cacheprovider \
   tests/kernels/test_triton_kernels.py tests/worker/test_cuda_greedy.py \
   tests/worker/test_gpu_memory.py 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
@@ -75,5 +79,35 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_trito
 timeout 270 python3 benchmarks/gpu.py --model-dir .gpu/smollm2 --out "$OUT/gpu_bench.json" \
   2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
-echo "tests rc=$tests_rc bench rc=$bench_rc"
-[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
+# The host CPU: flags and torch's matmul in fp32 and bf16 (oneDNN's AMX tiles where it has them).
+python3 - <<'PY' 2>&1 | tee "$OUT/cpu.txt"
+import re, time, torch
+info = open("/proc/cpuinfo").read()
+flags = sorted(set(re.findall(r"avx512[a-z_0-9]*|avx2|amx[a-z_0-9]*|avx_vnni", info)))
+print("cpu:", re.search(r"model name\s*:\s*(.*)", info).group(1), "| flags:", " ".join(flags))
+torch.set_num_threads(2)
+for m in (64, 512):
+    for dt in (torch.float32, torch.bfloat16):
+        a, w = torch.randn(m, 576, dtype=dt), torch.randn(1536, 576, dtype=dt)
+        for _ in range(3):
+            a @ w.T
+        t = time.perf_counter()
+        for _ in range(20):
+            a @ w.T
+        s = (time.perf_counter() - t) / 20
+        print(f"matmul {m} x 576 x 1536 {dt}, 2 threads: {2 * m * 576 * 1536 / s / 1e9:.0f} GFLOP/s")
+PY
+# (not the "bad argument" tests: under that image's torch 2.11 a TORCH_CHECK's exception took the
+# process down on 2026-12-04, which would end this run; with the pinned torch they pass)
+export TORCH_EXTENSIONS_DIR=/tmp/pagedllm_ext MAX_JOBS=$(nproc)
+CUDA_VISIBLE_DEVICES= timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 \
+  tests/model/test_sampling_kernel.py tests/model/quant/test_gguf_a8_panels.py \
+  tests/model/quant/test_int_kernels.py tests/model/test_varlen_attention.py \
+  -k "not bad and not smollm2" 2>&1 | tee "$OUT/cpu_tests.log" | tail -3
+cpu_rc=${PIPESTATUS[0]}
+CUDA_VISIBLE_DEVICES= timeout 200 taskset -c 0,1 python3 benchmarks/bf16_weights.py \
+  --model .gpu/smollm2 --modes float32,bfloat16,int8 --threads 2 --reps 2 --offline 8 \
+  --out "$OUT/cpu_modes.json" > "$OUT/cpu_bench.log" 2>&1
+grep -v "^20..-" "$OUT/cpu_bench.log" | tail -8
+echo "tests rc=$tests_rc bench rc=$bench_rc cpu tests rc=$cpu_rc"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ] && [ "$cpu_rc" = 0 ]
