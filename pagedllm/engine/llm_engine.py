@@ -61,8 +61,10 @@ class LLMEngine(EngineChecks):
 
         Requests with different `cache_salt`s never share prefix-cache blocks (tenants), nor
         do requests with different LoRA adapters. `lora_request` None runs the base model.
-        `priority` (lower runs earlier) needs scheduling_policy "priority".
+        `priority` (lower runs earlier) needs scheduling_policy "priority". vLLM's positional
+        order, `add_request(request_id, prompt, params)`, is accepted too.
         """
+        prompt, params, request_id = _argument_order(prompt, params, request_id)
         request_id = request_id or str(next(self._ids))
         if request_id in self.output_processor:
             raise ValueError(f"request_id {request_id!r} is already in use")
@@ -152,3 +154,22 @@ class LLMEngine(EngineChecks):
 
     def _update_gauges(self) -> None:
         self.stats.observe_queues(self.scheduler, self.block_manager)
+
+
+_PARAMS = (SamplingParams, PoolingParams)
+
+
+def _argument_order(prompt, params, request_id) -> tuple:
+    """(prompt, params, request_id) of an `add_request` call, in this engine's order or in
+    vLLM's (request_id, prompt, params): the params object says which. Anything else in the
+    params place is a TypeError that names the order (a dict there used to fail deep inside
+    with "unhashable type")."""
+    if isinstance(request_id, _PARAMS) and not isinstance(params, _PARAMS):
+        prompt, params, request_id = params, request_id, prompt  # vLLM's order
+    if params is not None and not isinstance(params, _PARAMS):
+        raise TypeError("add_request(prompt, params, request_id) or vLLM's add_request("
+                        "request_id, prompt, params): params must be SamplingParams or "
+                        f"PoolingParams, got {type(params).__name__}")
+    if request_id is not None and not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+    return prompt, params, request_id

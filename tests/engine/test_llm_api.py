@@ -318,6 +318,29 @@ def test_duplicate_request_id(llm) -> None:
     engine.abort_request("dup")
 
 
+def test_add_request_takes_vllms_argument_order(llm) -> None:
+    """vLLM's `add_request(request_id, prompt, params)` queues the same request as this
+    engine's `add_request(prompt, params, request_id=)`; other objects in the params place
+    are a TypeError naming both orders, and nothing is queued."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    assert engine.add_request("vllm", {"prompt_token_ids": [5, 9, 3]}, params) == "vllm"
+    engine.add_request([5, 9, 3], params, request_id="ref")
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out.outputs[0].token_ids
+    assert outs["vllm"] == outs["ref"] and len(outs["vllm"]) == 4
+    for bad, kind in ((("a", "b", "c"), "str"), (([1, 2], {"max_tokens": 3}), "dict")):
+        with pytest.raises(TypeError, match=f"params must be SamplingParams or PoolingParams, "
+                                            f"got {kind}"):
+            engine.add_request(*bad)
+    with pytest.raises(TypeError, match="request_id must be a str, got int"):
+        engine.add_request([5, 9, 3], params, 7)
+    assert engine.output_processor.groups == {}
+
+
 # ------------------------------------------------------------------ engine-level runs
 def test_abort_mid_generation_frees_everything(tiny_llama_dir, make_llm) -> None:
     llm = make_llm(tiny_llama_dir, block_size=8, max_num_batched_tokens=16)
