@@ -15,6 +15,7 @@
 #      leaves in $OUT: nvidia-smi.txt, tests.log, bench.log, gpu_bench.json. Then the host
 #      CPU (an AMX Xeon on the H200 machines of 2026-12): its flags and torch's fp32 vs bf16
 #      matmul (cpu.txt), the CPU kernels built and their sampling / int8 tests (cpu_tests.log),
+#      the AMX-int8 GEMM prototype against VNNI (amx_probe.json, benchmarks/amx_int8_probe.py),
 #      and fp32 / bf16 / int8 through LLM on 2 of its cores (cpu_modes.json, cpu_bench.log).
 #      ~4 minutes in all on an H200 machine (2026-12-04), start-up not counted.
 set -uo pipefail
@@ -105,6 +106,10 @@ CUDA_VISIBLE_DEVICES= timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 
   tests/model/quant/test_int_kernels.py tests/model/test_varlen_attention.py \
   -k "not bad and not smollm2" 2>&1 | tee "$OUT/cpu_tests.log" | tail -3
 cpu_rc=${PIPESTATUS[0]}
+# AMX-int8 tiles vs the VNNI micro-kernel on the default path's GEMM (prototype; the two must
+# agree bit for bit), before an engine kernel is written
+timeout 120 taskset -c 0,1 python3 benchmarks/amx_int8_probe.py --rows 64,512 --reps 10 \
+  --out "$OUT/amx_probe.json" 2>&1 | tee "$OUT/amx_probe.log" | tail -18
 CUDA_VISIBLE_DEVICES= timeout 200 taskset -c 0,1 python3 benchmarks/bf16_weights.py \
   --model .gpu/smollm2 --modes float32,bfloat16,int8 --threads 2 --reps 2 --offline 8 \
   --out "$OUT/cpu_modes.json" > "$OUT/cpu_bench.log" 2>&1
