@@ -78,6 +78,7 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider -x tests/kernels/test_trito
   -k "not triton_path" 2>&1 | tee -a "$OUT/tests.log"
 [ "${PIPESTATUS[0]}" = 0 ] || tests_rc=1
 timeout 270 python3 benchmarks/gpu.py --model-dir .gpu/smollm2 --out "$OUT/gpu_bench.json" \
+  --profile-eager 16 \
   2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 # The host CPU: flags and torch's matmul in fp32 and bf16 (oneDNN's AMX tiles where it has them).
