@@ -12,11 +12,13 @@
 #                        timeout_s=560)
 #      runs the CUDA tests (Triton kernels compiled for the GPU; greedy == HF with and
 #      without CUDA graphs; bf16 default; memory profiling), then benchmarks/gpu.py, and
-#      leaves in $OUT: nvidia-smi.txt, tests.log, bench.log, gpu_bench.json. Then the host
-#      CPU (an AMX Xeon on the H200 machines of 2026-12): its flags and torch's fp32 vs bf16
-#      matmul (cpu.txt), the CPU kernels built and their sampling / int8 tests (cpu_tests.log),
-#      the AMX-int8 GEMM prototype against VNNI (amx_probe.json, benchmarks/amx_int8_probe.py),
-#      and fp32 / bf16 / int8 through LLM on 2 of its cores (cpu_modes.json, cpu_bench.log).
+#      leaves in $OUT: machine.txt (nvidia-smi, versions), tests.log, bench.log,
+#      gpu_bench.json, gpu_eager_profile.txt. Then the host CPU (an AMX Xeon on the H200
+#      machines of 2026-12): its flags and torch's fp32 vs bf16 matmul (machine.txt), the CPU
+#      kernels built and their sampling / int8 tests (tests.log), the AMX-int8 GEMM prototype
+#      against VNNI (amx_probe.json, benchmarks/amx_int8_probe.py), and fp32 / bf16 / int8
+#      through LLM on 2 of its cores (cpu_modes.json, cpu_bench.log): 8 files, the most a
+#      device call brings back.
 #      ~4 minutes in all on an H200 machine (2026-12-04), start-up not counted.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,8 +66,8 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .gpu/whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee "$OUT/versions.txt"
+nvidia-smi > "$OUT/machine.txt" 2>&1
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/machine.txt"
 # GPU tests: the Triton kernels compiled (not interpreted), greedy == HF on the GPU with and
 # without CUDA graphs, bf16 default + profiled memory plan, the memory arithmetic.
 timeout 240 python3 -m pytest -q -p no:cacheprovider \
@@ -82,7 +84,7 @@ timeout 270 python3 benchmarks/gpu.py --model-dir .gpu/smollm2 --out "$OUT/gpu_b
   2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 # The host CPU: flags and torch's matmul in fp32 and bf16 (oneDNN's AMX tiles where it has them).
-python3 - <<'PY' 2>&1 | tee "$OUT/cpu.txt"
+python3 - <<'PY' 2>&1 | tee -a "$OUT/machine.txt"
 import re, time, torch
 info = open("/proc/cpuinfo").read()
 flags = sorted(set(re.findall(r"avx512[a-z_0-9]*|avx2|amx[a-z_0-9]*|avx_vnni", info)))
@@ -105,12 +107,12 @@ export TORCH_EXTENSIONS_DIR=/tmp/pagedllm_ext MAX_JOBS=$(nproc)
 CUDA_VISIBLE_DEVICES= timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 \
   tests/model/test_sampling_kernel.py tests/model/quant/test_gguf_a8_panels.py \
   tests/model/quant/test_int_kernels.py tests/model/test_varlen_attention.py \
-  -k "not bad and not smollm2" 2>&1 | tee "$OUT/cpu_tests.log" | tail -3
+  -k "not bad and not smollm2" 2>&1 | tee -a "$OUT/tests.log" | tail -3
 cpu_rc=${PIPESTATUS[0]}
 # AMX-int8 tiles vs the VNNI micro-kernel on the default path's GEMM (prototype; the two must
 # agree bit for bit), before an engine kernel is written
 timeout 120 taskset -c 0,1 python3 benchmarks/amx_int8_probe.py --rows 64,512 --reps 10 \
-  --out "$OUT/amx_probe.json" 2>&1 | tee "$OUT/amx_probe.log" | tail -18
+  --out "$OUT/amx_probe.json" 2>&1 | tail -18
 CUDA_VISIBLE_DEVICES= timeout 200 taskset -c 0,1 python3 benchmarks/bf16_weights.py \
   --model .gpu/smollm2 --modes float32,bfloat16,int8 --threads 2 --reps 2 --offline 8 \
   --out "$OUT/cpu_modes.json" > "$OUT/cpu_bench.log" 2>&1
