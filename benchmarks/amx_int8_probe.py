@@ -7,8 +7,9 @@ benchmarks/amx_int8_probe.cpp, compiled here with g++ for this CPU.
                                                      # emulator, on any AVX-512 VNNI CPU
 
 On a CPU with amx_int8 it times both kernels on the same data (best of --reps, 1 and 2
-threads) and checks that they agree bit for bit (same block epilogue in the same order); on
-one without, it times VNNI alone. Prints a table, writes benchmarks/results/amx_int8_probe.json
+threads) and checks that they agree bit for bit (same block epilogue in the same order), and
+times the tiles without the per-block epilogue (one int32 sum over K: what the per-32 scales
+cost; checked against integer dot products); on one without, it times VNNI alone. Prints a table, writes benchmarks/results/amx_int8_probe.json
 (or --out). Needs AVX-512 VNNI (both kernels are written for 512-bit registers).
 """
 
@@ -75,14 +76,18 @@ def main() -> int:
         results = [{"shape": name, **run(binary, m, n, k, 1 if args.check else args.reps, t)}
                    for name, (n, k) in shapes.items() for m in rows for t in threads]
     print(f"CPU flags: {' '.join(flags)}")
-    print("| shape | M | N | K | threads | VNNI GOP/s | AMX GOP/s | AMX / VNNI | outputs differing |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| shape | M | N | K | threads | VNNI GOP/s | AMX GOP/s | AMX / VNNI | "
+          "AMX without block scales GOP/s | outputs differing |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        amx = r.get("amx_gops")
+        amx, ceiling = r.get("amx_gops"), r.get("amx_no_block_scales_gops")
         print(f"| {r['shape']} | {r['M']} | {r['N']} | {r['K']} | {r['threads']} | "
               f"{r['vnni_gops']:.0f} | {'-' if amx is None else f'{amx:.0f}'} | "
-              f"{r.get('amx_over_vnni', '-')} | {r.get('outputs_differing', r.get('amx', '-'))} |")
-    bad = [r for r in results if r.get("outputs_differing")]
+              f"{r.get('amx_over_vnni', '-')} | "
+              f"{'-' if ceiling is None else f'{ceiling:.0f}'} | "
+              f"{r.get('outputs_differing', r.get('amx', '-'))} |")
+    bad = [r for r in results
+           if r.get("outputs_differing") or r.get("amx_no_block_scales_wrong")]
     out = args.out or ROOT / "benchmarks" / "results" / (
         "amx_int8_probe_check.json" if args.check else "amx_int8_probe.json")
     out.write_text(json.dumps({"cpu_flags": flags, "machine": platform.processor(),

@@ -29,3 +29,4 @@ def test_emulated_tiles_equal_the_vnni_kernel(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     assert len(results) == 4 and all(r["amx_emulated"] for r in results)
     assert all(r["outputs_differing"] == 0 for r in results)
+    assert all(r["amx_no_block_scales_wrong"] == 0 for r in results)
