@@ -218,75 +218,73 @@ void unpack_panel(const Problem& p, int pp, uint8_t* b) {
       }
 }
 
-void amx_gemm(const Problem& p, float* y) {
-  const int P = p.N / kNB, nb = p.nb, K = p.K;
+// body(pp, m0, h, bt) for every panel pp, 16-row tile m0 and 16-column half h, across the
+// OpenMP team: each thread loads its tile configuration and unpacks a panel's B tiles (bt)
+// once for all its row tiles.
+template <typename Body>
+void each_tile(const Problem& p, Body body) {
+  const int P = p.N / kNB;
 #pragma omp parallel
   {
     load_tile_config();
-    std::vector<uint8_t> bt(size_t(nb) * 2 * 8 * 64);
-    alignas(64) int32_t c[16 * 16];
+    std::vector<uint8_t> bt(size_t(p.nb) * 2 * 8 * 64);
 #pragma omp for schedule(static)
     for (int pp = 0; pp < P; ++pp) {
       unpack_panel(p, pp, bt.data());
-      const float* pd = p.d.data() + size_t(pp) * nb * kNB;
-      const float* pm = p.mn.data() + size_t(pp) * nb * kNB;
       for (int m0 = 0; m0 + 16 <= p.M; m0 += 16)
-        for (int h = 0; h < 2; ++h) {
-          __m512 acc[16];
-          for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-          for (int j = 0; j < nb; ++j) {
-            _tile_zero(0);
-            _tile_loadd(1, p.q.data() + size_t(m0) * K + 32 * j, K);
-            _tile_loadd(2, bt.data() + (size_t(j) * 2 + h) * 8 * 64, 64);
-            _tile_dpbsud(0, 1, 2);
-            _tile_stored(0, c, 64);
-            const __m512 dv = _mm512_loadu_ps(pd + j * kNB + 16 * h);
-            const __m512 mv = _mm512_loadu_ps(pm + j * kNB + 16 * h);
-            for (int r = 0; r < 16; ++r) {
-              const __m512 s = _mm512_set1_ps(p.dx[size_t(m0 + r) * nb + j]);
-              const __m512 fv = _mm512_set1_ps(p.f[size_t(m0 + r) * nb + j]);
-              const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r));
-              acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dv, s), acc[r]);
-              acc[r] = _mm512_fmadd_ps(mv, fv, acc[r]);
-            }
-          }
-          for (int r = 0; r < 16; ++r)
-            _mm512_storeu_ps(y + size_t(m0 + r) * p.N + pp * kNB + 16 * h, acc[r]);
-        }
+        for (int h = 0; h < 2; ++h) body(pp, m0, h, bt.data());
     }
     _tile_release();
   }
+}
+
+// C += A . B for block j: rows m0.. of the activations, column half h of the panel's codes.
+inline void block_dot(const Problem& p, const uint8_t* bt, int m0, int h, int j) {
+  _tile_loadd(1, p.q.data() + size_t(m0) * p.K + 32 * j, p.K);
+  _tile_loadd(2, bt + (size_t(j) * 2 + h) * 8 * 64, 64);
+  _tile_dpbsud(0, 1, 2);
+}
+
+void amx_gemm(const Problem& p, float* y) {
+  const int nb = p.nb;
+  each_tile(p, [&](int pp, int m0, int h, const uint8_t* bt) {
+    alignas(64) int32_t c[16 * 16];
+    const float* pd = p.d.data() + size_t(pp) * nb * kNB;
+    const float* pm = p.mn.data() + size_t(pp) * nb * kNB;
+    __m512 acc[16];
+    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+    for (int j = 0; j < nb; ++j) {
+      _tile_zero(0);
+      block_dot(p, bt, m0, h, j);
+      _tile_stored(0, c, 64);
+      const __m512 dv = _mm512_loadu_ps(pd + j * kNB + 16 * h);
+      const __m512 mv = _mm512_loadu_ps(pm + j * kNB + 16 * h);
+      for (int r = 0; r < 16; ++r) {
+        const __m512 s = _mm512_set1_ps(p.dx[size_t(m0 + r) * nb + j]);
+        const __m512 fv = _mm512_set1_ps(p.f[size_t(m0 + r) * nb + j]);
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r));
+        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dv, s), acc[r]);
+        acc[r] = _mm512_fmadd_ps(mv, fv, acc[r]);
+      }
+    }
+    for (int r = 0; r < 16; ++r)
+      _mm512_storeu_ps(y + size_t(m0 + r) * p.N + pp * kNB + 16 * h, acc[r]);
+  });
 }
 
 // The ceiling: the same tiles with no per-block epilogue (one int32 sum over all of K, then
 // y = float(sum)), as if the weights carried one scale per output row and the activations one
 // per row, which is not the GGUF file's numerics. How much of AMX the per-32 scales cost.
 void amx_ceiling(const Problem& p, float* y) {
-  const int P = p.N / kNB, nb = p.nb, K = p.K;
-#pragma omp parallel
-  {
-    load_tile_config();
-    std::vector<uint8_t> bt(size_t(nb) * 2 * 8 * 64);
+  each_tile(p, [&](int pp, int m0, int h, const uint8_t* bt) {
     alignas(64) int32_t c[16 * 16];
-#pragma omp for schedule(static)
-    for (int pp = 0; pp < P; ++pp) {
-      unpack_panel(p, pp, bt.data());
-      for (int m0 = 0; m0 + 16 <= p.M; m0 += 16)
-        for (int h = 0; h < 2; ++h) {
-          _tile_zero(0);
-          for (int j = 0; j < nb; ++j) {
-            _tile_loadd(1, p.q.data() + size_t(m0) * K + 32 * j, K);
-            _tile_loadd(2, bt.data() + (size_t(j) * 2 + h) * 8 * 64, 64);
-            _tile_dpbsud(0, 1, 2);
-          }
-          _tile_stored(0, c, 64);
-          for (int r = 0; r < 16; ++r)
-            _mm512_storeu_ps(y + size_t(m0 + r) * p.N + pp * kNB + 16 * h,
-                             _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)));
-        }
-    }
-    _tile_release();
-  }
+    _tile_zero(0);
+    for (int j = 0; j < p.nb; ++j) block_dot(p, bt, m0, h, j);
+    _tile_stored(0, c, 64);
+    for (int r = 0; r < 16; ++r)
+      _mm512_storeu_ps(y + size_t(m0 + r) * p.N + pp * kNB + 16 * h,
+                       _mm512_cvtepi32_ps(_mm512_load_si512(c + 16 * r)));
+  });
 }
 
 // sum_k q[m, k] c[n, k] from the packed codes, one output (checks amx_ceiling).
