@@ -10,6 +10,13 @@ defaults follow the build:
     avx512bw / avx2 (maddubs pairs)      on
     scalar (no SIMD build)               off (the exact path; --int8-activations turns it on)
 
+On a CPU with AMX-int8 (Xeon Sapphire Rapids on) the int8-activation panels (GGUF Q8_0 / Q4_0 /
+Q4_1) run whole 16-row tiles of a call (prefill, batched decode) on the matrix tiles and the
+rest on VNNI, bit for bit the same results (kernels/a8_panel_tiles_cpu.h).
+PAGEDLLM_INT8_TILES chooses: auto (default: AMX where the build and the OS allow it), amx
+(an error where they do not), off (VNNI only), emulated (a software model of the tiles, for
+tests on CPUs without AMX; about 1000x slower).
+
 The default dtype follows the CPU instead (torch's bf16 matmul, oneDNN, dispatches at run
 time): `--dtype auto` may pick bf16 linear weights where the CPU has amx_bf16 or avx512_bf16
 (`bf16_matrix_isa`; config/dtype.py has the rules).
@@ -19,8 +26,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
 from pathlib import Path
+
+from pagedllm.errors import InvalidInputError
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +75,41 @@ def int8_dot_isa() -> str | None:
     return None if ops is None else ops.int8_dot_isa()
 
 
+INT8_TILES = ("auto", "amx", "emulated", "off")
+
+
+class TilesUnavailableError(InvalidInputError):
+    """PAGEDLLM_INT8_TILES asks for tiles this CPU, build or OS cannot run (or is no choice)."""
+
+
+def configure_int8_tiles(ops) -> str:
+    """Apply PAGEDLLM_INT8_TILES to a freshly loaded core module `ops` (cpu_ops.load calls it)
+    and return the tiles in use ("amx", "emulated" or "off")."""
+    choice = os.environ.get("PAGEDLLM_INT8_TILES", "auto").strip().lower() or "auto"
+    if choice not in INT8_TILES:
+        raise TilesUnavailableError(
+            f"PAGEDLLM_INT8_TILES must be one of {', '.join(INT8_TILES)}, got {choice!r}")
+    try:
+        return ops.set_int8_tiles(choice)
+    except ValueError as exc:
+        raise TilesUnavailableError(f"PAGEDLLM_INT8_TILES={choice}: {exc}") from None
+
+
+def int8_tiles() -> str | None:
+    """The matrix tiles the int8-activation panels use for 16-row tiles ("amx", "emulated",
+    "off"), None without the C++ kernels."""
+    from pagedllm.kernels import cpu_ops
+
+    ops = cpu_ops.load()
+    return None if ops is None else ops.int8_tiles()
+
+
 def default_int8_activations() -> bool:
     """Whether int8 activations are the default here: the build's int8 dot products are
     SIMD (FAST_INT8_DOT), not the scalar fallback."""
     isa = int8_dot_isa()
     on = isa in FAST_INT8_DOT
-    logger.info("CPU %s; int8 dot products: %s -> int8 activations %s by default",
-                " ".join(cpu_flags()) or "(flags unknown)", isa or "none (no C++ kernels)",
-                "on" if on else "off")
+    logger.info("CPU %s; int8 dot products: %s, tiles from 16 rows: %s -> int8 activations "
+                "%s by default", " ".join(cpu_flags()) or "(flags unknown)",
+                isa or "none (no C++ kernels)", int8_tiles() or "none", "on" if on else "off")
     return on

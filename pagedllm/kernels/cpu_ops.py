@@ -225,7 +225,7 @@ def _try_build(family: str) -> dict[str, object]:
         logger.warning("PAGEDLLM_NO_CPU_KERNELS is set: using the (slower) torch path")
         return {"module": None}
     try:
-        return {"module": build(sources(family), module_name(family))}
+        module = build(sources(family), module_name(family))
     except Exception as exc:  # noqa: BLE001 - any build failure: torch fallback or error
         if required():
             return {"error": KernelBuildError(
@@ -235,6 +235,14 @@ def _try_build(family: str) -> dict[str, object]:
                      "that path on purpose, PAGEDLLM_REQUIRE_CPU_KERNELS=1 to make this an "
                      "error. Cause: %s", exc)
         return {"module": None}
+    if family == "core":  # PAGEDLLM_INT8_TILES; a choice this machine cannot run is an error
+        from pagedllm.kernels import cpu_features
+
+        try:
+            cpu_features.configure_int8_tiles(module)
+        except cpu_features.TilesUnavailableError as exc:
+            return {"error": exc}
+    return {"module": module}
 
 
 def build(sources: list[Path], name: str):

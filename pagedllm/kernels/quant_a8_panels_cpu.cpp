@@ -175,17 +175,22 @@ void micro_tail(int rows, const int8_t* xq, int64_t K, const float* dx, const in
   }
 }
 
-// Quantized rows [m0, m0 + M) of qx against panel p: y[m, p * NB ...] (row stride N).
+#include "a8_panel_tiles_cpu.h"
+
+// Quantized rows [m0, m0 + M) of qx against panel p: y[m, p * NB ...] (row stride N); whole
+// 16-row tiles on the matrix tiles when `tiles` is on (the caller's thread has them
+// configured: TileScope), the rest (all of them otherwise) on the vector micro-kernels.
 template <int F>
 void panel_impl(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* codes,
-                const uint16_t* d, const uint16_t* mo, int64_t N, int64_t p, float* y) {
+                const uint16_t* d, const uint16_t* mo, int64_t N, int64_t p, float* y,
+                TileMode tiles) {
   const int64_t K = qx.K, nb = qx.nblk;
   const int64_t codes_per_panel = nb * kLaneGroups<F> * kNB * 4;
   const int8_t* xq = qx.q.data();
   const int64_t n0 = p * kNB, ncols = std::min<int64_t>(kNB, N - n0);
   const uint8_t* pc = codes + p * codes_per_panel;
   const uint16_t *pd = d + p * nb * kNB, *pm = mo ? mo + p * nb * kNB : nullptr;
-  int64_t m = m0;
+  int64_t m = tile_rows_of_panel<F>(tiles, qx, m0, m0 + M, pc, pd, pm, y, N, n0, ncols);
   for (; m + kMRQ <= m0 + M; m += kMRQ)
     micro<F, kMRQ>(xq + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
                    qx.f32.data() + m * nb, nb, pc, pd, pm, y + m * N + n0, N, ncols);
@@ -199,8 +204,10 @@ template <int F>
 void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const uint16_t* d,
                  const uint16_t* mo, int64_t N, float* y) {
   const int64_t P = (N + kNB - 1) / kNB;
+  const TileMode tiles = M >= kTileRows ? tile_mode() : TileMode::kOff;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y);
+    const TileScope scope(tiles, a8_tile_config());
+    for (int64_t p = begin; p < end; ++p) panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y, tiles);
   });
 }
 
@@ -214,16 +221,20 @@ void grouped_impl(const QuantizedX& qx, const int64_t* off, int64_t E, const uin
                   int64_t codes_stride, const uint16_t* d, const uint16_t* mo,
                   int64_t scale_stride, int64_t N, float* y) {
   const int64_t P = (N + kNB - 1) / kNB;
+  const int64_t R = static_cast<int64_t>(qx.q.size()) / qx.K;  // rows of every expert
+  const TileMode tiles = R >= kTileRows ? tile_mode() : TileMode::kOff;
   run_tiles(group_tiles(off, E, P, kGroupRowTile), [&](const GroupTile* t, const GroupTile* end) {
+    const TileScope scope(tiles, a8_tile_config());
     for (; t < end; ++t)
       panel_impl<F>(qx, t->row0, t->rows, codes + t->expert * codes_stride,
                     d + t->expert * scale_stride,
-                    mo ? mo + t->expert * scale_stride : nullptr, N, t->col, y);
+                    mo ? mo + t->expert * scale_stride : nullptr, N, t->col, y, tiles);
   });
 }
 #else
 #define PAGEDLLM_A8P_SIMD 0
 constexpr bool kVNNI = false;
+#include "a8_panel_tiles_cpu.h"
 #endif
 
 // Bytes of one block's codes in the panel layout (Q8_0: 32, Q4_x: 16).
@@ -382,6 +393,11 @@ void register_a8_panel_kernels(pybind11::module_& m) {
   m.def("int8_dot_isa", &int8_dot_isa,
         "instructions of the int8 dot products: avx512_vnni, avx512bw, avx2 or scalar");
   m.def("a8_panel_width", &a8_panel_width, nogil, "output rows per int8-activation panel");
+  m.def("int8_tiles", &int8_tiles,
+        "the matrix tiles of the int8-activation panels' 16-row tiles: amx, emulated or off");
+  m.def("set_int8_tiles", &set_int8_tiles,
+        "choose the int8-activation panels' tiles (auto, amx, emulated: the software model "
+        "for tests, off); returns the tiles now in use");
   m.def("a8_panel_rows", &a8_panel_rows, nogil,
         "rows ids of a panel-layout Q8_0 / Q4_0 / Q4_1 matrix, dequantized exactly (fp32)");
   m.def("q8_0_code_offset", &q8_0_code_offset, nogil,

@@ -1,0 +1,198 @@
+// The int8-activation panels (quant_a8_panels_cpu.cpp) 16 rows at a time on AMX-int8 tiles:
+// per 32-value block, one TDPBSUD of 16 rows of s8 activations (tile A, one block wide) by a
+// column half of the panel's u8 codes (tile B, 8 k-quads x 16 columns) into a 16 x 16 int32
+// tile C, stored, then the block's epilogue on 16 fp32 accumulator vectors, instruction for
+// instruction the VNNI micro-kernel's (same scales, same order): the two paths give the same
+// bits, so rows may go either way whatever the batch. Q8_0's panel layout already is B tiles
+// (lane rows of 4-byte column quads, u8 = s8 + 128 under VNNI); a 4-bit panel's nibbles are
+// unpacked once per call into B tiles, shared by all of the call's row tiles.
+//
+// Built with AVX-512 VNNI (the epilogue is the VNNI path's, 16 columns a vector); the tiles
+// are AMX's (HwTiles) in an AMX build, or the software model (EmuTiles) for tests anywhere.
+// Included inside quant_a8_panels_cpu.cpp's anonymous namespace, after its micro-kernels.
+#pragma once
+#include <atomic>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "amx_tiles_cpu.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define PAGEDLLM_A8P_TILES 1
+constexpr int64_t kTileRows = 16;
+
+// Tiles 0 / 3: C (16 x 16 int32); 1 / 4: A (16 rows x 32 s8); 2 / 5: B (8 x 64 u8). Two of
+// each: block j + 1's tile product is issued before block j's epilogue runs.
+TileConfig a8_tile_config() {
+  TileConfig cfg;
+  for (int t : {0, 3}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  for (int t : {1, 4}) cfg.rows[t] = 16, cfg.colsb[t] = 32;
+  for (int t : {2, 5}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
+  return cfg;
+}
+
+// Where block j's B tile of column half h starts, and its row stride.
+struct BTiles {
+  const uint8_t* base;
+  int64_t block, half, stride;
+  const uint8_t* at(int64_t j, int h) const { return base + j * block + h * half; }
+};
+
+// Panel pc's codes as B tiles: Q8_0's in place; 4-bit codes unpacked into a per-thread buffer
+// [nb][2 halves][8 k-quads][16 columns][4] (lane u of a block holds codes 8u + b in its low
+// nibbles, k-quad 2u, and 8u + 4 + b in its high nibbles, k-quad 2u + 1).
+template <int F>
+BTiles b_tiles(const uint8_t* pc, int64_t nb) {
+  if constexpr (F == kQ8_0) {
+    return {pc, 8 * kNB * 4, 64, kNB * 4};
+  } else {
+    thread_local std::vector<uint8_t> buf;
+    buf.resize(static_cast<size_t>(nb) * 1024);
+    for (int64_t j = 0; j < nb; ++j)
+      for (int h = 0; h < 2; ++h)
+        for (int u = 0; u < 4; ++u) {
+          const VI w = iload(pc + (j * 4 + u) * kNB * 4 + h * 64);
+          uint8_t* dst = buf.data() + ((j * 2 + h) * 8 + 2 * u) * 64;
+          _mm512_storeu_si512(dst, nib_lo(w));
+          _mm512_storeu_si512(dst + 64, nib_hi(w));
+        }
+    return {buf.data(), 1024, 512, 64};
+  }
+}
+
+// c = the 16 x 16 int32 sums of one block: x rows (stride K) by one B tile.
+template <typename T, int C, int A, int B>
+inline void tile_dot(const int8_t* xj, int64_t K, const uint8_t* bj, int64_t bstride, int32_t* c) {
+  T::template zero<C>();
+  T::template load<A>(xj, K);
+  T::template load<B>(bj, bstride);
+  T::template dpbsud<C, A, B>();
+  T::template store<C>(c, 64);
+}
+
+// acc[r] += block j's part of row r, as micro<F, MR> adds it.
+template <int F>
+inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int64_t nb,
+                          const float* dx, const int32_t* sq, const float* fq, V dv, V mv) {
+  for (int r = 0; r < kTileRows; ++r) {
+    VI a = _mm512_load_si512(c + 16 * r);
+    if constexpr (kZero<F> != 0) a = isub(a, iset(kZero<F> * sq[r * nb + j]));
+    acc[r] = vfma(vcvt(a), vmul(dv, vset(dx[r * nb + j])), acc[r]);
+    if constexpr (F == kQ4_1) acc[r] = vfma(mv, vset(fq[r * nb + j]), acc[r]);
+  }
+}
+
+// 16 rows of quantized x over one panel (micro<F, MR>'s arguments, the panel as B tiles).
+template <int F, typename T>
+__attribute__((noinline)) void tile_rows(const int8_t* xq, int64_t K, const float* dx,
+                                         const int32_t* sq, const float* fq, int64_t nb,
+                                         const BTiles& bt, const uint16_t* d, const uint16_t* mo,
+                                         float* y, int64_t ldy, int64_t ncols) {
+  alignas(64) int32_t c[2][kTileRows * 16];
+  for (int h = 0; h < 2 && 16 * h < ncols; ++h) {
+    V acc[kTileRows];
+    for (auto& a : acc) a = vzero();
+    for (int64_t j = 0; j < nb; j += 2) {
+      const bool pair = j + 1 < nb;
+      tile_dot<T, 0, 1, 2>(xq + 32 * j, K, bt.at(j, h), bt.stride, c[0]);
+      if (pair) tile_dot<T, 3, 4, 5>(xq + 32 * (j + 1), K, bt.at(j + 1, h), bt.stride, c[1]);
+      for (int64_t b = j; b < j + 1 + pair; ++b) {
+        const V dv = f16v(d + b * kNB + 16 * h);
+        const V mv = F == kQ4_1 ? f16v(mo + b * kNB + 16 * h) : vzero();
+        tile_epilogue<F>(acc, c[b - j], b, nb, dx, sq, fq, dv, mv);
+      }
+    }
+    const int64_t n = std::min<int64_t>(16, ncols - 16 * h);
+    for (int r = 0; r < kTileRows; ++r) {
+      float out[16];
+      vstore(out, acc[r]);
+      std::memcpy(y + r * ldy + 16 * h, out, n * sizeof(float));
+    }
+  }
+}
+
+// Rows [m, m + 16 k) of a panel call on tiles: returns the first row left for the VNNI rows.
+template <int F>
+int64_t tile_rows_of_panel(TileMode mode, const QuantizedX& qx, int64_t m, int64_t end,
+                           const uint8_t* pc, const uint16_t* pd, const uint16_t* pm, float* y,
+                           int64_t N, int64_t n0, int64_t ncols) {
+  if (mode == TileMode::kOff || end - m < kTileRows) return m;
+  const int64_t K = qx.K, nb = qx.nblk;
+  const BTiles bt = b_tiles<F>(pc, nb);
+  for (; m + kTileRows <= end; m += kTileRows) {
+    const int8_t* xq = qx.q.data() + m * K;
+    const float *dx = qx.d.data() + m * nb, *fq = qx.f32.data() + m * nb;
+    const int32_t* sq = qx.sum.data() + m * nb;
+#if PAGEDLLM_HAVE_AMX
+    if (mode == TileMode::kAmx) {
+      tile_rows<F, HwTiles>(xq, K, dx, sq, fq, nb, bt, pd, pm, y + m * N + n0, N, ncols);
+      continue;
+    }
+#endif
+    tile_rows<F, EmuTiles>(xq, K, dx, sq, fq, nb, bt, pd, pm, y + m * N + n0, N, ncols);
+  }
+  return m;
+}
+#else
+#define PAGEDLLM_A8P_TILES 0
+constexpr int64_t kTileRows = 16;
+inline TileConfig a8_tile_config() { return {}; }
+template <int F, typename QX>
+int64_t tile_rows_of_panel(TileMode, const QX&, int64_t m, int64_t, const uint8_t*,
+                           const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t) {
+  return m;
+}
+#endif
+
+// The tiles the kernels use (TileMode as an int; -1 until first asked: AMX where this build
+// has AMX tile kernels and the kernel grants the tile state, else none).
+std::atomic<int> g_tile_mode{-1};
+
+TileMode tile_mode() {
+  int mode = g_tile_mode.load(std::memory_order_relaxed);
+  if (mode < 0) {
+    mode = static_cast<int>(PAGEDLLM_A8P_TILES && PAGEDLLM_HAVE_AMX && amx_permitted() ? TileMode::kAmx : TileMode::kOff);
+    g_tile_mode.store(mode, std::memory_order_relaxed);
+  }
+  return static_cast<TileMode>(mode);
+}
+
+// The tiles' name: "amx", "emulated" or "off".
+std::string int8_tiles() {
+  switch (tile_mode()) {
+    case TileMode::kAmx: return "amx";
+    case TileMode::kEmulated: return "emulated";
+    default: return "off";
+  }
+}
+
+// Chooses the tiles ("auto": AMX where available, "amx", "emulated", "off"); a choice this
+// build or kernel cannot run is a ValueError naming why. Returns the tiles now in use.
+std::string set_int8_tiles(const std::string& name) {
+  int mode;
+  if (name == "auto") {
+    mode = -1;
+  } else if (name == "off") {
+    mode = static_cast<int>(TileMode::kOff);
+  } else if (name == "amx") {
+    if (!PAGEDLLM_A8P_TILES || !PAGEDLLM_HAVE_AMX)
+      throw std::invalid_argument(
+          "int8 tiles 'amx': these kernels were built without AMX-int8 (the CPU or "
+          "PAGEDLLM_CPU_MARCH lacks amx_int8, or the build lacks AVX-512 VNNI)");
+    if (!amx_permitted())
+      throw std::invalid_argument(
+          "int8 tiles 'amx': the operating system refused the tile state "
+          "(arch_prctl ARCH_REQ_XCOMP_PERM; Linux >= 5.16 grants it)");
+    mode = static_cast<int>(TileMode::kAmx);
+  } else if (name == "emulated") {
+    if (!PAGEDLLM_A8P_TILES)
+      throw std::invalid_argument(
+          "int8 tiles 'emulated': the tile kernels need an AVX-512 VNNI build");
+    mode = static_cast<int>(TileMode::kEmulated);
+  } else {
+    throw std::invalid_argument("int8 tiles must be auto, amx, emulated or off, got '" + name + "'");
+  }
+  g_tile_mode.store(mode, std::memory_order_relaxed);
+  return int8_tiles();
+}

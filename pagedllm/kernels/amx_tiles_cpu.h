@@ -1,0 +1,155 @@
+// AMX tiles for the int8-activation GEMMs: the tile instructions behind one small policy type,
+// the tile configuration, the kernel's permission to use tile state, and a software model of
+// the tiles with the same bits out.
+//
+// Intel's AMX (Sapphire Rapids on) adds eight tile registers of up to 16 rows x 64 bytes and
+// TDPBSUD, which adds to a 16 x 16 int32 tile C the dot products of 16 rows of 64 s8 values
+// (tile A) with 16 columns of 64 u8 values (tile B, stored as 16 rows of 4-byte column
+// quads: B[k / 4][4 n + k % 4]): 16,384 multiply-adds an instruction, 16x VNNI's vpdpbusd.
+// The int8-activation panel kernels (quant_a8_panels_cpu.cpp) run 16-row tiles through it and
+// keep vpdpbusd for the rest of the rows; the integers are exact either way, and the fp32
+// epilogue is the same instructions in the same order, so a row's result does not depend on
+// which unit ran it (batch-invariant, and bit-equal to the VNNI path: tests check it).
+//
+// HwTiles issues the instructions (a build for a CPU with AMX: -march=native on Sapphire
+// Rapids, or PAGEDLLM_CPU_MARCH=sapphirerapids); EmuTiles computes the same in plain C++, so
+// the tile layouts and the epilogue are tested on every CPU (PAGEDLLM_INT8_TILES=emulated,
+// ~1000x slower: for tests). Which one runs is chosen at run time (int8_tiles / set_int8_tiles
+// in quant_a8_panels_cpu.cpp, PAGEDLLM_INT8_TILES in kernels/cpu_features.py).
+// Included inside the kernel file's anonymous namespace, after <immintrin.h>.
+#pragma once
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+
+// Palette 1's configuration block (64 bytes, the layout LDTILECFG reads).
+struct TileConfig {
+  uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
+
+// Which tiles the int8-activation kernels use at run time.
+enum class TileMode : int { kOff = 0, kAmx = 1, kEmulated = 2 };
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define PAGEDLLM_HAVE_AMX 1
+// Linux hands a process the 8 KB of tile state only when it asks (arch_prctl
+// ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA; kernel 5.16 on): once, for every thread. Without
+// it the first tile instruction faults.
+inline bool amx_permitted() {
+  static std::once_flag once;
+  static bool granted = false;
+  std::call_once(once, [] {
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  });
+  return granted;
+}
+
+// The tile intrinsics name their register in the instruction text (GCC stringizes the
+// argument), so each register a kernel uses gets its own specialization below.
+struct HwTiles {
+  static void config(const TileConfig& cfg) {
+    // GCC 12 dropped the stores that fill cfg as dead before LDTILECFG (llama.cpp's AMX crash):
+    // the empty asm says the block is read here
+    asm volatile("" : : "r"(&cfg) : "memory");
+    _tile_loadconfig(&cfg);
+  }
+  static void release() { _tile_release(); }
+  template <int T> static void zero();
+  template <int T> static void load(const void* p, int64_t stride);
+  template <int T> static void store(void* p, int64_t stride);
+  template <int C, int A, int B> static void dpbsud();
+};
+
+#define PAGEDLLM_TILE_REGISTER(T)                                                             \
+  template <> inline void HwTiles::zero<T>() { _tile_zero(T); }                               \
+  template <> inline void HwTiles::load<T>(const void* p, int64_t s) { _tile_loadd(T, p, s); } \
+  template <> inline void HwTiles::store<T>(void* p, int64_t s) { _tile_stored(T, p, s); }
+PAGEDLLM_TILE_REGISTER(0)
+PAGEDLLM_TILE_REGISTER(1)
+PAGEDLLM_TILE_REGISTER(2)
+PAGEDLLM_TILE_REGISTER(3)
+PAGEDLLM_TILE_REGISTER(4)
+PAGEDLLM_TILE_REGISTER(5)
+#undef PAGEDLLM_TILE_REGISTER
+template <> inline void HwTiles::dpbsud<0, 1, 2>() { _tile_dpbsud(0, 1, 2); }
+template <> inline void HwTiles::dpbsud<3, 4, 5>() { _tile_dpbsud(3, 4, 5); }
+#else
+#define PAGEDLLM_HAVE_AMX 0
+inline bool amx_permitted() { return false; }
+#endif
+
+// The tiles in software: each thread's eight registers, the instructions' definitions.
+struct EmuTiles {
+  struct Tile {
+    int rows = 0, colsb = 0;
+    uint8_t b[16][64] = {};
+  };
+  static Tile* regs() {
+    thread_local Tile t[8];
+    return t;
+  }
+  static void config(const TileConfig& cfg) {
+    for (int t = 0; t < 8; ++t) {
+      regs()[t] = Tile{};
+      regs()[t].rows = cfg.rows[t];
+      regs()[t].colsb = cfg.colsb[t];
+    }
+  }
+  static void release() {
+    for (int t = 0; t < 8; ++t) regs()[t] = Tile{};
+  }
+  template <int T> static void zero() { std::memset(regs()[T].b, 0, sizeof(regs()[T].b)); }
+  template <int T> static void load(const void* p, int64_t stride) {
+    Tile& t = regs()[T];
+    for (int r = 0; r < t.rows; ++r)
+      std::memcpy(t.b[r], static_cast<const uint8_t*>(p) + r * stride, t.colsb);
+  }
+  template <int T> static void store(void* p, int64_t stride) {
+    const Tile& t = regs()[T];
+    for (int r = 0; r < t.rows; ++r)
+      std::memcpy(static_cast<uint8_t*>(p) + r * stride, t.b[r], t.colsb);
+  }
+  // C[r][n] += sum_k s8 A[r][k] * u8 B[k / 4][4 n + k % 4]
+  template <int C, int A, int B> static void dpbsud() {
+    Tile &c = regs()[C], &a = regs()[A], &b = regs()[B];
+    for (int r = 0; r < c.rows; ++r)
+      for (int n = 0; n < c.colsb / 4; ++n) {
+        int32_t acc;
+        std::memcpy(&acc, c.b[r] + 4 * n, 4);
+        for (int k = 0; k < a.colsb; ++k)
+          acc += static_cast<int8_t>(a.b[r][k]) * static_cast<int32_t>(b.b[k / 4][4 * n + k % 4]);
+        std::memcpy(c.b[r] + 4 * n, &acc, 4);
+      }
+  }
+};
+
+// The tile configuration of `mode` loaded for the lifetime of the object (one thread's share
+// of a kernel call), released after: another library's AMX code (oneDNN's bf16 matmul)
+// configures the tiles its own way, so no configuration is assumed to survive between calls.
+class TileScope {
+ public:
+  TileScope(TileMode mode, const TileConfig& cfg) : mode_(mode) {
+    if (mode_ == TileMode::kEmulated) EmuTiles::config(cfg);
+#if PAGEDLLM_HAVE_AMX
+    if (mode_ == TileMode::kAmx) HwTiles::config(cfg);
+#endif
+  }
+  ~TileScope() {
+    if (mode_ == TileMode::kEmulated) EmuTiles::release();
+#if PAGEDLLM_HAVE_AMX
+    if (mode_ == TileMode::kAmx) HwTiles::release();
+#endif
+  }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+
+ private:
+  TileMode mode_;
+};

@@ -1,0 +1,122 @@
+"""The int8-activation panels on matrix tiles (kernels/a8_panel_tiles_cpu.h): whole 16-row tiles
+of a call on AMX-int8 (TDPBSUD), the rest on VNNI, the same bits out as VNNI alone, for every
+panel format, partial panels, odd block counts, rows around the tile size, and MoE experts.
+
+The tiles run three ways: `amx` (the instructions, on a CPU with AMX-int8; skipped elsewhere
+with the reason), `emulated` (a software model of the tiles, the same kernel code around it:
+tests the tile layouts and the epilogue on any AVX-512 VNNI build) and `off`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pagedllm.kernels import cpu_features, cpu_ops
+from pagedllm.model.layers.quant import gguf_a8_panels
+from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
+from tests.model.quant.test_gguf_formats import random_blocks
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ops = gguf_a8_panels.kernels()
+    if ops is None:
+        pytest.fail("the int8-activation panel kernels did not build (cpu_ops.load() failed)")
+    return ops
+
+
+def tiles_mode_or_skip(ops, mode: str) -> None:
+    """Selects `mode`, or skips with the reason this CPU / build cannot run it."""
+    if mode == "amx" and "amx_int8" not in cpu_features.cpu_flags():
+        pytest.skip("this CPU has no AMX-int8 (amx_int8 not in /proc/cpuinfo)")
+    if mode == "emulated" and cpu_features.int8_dot_isa() != "avx512_vnni":
+        pytest.skip("the tile kernels are built with AVX-512 VNNI only (this build: "
+                    f"{cpu_features.int8_dot_isa()})")
+    if mode == "amx" and cpu_ops._march() != "native":
+        pytest.skip(f"PAGEDLLM_CPU_MARCH={cpu_ops._march()}: a build without AMX")
+    ops.set_int8_tiles(mode)  # an AMX CPU whose native build cannot: fails here
+
+
+@contextlib.contextmanager
+def tiles(ops, mode: str):
+    before = ops.int8_tiles()
+    try:
+        tiles_mode_or_skip(ops, mode)
+        yield
+    finally:
+        ops.set_int8_tiles(before)
+
+
+@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("qtype", PANEL_TYPES)
+@pytest.mark.parametrize("n,k", [(70, 256), (33, 96), (512, 160), (16, 64)])
+def test_tiles_equal_vnni_bit_for_bit(ops, mode, qtype, n, k):
+    """Partial panels (n = 70, 33: d = 0 past N, the second column half absent at 16), odd
+    block counts (K / 32 = 3, 5: the last block without a partner tile), rows 16 (one tile),
+    17 and 35 (tiles + VNNI rows), 64."""
+    raw = random_blocks(qtype, n, k, seed=n + k)
+    w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(k)) * 3
+    x[1, : k // 2] = 0  # all-zero blocks (scale 0) inside a tile
+    with tiles(ops, "off"):
+        want = {m: w.linear(x[:m].contiguous()) for m in (16, 17, 35, 64)}
+    with tiles(ops, mode):
+        assert ops.int8_tiles() == mode
+        for m, y in want.items():
+            got = w.linear(x[:m].contiguous())
+            assert torch.equal(got, y), f"M={m}: max diff {(got - y).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_moe_experts_on_tiles_equal_vnni(ops, mode, qtype):
+    """The grouped kernel's items (an expert's rows, up to 256 a tile) go through the same
+    panel code: tiles where an item has 16 rows or more."""
+    from tests.model.test_moe_grouped import CASES, quantized_experts
+
+    experts = quantized_experts(qtype, int8_activations=True)
+    x, weights, ids = CASES["prefill 300 tokens"]
+    x = x * 0.01
+    with tiles(ops, "off"):
+        want = experts(x, weights, ids)
+    with tiles(ops, mode):
+        got = experts(x, weights, ids)
+    assert torch.equal(got, want), f"max diff {(got - want).abs().max():.3g}"
+
+
+def test_choices_and_errors(ops):
+    before = ops.int8_tiles()
+    try:
+        assert ops.set_int8_tiles("off") == "off"
+        with pytest.raises(ValueError, match="auto, amx, emulated or off"):
+            ops.set_int8_tiles("tiles")
+        auto = ops.set_int8_tiles("auto")
+        native = cpu_ops._march() == "native"
+        has_amx = "amx_int8" in cpu_features.cpu_flags()
+        assert auto == ("amx" if native and has_amx else "off")
+        if not has_amx:
+            with pytest.raises(ValueError, match="built without AMX-int8"):
+                ops.set_int8_tiles("amx")
+    finally:
+        ops.set_int8_tiles(before)
+
+
+def test_environment_choice_is_applied_and_checked_at_load(tmp_path):
+    """PAGEDLLM_INT8_TILES reaches the kernels when they load; a value that is no choice (or
+    tiles this machine cannot run) is one clear error, not a silent fallback."""
+    code = ("from pagedllm.kernels import cpu_ops\n"
+            "print(cpu_ops.load().int8_tiles())\n")
+    env = {**os.environ, "PAGEDLLM_INT8_TILES": "off"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "off", out.stderr[-2000:]
+    env["PAGEDLLM_INT8_TILES"] = "matrix"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode != 0
+    assert "PAGEDLLM_INT8_TILES must be one of auto, amx, emulated, off, got 'matrix'" in out.stderr
