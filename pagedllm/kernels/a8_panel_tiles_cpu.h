@@ -22,13 +22,15 @@
 #define PAGEDLLM_A8P_TILES 1
 constexpr int64_t kTileRows = 16;
 
-// Tiles 0 / 3: C (16 x 16 int32); 1 / 4: A (16 rows x 32 s8); 2 / 5: B (8 x 64 u8). Two of
-// each: block j + 1's tile product is issued before block j's epilogue runs.
+// Tiles 0-3: C (16 x 16 int32), the products of kGroup = 4 blocks in flight together; 4 / 5:
+// A (16 rows x 32 s8) and 6 / 7: B (8 x 64 u8), alternating between the group's blocks.
+constexpr int64_t kGroup = 4;
+
 TileConfig a8_tile_config() {
   TileConfig cfg;
-  for (int t : {0, 3}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  for (int t : {1, 4}) cfg.rows[t] = 16, cfg.colsb[t] = 32;
-  for (int t : {2, 5}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
+  for (int t : {0, 1, 2, 3}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  for (int t : {4, 5}) cfg.rows[t] = 16, cfg.colsb[t] = 32;
+  for (int t : {6, 7}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
   return cfg;
 }
 
@@ -61,20 +63,34 @@ BTiles b_tiles(const uint8_t* pc, int64_t nb) {
   }
 }
 
-// c = the 16 x 16 int32 sums of one block: x rows (stride K) by one B tile.
-template <typename T, int C, int A, int B>
-inline void tile_dot(const int8_t* xj, int64_t K, const uint8_t* bj, int64_t bstride, int32_t* c) {
-  T::template zero<C>();
-  T::template load<A>(xj, K);
-  T::template load<B>(bj, bstride);
-  T::template dpbsud<C, A, B>();
-  T::template store<C>(c, 64);
+// C tile CT = block j's 16 x 16 int32 sums: x rows (stride K) by column half h's B tile.
+template <typename T, int CT, int A, int B>
+inline void tile_dot(const int8_t* xq, int64_t K, const BTiles& bt, int h, int64_t j) {
+  T::template zero<CT>();
+  T::template load<A>(xq + 32 * j, K);
+  T::template load<B>(bt.at(j, h), bt.stride);
+  T::template dpbsud<CT, A, B>();
+}
+
+// c[t] = the sums of blocks j + t, t < n <= kGroup: the tile products first, then the stores.
+template <typename T>
+inline void group_dots(const int8_t* xq, int64_t K, const BTiles& bt, int h, int64_t j, int64_t n,
+                       int32_t (*c)[kTileRows * 16]) {
+  tile_dot<T, 0, 4, 6>(xq, K, bt, h, j);
+  if (n > 1) tile_dot<T, 1, 5, 7>(xq, K, bt, h, j + 1);
+  if (n > 2) tile_dot<T, 2, 4, 6>(xq, K, bt, h, j + 2);
+  if (n > 3) tile_dot<T, 3, 5, 7>(xq, K, bt, h, j + 3);
+  T::template store<0>(c[0], 64);
+  if (n > 1) T::template store<1>(c[1], 64);
+  if (n > 2) T::template store<2>(c[2], 64);
+  if (n > 3) T::template store<3>(c[3], 64);
 }
 
 // acc[r] += block j's part of row r, as micro<F, MR> adds it.
 template <int F>
 inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int64_t nb,
                           const float* dx, const int32_t* sq, const float* fq, V dv, V mv) {
+#pragma GCC unroll 16  // acc stays in 16 registers
   for (int r = 0; r < kTileRows; ++r) {
     VI a = _mm512_load_si512(c + 16 * r);
     if constexpr (kZero<F> != 0) a = isub(a, iset(kZero<F> * sq[r * nb + j]));
@@ -84,26 +100,34 @@ inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int6
 }
 
 // 16 rows of quantized x over one panel (micro<F, MR>'s arguments, the panel as B tiles).
+// Software-pipelined: the tile products of the next kGroup blocks are issued before the fp32
+// epilogue of the current ones, which reads their sums from the buffer stored one group
+// earlier (reading a tile store back right away stalled the kernel below VNNI's speed).
 template <int F, typename T>
 __attribute__((noinline)) void tile_rows(const int8_t* xq, int64_t K, const float* dx,
                                          const int32_t* sq, const float* fq, int64_t nb,
                                          const BTiles& bt, const uint16_t* d, const uint16_t* mo,
                                          float* y, int64_t ldy, int64_t ncols) {
-  alignas(64) int32_t c[2][kTileRows * 16];
+  alignas(64) int32_t c[2][kGroup][kTileRows * 16];
+  const int64_t groups = (nb + kGroup - 1) / kGroup;
   for (int h = 0; h < 2 && 16 * h < ncols; ++h) {
     V acc[kTileRows];
-    for (auto& a : acc) a = vzero();
-    for (int64_t j = 0; j < nb; j += 2) {
-      const bool pair = j + 1 < nb;
-      tile_dot<T, 0, 1, 2>(xq + 32 * j, K, bt.at(j, h), bt.stride, c[0]);
-      if (pair) tile_dot<T, 3, 4, 5>(xq + 32 * (j + 1), K, bt.at(j + 1, h), bt.stride, c[1]);
-      for (int64_t b = j; b < j + 1 + pair; ++b) {
+#pragma GCC unroll 16
+    for (int r = 0; r < kTileRows; ++r) acc[r] = vzero();
+    group_dots<T>(xq, K, bt, h, 0, std::min(kGroup, nb), c[0]);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t j = g * kGroup, n = std::min(kGroup, nb - j);
+      if (g + 1 < groups)
+        group_dots<T>(xq, K, bt, h, j + kGroup, std::min(kGroup, nb - j - kGroup), c[(g + 1) & 1]);
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t b = j + t;
         const V dv = f16v(d + b * kNB + 16 * h);
         const V mv = F == kQ4_1 ? f16v(mo + b * kNB + 16 * h) : vzero();
-        tile_epilogue<F>(acc, c[b - j], b, nb, dx, sq, fq, dv, mv);
+        tile_epilogue<F>(acc, c[g & 1][t], b, nb, dx, sq, fq, dv, mv);
       }
     }
     const int64_t n = std::min<int64_t>(16, ncols - 16 * h);
+#pragma GCC unroll 16
     for (int r = 0; r < kTileRows; ++r) {
       float out[16];
       vstore(out, acc[r]);

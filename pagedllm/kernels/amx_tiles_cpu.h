@@ -77,9 +77,13 @@ PAGEDLLM_TILE_REGISTER(2)
 PAGEDLLM_TILE_REGISTER(3)
 PAGEDLLM_TILE_REGISTER(4)
 PAGEDLLM_TILE_REGISTER(5)
+PAGEDLLM_TILE_REGISTER(6)
+PAGEDLLM_TILE_REGISTER(7)
 #undef PAGEDLLM_TILE_REGISTER
-template <> inline void HwTiles::dpbsud<0, 1, 2>() { _tile_dpbsud(0, 1, 2); }
-template <> inline void HwTiles::dpbsud<3, 4, 5>() { _tile_dpbsud(3, 4, 5); }
+template <> inline void HwTiles::dpbsud<0, 4, 6>() { _tile_dpbsud(0, 4, 6); }
+template <> inline void HwTiles::dpbsud<1, 5, 7>() { _tile_dpbsud(1, 5, 7); }
+template <> inline void HwTiles::dpbsud<2, 4, 6>() { _tile_dpbsud(2, 4, 6); }
+template <> inline void HwTiles::dpbsud<3, 5, 7>() { _tile_dpbsud(3, 5, 7); }
 #else
 #define PAGEDLLM_HAVE_AMX 0
 inline bool amx_permitted() { return false; }
