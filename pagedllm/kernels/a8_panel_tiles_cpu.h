@@ -23,10 +23,9 @@
 #define PAGEDLLM_A8P_TILES 1
 constexpr int64_t kTileRows = 16;
 
-// Tiles 0-3: C (16 x 16 int32), the products of kGroup = 4 blocks in flight together; 4 / 5:
-// A (16 rows x 32 s8) and 6 / 7: B (8 x 64 u8), alternating between the group's blocks.
-constexpr int64_t kGroup = 4;
-
+// Tiles 0-3: C (16 x 16 int32), row tile r and column half h in tile 2 r + h; 4 / 5: A (16
+// rows x 32 s8) of row tiles 0 / 1; 6 / 7: B (8 k-quads x 16 columns x 4 u8) of halves 0 / 1.
+// Per block, up to 4 products from 4 tile loads (each A and B tile serves two products).
 TileConfig a8_tile_config() {
   TileConfig cfg;
   for (int t : {0, 1, 2, 3}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
@@ -76,27 +75,32 @@ BTiles b_tiles(const uint8_t* pc, int64_t nb) {
   }
 }
 
-// C tile CT = block j's 16 x 16 int32 sums: x rows (stride K) by column half h's B tile.
-template <typename T, int CT, int A, int B>
-inline void tile_dot(const int8_t* xq, int64_t K, const BTiles& bt, int h, int64_t j) {
-  T::template zero<CT>();
-  T::template load<A>(xq + 32 * j, K);
-  T::template load<B>(bt.at(j, h), bt.stride);
-  T::template dpbsud<CT, A, B>();
-}
-
-// c[t] = the sums of blocks j + t, t < n <= kGroup: the tile products first, then the stores.
-template <typename T>
-inline void group_dots(const int8_t* xq, int64_t K, const BTiles& bt, int h, int64_t j, int64_t n,
-                       int32_t (*c)[kTileRows * 16]) {
-  tile_dot<T, 0, 4, 6>(xq, K, bt, h, j);
-  if (n > 1) tile_dot<T, 1, 5, 7>(xq, K, bt, h, j + 1);
-  if (n > 2) tile_dot<T, 2, 4, 6>(xq, K, bt, h, j + 2);
-  if (n > 3) tile_dot<T, 3, 5, 7>(xq, K, bt, h, j + 3);
-  T::template store<0>(c[0], 64);
-  if (n > 1) T::template store<1>(c[1], 64);
-  if (n > 2) T::template store<2>(c[2], 64);
-  if (n > 3) T::template store<3>(c[3], 64);
+// sums[j][2 r + h] = block j's 16 x 16 int32 sums of row tile r < RT (x rows 16 r.., stride K)
+// by column half h, for every block: the tile pass of tile_rows.
+template <typename T, int RT>
+inline void tile_sums(const int8_t* xq, int64_t K, const BTiles& bt, int64_t nb, int32_t* sums) {
+  for (int64_t j = 0; j < nb; ++j, sums += RT * 2 * 256) {
+    T::template zero<0>();
+    T::template zero<1>();
+    T::template load<4>(xq + 32 * j, K);
+    T::template load<6>(bt.at(j, 0), bt.stride);
+    T::template load<7>(bt.at(j, 1), bt.stride);
+    T::template dpbsud<0, 4, 6>();
+    T::template dpbsud<1, 4, 7>();
+    if constexpr (RT == 2) {
+      T::template zero<2>();
+      T::template zero<3>();
+      T::template load<5>(xq + 16 * K + 32 * j, K);
+      T::template dpbsud<2, 5, 6>();
+      T::template dpbsud<3, 5, 7>();
+    }
+    T::template store<0>(sums, 64);
+    T::template store<1>(sums + 256, 64);
+    if constexpr (RT == 2) {
+      T::template store<2>(sums + 512, 64);
+      T::template store<3>(sums + 768, 64);
+    }
+  }
 }
 
 // acc[r] += block j's part of row r, as micro<F, MR> adds it.
@@ -112,38 +116,47 @@ inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int6
   }
 }
 
-// 16 rows of quantized x over one panel (micro<F, MR>'s arguments, the panel as B tiles). Two
-// passes per column half: every block's tile product stored to a per-thread buffer, then the
-// fp32 epilogue over the buffer (reading a tile store back within a few blocks ran below
-// VNNI's speed on the Xeon: 0.65-0.89x).
-template <int F, typename T>
+// 16 RT rows of quantized x over one panel (micro<F, MR>'s arguments, the panel as B tiles),
+// in two passes: every block's tile sums into a per-thread buffer, then per row tile and column
+// half the fp32 epilogue over the buffer with 16 accumulators in registers. (Reading a tile
+// store back within a few blocks ran below VNNI's speed on the Xeon: 0.65-0.89x.)
+template <int F, typename T, int RT>
 __attribute__((noinline)) void tile_rows(const int8_t* xq, int64_t K, const float* dx,
                                          const int32_t* sq, const float* fq, int64_t nb,
                                          const BTiles& bt, const uint16_t* d, const uint16_t* mo,
                                          float* y, int64_t ldy, int64_t ncols) {
-  constexpr int64_t kSums = kTileRows * 16;
-  thread_local std::vector<int32_t, AlignedAlloc<int32_t>> sums;
-  sums.resize(static_cast<size_t>(nb) * kSums);
-  auto* c = reinterpret_cast<int32_t(*)[kSums]>(sums.data());
-  for (int h = 0; h < 2 && 16 * h < ncols; ++h) {
-    for (int64_t j = 0; j < nb; j += kGroup)
-      group_dots<T>(xq, K, bt, h, j, std::min(kGroup, nb - j), c + j);
-    V acc[kTileRows];
+  thread_local std::vector<int32_t, AlignedAlloc<int32_t>> buf;
+  buf.resize(static_cast<size_t>(nb) * RT * 2 * 256);
+  tile_sums<T, RT>(xq, K, bt, nb, buf.data());
+  for (int r0 = 0; r0 < RT; ++r0)
+    for (int h = 0; h < 2 && 16 * h < ncols; ++h) {
+      const int64_t rows = 16 * r0;
+      V acc[kTileRows];
 #pragma GCC unroll 16
-    for (int r = 0; r < kTileRows; ++r) acc[r] = vzero();
-    for (int64_t b = 0; b < nb; ++b) {
-      const V dv = f16v(d + b * kNB + 16 * h);
-      const V mv = F == kQ4_1 ? f16v(mo + b * kNB + 16 * h) : vzero();
-      tile_epilogue<F>(acc, c[b], b, nb, dx, sq, fq, dv, mv);
-    }
-    const int64_t n = std::min<int64_t>(16, ncols - 16 * h);
+      for (int r = 0; r < kTileRows; ++r) acc[r] = vzero();
+      for (int64_t b = 0; b < nb; ++b) {
+        const V dv = f16v(d + b * kNB + 16 * h);
+        const V mv = F == kQ4_1 ? f16v(mo + b * kNB + 16 * h) : vzero();
+        tile_epilogue<F>(acc, buf.data() + (b * RT * 2 + 2 * r0 + h) * 256, b, nb,
+                         dx + rows * nb, sq + rows * nb, fq + rows * nb, dv, mv);
+      }
+      const int64_t n = std::min<int64_t>(16, ncols - 16 * h);
 #pragma GCC unroll 16
-    for (int r = 0; r < kTileRows; ++r) {
-      float out[16];
-      vstore(out, acc[r]);
-      std::memcpy(y + r * ldy + 16 * h, out, n * sizeof(float));
+      for (int r = 0; r < kTileRows; ++r) {
+        float out[16];
+        vstore(out, acc[r]);
+        std::memcpy(y + (rows + r) * ldy + 16 * h, out, n * sizeof(float));
+      }
     }
-  }
+}
+
+// tile_rows<F, T, RT> on rows m.. of qx (RT = 2: 32 rows, 1: 16).
+template <int F, typename T, int RT>
+void tile_rows_at(const QuantizedX& qx, int64_t m, const BTiles& bt, const uint16_t* pd,
+                  const uint16_t* pm, float* y, int64_t N, int64_t n0, int64_t ncols) {
+  const int64_t K = qx.K, nb = qx.nblk;
+  tile_rows<F, T, RT>(qx.q.data() + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
+                      qx.f32.data() + m * nb, nb, bt, pd, pm, y + m * N + n0, N, ncols);
 }
 
 // Rows [m, m + 16 k) of a panel call on tiles: returns the first row left for the VNNI rows.
@@ -152,19 +165,26 @@ int64_t tile_rows_of_panel(TileMode mode, const QuantizedX& qx, int64_t m, int64
                            const uint8_t* pc, const uint16_t* pd, const uint16_t* pm, float* y,
                            int64_t N, int64_t n0, int64_t ncols) {
   if (mode == TileMode::kOff || end - m < kTileRows) return m;
-  const int64_t K = qx.K, nb = qx.nblk;
-  const BTiles bt = b_tiles<F>(pc, nb);
-  for (; m + kTileRows <= end; m += kTileRows) {
-    const int8_t* xq = qx.q.data() + m * K;
-    const float *dx = qx.d.data() + m * nb, *fq = qx.f32.data() + m * nb;
-    const int32_t* sq = qx.sum.data() + m * nb;
+  const BTiles bt = b_tiles<F>(pc, qx.nblk);
+  [[maybe_unused]] const bool hw = mode == TileMode::kAmx;
+  for (; m + 2 * kTileRows <= end; m += 2 * kTileRows) {
 #if PAGEDLLM_HAVE_AMX
-    if (mode == TileMode::kAmx) {
-      tile_rows<F, HwTiles>(xq, K, dx, sq, fq, nb, bt, pd, pm, y + m * N + n0, N, ncols);
+    if (hw) {
+      tile_rows_at<F, HwTiles, 2>(qx, m, bt, pd, pm, y, N, n0, ncols);
       continue;
     }
 #endif
-    tile_rows<F, EmuTiles>(xq, K, dx, sq, fq, nb, bt, pd, pm, y + m * N + n0, N, ncols);
+    tile_rows_at<F, EmuTiles, 2>(qx, m, bt, pd, pm, y, N, n0, ncols);
+  }
+  if (m + kTileRows <= end) {
+#if PAGEDLLM_HAVE_AMX
+    if (hw) {
+      tile_rows_at<F, HwTiles, 1>(qx, m, bt, pd, pm, y, N, n0, ncols);
+      return m + kTileRows;
+    }
+#endif
+    tile_rows_at<F, EmuTiles, 1>(qx, m, bt, pd, pm, y, N, n0, ncols);
+    m += kTileRows;
   }
   return m;
 }

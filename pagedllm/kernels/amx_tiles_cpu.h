@@ -81,8 +81,8 @@ PAGEDLLM_TILE_REGISTER(6)
 PAGEDLLM_TILE_REGISTER(7)
 #undef PAGEDLLM_TILE_REGISTER
 template <> inline void HwTiles::dpbsud<0, 4, 6>() { _tile_dpbsud(0, 4, 6); }
-template <> inline void HwTiles::dpbsud<1, 5, 7>() { _tile_dpbsud(1, 5, 7); }
-template <> inline void HwTiles::dpbsud<2, 4, 6>() { _tile_dpbsud(2, 4, 6); }
+template <> inline void HwTiles::dpbsud<1, 4, 7>() { _tile_dpbsud(1, 4, 7); }
+template <> inline void HwTiles::dpbsud<2, 5, 6>() { _tile_dpbsud(2, 5, 6); }
 template <> inline void HwTiles::dpbsud<3, 5, 7>() { _tile_dpbsud(3, 5, 7); }
 #else
 #define PAGEDLLM_HAVE_AMX 0

@@ -57,14 +57,14 @@ def tiles(ops, mode: str):
 @pytest.mark.parametrize("n,k", [(70, 256), (33, 96), (512, 160), (16, 64)])
 def test_tiles_equal_vnni_bit_for_bit(ops, mode, qtype, n, k):
     """Partial panels (n = 70, 33: d = 0 past N, the second column half absent at 16), odd
-    block counts (K / 32 = 3, 5: the last block without a partner tile), rows 16 (one tile),
-    17 and 35 (tiles + VNNI rows), 64."""
+    block counts (K / 32 = 3, 5), rows 16 (one 16-row tile), 17 and 35 (tiles + VNNI rows), 48
+    (a 32-row tile and a 16-row one), 64."""
     raw = random_blocks(qtype, n, k, seed=n + k)
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
     x = torch.randn(64, k, generator=torch.Generator().manual_seed(k)) * 3
     x[1, : k // 2] = 0  # all-zero blocks (scale 0) inside a tile
     with tiles(ops, "off"):
-        want = {m: w.linear(x[:m].contiguous()) for m in (16, 17, 35, 64)}
+        want = {m: w.linear(x[:m].contiguous()) for m in (16, 17, 35, 48, 64)}
     with tiles(ops, mode):
         assert ops.int8_tiles() == mode
         for m, y in want.items():
