@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The AMX-int8 tiles of the int8-activation panels on a real AMX CPU, in one device call: the
 # lent H200 machines' host is a Sapphire Rapids class Xeon (2026-12); this checks its CPU only.
+# The tiles are off by default (0.65-0.90x VNNI's speed there, docs/benchmarks.md); this runs
+# their tests on the hardware and measures them again (after a kernel change, or on a newer
+# AMX generation).
 #
 #   1. here:  bash scripts/gpu_check.sh prepare      (.gpu/: gguf wheel, SmolLM2's config +
 #                                                      tokenizer; the GGUF is over 64 MiB)
 #   2. device tool:  run(command="bash scripts/amx_check.sh", carry=[".gpu"], timeout_s=560)
 #
 # Leaves in $OUT: machine.txt (CPU flags, the tiles the kernels chose), tests.log (the tile
-# tests, the panel / MoE / CPU-feature tests under the default choice: AMX), bench.log and
+# tests on AMX, the panel / MoE / CPU-feature tests), bench.log and
 # int8_tiles_2t.json / int8_tiles_16t.json (benchmarks/int8_tiles.py: the GEMMs tiles off vs
 # AMX, and through LLM on a random-weight SmolLM2-shaped Q4_1 GGUF on 2 cores: prefill 512,
 # one stream, offline 64 x 128/128, greedy tokens equal), cpu_modes.json (fp32 / bf16 weights

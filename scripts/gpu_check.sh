@@ -15,8 +15,8 @@
 #      leaves in $OUT: machine.txt (nvidia-smi, versions), tests.log, bench.log,
 #      gpu_bench.json, gpu_eager_profile.txt. Then the host CPU (an AMX Xeon on the H200
 #      machines of 2026-12): its flags and torch's fp32 vs bf16 matmul (machine.txt), the CPU
-#      kernels built and their sampling / int8 tests (tests.log), the AMX-int8 GEMM prototype
-#      against VNNI (amx_probe.json, benchmarks/amx_int8_probe.py), and fp32 / bf16 / int8
+#      kernels built and their sampling / int8 tests (tests.log), the int8-activation GEMMs with
+#      AMX-int8 tiles against VNNI (amx_tiles.json, benchmarks/int8_tiles.py), and fp32 / bf16 / int8
 #      through LLM on 2 of its cores (cpu_modes.json, cpu_bench.log): 8 files, the most a
 #      device call brings back.
 #      ~4 minutes in all on an H200 machine (2026-12-04), start-up not counted.
@@ -106,13 +106,16 @@ PY
 export TORCH_EXTENSIONS_DIR=/tmp/pagedllm_ext MAX_JOBS=$(nproc)
 CUDA_VISIBLE_DEVICES= timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 \
   tests/model/test_sampling_kernel.py tests/model/quant/test_gguf_a8_panels.py \
+  tests/model/quant/test_a8_panel_tiles.py \
   tests/model/quant/test_int_kernels.py tests/model/test_varlen_attention.py \
   -k "not bad and not smollm2" 2>&1 | tee -a "$OUT/tests.log" | tail -3
 cpu_rc=${PIPESTATUS[0]}
-# AMX-int8 tiles vs the VNNI micro-kernel on the default path's GEMM (prototype; the two must
-# agree bit for bit), before an engine kernel is written
-timeout 120 taskset -c 0,1 python3 benchmarks/amx_int8_probe.py --rows 64,512 --reps 10 \
-  --out "$OUT/amx_probe.json" 2>&1 | tail -18
+# AMX-int8 tiles vs the VNNI micro-kernel on the default path's GEMMs (bit-equal; the tiles
+# ran 0.65-0.90x VNNI on 2026-12-04, so they are off by default: scripts/amx_check.sh has more)
+if grep -q amx_int8 /proc/cpuinfo; then
+  CUDA_VISIBLE_DEVICES= timeout 120 taskset -c 0,1 python3 benchmarks/int8_tiles.py --threads 2 \
+    --rows 16,64,512 --out "$OUT/amx_tiles.json" 2>&1 | grep "^|"
+fi
 CUDA_VISIBLE_DEVICES= timeout 200 taskset -c 0,1 python3 benchmarks/bf16_weights.py \
   --model .gpu/smollm2 --modes float32,bfloat16,int8 --threads 2 --reps 2 --offline 8 \
   --out "$OUT/cpu_modes.json" > "$OUT/cpu_bench.log" 2>&1

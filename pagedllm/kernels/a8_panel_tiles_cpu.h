@@ -1,11 +1,18 @@
-// The int8-activation panels (quant_a8_panels_cpu.cpp) 16 rows at a time on AMX-int8 tiles:
-// per 32-value block, one TDPBSUD of 16 rows of s8 activations (tile A, one block wide) by a
-// column half of the panel's u8 codes (tile B, 8 k-quads x 16 columns) into a 16 x 16 int32
-// tile C, stored, then the block's epilogue on 16 fp32 accumulator vectors, instruction for
+// The int8-activation panels (quant_a8_panels_cpu.cpp) on AMX-int8 tiles, 32 or 16 rows at a
+// time: per 32-value block, TDPBSUD of 16 rows of s8 activations (tile A, one block wide) by a
+// column half of the panel's u8 codes (tile B, 8 k-quads x 16 columns) into 16 x 16 int32
+// tiles C, stored; then the blocks' epilogue on 16 fp32 accumulator vectors, instruction for
 // instruction the VNNI micro-kernel's (same scales, same order): the two paths give the same
 // bits, so rows may go either way whatever the batch. Q8_0's panel layout already is B tiles
 // (lane rows of 4-byte column quads, u8 = s8 + 128 under VNNI); a 4-bit panel's nibbles are
 // unpacked once per call into B tiles, shared by all of the call's row tiles.
+//
+// Measured, not the default: on a Sapphire Rapids class Xeon (2026-12-04, SmolLM2's layer
+// GEMMs in Q4_1, docs/benchmarks.md) every schedule tried ran at 0.65-0.90x the VNNI path's
+// speed: the file's per-32-value scales need each block's int32 tile stored and converted
+// (one tile product of 8,192 multiply-adds against ~80 vector instructions of epilogue),
+// and the tiles without that epilogue reach only 2.3-2.8x VNNI (a tile load pair per
+// product). "auto" therefore leaves them off; PAGEDLLM_INT8_TILES=amx runs them.
 //
 // Built with AVX-512 VNNI (the epilogue is the VNNI path's, 16 columns a vector); the tiles
 // are AMX's (HwTiles) in an AMX build, or the software model (EmuTiles) for tests anywhere.
@@ -199,18 +206,10 @@ int64_t tile_rows_of_panel(TileMode, const QX&, int64_t m, int64_t, const uint8_
 }
 #endif
 
-// The tiles the kernels use (TileMode as an int; -1 until first asked: AMX where this build
-// has AMX tile kernels and the kernel grants the tile state, else none).
-std::atomic<int> g_tile_mode{-1};
+// The tiles the kernels use (a TileMode): none until set_int8_tiles chooses some.
+std::atomic<int> g_tile_mode{static_cast<int>(TileMode::kOff)};
 
-TileMode tile_mode() {
-  int mode = g_tile_mode.load(std::memory_order_relaxed);
-  if (mode < 0) {
-    mode = static_cast<int>(PAGEDLLM_A8P_TILES && PAGEDLLM_HAVE_AMX && amx_permitted() ? TileMode::kAmx : TileMode::kOff);
-    g_tile_mode.store(mode, std::memory_order_relaxed);
-  }
-  return static_cast<TileMode>(mode);
-}
+TileMode tile_mode() { return static_cast<TileMode>(g_tile_mode.load(std::memory_order_relaxed)); }
 
 // The tiles' name: "amx", "emulated" or "off".
 std::string int8_tiles() {
@@ -221,13 +220,12 @@ std::string int8_tiles() {
   }
 }
 
-// Chooses the tiles ("auto": AMX where available, "amx", "emulated", "off"); a choice this
-// build or kernel cannot run is a ValueError naming why. Returns the tiles now in use.
+// Chooses the tiles ("auto": where they were measured faster than VNNI, so far nowhere: off;
+// "amx"; "emulated"; "off"); a choice this build or kernel cannot run is a ValueError naming
+// why. Returns the tiles now in use.
 std::string set_int8_tiles(const std::string& name) {
   int mode;
-  if (name == "auto") {
-    mode = -1;
-  } else if (name == "off") {
+  if (name == "auto" || name == "off") {
     mode = static_cast<int>(TileMode::kOff);
   } else if (name == "amx") {
     if (!PAGEDLLM_A8P_TILES || !PAGEDLLM_HAVE_AMX)

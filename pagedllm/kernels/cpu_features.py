@@ -11,11 +11,12 @@ defaults follow the build:
     scalar (no SIMD build)               off (the exact path; --int8-activations turns it on)
 
 On a CPU with AMX-int8 (Xeon Sapphire Rapids on) the int8-activation panels (GGUF Q8_0 / Q4_0 /
-Q4_1) run whole 16-row tiles of a call (prefill, batched decode) on the matrix tiles and the
-rest on VNNI, bit for bit the same results (kernels/a8_panel_tiles_cpu.h).
-PAGEDLLM_INT8_TILES chooses: auto (default: AMX where the build and the OS allow it), amx
-(an error where they do not), off (VNNI only), emulated (a software model of the tiles, for
-tests on CPUs without AMX; about 1000x slower).
+Q4_1) can run whole 16-row tiles of a call on the matrix tiles and the rest on VNNI, bit for
+bit the same results (kernels/a8_panel_tiles_cpu.h); measured at 0.65-0.90x VNNI's speed on a
+Sapphire Rapids class Xeon (the file's per-32-value scales cost an epilogue per block), so
+they are off unless asked for. PAGEDLLM_INT8_TILES chooses: auto (default: the tiles where
+they pay, none so far), amx (an error where the build or the OS cannot run them), off (VNNI
+only), emulated (a software model of the tiles, for tests on CPUs without AMX; ~1000x slower).
 
 The default dtype follows the CPU instead (torch's bf16 matmul, oneDNN, dispatches at run
 time): `--dtype auto` may pick bf16 linear weights where the CPU has amx_bf16 or avx512_bf16

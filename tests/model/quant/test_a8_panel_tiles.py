@@ -4,7 +4,8 @@ panel format, partial panels, odd block counts, rows around the tile size, and M
 
 The tiles run three ways: `amx` (the instructions, on a CPU with AMX-int8; skipped elsewhere
 with the reason), `emulated` (a software model of the tiles, the same kernel code around it:
-tests the tile layouts and the epilogue on any AVX-512 VNNI build) and `off`."""
+tests the tile layouts and the epilogue on any AVX-512 VNNI build) and `off`, the default
+(they ran slower than VNNI on a Sapphire Rapids Xeon: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -95,11 +96,9 @@ def test_choices_and_errors(ops):
         assert ops.set_int8_tiles("off") == "off"
         with pytest.raises(ValueError, match="auto, amx, emulated or off"):
             ops.set_int8_tiles("tiles")
-        auto = ops.set_int8_tiles("auto")
-        native = cpu_ops._march() == "native"
-        has_amx = "amx_int8" in cpu_features.cpu_flags()
-        assert auto == ("amx" if native and has_amx else "off")
-        if not has_amx:
+        # auto: the tiles where they beat VNNI, so far nowhere (0.65-0.90x on a Xeon)
+        assert ops.set_int8_tiles("auto") == "off"
+        if "amx_int8" not in cpu_features.cpu_flags():
             with pytest.raises(ValueError, match="built without AMX-int8"):
                 ops.set_int8_tiles("amx")
     finally:
