@@ -90,15 +90,15 @@ def write_random_gguf(model_dir: Path, out: Path) -> Path:
     return out
 
 
-def engine(ops, path: Path, modes: list[str], threads: int, offline: int, reps: int) -> dict:
-    from pagedllm import LLM, SamplingParams
+LONG_PROMPT = [(11 * j) % 5000 + 100 for j in range(512)]
+SHORT_PROMPT = [1, 504, 3458, 282, 4649, 314]
 
-    llm = LLM(str(path), num_threads=threads, max_model_len=1024, enable_prefix_caching=False,
-              kv_cache_memory=256 * 2**20 + offline * 2**20 * 8)
-    long_prompt = [(11 * j) % 5000 + 100 for j in range(512)]
-    short = [1, 504, 3458, 282, 4649, 314]
-    batch = [{"prompt_token_ids": [(7 * i + j) % 1000 + 100 for j in range(128)]}
-             for i in range(offline)]
+
+def engine_round(llm, offline: int) -> tuple[dict[str, float], list]:
+    """One round of the issue's three numbers through `llm`: prefill of a 512-token prompt
+    (max_tokens=1, tok/s), one-stream decode ((1 + 64 tokens) - (1 token), tok/s), `offline`
+    requests x 128 / 128 (output tok/s); and the offline run's greedy tokens."""
+    from pagedllm import SamplingParams
 
     def run(prompts, max_tokens):
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -106,23 +106,39 @@ def engine(ops, path: Path, modes: list[str], threads: int, offline: int, reps: 
         outs = llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - t0, [o.outputs[0].token_ids for o in outs]
 
-    best = {m: {"prefill_512": 0.0, "decode_1": 0.0, "offline": 0.0} for m in modes}
+    batch = [{"prompt_token_ids": [(7 * i + j) % 1000 + 100 for j in range(128)]}
+             for i in range(offline)]
+    numbers = {"prefill_512": 512 / run([{"prompt_token_ids": LONG_PROMPT}], 1)[0]}
+    one, _ = run([{"prompt_token_ids": SHORT_PROMPT}], 1)
+    many, _ = run([{"prompt_token_ids": SHORT_PROMPT}], 65)
+    numbers["decode_1"] = 64 / (many - one)
+    tokens: list = []
+    if batch:
+        seconds, tokens = run(batch, 128)
+        numbers["offline"] = 128 * len(batch) / seconds
+    return numbers, tokens
+
+
+def open_llm(path: Path, threads: int, offline: int):
+    from pagedllm import LLM
+
+    return LLM(str(path), num_threads=threads, max_model_len=1024, enable_prefix_caching=False,
+               kv_cache_memory=256 * 2**20 + offline * 2**20 * 8)
+
+
+def engine(ops, path: Path, modes: list[str], threads: int, offline: int, reps: int) -> dict:
+    llm = open_llm(path, threads, offline)
+    best: dict = {m: {} for m in modes}
     tokens: dict[str, list] = {}
     for mode in modes:  # warm-up
         ops.set_int8_tiles(mode)
-        run([{"prompt_token_ids": long_prompt}], 1)
+        engine_round(llm, 0)
     for _ in range(reps):
         for mode in modes:
             ops.set_int8_tiles(mode)
-            s, _ = run([{"prompt_token_ids": long_prompt}], 1)
-            best[mode]["prefill_512"] = max(best[mode]["prefill_512"], 512 / s)
-            one, _ = run([{"prompt_token_ids": short}], 1)
-            many, _ = run([{"prompt_token_ids": short}], 65)
-            best[mode]["decode_1"] = max(best[mode]["decode_1"], 64 / (many - one))
-            if batch:
-                s, toks = run(batch, 128)
-                best[mode]["offline"] = max(best[mode]["offline"], 128 * len(batch) / s)
-                tokens[mode] = toks
+            numbers, tokens[mode] = engine_round(llm, offline)
+            for key, value in numbers.items():
+                best[mode][key] = max(best[mode].get(key, 0.0), value)
     if len(tokens) > 1:
         first = next(iter(tokens.values()))
         best["greedy_tokens_equal"] = all(t == first for t in tokens.values())

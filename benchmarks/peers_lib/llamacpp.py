@@ -86,7 +86,8 @@ def parse_llama_bench(text: str) -> list[dict]:
     return out
 
 
-def _run(cmd: list[str], timeout: float) -> str:
+def run_tool(cmd: list[str], timeout: float) -> str:
+    """Run a llama.cpp tool; its output, or RuntimeError with the tail when it fails."""
     logger.info("$ %s", " ".join(map(str, cmd)))
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
@@ -102,7 +103,7 @@ def batched_bench(binary: Path, model: Path, *, threads: int, npp: int, ntg: int
     cmd = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads),
            "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(npp), "-ntg", str(ntg),
            "-npl", ",".join(map(str, npl))]
-    rows = parse_batched_bench(_run(cmd, timeout))
+    rows = parse_batched_bench(run_tool(cmd, timeout))
     return {"command": " ".join(cmd), "rows": rows}
 
 
@@ -110,7 +111,7 @@ def llama_bench_prefill(binary: Path, model: Path, *, threads: int, n_prompt: in
                         reps: int, timeout: float = 1800.0) -> dict:
     cmd = [str(binary), "-m", str(model), "-t", str(threads), "-p", str(n_prompt), "-n", "0",
            "-r", str(reps)]
-    rows = parse_llama_bench(_run(cmd, timeout))
+    rows = parse_llama_bench(run_tool(cmd, timeout))
     row = next(r for r in rows if r["test"] == f"pp{n_prompt}")
     return {"command": " ".join(cmd), "prompt_tokens": n_prompt, "reps": reps,
             "seconds": n_prompt / row["tok_s"], "prefill_tok_s": row["tok_s"],

@@ -125,8 +125,8 @@ inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int6
 
 // 16 RT rows of quantized x over one panel (micro<F, MR>'s arguments, the panel as B tiles),
 // in two passes: every block's tile sums into a per-thread buffer, then per row tile and column
-// half the fp32 epilogue over the buffer with 16 accumulators in registers. (Reading a tile
-// store back within a few blocks ran below VNNI's speed on the Xeon: 0.65-0.89x.)
+// half the fp32 epilogue over the buffer with 16 accumulators in registers. The fastest of four
+// schedules measured on the Xeon (docs/benchmarks.md), all of them below VNNI's speed.
 template <int F, typename T, int RT>
 __attribute__((noinline)) void tile_rows(const int8_t* xq, int64_t K, const float* dx,
                                          const int32_t* sq, const float* fq, int64_t nb,

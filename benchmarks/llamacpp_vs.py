@@ -1,0 +1,102 @@
+"""pagedllm against llama.cpp on one GGUF, issue 27's three numbers in one run: offline N x
+128 / 128 output tok/s, one-stream decode tok/s, prefill of 512 tokens tok/s.
+
+    python benchmarks/llamacpp_vs.py --llama-bin DIR --model file.gguf --threads 2
+    python benchmarks/llamacpp_vs.py --llama-bin DIR --random-gguf CONFIG_DIR --model /tmp/r.gguf
+
+llama.cpp (binaries in DIR, e.g. built by `benchmarks/peers.py --prepare`, or by
+scripts/amx_peers.sh on a lent machine's host): `llama-bench -p 512 -n 128` (pp512: prefill;
+tg128: one stream from an empty context) and `llama-batched-bench -npp 128 -ntg 128 -npl N`
+(output tok/s = N x 128 / the whole time, prefill included, as pagedllm's offline number),
+each with its weight repacking on (its default; on AMX CPUs the AMX kernels) and off
+(`--repack 0` / `-nr`). pagedllm: default flags through `LLM` (benchmarks/int8_tiles.py's
+engine_round: a 512-token prompt, 64 tokens after a 6-token prompt, the offline batch).
+Rounds alternate between the engines; best of `--rounds`. Prints a table with pagedllm's
+ratio to llama.cpp's best variant, writes JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.int8_tiles import engine_round, open_llm, write_random_gguf  # noqa: E402
+from benchmarks.peers_lib import llamacpp  # noqa: E402
+from pagedllm.kernels import cpu_features  # noqa: E402
+
+VARIANTS = {"repack": [], "no-repack": ["-nr"]}  # batched-bench's flag; llama-bench: --repack
+
+
+def llama_round(bins: Path, model: Path, threads: int, offline: int) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for name, flags in VARIANTS.items():
+        cmd = [str(bins / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "512",
+               "-n", "128", "-r", "2", "--repack", "0" if flags else "1"]
+        rows = {r["test"]: r["tok_s"] for r in llamacpp.parse_llama_bench(
+            llamacpp.run_tool(cmd, 900))}
+        numbers = {"prefill_512": rows["pp512"], "decode_1": rows["tg128"]}
+        if offline:
+            cmd = [str(bins / "llama-batched-bench"), "-m", str(model), "-t", str(threads),
+                   "-tb", str(threads), "-c", str(offline * 256 + 64), "-b", "2048",
+                   "-ub", "512", "-npp", "128", "-ntg", "128", "-npl", str(offline), *flags]
+            row = llamacpp.parse_batched_bench(llamacpp.run_tool(cmd, 1800))[0]
+            numbers["offline"] = row["output_tok_s"]
+        out[f"llama.cpp {name}"] = numbers
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--llama-bin", type=Path, required=True, help="dir with llama-bench and "
+                    "llama-batched-bench")
+    ap.add_argument("--model", type=Path, required=True, help="the GGUF both engines run")
+    ap.add_argument("--random-gguf", type=Path, default=None,
+                    help="write --model first: random Q4_1 weights, this dir's config + tokenizer")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--offline", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "llamacpp_vs.json")
+    args = ap.parse_args()
+    if args.random_gguf is not None:
+        write_random_gguf(args.random_gguf, args.model)
+    llm = open_llm(args.model, args.threads, args.offline)
+    engine_round(llm, 0)  # warm-up
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(args.rounds):
+        results = {"pagedllm (default flags)": engine_round(llm, args.offline)[0],
+                   **llama_round(args.llama_bin, args.model, args.threads, args.offline)}
+        for engine, numbers in results.items():
+            for key, value in numbers.items():
+                best.setdefault(engine, {})[key] = max(best.get(engine, {}).get(key, 0.0), value)
+    ours = best["pagedllm (default flags)"]
+    peer = {key: max(v[key] for e, v in best.items() if e.startswith("llama.cpp") and key in v)
+            for key in ours}
+    result = {"cpu_flags": " ".join(cpu_features.cpu_flags()), "threads": args.threads,
+              "model": str(args.model), "offline_requests": args.offline,
+              "load_average": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                      time.gmtime()),
+              "engines": best, "pagedllm_over_best_llama_cpp": {
+                  k: ours[k] / peer[k] for k in ours if peer.get(k)}}
+    keys = ["offline", "decode_1", "prefill_512"]
+    print(f"| engine (best of {args.rounds}) | offline {args.offline} x 128/128 | one stream | "
+          "prefill 512 |")
+    print("|---|---:|---:|---:|")
+    for engine, numbers in best.items():
+        print(f"| {engine} | " + " | ".join(f"{numbers.get(k, 0):.0f}" for k in keys) + " |")
+    ratios = result["pagedllm_over_best_llama_cpp"]
+    print("| pagedllm / best llama.cpp | " + " | ".join(f"{ratios.get(k, 0):.2f}x" for k in keys)
+          + " |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
