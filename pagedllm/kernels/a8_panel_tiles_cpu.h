@@ -11,7 +11,7 @@
 // GEMMs in Q4_1, docs/benchmarks.md) every schedule tried ran at 0.65-0.90x the VNNI path's
 // speed: the file's per-32-value scales need each block's int32 tile stored and converted
 // (one tile product of 8,192 multiply-adds against ~80 vector instructions of epilogue),
-// and the tiles without that epilogue reach only 2.3-2.8x VNNI (a tile load pair per
+// and the tiles without that epilogue reach only 1.8-3.2x VNNI (a tile load pair per
 // product). "auto" therefore leaves them off; PAGEDLLM_INT8_TILES=amx runs them.
 //
 // Built with AVX-512 VNNI (the epilogue is the VNNI path's, 16 columns a vector); the tiles
