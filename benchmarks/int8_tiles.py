@@ -8,9 +8,10 @@ generations through `LLM`, both in one process, the two alternated.
 
 GEMMs: y = x @ W^T for the four matrices of a SmolLM2 layer (qkv 960 x 576, o 576 x 576,
 gate_up 3072 x 576, down 576 x 1536) at each row count, best of `--reps`, GOP/s and the
-layer's time with tiles off and on. Engine: prefill of a 512-token prompt (max_tokens=1),
-one-stream decode ((1 + N tokens) - (1 token)) / N, N requests x 128 / 128 offline; the
-greedy tokens of both runs must be equal (the tiles give VNNI's bits). `--random-gguf DIR`
+layer's time with tiles off and on (and, mode bf16, torch's bf16 matmul over a bf16 copy of
+the same weights: what AMX-bf16 tiles give prompt rows where a bf16 copy is kept). Engine:
+prefill of a 512-token prompt (max_tokens=1), one-stream decode ((1 + N tokens) - (1 token))
+/ N, N requests x 128 / 128 offline; the greedy tokens of both runs must be equal (the tiles give VNNI's bits). `--random-gguf DIR`
 writes a Q4_1 GGUF of random weights with DIR's config.json and tokenizer.json (a machine
 without the model package; speed does not depend on the weights' values). Needs a CPU with
 AMX-int8 for the "amx" rows ("emulated" measures the software model: a check, not a speed).
@@ -57,14 +58,20 @@ def gemms(ops, modes: list[str], rows: list[int], reps: int) -> dict:
     weights = {name: GGUFA8PanelWeight.from_blocks(
         T.Q4_1, quantize(rng.standard_normal((n, k), dtype=np.float32) * 0.05, T.Q4_1), (n, k))
         for name, (n, k) in SHAPES.items()}
+    dense = {name: w.dequantize().to(torch.bfloat16) for name, w in weights.items()}
     out: dict = {}
     for m in rows:
         xs = {name: torch.randn(m, k) for name, (_, k) in SHAPES.items()}
         row: dict = {}
         for mode in modes:
-            ops.set_int8_tiles(mode)
-            per = {name: best_seconds(lambda w=w, x=xs[name]: w.linear(x), reps)
-                   for name, w in weights.items()}
+            if mode == "bf16":  # torch's bf16 matmul (oneDNN) on a bf16 copy of the weights
+                per = {name: best_seconds(
+                    lambda w=dense[name], x=xs[name]: (x.to(torch.bfloat16) @ w.T).float(), reps)
+                    for name in weights}
+            else:
+                ops.set_int8_tiles(mode)
+                per = {name: best_seconds(lambda w=w, x=xs[name]: w.linear(x), reps)
+                       for name, w in weights.items()}
             row[mode] = {"layer_ms": 1e3 * sum(per.values()),
                          **{f"{name}_gops": 2 * m * n * k / per[name] / 1e9
                             for name, (n, k) in SHAPES.items()}}
@@ -150,7 +157,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,8,16,32,64,128,512")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--modes", default="off,amx", help="comma-separated: off, amx, emulated")
+    ap.add_argument("--modes", default="off,amx",
+                    help="comma-separated: off, amx, emulated (the int8 panels' tiles), bf16 "
+                    "(torch's bf16 matmul over a bf16 copy of the weights: oneDNN's AMX-bf16 "
+                    "tiles where the CPU has them; GEMMs only)")
     ap.add_argument("--engine", type=Path, default=None, help="a GGUF model: time LLM too")
     ap.add_argument("--random-gguf", type=Path, default=None,
                     help="write --engine first: random Q4_1 weights, this dir's config + tokenizer")
@@ -164,18 +174,21 @@ def main() -> None:
     result: dict = {"cpu_flags": " ".join(cpu_features.cpu_flags()), "threads": args.threads,
                     "tiles_by_default": ops.int8_tiles(), "load_average": os.getloadavg()}
     result["gemms"] = gemms(ops, modes, [int(r) for r in args.rows.split(",")], args.reps)
-    print(f"| rows | layer ms {' | layer ms '.join(modes)} | ratio |")
-    print("|---:|" + "---:|" * (len(modes) + 1))
+    others = modes[1:]
+    print(f"| rows | layer ms {' | layer ms '.join(modes)} | "
+          + " | ".join(f"{modes[0]} / {m}" for m in others) + " |")
+    print("|---:|" + "---:|" * (len(modes) + len(others)))
     for m, row in result["gemms"].items():
         ms = [row[mode]["layer_ms"] for mode in modes]
-        print(f"| {m} | " + " | ".join(f"{t:.3f}" for t in ms) + f" | {ms[0] / ms[-1]:.2f} |")
+        print(f"| {m} | " + " | ".join(f"{t:.3f}" for t in ms) + " | "
+              + " | ".join(f"{ms[0] / t:.2f}" for t in ms[1:]) + " |")
     if args.engine is not None:
         if args.random_gguf is not None:
             t0 = time.perf_counter()
             write_random_gguf(args.random_gguf, args.engine)
             print(f"wrote {args.engine} in {time.perf_counter() - t0:.0f} s")
-        result["engine"] = engine(ops, args.engine, modes, args.threads, args.offline,
-                                  args.engine_reps)
+        result["engine"] = engine(ops, args.engine, [m for m in modes if m != "bf16"],
+                                  args.threads, args.offline, args.engine_reps)
         print(json.dumps(result["engine"], indent=1))
     ops.set_int8_tiles("auto")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 \
   -k "not bad" > "$OUT/tests.log" 2>&1
 tests_rc=$?
 tail -4 "$OUT/tests.log"
-timeout 240 taskset -c 0,1 python3 benchmarks/int8_tiles.py --threads 2 --reps 10 --modes "${TILE_MODES:-off,amx}" \
+timeout 240 taskset -c 0,1 python3 benchmarks/int8_tiles.py --threads 2 --reps 10 --modes "${TILE_MODES:-off,amx,bf16}" \
   --engine /tmp/random_smollm2_q4_1.gguf --random-gguf .gpu/smollm2 --offline 64 \
   --engine-reps 2 --out "$OUT/int8_tiles_2t.json" > "$OUT/bench.log" 2>&1
 bench_rc=$?

@@ -114,7 +114,7 @@ cpu_rc=${PIPESTATUS[0]}
 # ran 0.65-0.90x VNNI on 2026-12-04, so they are off by default: scripts/amx_check.sh has more)
 if grep -q amx_int8 /proc/cpuinfo; then
   CUDA_VISIBLE_DEVICES= timeout 120 taskset -c 0,1 python3 benchmarks/int8_tiles.py --threads 2 \
-    --rows 16,64,512 --out "$OUT/amx_tiles.json" 2>&1 | grep "^|"
+    --rows 16,64,512 --modes off,amx,bf16 --out "$OUT/amx_tiles.json" 2>&1 | grep "^|"
 fi
 CUDA_VISIBLE_DEVICES= timeout 200 taskset -c 0,1 python3 benchmarks/bf16_weights.py \
   --model .gpu/smollm2 --modes float32,bfloat16,int8 --threads 2 --reps 2 --offline 8 \
