@@ -152,6 +152,13 @@ def engine(ops, path: Path, modes: list[str], threads: int, offline: int, reps: 
     return best
 
 
+def add_engine_arguments(ap: argparse.ArgumentParser, model_flag: str) -> None:
+    """--random-gguf (write the GGUF named by `model_flag` first) and --offline N."""
+    ap.add_argument("--random-gguf", type=Path, default=None, help=f"write {model_flag} first: "
+                    "random Q4_1 weights, this dir's config + tokenizer")
+    ap.add_argument("--offline", type=int, default=64, help="requests of 128 / 128 offline")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -162,9 +169,7 @@ def main() -> None:
                     "(torch's bf16 matmul over a bf16 copy of the weights: oneDNN's AMX-bf16 "
                     "tiles where the CPU has them; GEMMs only)")
     ap.add_argument("--engine", type=Path, default=None, help="a GGUF model: time LLM too")
-    ap.add_argument("--random-gguf", type=Path, default=None,
-                    help="write --engine first: random Q4_1 weights, this dir's config + tokenizer")
-    ap.add_argument("--offline", type=int, default=64)
+    add_engine_arguments(ap, "--engine")
     ap.add_argument("--engine-reps", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "int8_tiles.json")
     args = ap.parse_args()

@@ -28,7 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.int8_tiles import engine_round, open_llm, write_random_gguf  # noqa: E402
+from benchmarks.int8_tiles import (  # noqa: E402
+    add_engine_arguments,
+    engine_round,
+    open_llm,
+    write_random_gguf,
+)
 from benchmarks.peers_lib import llamacpp  # noqa: E402
 from pagedllm.kernels import cpu_features  # noqa: E402
 
@@ -58,10 +63,8 @@ def main() -> None:
     ap.add_argument("--llama-bin", type=Path, required=True, help="dir with llama-bench and "
                     "llama-batched-bench")
     ap.add_argument("--model", type=Path, required=True, help="the GGUF both engines run")
-    ap.add_argument("--random-gguf", type=Path, default=None,
-                    help="write --model first: random Q4_1 weights, this dir's config + tokenizer")
+    add_engine_arguments(ap, "--model")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--offline", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "llamacpp_vs.json")
     args = ap.parse_args()
