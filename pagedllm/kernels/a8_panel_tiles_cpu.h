@@ -22,6 +22,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "amx_tiles_cpu.h"
@@ -33,13 +34,14 @@ constexpr int64_t kTileRows = 16;
 // Tiles 0-3: C (16 x 16 int32), row tile r and column half h in tile 2 r + h; 4 / 5: A (16
 // rows x 32 s8) of row tiles 0 / 1; 6 / 7: B (8 k-quads x 16 columns x 4 u8) of halves 0 / 1.
 // Per block, up to 4 products from 4 tile loads (each A and B tile serves two products).
-TileConfig a8_tile_config() {
+constexpr TileConfig a8_tile_config() {
   TileConfig cfg;
-  for (int t : {0, 1, 2, 3}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  for (int t : {4, 5}) cfg.rows[t] = 16, cfg.colsb[t] = 32;
-  for (int t : {6, 7}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
+  for (int t = 0; t < 4; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  for (int t = 4; t < 6; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 32;
+  for (int t = 6; t < 8; ++t) cfg.rows[t] = 8, cfg.colsb[t] = 64;
   return cfg;
 }
+constexpr TileConfig kA8Tiles = a8_tile_config();  // built once, at compile time
 
 // 64-byte aligned storage for the tile sums (the epilogue's aligned vector loads).
 template <typename U>
@@ -173,24 +175,17 @@ int64_t tile_rows_of_panel(TileMode mode, const QuantizedX& qx, int64_t m, int64
                            int64_t N, int64_t n0, int64_t ncols) {
   if (mode == TileMode::kOff || end - m < kTileRows) return m;
   const BTiles bt = b_tiles<F>(pc, qx.nblk);
-  [[maybe_unused]] const bool hw = mode == TileMode::kAmx;
-  for (; m + 2 * kTileRows <= end; m += 2 * kTileRows) {
+  // 16 RT rows from m on the mode's tiles
+  auto rows = [&](auto rt) {
+    constexpr int RT = decltype(rt)::value;
 #if PAGEDLLM_HAVE_AMX
-    if (hw) {
-      tile_rows_at<F, HwTiles, 2>(qx, m, bt, pd, pm, y, N, n0, ncols);
-      continue;
-    }
+    if (mode == TileMode::kAmx) return tile_rows_at<F, HwTiles, RT>(qx, m, bt, pd, pm, y, N, n0, ncols);
 #endif
-    tile_rows_at<F, EmuTiles, 2>(qx, m, bt, pd, pm, y, N, n0, ncols);
-  }
+    tile_rows_at<F, EmuTiles, RT>(qx, m, bt, pd, pm, y, N, n0, ncols);
+  };
+  for (; m + 2 * kTileRows <= end; m += 2 * kTileRows) rows(std::integral_constant<int, 2>{});
   if (m + kTileRows <= end) {
-#if PAGEDLLM_HAVE_AMX
-    if (hw) {
-      tile_rows_at<F, HwTiles, 1>(qx, m, bt, pd, pm, y, N, n0, ncols);
-      return m + kTileRows;
-    }
-#endif
-    tile_rows_at<F, EmuTiles, 1>(qx, m, bt, pd, pm, y, N, n0, ncols);
+    rows(std::integral_constant<int, 1>{});
     m += kTileRows;
   }
   return m;
@@ -198,7 +193,7 @@ int64_t tile_rows_of_panel(TileMode mode, const QuantizedX& qx, int64_t m, int64
 #else
 #define PAGEDLLM_A8P_TILES 0
 constexpr int64_t kTileRows = 16;
-inline TileConfig a8_tile_config() { return {}; }
+constexpr TileConfig kA8Tiles{};
 template <int F, typename QX>
 int64_t tile_rows_of_panel(TileMode, const QX&, int64_t m, int64_t, const uint8_t*,
                            const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t) {

@@ -206,7 +206,7 @@ void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const ui
   const int64_t P = (N + kNB - 1) / kNB;
   const TileMode tiles = M >= kTileRows ? tile_mode() : TileMode::kOff;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    const TileScope scope(tiles, a8_tile_config());
+    const TileScope scope(tiles, kA8Tiles);
     for (int64_t p = begin; p < end; ++p) panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y, tiles);
   });
 }
@@ -224,7 +224,7 @@ void grouped_impl(const QuantizedX& qx, const int64_t* off, int64_t E, const uin
   const int64_t R = static_cast<int64_t>(qx.q.size()) / qx.K;  // rows of every expert
   const TileMode tiles = R >= kTileRows ? tile_mode() : TileMode::kOff;
   run_tiles(group_tiles(off, E, P, kGroupRowTile), [&](const GroupTile* t, const GroupTile* end) {
-    const TileScope scope(tiles, a8_tile_config());
+    const TileScope scope(tiles, kA8Tiles);
     for (; t < end; ++t)
       panel_impl<F>(qx, t->row0, t->rows, codes + t->expert * codes_stride,
                     d + t->expert * scale_stride,
