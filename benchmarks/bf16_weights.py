@@ -40,6 +40,12 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a te
            "Once upon a time, in a small village,"]
 
 
+def offline_batch(n: int) -> list[dict]:
+    """n distinct 128-token prompts (token ids) for the offline runs of the benchmarks."""
+    return [{"prompt_token_ids": [(7 * i + j) % 1000 + 100 for j in range(128)]}
+            for i in range(n)]
+
+
 def timed(llm: LLM, prompt: list[int], max_tokens: int) -> float:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     t0 = time.perf_counter()
@@ -91,8 +97,7 @@ def main() -> None:
     short = tok.encode(PROMPTS[0])
     best: dict[str, dict[str, float]] = {d: {"decode": 0.0, "prefill": 0.0, "offline": 0.0}
                                          for d in modes}
-    batch = [{"prompt_token_ids": [(7 * i + j) % 1000 + 100 for j in range(128)]}
-             for i in range(args.offline)]
+    batch = offline_batch(args.offline)
     offline_params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     for llm in llms.values():  # warm-up: kernels, allocator, thread team
         timed(llm, short, 4)

@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
 
+from benchmarks.bf16_weights import offline_batch  # noqa: E402
 from pagedllm.kernels import cpu_features, cpu_ops  # noqa: E402
 from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight  # noqa: E402
 
@@ -113,8 +114,7 @@ def engine_round(llm, offline: int) -> tuple[dict[str, float], list]:
         outs = llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - t0, [o.outputs[0].token_ids for o in outs]
 
-    batch = [{"prompt_token_ids": [(7 * i + j) % 1000 + 100 for j in range(128)]}
-             for i in range(offline)]
+    batch = offline_batch(offline)
     numbers = {"prefill_512": 512 / run([{"prompt_token_ids": LONG_PROMPT}], 1)[0]}
     one, _ = run([{"prompt_token_ids": SHORT_PROMPT}], 1)
     many, _ = run([{"prompt_token_ids": SHORT_PROMPT}], 65)
