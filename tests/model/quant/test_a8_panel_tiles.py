@@ -91,8 +91,7 @@ def test_moe_experts_on_tiles_equal_vnni(ops, mode, qtype):
 
 
 def test_choices_and_errors(ops):
-    before = ops.int8_tiles()
-    try:
+    with tiles(ops, "off"):  # restores the choice in force before
         assert ops.set_int8_tiles("off") == "off"
         with pytest.raises(ValueError, match="auto, amx, emulated or off"):
             ops.set_int8_tiles("tiles")
@@ -101,11 +100,9 @@ def test_choices_and_errors(ops):
         if "amx_int8" not in cpu_features.cpu_flags():
             with pytest.raises(ValueError, match="built without AMX-int8"):
                 ops.set_int8_tiles("amx")
-    finally:
-        ops.set_int8_tiles(before)
 
 
-def test_environment_choice_is_applied_and_checked_at_load(tmp_path):
+def test_environment_choice_is_applied_and_checked_at_load():
     """PAGEDLLM_INT8_TILES reaches the kernels when they load; a value that is no choice (or
     tiles this machine cannot run) is one clear error, not a silent fallback."""
     code = ("from pagedllm.kernels import cpu_ops\n"
