@@ -17,17 +17,11 @@
 # through LLM for the same-run comparison). ~5 minutes on a 16-core host.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/amx_check_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES= TORCH_EXTENSIONS_DIR=/tmp/pagedllm_ext
-export MAX_JOBS=$(nproc)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site
+. scripts/device_env.sh amx_check_out
+export CUDA_VISIBLE_DEVICES= TORCH_EXTENSIONS_DIR=/tmp/pagedllm_ext MAX_JOBS=$(nproc)
 {
-  grep -m1 "model name" /proc/cpuinfo
-  grep -o -E 'avx512[a-z_0-9]*|avx2|amx[a-z_0-9]*|avx_vnni' /proc/cpuinfo | sort -u | tr '\n' ' '
-  echo; g++ --version | head -1; uname -r
+  cpu_summary
+  uname -r
   timeout 300 python3 -c "
 import logging, time; logging.basicConfig(level=logging.INFO)
 t = time.perf_counter()

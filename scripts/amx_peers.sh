@@ -43,22 +43,13 @@ if [ "$mode" = prepare ]; then
   exit 0
 fi
 
-OUT=${OUT:-/tmp/amx_peers_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES= TORCH_EXTENSIONS_DIR=/tmp/pagedllm_ext
-export MAX_JOBS=$(nproc)
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
-  .gpu/whl/*.whl || exit 1
+. scripts/device_env.sh amx_peers_out
+export CUDA_VISIBLE_DEVICES= TORCH_EXTENSIONS_DIR=/tmp/pagedllm_ext MAX_JOBS=$(nproc)
 if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/buildtools .gpu/build_whl/*.whl
-  export PATH=/tmp/buildtools/bin:$PATH PYTHONPATH=/tmp/buildtools
+  export PATH=/tmp/buildtools/bin:$PATH PYTHONPATH=$PYTHONPATH:/tmp/buildtools
 fi
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-{
-  grep -m1 "model name" /proc/cpuinfo
-  grep -o -E 'avx512[a-z_0-9]*|avx2|amx[a-z_0-9]*|avx_vnni' /proc/cpuinfo | sort -u | tr '\n' ' '
-  echo; g++ --version | head -1; cmake --version | head -1
-} > "$OUT/machine.txt" 2>&1
+{ cpu_summary; cmake --version | head -1; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # pagedllm's kernels build in the background while llama.cpp builds
 python3 -c "from pagedllm.kernels import cpu_ops; cpu_ops.load()" > "$OUT/build.log" 2>&1 &

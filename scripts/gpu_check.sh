@@ -60,12 +60,7 @@ PY
   exit 0
 fi
 
-OUT=${OUT:-/tmp/gpu_check_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .gpu/whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site
+. scripts/device_env.sh gpu_check_out
 nvidia-smi > "$OUT/machine.txt" 2>&1
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/machine.txt"
 # GPU tests: the Triton kernels compiled (not interpreted), greedy == HF on the GPU with and
@@ -84,11 +79,9 @@ timeout 270 python3 benchmarks/gpu.py --model-dir .gpu/smollm2 --out "$OUT/gpu_b
   2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 # The host CPU: flags and torch's matmul in fp32 and bf16 (oneDNN's AMX tiles where it has them).
+cpu_summary 2>&1 | tee -a "$OUT/machine.txt"
 python3 - <<'PY' 2>&1 | tee -a "$OUT/machine.txt"
-import re, time, torch
-info = open("/proc/cpuinfo").read()
-flags = sorted(set(re.findall(r"avx512[a-z_0-9]*|avx2|amx[a-z_0-9]*|avx_vnni", info)))
-print("cpu:", re.search(r"model name\s*:\s*(.*)", info).group(1), "| flags:", " ".join(flags))
+import time, torch
 torch.set_num_threads(2)
 for m in (64, 512):
     for dt in (torch.float32, torch.bfloat16):
