@@ -22,6 +22,7 @@ from pagedllm.model.layers.quant import hf_checkpoint
 from pagedllm.model.layers.quant.dense import linear_weights
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
+from pagedllm.worker import weight_arena
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
         weights = tp[0].shard_weights(weights)
     model.load_weights(weights)
     model.eval()
+    if config.torch_device.type == "cpu":
+        weight_arena.into_huge_pages(model)
     logger.info("loaded %s (%s, %.1fM parameters, %s on %s, weights %s) in %.1f s: "
                 "%.1f MiB of weights resident", ckpt.source.name, cls.__name__, n_params / 1e6,
                 config.torch_dtype, config.torch_device, weight_format(ckpt, config),

@@ -26,7 +26,7 @@ weight really occupies in memory (start-up log, KV budget, `pagedllm plan`).
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
@@ -68,6 +68,24 @@ class LinearMethod(abc.ABC):
         """This weight as the C++ decode loop takes it (`ops.LinearRef`, kinds in
         kernels/decode_layers_cpu.cpp), or None when the loop has no kernel for it."""
         return None
+
+    def relocate(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace every tensor this method holds (directly, in a list or tuple, or in a
+        method it holds) by `place(tensor)`, a tensor of the same values: how
+        worker/weight_arena.py moves the weights into one huge-page mapping after loading.
+        A method that caches something derived from its tensors outside Python (none does
+        today) overrides this."""
+        def moved(value):
+            if isinstance(value, torch.Tensor):
+                return place(value)
+            if isinstance(value, LinearMethod):
+                value.relocate(place)
+            elif isinstance(value, (list, tuple)):
+                return type(value)(moved(v) for v in value)
+            return value
+
+        for name, value in list(vars(self).items()):
+            setattr(self, name, moved(value))
 
 
 class QuantizedWeight(LinearMethod):
