@@ -106,6 +106,11 @@ class EngineConfig:
     distributed_executor_backend: str | None = None  # "mp" | "ray"; None = mp
     # Speculative decoding (speculative/): a SpeculativeConfig, its dict or JSON text.
     speculative_config: SpeculativeConfig | dict | str | None = None
+    # Decode steps one engine step may run in one call to the model (vLLM's name): CPU,
+    # Llama-family models with the C++ layer loop, batches of greedy decodes with nothing
+    # waiting (core/multi_step.py, model/decode_steps.py); 1 = one step at a time. Fewer for
+    # larger batches (k x rows <= 32): a request arriving meanwhile waits up to k - 1 steps.
+    num_scheduler_steps: int = 8
     # Keep sliding-window layers' KV for the whole sequence, like full attention (vLLM's
     # flag): no per-group block tables, no freeing of blocks that leave the window.
     disable_hybrid_kv_cache_manager: bool = False
@@ -162,7 +167,7 @@ class EngineConfig:
                              f"model kept quantized ('gguf' or None), got {self.quantization!r}")
         if not (isinstance(self.max_logprobs, int) and self.max_logprobs >= 0):
             raise ValueError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
-        for name in ("tensor_parallel_size", "data_parallel_size"):
+        for name in ("tensor_parallel_size", "data_parallel_size", "num_scheduler_steps"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -30,6 +30,7 @@ import time
 from collections import deque
 
 from pagedllm.core.block_manager import BlockManager
+from pagedllm.core.multi_step import plan_steps
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.runner_output import RunnerOutput
 from pagedllm.core.scheduler_output import (
@@ -51,13 +52,14 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int,
                  swap_manager: SwapManager | None = None, max_loras: int | None = None,
-                 policy: str = "fcfs") -> None:
+                 policy: str = "fcfs", max_steps: int = 1) -> None:
         self.block_manager = block_manager
         self.swap_manager = swap_manager  # None: preempt by recompute only
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.max_loras = max_loras
+        self.max_steps = max_steps  # decode steps one engine step may run (core/multi_step.py)
         self.waiting = WaitingQueue(policy)
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -193,6 +195,8 @@ class Scheduler:
         out.blocks_to_copy = bm.take_pending_copies()
         if self.swap_manager is not None:
             out.blocks_to_swap_out, out.blocks_to_swap_in = self.swap_manager.take_pending()
+        out.num_steps = plan_steps(out, bm, self.max_steps, self.max_model_len,
+                                   bool(self.waiting or self.swapped))
         return out
 
     def _victim_index(self) -> int:

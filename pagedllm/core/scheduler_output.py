@@ -43,6 +43,9 @@ class SchedulerOutput:
     # Tokens of the requests admitted this step, and how many of them the prefix cache had.
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Decode steps the runner runs (core/multi_step.py): > 1 only for a batch of greedy
+    # decodes whose blocks already cover every step.
+    num_steps: int = 1
 
     @property
     def num_batched_tokens(self) -> int:

@@ -41,6 +41,7 @@ from pagedllm.engine.plan import EnginePlan, resolve_plan, split_kv_budget
 from pagedllm.engine.stats import EngineStats
 from pagedllm.loader import Checkpoint
 from pagedllm.lora.manager import LoRAManager
+from pagedllm.model.decode_steps import DecodeSteps
 from pagedllm.pooling.setup import PoolingSetup, resolve_pooling
 from pagedllm.pooling.step_pooler import StepPooler
 from pagedllm.speculative.speculator import Speculator
@@ -144,11 +145,15 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     bm = BlockManager(num_blocks, config.block_size, enable_caching=plan.prefix_caching,
                       layout=rank.kv_spec.groups)
     swap = SwapManager(num_swap, bm) if config.preemption_mode == "swap" else None
+    steps = _decode_steps(config, rank.model, hf.vocab_size,
+                          plain=executor is None and speculator is None and pooling is None
+                          and lora is None)
     scheduler = Scheduler(bm, max_num_seqs=config.max_num_seqs,
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           max_model_len=config.max_model_len, swap_manager=swap,
                           max_loras=config.max_loras if lora else None,
-                          policy=config.scheduling_policy)
+                          policy=config.scheduling_policy,
+                          max_steps=config.num_scheduler_steps if steps is not None else 1)
     structured = StructuredOutputManager(tokenizer, hf.vocab_size, eos)
     draft = speculator.draft if speculator is not None else None
     if draft is not None:
@@ -161,7 +166,7 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
                          device=config.torch_device,
                          seed=config.seed, lora=lora, structured_output=structured,
                          tp_executor=executor, draft=draft, graphs=graphs,
-                         pooler=_pooler(pooling, rank.model))
+                         pooler=_pooler(pooling, rank.model), decode_steps=steps)
     stats = EngineStats(max_lora=config.max_loras if lora else 0,
                         speculative=speculator.new_stats() if speculator else None)
     return EngineParts(
@@ -173,6 +178,25 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
         runner=runner, output_processor=OutputProcessor(tokenizer, pooling), stats=stats,
         intake=RequestIntake(config, tokenizer, hf.vocab_size, eos, lora, structured, pooling),
         pooling=pooling)
+
+
+def _decode_steps(config: EngineConfig, model: nn.Module, vocab_size: int, plain: bool
+                  ) -> DecodeSteps | None:
+    """The runner's multi-step decode (model/decode_steps.py) when --num-scheduler-steps
+    asks for more than one and it can run: on the CPU, one rank, no speculative decoding,
+    LoRA or pooling, a model it fits (logged when it does not)."""
+    if config.num_scheduler_steps <= 1:
+        return None
+    steps = (DecodeSteps.build(model, vocab_size)
+             if plain and config.torch_device.type == "cpu" else None)
+    if steps is None:
+        logger.info("num_scheduler_steps=%d: one decode step at a time here (multi-step decode "
+                    "needs the CPU, one rank, no speculative decoding, LoRA or pooling, and "
+                    "a Llama-family model in the C++ decode loop)", config.num_scheduler_steps)
+    else:
+        logger.info("up to %d decode steps per engine step (batches of greedy decodes)",
+                    config.num_scheduler_steps)
+    return steps
 
 
 def _pooler(pooling: PoolingSetup | None, model: nn.Module) -> StepPooler | None:

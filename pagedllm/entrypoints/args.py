@@ -107,6 +107,10 @@ def add_engine_args(parser: argparse.ArgumentParser, model_positional: bool = Tr
                    "--no-int8-activations: the exact path")
     g.add_argument("--max-num-seqs", type=int, default=256,
                    help="most sequences in one batch")
+    g.add_argument("--num-scheduler-steps", type=int, default=8,
+                   help="decode steps one engine step may run in one call to the model (CPU, "
+                   "Llama-family models, batches of greedy decodes, fewer for larger "
+                   "batches; 1 = one step at a time; default 8)")
     g.add_argument("--max-num-batched-tokens", type=arg_types.human_int, default=None,
                    help="token budget of one step (None = 2048)")
     g.add_argument("--seed", type=int, default=0, help="random seed")
@@ -229,6 +233,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         data_parallel_size=args.data_parallel_size,
         distributed_executor_backend=args.distributed_executor_backend,
         speculative_config=getattr(args, "speculative_config", None),
+        num_scheduler_steps=args.num_scheduler_steps,
         enforce_eager=args.enforce_eager,
         disable_hybrid_kv_cache_manager=args.disable_hybrid_kv_cache_manager,
         runner=args.runner, convert=args.convert, pooler_config=args.pooler_config)

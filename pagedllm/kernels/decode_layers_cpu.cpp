@@ -19,6 +19,9 @@
 // (int8, W8A8, int4 weights) through the address it handed out (extern_linear_cpu.h).
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -143,6 +146,110 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
   return {x, residual};
 }
 
+// A token embedding table as decode_steps looks rows up: kind kPacked here means a dense fp32
+// table [N, K] (rows copied, as F.embedding does), kA8Panels the int8-activation panel layout
+// (a8_panel_rows, exact; GGUFA8PanelWeight.embedding calls the same kernel).
+struct EmbedRef {
+  int64_t kind, fmt, N, K;
+  std::vector<torch::Tensor> t;
+
+  EmbedRef(int64_t kind_, int64_t fmt_, int64_t N_, int64_t K_, std::vector<torch::Tensor> t_)
+      : kind(kind_), fmt(fmt_), N(N_), K(K_), t(std::move(t_)) {
+    TORCH_CHECK((kind == kPacked && t.size() == 1) || (kind == kA8Panels && t.size() == 3),
+                "EmbedRef: kind ", kind, " with ", t.size(), " tensors (a dense table: 1, "
+                "int8-activation panels: 3)");
+  }
+
+  torch::Tensor operator()(const torch::Tensor& ids) const {
+    if (kind == kA8Panels) return a8_panel_rows(ids, fmt, t[0], t[1], t[2], N, K);
+    return t[0].index_select(0, ids);
+  }
+};
+
+// Row b's greedy token over logits [B, N] restricted to [0, vocab): the first maximum (numpy's
+// and torch's argmax), or -1 when the row is not finite there (a NaN anywhere, or an infinite
+// maximum): the sampler's host path reports such a row as an error.
+void greedy_rows(const torch::Tensor& logits, int64_t vocab, int64_t* out) {
+  const int64_t B = logits.size(0), N = logits.size(1);
+  const float* lp = logits.data_ptr<float>();
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float* row = lp + b * N;
+      int64_t best = 0;
+      bool nan = false;
+      for (int64_t v = 0; v < vocab; ++v) {
+        nan |= std::isnan(row[v]);
+        if (row[v] > row[best]) best = v;
+      }
+      out[b] = nan || !std::isfinite(row[best]) ? -1 : best;
+    }
+  });
+}
+
+// Up to `steps` greedy decode steps of every row in one call (`num_scheduler_steps`): each
+// step looks the rows' tokens up in `embed`, runs decode_layers (the final norm included),
+// `lm_head` and greedy_rows, and feeds the tokens back; step i writes K/V at position
+// seq_lens[b] - 1 + i, whose slot comes from `block_tables` (which must already cover every
+// step). The same kernels in the same order as one step at a time, so the same tokens.
+// Returns tokens [B, n]: n < steps when a row sampled one of its stop ids (stop_ids[off[b],
+// off[b + 1])) at step n - 1, or its logits at step n were not finite (that step's KV is
+// written but it is not counted: the caller runs it again on its own, which reports the
+// row). halves [steps, B, rotary]: each step's RoPE rows.
+torch::Tensor decode_steps(
+    torch::Tensor ids, const std::vector<DecodeLayer>& layers, const EmbedRef& embed,
+    const LinearRef& lm_head, torch::Tensor final_norm, int64_t vocab, int64_t H, int64_t KVH,
+    int64_t d, double scale, double eps, torch::Tensor halves,
+    const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
+    const std::vector<torch::Tensor>& k_scales, const std::vector<torch::Tensor>& v_scales,
+    torch::Tensor block_tables, torch::Tensor seq_lens, int64_t block_size, int64_t window,
+    torch::Tensor stop_ids, torch::Tensor stop_offsets, int64_t steps) {
+  const int64_t B = ids.size(0), W = block_tables.size(1);
+  TORCH_CHECK(ids.dtype() == torch::kInt64 && ids.dim() == 1 && seq_lens.numel() == B &&
+                  seq_lens.dtype() == torch::kInt64 && block_tables.dtype() == torch::kInt64 &&
+                  block_tables.is_contiguous() && block_tables.size(0) == B &&
+                  stop_offsets.numel() == B + 1 && stop_ids.dtype() == torch::kInt64 &&
+                  stop_offsets.dtype() == torch::kInt64,
+              "decode_steps: int64 ids [B], seq_lens [B], block_tables [B, W], stop ids and "
+              "offsets [B + 1]");
+  TORCH_CHECK(halves.dim() == 3 && halves.size(0) >= steps && halves.size(1) == B,
+              "decode_steps: halves must be [steps, B, rotary]");
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  const int64_t* so = stop_offsets.data_ptr<int64_t>();
+  const int64_t* sid = stop_ids.data_ptr<int64_t>();
+  torch::Tensor lens = seq_lens.clone(), cur = ids.contiguous().clone();
+  torch::Tensor slots = torch::empty({B}, ids.options());
+  torch::Tensor tokens = torch::empty({B, steps}, ids.options());
+  int64_t* lp = lens.data_ptr<int64_t>();
+  int64_t* cp = cur.data_ptr<int64_t>();
+  int64_t* sp = slots.data_ptr<int64_t>();
+  int64_t* tp = tokens.data_ptr<int64_t>();
+  std::vector<int64_t> next(B);
+  int64_t n = 0;
+  for (; n < steps; ++n) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t pos = lp[b] - 1;
+      TORCH_CHECK(pos / block_size < W, "decode_steps: the block table does not cover step ", n);
+      sp[b] = bt[b * W + pos / block_size] * block_size + pos % block_size;
+    }
+    auto hr = decode_layers(embed(cur), layers, H, KVH, d, scale, eps, halves[n], k_caches,
+                            v_caches, k_scales, v_scales, slots, block_tables, lens, window,
+                            final_norm);
+    greedy_rows(lm_head(std::get<0>(hr)).contiguous(), vocab, next.data());
+    if (std::any_of(next.begin(), next.end(), [](int64_t t) { return t < 0; })) break;
+    bool stop = false;
+    for (int64_t b = 0; b < B; ++b) {
+      tp[b * steps + n] = cp[b] = next[b];
+      stop |= std::find(sid + so[b], sid + so[b + 1], next[b]) != sid + so[b + 1];
+      ++lp[b];
+    }
+    if (stop) {
+      ++n;
+      break;
+    }
+  }
+  return tokens.narrow(1, 0, n).contiguous();
+}
+
 }  // namespace
 
 void register_decode_layers(pybind11::module_& m) {
@@ -162,6 +269,12 @@ void register_decode_layers(pybind11::module_& m) {
            py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
            py::arg("gate_up") = py::none(), py::arg("down") = py::none(),
            py::arg("moe") = py::none());
+  py::class_<EmbedRef>(m, "EmbedRef", "a token embedding table as decode_steps looks rows up")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, std::vector<torch::Tensor>>(),
+           py::arg("kind"), py::arg("fmt"), py::arg("N"), py::arg("K"), py::arg("tensors"));
+  m.def("decode_steps", &decode_steps, py::call_guard<py::gil_scoped_release>(),
+        "up to `steps` greedy decode steps in one call: the tokens [B, n] (n < steps after a "
+        "stop id, or before a step whose logits are not finite)");
   m.def("decode_layers", &decode_layers, py::call_guard<py::gil_scoped_release>(),
         "a decode step through every decoder layer: (h, residual) before the final norm, or "
         "after it when final_norm (the model's RMSNorm weight) is given");

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from pagedllm.core.multi_step import stop_ids
 from pagedllm.core.runner_output import RunnerOutput, SampledTokens, ScoredPrompt
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.lora.manager import LoRAManager
+from pagedllm.model.decode_steps import DecodeSteps
 from pagedllm.model.layers.attention_backends import PagedAttentionBackend
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_generator
 from pagedllm.model.layers.token_constraints import TokenConstraints
@@ -51,7 +53,8 @@ class ModelRunner:
                  attention_backend: PagedAttentionBackend, *, vocab_size: int,
                  device: torch.device,
                  seed: int = 0, structured_output=None, lora: LoRAManager | None = None,
-                 tp_executor=None, draft=None, graphs=None, pooler=None) -> None:
+                 tp_executor=None, draft=None, graphs=None, pooler=None,
+                 decode_steps: DecodeSteps | None = None) -> None:
         self.model = model
         self.cache = cache
         self.attention_backend = attention_backend
@@ -69,6 +72,7 @@ class ModelRunner:
         self.draft = draft  # speculative.draft_model.DraftModel
         self.graphs = graphs  # cuda_graphs.DecodeGraphs (CUDA, not --enforce-eager)
         self.pooler = pooler  # pooling.step_pooler.StepPooler (--runner pooling)
+        self.decode_steps = decode_steps  # several greedy decode steps per call (CPU)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -82,6 +86,10 @@ class ModelRunner:
         if batch is None:
             return RunnerOutput()
         t1 = time.perf_counter()
+        if sched.num_steps > 1 and (sampled := self._steps(batch, sched.num_steps)):
+            t2 = time.perf_counter()
+            return RunnerOutput(sampled, timings_ms={"prepare": (t1 - t0) * 1e3,
+                                                     "forward": (t2 - t1) * 1e3})
         hidden = self._forward(batch, sched.blocks_to_copy)
         logits, scored = self._logits(hidden, plan, prompt)
         t2 = time.perf_counter()
@@ -115,6 +123,23 @@ class ModelRunner:
         batch = build_inputs(sched.scheduled, self.block_size, self.attention_backend,
                              self.batch, self.cache.spec.groups)
         return batch, plan_sampling(batch)
+
+    def _steps(self, batch, steps: int) -> list[SampledTokens]:
+        """Up to `steps` greedy decode steps of the batch in one call (the scheduler's
+        blocks cover them all: core/multi_step.py): each request's tokens as one accepted
+        run of `steps - 1` lookahead positions, which `update_from_output` applies as it
+        applies speculative drafts. Empty when the first step's logits are not finite in
+        some row: the step then runs the ordinary way, which reports that row."""
+        order = [s.request for s in batch.order]
+        width = -(-(int(batch.meta.decode_seq_lens.max()) + steps - 1) // self.block_size)
+        tables = torch.from_numpy(self.batch.block_tables(order, width, 0))
+        tokens = self.decode_steps(batch.input_ids, batch.positions, batch.max_pos,
+                                   self.cache.layer_caches, batch.meta, tables,
+                                   self.block_size, steps, [stop_ids(r) for r in order])
+        if tokens.shape[1] == 0:
+            return []
+        return [SampledTokens(req, row, num_drafts=steps - 1, num_accepted=len(row) - 1)
+                for req, row in zip(order, tokens.tolist(), strict=True)]
 
     def _send_to_ranks(self, sched: SchedulerOutput, batch, row_index: list[int]) -> None:
         """Tensor parallelism: the other ranks mirror this step (swaps, forward, gather)."""

@@ -45,6 +45,19 @@ class VocabEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype,
                                                device=self.weight.device), requires_grad=False)
 
+    def fused_ref(self, ops):
+        """This table as the C++ multi-step decode looks rows up (`ops.EmbedRef`): a dense
+        fp32 table (kind 0: rows copied, as F.embedding does) or its quantized format's own
+        (`QuantizedWeight.embedding_ref`); None otherwise (another dtype or format, or a
+        tensor-parallel vocabulary split)."""
+        if self.parallel is not None:
+            return None
+        if self.quant is not None:
+            return self.quant.embedding_ref(ops)
+        if self.weight.dtype != torch.float32 or self.weight.dim() != 2:
+            return None
+        return ops.EmbedRef(0, 0, self.num_embeddings, self.embedding_dim, [self.weight])
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.parallel is not None:
             return self.parallel.embed(self._lookup, ids, self.num_embeddings)

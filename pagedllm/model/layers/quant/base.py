@@ -127,6 +127,12 @@ class QuantizedWeight(LinearMethod):
         the default dequantizes the whole matrix (correct, slow)."""
         return self.dequantize()[token_ids]
 
+    def embedding_ref(self, ops):
+        """This table as the C++ multi-step decode looks rows up (`ops.EmbedRef`,
+        kernels/decode_layers_cpu.cpp): the same rows as `embedding`; None when its format has
+        no C++ rows kernel there (then decode steps run one at a time)."""
+        return None
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.format}, out={self.out_features}, "
                 f"in={self.in_features}, {self.nbytes / 2**20:.2f} MiB)")

@@ -135,6 +135,10 @@ class GGUFA8PanelWeight(QuantizedWeight):
         return ops.LinearRef(FUSED_KIND, self.code, self.out_features, self.in_features, 0,
                              [self.codes, self.d, self.m], bias)
 
+    def embedding_ref(self, ops):
+        return ops.EmbedRef(FUSED_KIND, self.code, self.out_features, self.in_features,
+                            [self.codes, self.d, self.m])
+
     def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Exact rows: d * code (Q8_0), d * (code - 8) (Q4_0), d * code + m (Q4_1), gguf-py's
         roundings; one C++ call (a decode step's embedding took ~10 torch ops, ~0.2 ms

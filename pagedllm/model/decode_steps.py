@@ -1,0 +1,80 @@
+"""Several greedy decode steps in one C++ call (`num_scheduler_steps`, CPU, Llama family).
+
+A one-stream decode step on SmolLM2 spends ~0.5-0.7 ms of ~4 ms outside the kernels that read
+weights: scheduling, the batch's tensors, the embedding and RoPE lookups, the logits call,
+sampling, detokenizing, stop checks (Python, whose data the 92 MB of weights streamed per step
+have evicted from the caches). When the scheduler hands out k steps at once (a batch of
+decodes only, every row greedy with nothing to process: core/multi_step.py), this runs them
+in kernels/decode_layers_cpu.cpp's `decode_steps`: the embedding rows, the C++ layer loop
+(model/fused_decode.py) with the final norm, the lm_head and the argmax, k times, feeding each
+step's tokens to the next; the caller then hands all k tokens of a row to the scheduler at
+once. The same kernels in the same order as k single steps, so the same tokens (tested).
+
+`DecodeSteps.build(model)` returns None when the model's decode does not fit: no C++ layer
+loop or no final norm in it, RoPE that depends on the sequence length (dynamic NTK,
+LongRoPE), an embedding table or lm_head without a C++ kernel, or a model class whose
+embedding or logits differ from Llama's (Gemma's scaled embedding, soft-capped logits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pagedllm.model.fused_decode import FusedDecode
+from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
+from pagedllm.model.models.llama import LlamaForCausalLM, LlamaModel
+
+
+class DecodeSteps:
+    """The multi-step decode of one model (module docstring); built once, called per step."""
+
+    def __init__(self, decoder, embed, lm_head, vocab_size: int) -> None:
+        self.decoder, self.embed, self.lm_head = decoder, embed, lm_head
+        self.vocab_size = vocab_size
+
+    @classmethod
+    def build(cls, model, vocab_size: int) -> DecodeSteps | None:
+        """For a Llama-family causal LM whose decoder runs Llama's forward (embedding,
+        layers, norm) and whose `compute_logits` is the lm_head alone; None where the module
+        docstring says. `vocab_size`: the logits columns a token is chosen from."""
+        if not isinstance(model, LlamaForCausalLM):
+            return None
+        decoder = model.model
+        if (type(decoder).forward is not LlamaModel.forward
+                or type(model).compute_logits is not LlamaForCausalLM.compute_logits):
+            return None
+        fused = decoder.fused_decode()
+        if fused is None or not fused.applies_final_norm or decoder.rotary.is_dynamic:
+            return None
+        embed = decoder.embed_tokens.fused_ref(fused.ops)
+        lm_head = model.lm_head.fused_ref(fused.ops)
+        if embed is None or lm_head is None:
+            return None
+        return cls(decoder, embed, lm_head, vocab_size)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, max_pos: int,
+                 kv_caches: list[LayerKVCache], meta: AttentionMetadata,
+                 block_tables: torch.Tensor, block_size: int, steps: int,
+                 stop_ids: list[list[int]]) -> torch.Tensor:
+        """Tokens [B, n], n <= steps, of the decode rows `input_ids` (one per sequence, at
+        `positions`), whose `block_tables` cover positions + steps - 1; `stop_ids[b]`: the
+        tokens that end row b (the call returns after the step that samples one). No
+        tokens ([B, 0]) when the decoder's C++ loop has been turned off since."""
+        f: FusedDecode | None = self.decoder.fused_decode()  # (the decoder keeps it)
+        if f is None:
+            return torch.empty(len(input_ids), 0, dtype=torch.int64)
+        ahead = positions.view(1, -1) + torch.arange(steps).view(-1, 1)
+        halves = self.decoder.rotary.halves(ahead.reshape(-1), max_pos + steps - 1)
+        offsets = np.zeros(len(stop_ids) + 1, np.int64)
+        offsets[1:] = np.cumsum([len(s) for s in stop_ids])
+        flat = torch.tensor([t for s in stop_ids for t in s], dtype=torch.int64)
+        quant = kv_caches[0].k_scale is not None
+        return f.ops.decode_steps(
+            input_ids, f.layers, self.embed, self.lm_head, f.final_norm, self.vocab_size,
+            f.num_heads, f.num_kv_heads, f.head_dim, f.scale, f.eps,
+            halves.view(steps, len(input_ids), -1), [c.k for c in kv_caches],
+            [c.v for c in kv_caches], [c.k_scale for c in kv_caches] if quant else [],
+            [c.v_scale for c in kv_caches] if quant else [], block_tables.contiguous(),
+            meta.decode_seq_lens, block_size, meta.sliding_window or 0, flat,
+            torch.from_numpy(offsets), steps)
