@@ -147,7 +147,7 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     swap = SwapManager(num_swap, bm) if config.preemption_mode == "swap" else None
     steps = _decode_steps(config, rank.model, hf.vocab_size,
                           plain=executor is None and speculator is None and pooling is None
-                          and lora is None)
+                          and lora is None and rank.attention_backend.runs_fused_decode)
     scheduler = Scheduler(bm, max_num_seqs=config.max_num_seqs,
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           max_model_len=config.max_model_len, swap_manager=swap,
@@ -183,16 +183,17 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
 def _decode_steps(config: EngineConfig, model: nn.Module, vocab_size: int, plain: bool
                   ) -> DecodeSteps | None:
     """The runner's multi-step decode (model/decode_steps.py) when --num-scheduler-steps
-    asks for more than one and it can run: on the CPU, one rank, no speculative decoding,
-    LoRA or pooling, a model it fits (logged when it does not)."""
+    asks for more than one and it can run (`plain`: one rank, no speculative decoding, LoRA or
+    pooling, the C++ attention backend): on the CPU, a model it fits (logged when not)."""
     if config.num_scheduler_steps <= 1:
         return None
     steps = (DecodeSteps.build(model, vocab_size)
              if plain and config.torch_device.type == "cpu" else None)
     if steps is None:
         logger.info("num_scheduler_steps=%d: one decode step at a time here (multi-step decode "
-                    "needs the CPU, one rank, no speculative decoding, LoRA or pooling, and "
-                    "a Llama-family model in the C++ decode loop)", config.num_scheduler_steps)
+                    "needs the CPU with its C++ attention, one rank, no speculative decoding, "
+                    "LoRA or pooling, and a Llama-family model in the C++ decode loop)",
+                    config.num_scheduler_steps)
     else:
         logger.info("up to %d decode steps per engine step (batches of greedy decodes)",
                     config.num_scheduler_steps)

@@ -22,6 +22,7 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -166,6 +167,16 @@ struct EmbedRef {
   }
 };
 
+// By the bits: these kernels build with -ffast-math, under which std::isnan, std::isfinite
+// and comparisons with infinities may fold to constants.
+inline uint32_t bits_of(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return bits;
+}
+inline bool not_finite(float x) { return (bits_of(x) & 0x7f800000u) == 0x7f800000u; }
+inline bool nan_or_plus_inf(float x) { return not_finite(x) && bits_of(x) != 0xff800000u; }
+
 // Row b's greedy token over logits [B, N] restricted to [0, vocab): the first maximum (numpy's
 // and torch's argmax), or -1 when the row is not finite there (a NaN anywhere, or an infinite
 // maximum): the sampler's host path reports such a row as an error.
@@ -176,12 +187,12 @@ void greedy_rows(const torch::Tensor& logits, int64_t vocab, int64_t* out) {
     for (int64_t b = begin; b < end; ++b) {
       const float* row = lp + b * N;
       int64_t best = 0;
-      bool nan = false;
+      bool bad = false;
       for (int64_t v = 0; v < vocab; ++v) {
-        nan |= std::isnan(row[v]);
+        bad |= nan_or_plus_inf(row[v]);
         if (row[v] > row[best]) best = v;
       }
-      out[b] = nan || !std::isfinite(row[best]) ? -1 : best;
+      out[b] = bad || not_finite(row[best]) ? -1 : best;
     }
   });
 }

@@ -60,9 +60,10 @@ class DecodeSteps:
         """Tokens [B, n], n <= steps, of the decode rows `input_ids` (one per sequence, at
         `positions`), whose `block_tables` cover positions + steps - 1; `stop_ids[b]`: the
         tokens that end row b (the call returns after the step that samples one). No
-        tokens ([B, 0]) when the decoder's C++ loop has been turned off since."""
+        tokens ([B, 0]) when the decoder's C++ loop has been turned off since, or the step's
+        attention backend does not run it."""
         f: FusedDecode | None = self.decoder.fused_decode()  # (the decoder keeps it)
-        if f is None:
+        if f is None or not meta.backend.fused_decode_applies(input_ids, meta, kv_caches):
             return torch.empty(len(input_ids), 0, dtype=torch.int64)
         ahead = positions.view(1, -1) + torch.arange(steps).view(-1, 1)
         halves = self.decoder.rotary.halves(ahead.reshape(-1), max_pos + steps - 1)

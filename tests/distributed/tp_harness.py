@@ -51,7 +51,7 @@ def engine_kwargs(model_dir, tp: int, budget_blocks_bytes: int, **extra) -> dict
     return dict(model=str(model_dir), tensor_parallel_size=tp, num_threads=1,
                 max_model_len=128, max_num_batched_tokens=24, block_size=16,
                 kv_cache_memory=budget_blocks_bytes, enable_prefix_caching=True,
-                generation_config="vllm", **extra)
+                generation_config="vllm", num_scheduler_steps=1, **extra)
 
 
 NUM_BLOCKS = 8

@@ -112,6 +112,10 @@ class AttentionBackend(ABC):
         return self.forward(q.view(t, num_heads, head_dim), k.view(t, num_kv_heads, head_dim),
                             v.view(t, num_kv_heads, head_dim), kv_cache, meta, scale, softcap)
 
+    #: whether the backend runs the kernels the fused C++ decode loop calls (cpu.py): the
+    #: engine plans several decode steps per call only then (core/multi_step.py)
+    runs_fused_decode: ClassVar[bool] = False
+
     def fused_decode_applies(self, x: torch.Tensor, meta,
                              kv_caches: list[LayerKVCache]) -> bool:
         """Whether this step's rows x may take the fused C++ decode loop: no, unless the

@@ -33,6 +33,7 @@ class CPUBackend(TorchBackend):
     """The C++ kernels where they apply, the torch reference elsewhere (module docstring)."""
 
     name = "cpu"
+    runs_fused_decode = True
 
     @classmethod
     def supports(cls, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype,

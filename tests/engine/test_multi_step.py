@@ -1,0 +1,197 @@
+"""Several decode steps per engine step (`num_scheduler_steps`, core/multi_step.py,
+model/decode_steps.py): the same tokens as one step at a time (and as HF) for batches, stop
+tokens and strings inside a run, max_tokens and max_model_len cutting a run, a GGUF table in
+panels; it does run (fewer engine steps than tokens); rows it cannot serve run one step at a
+time; the scheduler's plan (caps, fallbacks, no blocks left behind)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import pytest
+
+from pagedllm import SamplingParams
+from pagedllm.core.block_manager import BlockManager
+from pagedllm.core.multi_step import ROWS_PER_RUN, plan_steps, runs_ahead
+from pagedllm.core.request import Request
+from pagedllm.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from tests.conftest import make_tiny_checkpoint
+from tests.loader.gguf_writer import write_gguf
+
+PROMPTS = [[5, 9, 200, 17], list(range(30, 63)), [400, 3, 3, 77, 12, 9, 101]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=21, ignore_eos=True)
+
+
+def run(llm, prompts, params) -> tuple[list, int]:
+    """(outputs, engine steps taken) of one generate call."""
+    before = llm.llm_engine.stats.num_steps
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [o.outputs[0] for o in outs], llm.llm_engine.stats.num_steps - before
+
+
+def same(a: list, b: list) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids
+        assert x.text == y.text and x.finish_reason == y.finish_reason
+        assert x.stop_reason == y.stop_reason
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_llama_dir: Path, make_llm):
+    """The tiny Llama with 8 steps per engine step (the default) and with 1."""
+    return (make_llm(tiny_llama_dir, enable_prefix_caching=False),
+            make_llm(tiny_llama_dir, enable_prefix_caching=False, num_scheduler_steps=1))
+
+
+@pytest.mark.parametrize("prompts", [PROMPTS[:1], PROMPTS], ids=["one", "three"])
+def test_same_tokens_as_single_steps_and_hf(pair, prompts, tiny_llama_dir, hf_reference
+                                            ) -> None:
+    multi, single = pair
+    got, steps = run(multi, prompts, GREEDY)
+    want, single_steps = run(single, prompts, GREEDY)
+    same(got, want)
+    assert steps < single_steps // 3  # it ran ahead: 21 tokens in ~1 + 3 steps, not 21
+    ref, _ = hf_reference.greedy(tiny_llama_dir, prompts[0], GREEDY.max_tokens)
+    assert got[0].token_ids == ref
+
+
+def test_stops_inside_a_run(pair) -> None:
+    """A stop token, a stop string and EOS in the middle of a run end the row there (later
+    tokens dropped, the text as one step at a time gives it)."""
+    multi, single = pair
+    free, _ = run(single, PROMPTS, GREEDY)
+    stop_tok = free[1].token_ids[5]  # the 6th token of row 1: inside the first run
+    text = free[2].text
+    params = [SamplingParams(temperature=0.0, max_tokens=21, stop_token_ids=[stop_tok]),
+              SamplingParams(temperature=0.0, max_tokens=21, stop=[text[len(text) // 2:][:3]]),
+              SamplingParams(temperature=0.0, max_tokens=13)]  # EOS counts here
+    for p in params:
+        got, _ = run(multi, PROMPTS, p)
+        want, _ = run(single, PROMPTS, p)
+        same(got, want)
+    assert any(o.finish_reason == "stop" for o in run(multi, PROMPTS, params[0])[0])
+
+
+def test_max_model_len_cuts_a_run(tiny_llama_dir: Path, make_llm) -> None:
+    prompt = list(range(40, 90))  # 50 tokens, 14 left before 64
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    got, _ = run(make_llm(tiny_llama_dir, max_model_len=64), [prompt], params)
+    want, _ = run(make_llm(tiny_llama_dir, max_model_len=64, num_scheduler_steps=1),
+                  [prompt], params)
+    same(got, want)
+    assert len(got[0].token_ids) == 14 and got[0].finish_reason == "length"
+
+
+def test_rows_it_cannot_serve_run_one_step_at_a_time(pair) -> None:
+    """logprobs, a random row, a penalty: the engine steps once per token, the outputs equal
+    the single-step engine's (same seed)."""
+    multi, single = pair
+    for p in (SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, max_tokens=9, ignore_eos=True, seed=3),
+              SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True,
+                             repetition_penalty=1.3)):
+        got, steps = run(multi, PROMPTS[:1], p)
+        want, _ = run(single, PROMPTS[:1], p)
+        same(got, want)
+        assert steps >= 9
+
+
+@pytest.mark.parametrize("int8_activations", [True, False], ids=["a8-panels", "gguf-rows"])
+def test_gguf_tied_table(tmp_path_factory, tiny_tokenizer, make_llm, int8_activations) -> None:
+    """A tied GGUF Q4_1 table: panels have a C++ rows kernel (runs ahead), the row
+    layout has none (one step at a time); the same tokens either way."""
+    root = tmp_path_factory.mktemp("ms")
+    src = make_tiny_checkpoint(root / "hf", "llama", tiny_tokenizer, tie_word_embeddings=True)
+    path = write_gguf(src, root / "q4_1.gguf", "llama", gguf.GGMLQuantizationType.Q4_1)
+    args = dict(enable_prefix_caching=False, int8_activations=int8_activations)
+    got, steps = run(make_llm(path, **args), PROMPTS, GREEDY)
+    want, single_steps = run(make_llm(path, num_scheduler_steps=1, **args), PROMPTS, GREEDY)
+    same(got, want)
+    assert (steps < single_steps // 3) == int8_activations
+
+
+def _request(i: int, params: SamplingParams, prompt_len: int = 8) -> Request:
+    req = Request(f"r{i}", list(range(1, prompt_len + 1)), params, eos_token_id=1)
+    return req
+
+
+def _decoding(bm: BlockManager, n: int, params: SamplingParams = GREEDY) -> SchedulerOutput:
+    """n requests one token into their output, each scheduled for one decode token."""
+    out = SchedulerOutput()
+    for i in range(n):
+        req = _request(i, params)
+        assert bm.allocate_slots(req, req.num_tokens)
+        req.num_computed_tokens = req.num_tokens
+        req.append_token(7, None, 0.0)
+        assert bm.allocate_slots(req, 1)
+        out.scheduled.append(ScheduledRequest(req, 1))
+    return out
+
+
+def test_plan_caps_and_fallbacks() -> None:
+    bm = BlockManager(256, 16)
+    out = _decoding(bm, 2)
+    assert plan_steps(out, bm, 8, 1024, others_waiting=False) == 8
+    assert all(len(s.request.block_ids) == 1 for s in out.scheduled)  # 9..16: one block
+    assert plan_steps(_decoding(bm, 2), bm, 8, 1024, others_waiting=True) == 1
+    assert plan_steps(_decoding(bm, 2), bm, 1, 1024, others_waiting=False) == 1
+    assert plan_steps(_decoding(bm, 8), bm, 8, 1024, others_waiting=False) == ROWS_PER_RUN // 8
+    assert plan_steps(_decoding(bm, 2), bm, 8, 12, others_waiting=False) == 12 - 9
+    short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    assert plan_steps(_decoding(bm, 2, short), bm, 8, 1024, others_waiting=False) == 3
+    assert plan_steps(_decoding(bm, 1, SamplingParams(temperature=0.5)), bm, 8, 1024,
+                      others_waiting=False) == 1
+
+
+def test_plan_without_free_blocks_takes_none() -> None:
+    """Blocks for every step or one step: nothing is left allocated when it falls back."""
+    bm = BlockManager(7, 4)
+    out = _decoding(bm, 2)  # 9 tokens + 1: 3 blocks each; 8 steps need 2 more
+    assert bm.num_free_blocks < 2
+    held = [list(s.request.block_ids) for s in out.scheduled]
+    assert plan_steps(out, bm, 8, 1024, others_waiting=False) == 1
+    assert [s.request.block_ids for s in out.scheduled] == held
+
+
+def test_runs_ahead_rules() -> None:
+    assert runs_ahead(_request(0, GREEDY))
+    for p in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.0, logprobs=1),
+              SamplingParams(temperature=0.0, presence_penalty=0.5),
+              SamplingParams(temperature=0.0, logit_bias={3: 1.0}),
+              SamplingParams(temperature=0.0, allowed_token_ids=[3, 4]),
+              SamplingParams(temperature=0.0, min_tokens=4)):
+        assert not runs_ahead(_request(0, p))
+
+
+def test_non_finite_logits_inside_a_run_fail_the_row_as_single_steps_do(tiny_llama_dir: Path
+                                                                          ) -> None:
+    """An embedding row of NaN for the 6th generated token: its step's logits are not finite.
+    Inside a run the C++ steps stop before it, the next run's first step finds it and the
+    step runs the ordinary way, whose sampler fails that request alone, as one step at a time
+    does; the other request's tokens are unchanged."""
+    import torch
+
+    from pagedllm.engine.llm_engine import LLMEngine
+
+    def finals(steps: int, poison: int | None) -> dict:
+        engine = LLMEngine.from_engine_args(model=str(tiny_llama_dir), kv_cache_memory="4MiB",
+                                            num_threads=1, enable_prefix_caching=False,
+                                            num_scheduler_steps=steps)
+        if poison is not None:
+            with torch.no_grad():
+                engine.model.model.embed_tokens.weight[poison] = float("nan")
+        for i, prompt in enumerate(PROMPTS[:2]):
+            engine.add_request(prompt, GREEDY, f"r{i}")
+        got = {}
+        while engine.has_unfinished_requests():
+            got.update((o.request_id, o) for o in engine.step() if o.finished)
+        return got
+
+    clean = finals(1, None)
+    poison = clean["r0"].outputs[0].token_ids[5]
+    assert poison not in PROMPTS[0] + PROMPTS[1] + clean["r1"].outputs[0].token_ids
+    multi, single = finals(8, poison), finals(1, poison)
+    assert "not finite" in str(multi["r0"].error) and str(multi["r0"].error) == str(single["r0"].error)
+    assert multi["r1"].error is None
+    assert multi["r1"].outputs[0].token_ids == clean["r1"].outputs[0].token_ids
