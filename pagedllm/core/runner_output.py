@@ -20,7 +20,9 @@ class SampledTokens:
     """Tokens sampled for one request this step (n of them when an n > 1 request fans out).
 
     With speculative decoding `num_drafts` draft tokens were verified; `token_ids` are then the
-    `num_accepted` accepted drafts followed by the token sampled after them.
+    `num_accepted` accepted drafts followed by the token sampled after them. Several decode
+    steps in one (core/multi_step.py) report the same way: `num_drafts` the k - 1 lookahead
+    positions, `token_ids` the steps' tokens, `num_accepted` = len(token_ids) - 1.
     """
 
     request: Request
