@@ -205,6 +205,23 @@ static inline void tile_values(VF (*acc)[NV], int nh, const E* const* rows,
     }
   }
 }
+
+// tile_values for nh <= kAccRegs / NV heads of one KV head (all at offset `off` of a row):
+// each row's NV vectors are read (converted) once and serve every head. The same FMAs per
+// head in the same order as tile_values, so the same sums.
+template <int NV, typename E>
+static inline void tile_values_shared(VF (*acc)[NV], int nh, const E* const* rows,
+                                      int64_t off, int nt, const float* w, int64_t w_stride) {
+  for (int i = 0; i < nt; ++i) {
+    VF v[NV];
+    for (int c = 0; c < NV; ++c) v[c] = loadv(rows[i] + off + kVW * c);
+    for (int h = 0; h < kAccRegs / NV; ++h) {
+      if (h >= nh) break;
+      const VF wv = vset1(w[h * w_stride + i]);
+      for (int c = 0; c < NV; ++c) acc[h][c] = vfma(wv, v[c], acc[h][c]);
+    }
+  }
+}
 #endif
 
 // s[0, n) -> softmax(s) in place, fp32, with max subtraction.
@@ -352,8 +369,13 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       for (int64_t t0 = 0; t0 < n; t0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n - t0));
         fetch_tile(vp, vs, b, start + t0, nt, L, 1.f);
-        for (int64_t c0 = h0; c0 < h1; c0 += kHeads) {
-          const int nc = static_cast<int>(std::min<int64_t>(kHeads, h1 - c0));
+        // chunks of up to kHeads heads; with GQA (G > 1) and room for a row's vectors beside
+        // the sums (kHeads > 1), a chunk's heads share one KV head, whose rows
+        // tile_values_shared converts once for all of them
+        const bool share = kHeads > 1 && G > 1;
+        for (int64_t c0 = h0; c0 < h1;) {
+          const int64_t c1 = std::min({c0 + kHeads, h1, share ? (c0 / G + 1) * G : h1});
+          const int nc = static_cast<int>(c1 - c0);
           for (int i = 0; i < nc; ++i) {
             const int64_t h = c0 + i, j = h / G;
             for (int k = 0; k < nt; ++k)
@@ -368,10 +390,12 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
               off[i] = (c0 + i) / G * d + col;
               for (int c = 0; c < NVC; ++c) a[i][c] = loadv(sums[i] + kVW * c);
             }
-            tile_values<NVC, T>(a, nc, trows, off, nt, w, kTile);
+            if (share) tile_values_shared<NVC, T>(a, nc, trows, off[0], nt, w, kTile);
+            else tile_values<NVC, T>(a, nc, trows, off, nt, w, kTile);
             for (int i = 0; i < nc; ++i)
               for (int c = 0; c < NVC; ++c) vstore(sums[i] + kVW * c, a[i][c]);
           }
+          c0 = c1;
         }
       }
       std::copy(acc.begin(), acc.begin() + nh * d, op + b * H * d + h0 * d);
