@@ -39,7 +39,7 @@ ALIGN = 64  # each storage starts on a cache line
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def _methods(model: nn.Module) -> Iterator[LinearMethod]:
+def linear_methods(model: nn.Module) -> Iterator[LinearMethod]:
     """Every distinct `LinearMethod` the model's layers hold (a tied one once)."""
     seen: set[int] = set()
     for module in model.modules():
@@ -56,7 +56,7 @@ def _visit(model: nn.Module, place: Callable[[torch.Tensor], torch.Tensor]) -> N
         for name, b in list(module.named_buffers(recurse=False)):
             if b is not None:
                 setattr(module, name, place(b))
-    for method in _methods(model):
+    for method in linear_methods(model):
         method.relocate(place)
 
 

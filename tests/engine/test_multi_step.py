@@ -73,6 +73,18 @@ def test_stops_inside_a_run(pair) -> None:
     assert any(o.finish_reason == "stop" for o in run(multi, PROMPTS, params[0])[0])
 
 
+@pytest.mark.parametrize("fixture,extra", [("tiny_llama_dir", {"kv_cache_dtype": "int8"}),
+                                           ("tiny_qwen3_dir", {}), ("tiny_qwen2_dir", {})],
+                         ids=["int8-kv", "qwen3-head-norms", "qwen2-biases"])
+def test_other_caches_and_layers(fixture: str, extra: dict, request, make_llm) -> None:
+    model_dir = request.getfixturevalue(fixture)
+    got, steps = run(make_llm(model_dir, enable_prefix_caching=False, **extra), PROMPTS, GREEDY)
+    want, single_steps = run(make_llm(model_dir, enable_prefix_caching=False,
+                                      num_scheduler_steps=1, **extra), PROMPTS, GREEDY)
+    same(got, want)
+    assert steps < single_steps // 3
+
+
 def test_max_model_len_cuts_a_run(tiny_llama_dir: Path, make_llm) -> None:
     prompt = list(range(40, 90))  # 50 tokens, 14 left before 64
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)

@@ -34,7 +34,7 @@ def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """What the arena moves: parameters, buffers and the layers' methods' tensors."""
     found: list[torch.Tensor] = [t for t in (*model.parameters(), *model.buffers())
                                  if t.numel()]
-    for method in weight_arena._methods(model):
+    for method in weight_arena.linear_methods(model):
         method.relocate(lambda t: found.append(t) or t if t.numel() else t)
     return found
 
