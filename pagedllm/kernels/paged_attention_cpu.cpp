@@ -190,6 +190,44 @@ static inline void tile_scores(const float* q, const E* const* rows, int64_t off
   std::copy(out, out + nt, scores);
 }
 
+// Most query heads of one KV head whose scores tile_scores_shared computes together (their
+// queries and a row's vectors in registers: nh x NV + NV <= 2 kAccRegs - 4).
+template <int NV> constexpr int kScoreHeads = std::min(4, (2 * kAccRegs - 4) / NV - 1);
+
+// tile_scores for nh <= kScoreHeads<NV> query heads q[h] of one KV head (rows at `off`): each
+// row's NV vectors are read (converted) once for all of them; the partial sums wait in `p`
+// (L1) for their transpose-add. The same products, sums and reduction per head as
+// tile_scores, so the same scores.
+template <int NV, typename E>
+static inline void tile_scores_shared(const float* const* q, int nh, const E* const* rows,
+                                      int64_t off, int nt, const float* scale,
+                                      float* const* scores) {
+  constexpr int S = kScoreHeads<NV> > 0 ? kScoreHeads<NV> : 1;
+  VF qv[S][NV], p[S][kTile];
+  for (int h = 0; h < S && h < nh; ++h)
+    for (int c = 0; c < NV; ++c) qv[h][c] = loadv(q[h] + kVW * c);
+  for (int i = 0; i < kTile; ++i) {
+    if (i < nt) {
+      VF k[NV];
+      for (int c = 0; c < NV; ++c) k[c] = loadv(rows[i] + off + kVW * c);
+      for (int h = 0; h < S; ++h) {
+        if (h >= nh) break;
+        VF acc = vmul(qv[h][0], k[0]);
+        for (int c = 1; c < NV; ++c) acc = vfma(qv[h][c], k[c], acc);
+        p[h][i] = acc;
+      }
+    } else {
+      for (int h = 0; h < S; ++h) p[h][i] = vzero();
+    }
+  }
+  const VF sv = loadv(scale);
+  for (int h = 0; h < S && h < nh; ++h) {
+    float out[kTile];
+    vstore(out, vmul(reduce_tile(p[h]), sv));
+    std::copy(out, out + nt, scores[h]);
+  }
+}
+
 // acc[h] += sum_i w[h][i] rows[i][off[h] ...] over the nt rows of a tile, units h < nh <=
 // kAccRegs / NV of NV vectors each (their sums in registers between tiles: acc is the
 // caller's, in token order).
@@ -354,10 +392,26 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       for (int64_t t0 = 0; t0 < n; t0 += kTile) {
         const int nt = static_cast<int>(std::min<int64_t>(kTile, n - t0));
         fetch_tile(kp, ks, b, start + t0, nt, L, fscale);
-        for (int64_t h = h0; h < h1; ++h) {
-          const int64_t j = h / G;
-          tile_scores<NV, T>(qb + h * d, trows, j * d, nt, tscale.data() + j * kTile,
-                          scores.data() + (h - h0) * stride + t0);
+        if (kScoreHeads<NV> > 1 && G > 1) {  // GQA: a KV head's rows once for its heads
+          for (int64_t c0 = h0; c0 < h1;) {
+            const int64_t c1 = std::min({c0 + kScoreHeads<NV>, h1, (c0 / G + 1) * G});
+            const float* qh[kScoreHeads<NV> > 0 ? kScoreHeads<NV> : 1];
+            float* out[kScoreHeads<NV> > 0 ? kScoreHeads<NV> : 1];
+            for (int64_t h = c0; h < c1; ++h) {
+              qh[h - c0] = qb + h * d;
+              out[h - c0] = scores.data() + (h - h0) * stride + t0;
+            }
+            const int64_t j = c0 / G;
+            tile_scores_shared<NV, T>(qh, static_cast<int>(c1 - c0), trows, j * d, nt,
+                                      tscale.data() + j * kTile, out);
+            c0 = c1;
+          }
+        } else {
+          for (int64_t h = h0; h < h1; ++h) {
+            const int64_t j = h / G;
+            tile_scores<NV, T>(qb + h * d, trows, j * d, nt, tscale.data() + j * kTile,
+                            scores.data() + (h - h0) * stride + t0);
+          }
         }
       }
       for (int64_t h = 0; h < nh; ++h) softmax_(scores.data() + h * stride, n);
