@@ -364,19 +364,41 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
     // head j; each row first asks for the row kAhead tokens later.
     std::vector<float> tscale(kvh * kTile);
     const T* trows[kTile];
+    // A tile inside one block (the common case: tiles start at block boundaries when bs is a
+    // multiple of kTile) takes one block-table lookup, and asks for the next tile's block in
+    // one pass; unscaled rows' tscale is filled once per value of `mul`.
+    bool have_scale = false;  // (no NaN sentinel: these kernels build with -ffast-math)
+    float filled = 0.f;
     auto fetch_tile = [&](const T* pool, const uint16_t* scales, int64_t b, int64_t pos0, int nt,
                           int64_t L, float mul) {
+      const bool one_block = pos0 / bs == (pos0 + nt - 1) / bs;
+      const int64_t slot0 = one_block ? slot_of(b, pos0) : 0;
+      if (one_block && pos0 + kAhead < L) {
+        const int64_t ahead = std::min<int64_t>(nt, L - pos0 - kAhead);
+        const int64_t a0 = pos0 + kAhead;
+        if (a0 / bs == (a0 + ahead - 1) / bs) {
+          const char* p = reinterpret_cast<const char*>(pool + slot_of(b, a0) * row_len);
+          const int64_t bytes = ahead * row_len * static_cast<int64_t>(sizeof(T));
+          for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+        } else {
+          for (int64_t i = 0; i < ahead; ++i) prefetch_row(pool, slot_of(b, a0 + i), row_len);
+        }
+      }
       for (int i = 0; i < nt; ++i) {
-        const int64_t pos = pos0 + i, slot = slot_of(b, pos);
-        if (pos + kAhead < L) prefetch_row(pool, slot_of(b, pos + kAhead), row_len);
+        const int64_t pos = pos0 + i, slot = one_block ? slot0 + i : slot_of(b, pos);
+        if (!one_block && pos + kAhead < L) prefetch_row(pool, slot_of(b, pos + kAhead), row_len);
         if constexpr (kScaled<T>) {
           for (int64_t j = 0; j < kvh; ++j)
             tscale[j * kTile + i] = mul * Row<T>::kMul * half_to_float(scales[slot * kvh + j]);
-        } else {
-          (void)scales;
-          for (int64_t j = 0; j < kvh; ++j) tscale[j * kTile + i] = mul;
         }
         trows[i] = pool + slot * row_len;
+      }
+      if constexpr (!kScaled<T>) {
+        (void)scales;
+        if (!have_scale || filled != mul) {
+          std::fill(tscale.begin(), tscale.end(), mul);
+          have_scale = true, filled = mul;
+        }
       }
     };
     // attend's arithmetic in tiles (see tile_scores): heads [h0, h1) of sequence b
