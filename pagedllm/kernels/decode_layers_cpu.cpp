@@ -147,23 +147,29 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
   return {x, residual};
 }
 
-// A token embedding table as decode_steps looks rows up: kind kPacked here means a dense fp32
-// table [N, K] (rows copied, as F.embedding does), kA8Panels the int8-activation panel layout
-// (a8_panel_rows, exact; GGUFA8PanelWeight.embedding calls the same kernel).
+// A token embedding table as decode_steps looks rows up, with the kernel each format's
+// Python `embedding` calls (the same rows): kPacked here means a dense fp32 table [N, K]
+// (rows copied, as F.embedding does), kBf16 a bf16 table (rows widened, as .float() does),
+// kGGUFPanels gguf_embedding, kGGUFRows gguf_a8_rows, kA8Panels a8_panel_rows; the tensors of
+// a LinearRef of that kind.
 struct EmbedRef {
   int64_t kind, fmt, N, K;
   std::vector<torch::Tensor> t;
 
   EmbedRef(int64_t kind_, int64_t fmt_, int64_t N_, int64_t K_, std::vector<torch::Tensor> t_)
       : kind(kind_), fmt(fmt_), N(N_), K(K_), t(std::move(t_)) {
-    TORCH_CHECK((kind == kPacked && t.size() == 1) || (kind == kA8Panels && t.size() == 3),
-                "EmbedRef: kind ", kind, " with ", t.size(), " tensors (a dense table: 1, "
-                "int8-activation panels: 3)");
+    const size_t want = tensors_of_kind(kind);
+    TORCH_CHECK(want && t.size() == want, "EmbedRef: kind ", kind, " takes ", want, " tensors");
   }
 
   torch::Tensor operator()(const torch::Tensor& ids) const {
-    if (kind == kA8Panels) return a8_panel_rows(ids, fmt, t[0], t[1], t[2], N, K);
-    return t[0].index_select(0, ids);
+    switch (kind) {
+      case kA8Panels: return a8_panel_rows(ids, fmt, t[0], t[1], t[2], N, K);
+      case kGGUFPanels: return gguf_embedding(ids, fmt, N, t[0], t[1], t[2], t[3], t[4]);
+      case kGGUFRows: return gguf_a8_rows(ids, fmt, t[0], K);
+      case kBf16: return t[0].index_select(0, ids).to(torch::kFloat);
+      default: return t[0].index_select(0, ids);
+    }
   }
 };
 

@@ -41,6 +41,9 @@ torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor
                           int64_t in_register_rows);
 torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
                              int64_t int_rows);
+torch::Tensor gguf_embedding(torch::Tensor ids, int64_t fmt, int64_t N, torch::Tensor q,
+                             torch::Tensor d, torch::Tensor sc, torch::Tensor m, torch::Tensor mi);
+torch::Tensor gguf_a8_rows(torch::Tensor ids, int64_t fmt, torch::Tensor w, int64_t K);
 torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                             torch::Tensor m, int64_t N, int64_t K);
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,

@@ -71,6 +71,9 @@ class Bf16Weight(QuantizedWeight):
     def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.weight[token_ids].float()
 
+    def embedding_ref(self, ops):
+        return ops.EmbedRef(BF16_KIND, 0, self.out_features, self.in_features, [self.weight])
+
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).float().contiguous()

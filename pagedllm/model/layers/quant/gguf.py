@@ -227,6 +227,10 @@ class GGUFWeight(QuantizedWeight):
     def dequantize(self) -> torch.Tensor:
         return kernels().gguf_dequantize(*self.kernel_args())
 
+    def embedding_ref(self, ops):
+        code, n, *packed = self.kernel_args()
+        return ops.EmbedRef(FUSED_KIND, code, n, self.in_features, packed)
+
     def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
         code, n, *packed = self.kernel_args()
         return kernels().gguf_embedding(token_ids.reshape(-1), code, n, *packed)

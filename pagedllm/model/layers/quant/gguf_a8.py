@@ -79,6 +79,10 @@ class GGUFA8Weight(QuantizedWeight):
     def dequantize(self) -> torch.Tensor:
         return self.embedding(torch.arange(self.out_features))
 
+    def embedding_ref(self, ops):
+        return ops.EmbedRef(FUSED_KIND, self.code, self.out_features, self.in_features,
+                            [self.rows])
+
     def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
         return kernels().gguf_a8_rows(token_ids.reshape(-1), self.code, self.rows,
                                       self.in_features)
