@@ -191,8 +191,9 @@ static inline void tile_scores(const float* q, const E* const* rows, int64_t off
 }
 
 // Most query heads of one KV head whose scores tile_scores_shared computes together (their
-// queries and a row's vectors in registers: nh x NV + NV <= 2 kAccRegs - 4).
-template <int NV> constexpr int kScoreHeads = std::min(4, (2 * kAccRegs - 4) / NV - 1);
+// queries and a row's vectors in registers: nh x NV + NV <= 2 kAccRegs - 4); 1: no sharing.
+template <int NV>
+constexpr int kScoreHeads = std::max(1, std::min(4, (2 * kAccRegs - 4) / NV - 1));
 
 // tile_scores for nh <= kScoreHeads<NV> query heads q[h] of one KV head (rows at `off`): each
 // row's NV vectors are read (converted) once for all of them; the partial sums wait in `p`
@@ -202,7 +203,7 @@ template <int NV, typename E>
 static inline void tile_scores_shared(const float* const* q, int nh, const E* const* rows,
                                       int64_t off, int nt, const float* scale,
                                       float* const* scores) {
-  constexpr int S = kScoreHeads<NV> > 0 ? kScoreHeads<NV> : 1;
+  constexpr int S = kScoreHeads<NV>;
   VF qv[S][NV], p[S][kTile];
   for (int h = 0; h < S && h < nh; ++h)
     for (int c = 0; c < NV; ++c) qv[h][c] = loadv(q[h] + kVW * c);
@@ -282,10 +283,11 @@ static inline void softmax_(float* s, int64_t n) {
 constexpr int64_t kAhead = 16;
 constexpr int64_t kSplitTokens = 128;  // see decode: heads split across threads from here
 
+// `rows` consecutive rows from `slot` (one row: what the per-token loops ask for)
 template <typename T>
-static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len) {
+static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len, int64_t rows = 1) {
   const char* p = reinterpret_cast<const char*>(pool + slot * row_len);
-  const int64_t bytes = row_len * static_cast<int64_t>(sizeof(T));
+  const int64_t bytes = rows * row_len * static_cast<int64_t>(sizeof(T));
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
@@ -377,9 +379,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
         const int64_t ahead = std::min<int64_t>(nt, L - pos0 - kAhead);
         const int64_t a0 = pos0 + kAhead;
         if (a0 / bs == (a0 + ahead - 1) / bs) {
-          const char* p = reinterpret_cast<const char*>(pool + slot_of(b, a0) * row_len);
-          const int64_t bytes = ahead * row_len * static_cast<int64_t>(sizeof(T));
-          for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+          prefetch_row(pool, slot_of(b, a0), row_len, ahead);
         } else {
           for (int64_t i = 0; i < ahead; ++i) prefetch_row(pool, slot_of(b, a0 + i), row_len);
         }
@@ -406,6 +406,10 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       constexpr int NV = decltype(nv)::value;                     // vectors per head row
       constexpr int NVC = NV < kAccRegs ? NV : kAccRegs;          // per V unit
       constexpr int kHeads = kAccRegs / NVC;
+      // end of the run of heads from c0: at most `most`, and within c0's KV head if `share`
+      auto chunk_end = [&](int64_t c0, int64_t most, bool share) {
+        return std::min({c0 + most, h1, share ? (c0 / G + 1) * G : h1});
+      };
       const int64_t L = lens[b];
       const int64_t start = window > 0 && L > window ? L - window : 0;
       const int64_t n = L - start, nh = h1 - h0, stride = (n + kTile - 1) / kTile * kTile;
@@ -416,9 +420,9 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
         fetch_tile(kp, ks, b, start + t0, nt, L, fscale);
         if (kScoreHeads<NV> > 1 && G > 1) {  // GQA: a KV head's rows once for its heads
           for (int64_t c0 = h0; c0 < h1;) {
-            const int64_t c1 = std::min({c0 + kScoreHeads<NV>, h1, (c0 / G + 1) * G});
-            const float* qh[kScoreHeads<NV> > 0 ? kScoreHeads<NV> : 1];
-            float* out[kScoreHeads<NV> > 0 ? kScoreHeads<NV> : 1];
+            const int64_t c1 = chunk_end(c0, kScoreHeads<NV>, true);
+            const float* qh[kScoreHeads<NV>];
+            float* out[kScoreHeads<NV>];
             for (int64_t h = c0; h < c1; ++h) {
               qh[h - c0] = qb + h * d;
               out[h - c0] = scores.data() + (h - h0) * stride + t0;
@@ -450,7 +454,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
         // tile_values_shared converts once for all of them
         const bool share = kHeads > 1 && G > 1;
         for (int64_t c0 = h0; c0 < h1;) {
-          const int64_t c1 = std::min({c0 + kHeads, h1, share ? (c0 / G + 1) * G : h1});
+          const int64_t c1 = chunk_end(c0, kHeads, share);
           const int nc = static_cast<int>(c1 - c0);
           for (int i = 0; i < nc; ++i) {
             const int64_t h = c0 + i, j = h / G;

@@ -70,12 +70,9 @@ class DecodeSteps:
         offsets = np.zeros(len(stop_ids) + 1, np.int64)
         offsets[1:] = np.cumsum([len(s) for s in stop_ids])
         flat = torch.tensor([t for s in stop_ids for t in s], dtype=torch.int64)
-        quant = kv_caches[0].k_scale is not None
         return f.ops.decode_steps(
             input_ids, f.layers, self.embed, self.lm_head, f.final_norm, self.vocab_size,
             f.num_heads, f.num_kv_heads, f.head_dim, f.scale, f.eps,
-            halves.view(steps, len(input_ids), -1), [c.k for c in kv_caches],
-            [c.v for c in kv_caches], [c.k_scale for c in kv_caches] if quant else [],
-            [c.v_scale for c in kv_caches] if quant else [], block_tables.contiguous(),
-            meta.decode_seq_lens, block_size, meta.sliding_window or 0, flat,
-            torch.from_numpy(offsets), steps)
+            halves.view(steps, len(input_ids), -1), *f.cache_args(kv_caches),
+            block_tables.contiguous(), meta.decode_seq_lens, block_size,
+            meta.sliding_window or 0, flat, torch.from_numpy(offsets), steps)

@@ -103,11 +103,17 @@ class FusedDecode:
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """(h, residual) after the last layer, before the final norm, or after it when
         `applies_final_norm` (x is overwritten)."""
-        quant = kv_caches[0].k_scale is not None
         return self.ops.decode_layers(
             x.contiguous(), self.layers, self.num_heads, self.num_kv_heads, self.head_dim,
-            self.scale, self.eps, rope.halves, [c.k for c in kv_caches],
-            [c.v for c in kv_caches], [c.k_scale for c in kv_caches] if quant else [],
-            [c.v_scale for c in kv_caches] if quant else [], meta.slot_mapping,
+            self.scale, self.eps, rope.halves, *self.cache_args(kv_caches), meta.slot_mapping,
             meta.decode_block_tables, meta.decode_seq_lens, meta.sliding_window or 0,
             self.final_norm)
+
+    @staticmethod
+    def cache_args(kv_caches: list[LayerKVCache]) -> tuple[list, list, list, list]:
+        """Every layer's K and V pools and their scale pools (empty lists for a cache
+        without scales), as the C++ loop takes them."""
+        quant = kv_caches[0].k_scale is not None
+        return ([c.k for c in kv_caches], [c.v for c in kv_caches],
+                [c.k_scale for c in kv_caches] if quant else [],
+                [c.v_scale for c in kv_caches] if quant else [])

@@ -131,7 +131,7 @@ class ModelRunner:
         applies speculative drafts. Empty when the first step's logits are not finite in
         some row: the step then runs the ordinary way, which reports that row."""
         order = [s.request for s in batch.order]
-        width = -(-(int(batch.meta.decode_seq_lens.max()) + steps - 1) // self.block_size)
+        width = -(-(batch.max_pos + steps) // self.block_size)  # positions < max_pos + steps
         tables = torch.from_numpy(self.batch.block_tables(order, width, 0))
         tokens = self.decode_steps(batch.input_ids, batch.positions, batch.max_pos,
                                    self.cache.layer_caches, batch.meta, tables,
