@@ -8,8 +8,9 @@ decode step per engine step) and against that with the weights left where they w
 Each variant is its own `LLM` in this process (the arena is chosen when the weights load);
 rounds alternate between them, best of `--rounds`. Numbers (benchmarks/int8_tiles.py's
 engine_round): one-stream decode tok/s (64 tokens after a 6-token prompt), a 512-token
-prefill tok/s, and N requests x 128 / 128 output tok/s (prefill included) for each N of
---offline. Prints a table with each variant's ratio to default flags and whether every
+prefill tok/s, N requests x 128 / 128 output tok/s (prefill included) for each N of
+--offline, and one stream and the first N again with random sampling (temperature 1, top-p
+0.95, seeded: the OpenAI API's default temperature; "sampled"). Prints a table with each variant's ratio to default flags and whether every
 variant gave the same greedy tokens; writes JSON (`--out`).
 """
 
@@ -69,7 +70,8 @@ def main() -> None:
             for key, value in numbers.items():
                 best[name][key] = max(best[name].get(key, 0.0), value)
     first = next(iter(tokens.values()))
-    keys = ["decode_1", "prefill_512", *(f"offline_{n}" for n in levels)]
+    keys = ["decode_1", "prefill_512", *(f"offline_{n}" for n in levels), "decode_1_sampled",
+            *(f"offline_{n}_sampled" for n in levels[:1])]
     base = best["default flags"]
     result = {"cpu_flags": " ".join(cpu_features.cpu_flags()), "threads": args.threads,
               "model": args.model or "SmolLM2-135M-Instruct Q4_1", "rounds": args.rounds,
@@ -77,7 +79,8 @@ def main() -> None:
               "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "variants": best, "greedy_tokens_equal": all(t == first for t in tokens.values())}
     print(f"| variant (best of {args.rounds}) | one stream tok/s | prefill 512 tok/s | "
-          + " | ".join(f"offline {n} x 128/128" for n in levels) + " |")
+          + " | ".join(f"offline {n} x 128/128" for n in levels) + " | one stream, sampled | "
+          + " | ".join(f"offline {n}, sampled" for n in levels[:1]) + " |")
     print("|---|" + "---:|" * len(keys))
     for name, numbers in best.items():
         cells = [f"{numbers[k]:.0f}" + ("" if name == "default flags"
@@ -90,18 +93,27 @@ def main() -> None:
 
 def variant_round(llm, levels: list[int]) -> tuple[dict[str, float], list]:
     """engine_round's numbers with the first offline level, then the other levels' offline
-    output tok/s (`offline_N`); the first level's greedy tokens."""
+    output tok/s (`offline_N`), then sampled rows: one stream (128 tokens after the short
+    prompt, prefill included) and the first level; the first level's greedy tokens."""
     from benchmarks.bf16_weights import offline_batch
+    from benchmarks.int8_tiles import SHORT_PROMPT
     from pagedllm import SamplingParams
+
+    def output_rate(prompts, params) -> float:
+        t0 = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return params.max_tokens * len(prompts) / (time.perf_counter() - t0)
 
     numbers, tokens = engine_round(llm, levels[0] if levels else 0)
     if levels:
         numbers[f"offline_{levels[0]}"] = numbers.pop("offline")
-    params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     for n in levels[1:]:
-        t0 = time.perf_counter()
-        llm.generate(offline_batch(n), params, use_tqdm=False)
-        numbers[f"offline_{n}"] = 128 * n / (time.perf_counter() - t0)
+        numbers[f"offline_{n}"] = output_rate(offline_batch(n), greedy)
+    random = SamplingParams(temperature=1.0, top_p=0.95, seed=0, max_tokens=128, ignore_eos=True)
+    numbers["decode_1_sampled"] = output_rate([{"prompt_token_ids": SHORT_PROMPT}], random)
+    for n in levels[:1]:
+        numbers[f"offline_{n}_sampled"] = output_rate(offline_batch(n), random)
     return numbers, tokens
 
 

@@ -176,6 +176,14 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 
+    def ending_token_ids(self, eos_token_id: int | None) -> list[int]:
+        """The token ids that end a sequence: `stop_token_ids`, then `eos_token_id` unless
+        ignored (or None)."""
+        ids = list(self.stop_token_ids or ())
+        if not self.ignore_eos and eos_token_id is not None:
+            ids.append(eos_token_id)
+        return ids
+
     @property
     def sampling_type(self) -> SamplingType:
         if self.is_greedy:

@@ -7,9 +7,12 @@ one update, as an accepted speculative run does: the scheduler appends them in o
 a row at its first stop token or string (later tokens dropped) and gives back the slots it
 did not use (`Scheduler._commit_drafts`).
 
-Runs ahead only when every row would produce the same tokens one step at a time: greedy,
-no logprobs, penalties, logit bias, allowed / bad words, grammar, reasoning budget, LoRA
-adapter or pending `min_tokens`; and only when nothing else wants the step (no waiting or
+Runs ahead only when every row would produce the same tokens one step at a time: greedy, or
+random with temperature / top-k / top-p (the sampler's C++ draw; a request's uniforms are
+drawn ahead in its step order), no min_p, logprobs, penalties, logit bias, allowed / bad
+words, grammar, reasoning budget, LoRA adapter or pending `min_tokens`, one sequence past its
+prompt (not an n > 1 request fanning out, not a prompt's last token, whose prompt logprobs
+are due); and only when nothing else wants the step (no waiting or
 swapped request, no preemption, swap or block copy this step), so a new request waits at most
 k - 1 steps longer for its first token. k is capped by each row's `max_tokens` and the model
 length and by the batch's rows (`ROWS_PER_RUN`), and falls back to 1 unless the blocks for
@@ -30,23 +33,16 @@ ROWS_PER_RUN = 32
 
 
 def runs_ahead(request: Request) -> bool:
-    """Whether `request`'s next tokens are plain greedy argmaxes of its logits (the C++
-    steps' rule), so k steps at once give what k single steps give."""
+    """Whether `request`'s next token comes from its logits by the C++ steps' rules alone
+    (argmax, or temperature / top-k / top-p and a uniform) with one sampling row past its
+    prompt, so k steps at once give what k single steps give."""
     p = request.sampling_params
-    return (p.is_greedy and p.logprobs is None and p.presence_penalty == 0.0
+    return (p.min_p == 0.0 and p.logprobs is None and p.presence_penalty == 0.0
             and p.frequency_penalty == 0.0 and p.repetition_penalty == 1.0
             and not (p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids)
             and p.thinking is None and request.grammar is None and request.lora is None
-            and request.num_output_tokens >= p.min_tokens)
-
-
-def stop_ids(request: Request) -> list[int]:
-    """The token ids that end `request` (EOS unless ignored, then its stop_token_ids)."""
-    p = request.sampling_params
-    ids = list(p.stop_token_ids or ())
-    if not p.ignore_eos and request.eos_token_id is not None:
-        ids.append(request.eos_token_id)
-    return ids
+            and request.num_output_tokens >= p.min_tokens and request.forked
+            and request.num_computed_tokens >= request.num_prompt_tokens)
 
 
 def plan_steps(out: SchedulerOutput, bm: BlockManager, max_steps: int, max_model_len: int,

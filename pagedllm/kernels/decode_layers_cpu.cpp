@@ -203,15 +203,49 @@ void greedy_rows(const torch::Tensor& logits, int64_t vocab, int64_t* out) {
   });
 }
 
-// Up to `steps` greedy decode steps of every row in one call (`num_scheduler_steps`): each
+// How decode_steps picks a step's tokens [B] (`next`): each row's greedy token, or with
+// `temperature` [B] the draw of the rows whose temperature is not 0, by the kernels
+// model/layers/sampler.py calls for one step on the same logits (top_k_top_p_thresholds from
+// the rows' `candidates` largest values on, rounded to float; sample_rows at the step's row of
+// `u` [steps, B]): the same tokens as one step at a time. false, and the run stops before this
+// step (the caller then runs it the ordinary way, which reports the row), when a row's logits
+// are not finite.
+struct StepSampler {
+  c10::optional<torch::Tensor> temperature, top_k, top_p, u;
+  int64_t candidates;
+
+  bool operator()(const torch::Tensor& logits, int64_t vocab, int64_t step, int64_t* next) const {
+    const int64_t B = logits.size(0);
+    greedy_rows(logits, vocab, next);
+    if (std::any_of(next, next + B, [](int64_t t) { return t < 0; })) return false;
+    if (!temperature.has_value()) return true;
+    const torch::Tensor l =
+        logits.size(1) == vocab ? logits : logits.narrow(1, 0, vocab).contiguous();
+    const float* t = temperature->data_ptr<float>();
+    c10::optional<torch::Tensor> lo;
+    if (top_k.has_value() || top_p.has_value())
+      lo = top_k_top_p_thresholds(l, temperature, top_k, top_p, candidates).to(torch::kFloat);
+    const torch::Tensor ids = sample_rows(l, temperature, lo, (*u)[step], c10::nullopt);
+    const int64_t* ip = ids.data_ptr<int64_t>();
+    const float* lp = l.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      if (t[b] == 0.f) continue;
+      if (not_finite(lp[b * vocab + ip[b]])) return false;  // the sampler's finiteness test
+      next[b] = ip[b];
+    }
+    return true;
+  }
+};
+
+// Up to `steps` decode steps of every row in one call (`num_scheduler_steps`): each
 // step looks the rows' tokens up in `embed`, runs decode_layers (the final norm included),
-// `lm_head` and greedy_rows, and feeds the tokens back; step i writes K/V at position
+// `lm_head` and `sampler`, and feeds the tokens back; step i writes K/V at position
 // seq_lens[b] - 1 + i, whose slot comes from `block_tables` (which must already cover every
 // step). The same kernels in the same order as one step at a time, so the same tokens.
 // Returns tokens [B, n]: n < steps when a row sampled one of its stop ids (stop_ids[off[b],
-// off[b + 1])) at step n - 1, or its logits at step n were not finite (that step's KV is
-// written but it is not counted: the caller runs it again on its own, which reports the
-// row). halves [steps, B, rotary]: each step's RoPE rows.
+// off[b + 1])) at step n - 1, or `sampler` refused step n (that step's KV is written but it
+// is not counted: the caller runs it again on its own, which reports a row whose logits are
+// not finite). halves [steps, B, rotary]: each step's RoPE rows.
 torch::Tensor decode_steps(
     torch::Tensor ids, const std::vector<DecodeLayer>& layers, const EmbedRef& embed,
     const LinearRef& lm_head, torch::Tensor final_norm, int64_t vocab, int64_t H, int64_t KVH,
@@ -219,7 +253,9 @@ torch::Tensor decode_steps(
     const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
     const std::vector<torch::Tensor>& k_scales, const std::vector<torch::Tensor>& v_scales,
     torch::Tensor block_tables, torch::Tensor seq_lens, int64_t block_size, int64_t window,
-    torch::Tensor stop_ids, torch::Tensor stop_offsets, int64_t steps) {
+    torch::Tensor stop_ids, torch::Tensor stop_offsets, int64_t steps,
+    c10::optional<torch::Tensor> temperature, c10::optional<torch::Tensor> top_k,
+    c10::optional<torch::Tensor> top_p, c10::optional<torch::Tensor> u, int64_t candidates) {
   const int64_t B = ids.size(0), W = block_tables.size(1);
   TORCH_CHECK(ids.dtype() == torch::kInt64 && ids.dim() == 1 && seq_lens.numel() == B &&
                   seq_lens.dtype() == torch::kInt64 && block_tables.dtype() == torch::kInt64 &&
@@ -230,6 +266,13 @@ torch::Tensor decode_steps(
               "offsets [B + 1]");
   TORCH_CHECK(halves.dim() == 3 && halves.size(0) >= steps && halves.size(1) == B,
               "decode_steps: halves must be [steps, B, rotary]");
+  TORCH_CHECK(!temperature.has_value() ||
+                  (temperature->numel() == B && temperature->dtype() == torch::kFloat32 &&
+                   temperature->is_contiguous() && u.has_value() && u->dim() == 2 &&
+                   u->size(0) >= steps && u->size(1) == B && u->dtype() == at::kDouble &&
+                   u->is_contiguous()),
+              "decode_steps: temperature [B] float32 comes with u [steps, B] float64");
+  const StepSampler sampler{temperature, top_k, top_p, u, candidates};
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* so = stop_offsets.data_ptr<int64_t>();
   const int64_t* sid = stop_ids.data_ptr<int64_t>();
@@ -251,8 +294,7 @@ torch::Tensor decode_steps(
     auto hr = decode_layers(embed(cur), layers, H, KVH, d, scale, eps, halves[n], k_caches,
                             v_caches, k_scales, v_scales, slots, block_tables, lens, window,
                             final_norm);
-    greedy_rows(lm_head(std::get<0>(hr)).contiguous(), vocab, next.data());
-    if (std::any_of(next.begin(), next.end(), [](int64_t t) { return t < 0; })) break;
+    if (!sampler(lm_head(std::get<0>(hr)).contiguous(), vocab, n, next.data())) break;
     bool stop = false;
     for (int64_t b = 0; b < B; ++b) {
       tp[b * steps + n] = cp[b] = next[b];
@@ -290,8 +332,9 @@ void register_decode_layers(pybind11::module_& m) {
       .def(py::init<int64_t, int64_t, int64_t, int64_t, std::vector<torch::Tensor>>(),
            py::arg("kind"), py::arg("fmt"), py::arg("N"), py::arg("K"), py::arg("tensors"));
   m.def("decode_steps", &decode_steps, py::call_guard<py::gil_scoped_release>(),
-        "up to `steps` greedy decode steps in one call: the tokens [B, n] (n < steps after a "
-        "stop id, or before a step whose logits are not finite)");
+        "up to `steps` decode steps in one call, greedy or (with temperature [B] and u "
+        "[steps, B]) sampled: the tokens [B, n] (n < steps after a stop id, or before a step "
+        "whose logits are not finite)");
   m.def("decode_layers", &decode_layers, py::call_guard<py::gil_scoped_release>(),
         "a decode step through every decoder layer: (h, residual) before the final norm, or "
         "after it when final_norm (the model's RMSNorm weight) is given");

@@ -57,3 +57,9 @@ torch::Tensor gguf_a8_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tensor
 torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
                                       torch::Tensor d, torch::Tensor m, int64_t N,
                                       torch::Tensor offsets);
+torch::Tensor sample_rows(torch::Tensor logits, c10::optional<torch::Tensor> temperature,
+                          c10::optional<torch::Tensor> threshold, torch::Tensor u,
+                          c10::optional<torch::Tensor> log_min_p);
+torch::Tensor top_k_top_p_thresholds(torch::Tensor logits, c10::optional<torch::Tensor> temperature,
+                                     c10::optional<torch::Tensor> k,
+                                     c10::optional<torch::Tensor> p, int64_t m);

@@ -6,8 +6,9 @@
 //                     the values >= tau collected in one vector pass, a radix sort of those;
 //                     a row with a NaN or +inf (or too few values above the cut) takes the keys path
 //                     (order-preserving integer keys: a total order, NaN above +inf, numpy's)
-//   top_k_top_p_cut   top_values + the mass + `_thresholds`' rule per row, and whether the m
-//                     values decided it (the k-th value or the nucleus may lie past them)
+//   top_k_top_p_thresholds   per row: top_values + the mass + `_thresholds`' rule, then 8x
+//                     as many values where the m do not decide it (the k-th value or the
+//                     nucleus may lie past them), then all of them sorted
 //
 // numpy's partition copied the [B, V] scaled logits and torch's exp and sum wrote two more,
 // with ~15 small torch ops on the candidates after: ~25 ms a step at 64 rows, ~1 ms at one row
@@ -174,6 +175,19 @@ void cut_row(const float* s, int64_t m, int64_t V_, int64_t k, double p, double 
   *decided = ok;
 }
 
+// The m largest of a row's n scaled values x (scale_row's output; `finite` its answer) into
+// out, ascending; m == n sorts them all.
+void select_top(const float* x, int64_t n, int64_t m, bool finite, uint32_t* keys,
+                uint32_t* side, float* cand, float* out) {
+  if (m >= n) {
+    for (int64_t i = 0; i < n; ++i) keys[i] = order_key(x[i]);
+    radix_sort(keys, side, n);
+    for (int64_t i = 0; i < n; ++i) out[i] = from_key(keys[i]);
+  } else if (!(finite && top_values_sampled(x, n, m, cand, side, out))) {
+    top_values_keys(x, n, m, keys, side, out);
+  }
+}
+
 }  // namespace
 
 // Each row's m largest values of logits / temperature, ascending [B, m] fp32 (m < V), and with
@@ -202,38 +216,59 @@ std::tuple<torch::Tensor, torch::Tensor> top_values(torch::Tensor logits,
       const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
       float mx;
       const bool finite = scale_row(l + r * V_, V_, t, -kInf, x, &mx);
-      if (!(finite && top_values_sampled(x, V_, m, cand, side, vp + r * m)))
-        top_values_keys(x, V_, m, keys, side, vp + r * m);
+      select_top(x, V_, m, finite, keys, side, cand, vp + r * m);
       if (with_mass) mp[r] = exp_sum_row(x, padded / kChunk, vp[r * m + m - 1]);
     }
   });
   return {values, mass};
 }
 
-// Each row's top-k / top-p threshold on logits / temperature [B] float64 from its m largest
-// values (top_values' selection and mass, `cut_row`), whether those m decided it, and (with
-// p) each row's mass for the later passes of the rows they did not: top_k_top_p.py's first
-// pass in one call. k [B] int64 (V: off) and p [B] (1: off) optional.
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_k_top_p_cut(
-    torch::Tensor logits, c10::optional<torch::Tensor> temperature,
-    c10::optional<torch::Tensor> k, c10::optional<torch::Tensor> p, int64_t m) {
+// Each row's top-k / top-p threshold on logits / temperature [B] float64 (top_k_top_p.py's
+// rule, `cut_row`): from the row's m largest values (top_values' selection and the row's mass
+// over its maximum), then from 8x as many where those do not decide it (its k-th value or its
+// nucleus lies past them), then from all its values sorted. k [B] int64 (V: off) and p [B]
+// (1: off) optional. One function for a sampling step and the multi-step decode's draws, so
+// both cut every row alike.
+torch::Tensor top_k_top_p_thresholds(torch::Tensor logits, c10::optional<torch::Tensor> temperature,
+                                     c10::optional<torch::Tensor> k,
+                                     c10::optional<torch::Tensor> p, int64_t m) {
+  TORCH_CHECK(logits.dim() == 2 && logits.dtype() == torch::kFloat32 && logits.is_contiguous(),
+              "top_k_top_p_thresholds: logits must be contiguous fp32 [B, V]");
   const int64_t B = logits.size(0), V_ = logits.size(1);
-  const int64_t* kp = row_arg<int64_t>(k, B, torch::kInt64, "top_k_top_p_cut", "k");
-  const float* pp = row_arg<float>(p, B, torch::kFloat32, "top_k_top_p_cut", "p");
-  auto [top, mass] = top_values(logits, temperature, m, pp != nullptr);
+  TORCH_CHECK(m > 0, "top_k_top_p_thresholds: m=", m, " must be positive");
+  const char* fn = "top_k_top_p_thresholds";
+  const float* tp = row_arg<float>(temperature, B, torch::kFloat32, fn, "temperature");
+  const int64_t* kp = row_arg<int64_t>(k, B, torch::kInt64, fn, "k");
+  const float* pp = row_arg<float>(p, B, torch::kFloat32, fn, "p");
   auto lo = torch::empty({B}, torch::TensorOptions().dtype(at::kDouble));
-  auto decided = torch::empty({B}, torch::TensorOptions().dtype(at::kBool));
-  const float* tp = top.data_ptr<float>();
-  const double* mp = pp != nullptr ? mass.data_ptr<double>() : nullptr;
   double* lp = lo.data_ptr<double>();
-  bool* dp = decided.data_ptr<bool>();
+  const float* l = logits.data_ptr<float>();
+  const int64_t padded = (V_ + kChunk - 1) / kChunk * kChunk;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    double* e = scratch<double, 4>(m);
-    for (int64_t r = begin; r < end; ++r)
-      cut_row(tp + r * m, m, V_, kp != nullptr ? kp[r] : V_, pp != nullptr ? pp[r] : 1.0,
-              mp != nullptr ? mp[r] : 0.0, e, lp + r, dp + r);
+    float* x = scratch<float, 0>(padded);
+    uint32_t* keys = scratch<uint32_t, 1>(V_);
+    uint32_t* side = scratch<uint32_t, 2>(V_);
+    float* cand = scratch<float, 3>(V_);
+    float* top = scratch<float, 5>(V_);
+    double* e = scratch<double, 4>(V_);
+    for (int64_t r = begin; r < end; ++r) {
+      const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
+      const int64_t kr = kp != nullptr ? kp[r] : V_;
+      const double pr = pp != nullptr ? pp[r] : 1.0;
+      float mx;
+      const bool finite = scale_row(l + r * V_, V_, t, -kInf, x, &mx);
+      double mass = 0.0;
+      for (int64_t n = std::min(m, V_);; n = std::min(8 * n, V_)) {
+        select_top(x, V_, n, finite, keys, side, cand, top);
+        if (pp != nullptr && n == std::min(m, V_))  // the row's mass over its largest value
+          mass = exp_sum_row(x, padded / kChunk, top[n - 1]);
+        bool decided;
+        cut_row(top, n, V_, kr, pr, mass, e, lp + r, &decided);
+        if (decided || n == V_) break;
+      }
+    }
   });
-  return {lo, decided, mass};
+  return lo;
 }
 
 #pragma GCC pop_options
@@ -242,7 +277,8 @@ void register_top_k_top_p_kernels(pybind11::module_& m) {
   m.def("top_values", &top_values, pybind11::call_guard<pybind11::gil_scoped_release>(),
         "(each row's m largest values of logits / temperature, ascending [B, m]; with "
         "with_mass each row's float64 sum of e^(x - max) [B])");
-  m.def("top_k_top_p_cut", &top_k_top_p_cut, pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "(each row's top-k / top-p threshold on logits / temperature [B] float64, whether its "
-        "m largest values decided it [B] bool, with p each row's mass over its max [B])");
+  m.def("top_k_top_p_thresholds", &top_k_top_p_thresholds,
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
+        "each row's top-k / top-p threshold on logits / temperature [B] float64, from its m "
+        "largest values, 8x as many where those do not decide it, else all of them");
 }

@@ -18,11 +18,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from pagedllm.core.multi_step import stop_ids
 from pagedllm.core.runner_output import RunnerOutput, SampledTokens, ScoredPrompt
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.lora.manager import LoRAManager
-from pagedllm.model.decode_steps import DecodeSteps
+from pagedllm.model.decode_steps import AheadDraws, DecodeSteps
 from pagedllm.model.layers.attention_backends import PagedAttentionBackend
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_generator
 from pagedllm.model.layers.token_constraints import TokenConstraints
@@ -86,7 +85,7 @@ class ModelRunner:
         if batch is None:
             return RunnerOutput()
         t1 = time.perf_counter()
-        if sched.num_steps > 1 and (sampled := self._steps(batch, sched.num_steps)):
+        if sched.num_steps > 1 and (sampled := self._steps(batch, plan, sched.num_steps)):
             t2 = time.perf_counter()
             return RunnerOutput(sampled, timings_ms={"prepare": (t1 - t0) * 1e3,
                                                      "forward": (t2 - t1) * 1e3})
@@ -124,18 +123,26 @@ class ModelRunner:
                              self.batch, self.cache.spec.groups)
         return batch, plan_sampling(batch)
 
-    def _steps(self, batch, steps: int) -> list[SampledTokens]:
-        """Up to `steps` greedy decode steps of the batch in one call (the scheduler's
-        blocks cover them all: core/multi_step.py): each request's tokens as one accepted
-        run of `steps - 1` lookahead positions, which `update_from_output` applies as it
-        applies speculative drafts. Empty when the first step's logits are not finite in
-        some row: the step then runs the ordinary way, which reports that row."""
+    def _steps(self, batch, plan: SamplingPlan, steps: int) -> list[SampledTokens]:
+        """Up to `steps` decode steps of the batch in one call (the scheduler's blocks cover
+        them all: core/multi_step.py; one sampling row per request, `plan`'s): each
+        request's tokens as one accepted run of `steps - 1` lookahead positions, which
+        `update_from_output` applies as it applies speculative drafts. Empty when the first
+        step cannot run there (logits not finite in some row, a top-p the kernel does not
+        decide): the step then runs the ordinary way, which reports such a row."""
         order = [s.request for s in batch.order]
         width = -(-(batch.max_pos + steps) // self.block_size)  # positions < max_pos + steps
         tables = torch.from_numpy(self.batch.block_tables(order, width, 0))
-        tokens = self.decode_steps(batch.input_ids, batch.positions, batch.max_pos,
-                                   self.cache.layer_caches, batch.meta, tables,
-                                   self.block_size, steps, [stop_ids(r) for r in order])
+        md = SamplingMetadata.build(plan.rows, self.vocab_size, self.device)
+        draws = None if md.all_greedy else AheadDraws(self.sampler.generator, md.generators,
+                                                      len(order), steps)
+        tokens = self.decode_steps(
+            batch.input_ids, batch.positions, batch.max_pos, self.cache.layer_caches,
+            batch.meta, tables, self.block_size, steps,
+            [r.sampling_params.ending_token_ids(r.eos_token_id) for r in order],
+            None if draws is None else md, draws)
+        if draws is not None:
+            draws.keep(tokens.shape[1])
         if tokens.shape[1] == 0:
             return []
         return [SampledTokens(req, row, num_drafts=steps - 1, num_accepted=len(row) - 1)

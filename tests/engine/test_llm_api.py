@@ -434,8 +434,9 @@ def test_mixed_workload_keeps_invariants_every_step(tiny_llama_dir, make_llm,
 
 def test_sibling_finishing_early_keeps_invariants(tiny_llama_dir, make_llm) -> None:
     """One of n samples hits a stop string while its siblings run on: the finished sequence
-    stays listed in its group (with blocks freed) until the whole group is done."""
-    llm = make_llm(tiny_llama_dir)
+    stays listed in its group (with blocks freed) until the whole group is done. One decode
+    step per engine step: with several, all four stop inside the first run."""
+    llm = make_llm(tiny_llama_dir, num_scheduler_steps=1)
     engine = llm.llm_engine
     rid = engine.add_request("Hello", SamplingParams(n=4, temperature=1.0, seed=0,
                                                      max_tokens=30, stop=["e", "o"]))

@@ -99,17 +99,97 @@ def test_max_model_len_cuts_a_run(tiny_llama_dir: Path, make_llm) -> None:
 
 
 def test_rows_it_cannot_serve_run_one_step_at_a_time(pair) -> None:
-    """logprobs, a random row, a penalty: the engine steps once per token, the outputs equal
-    the single-step engine's (same seed)."""
+    """logprobs, min_p, a penalty: the engine steps once per token, the outputs equal the
+    single-step engine's (same seed)."""
     multi, single = pair
     for p in (SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=2),
-              SamplingParams(temperature=0.8, max_tokens=9, ignore_eos=True, seed=3),
+              SamplingParams(temperature=0.8, max_tokens=9, ignore_eos=True, seed=3, min_p=0.1),
               SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True,
                              repetition_penalty=1.3)):
         got, steps = run(multi, PROMPTS[:1], p)
         want, _ = run(single, PROMPTS[:1], p)
         same(got, want)
         assert steps >= 9
+
+
+def sampled(**kw) -> SamplingParams:
+    return SamplingParams(**{"temperature": 0.9, "max_tokens": 21, "ignore_eos": True, **kw})
+
+
+def test_random_rows_same_as_single_steps(tiny_llama_dir: Path, make_llm) -> None:
+    """A seeded random row, an unseeded one and a greedy one in one batch, twice: the same
+    tokens as one step at a time (fresh engines of one seed: unseeded rows draw from the
+    engine's generator, seeded ones from their own, ahead of the run and then set back to
+    where the steps it ran leave them), and it ran ahead."""
+    multi = make_llm(tiny_llama_dir, enable_prefix_caching=False)
+    single = make_llm(tiny_llama_dir, enable_prefix_caching=False, num_scheduler_steps=1)
+    params = [sampled(seed=11), sampled(), GREEDY]
+    for _ in range(2):
+        got, steps = run(multi, PROMPTS, params)
+        want, single_steps = run(single, PROMPTS, params)
+        same(got, want)
+        assert steps < single_steps // 3
+    greedy, _ = run(single, PROMPTS[:1], GREEDY)
+    assert got[0].token_ids != greedy[0].token_ids  # (it did sample)
+
+
+def test_random_rows_stop_inside_a_run(pair) -> None:
+    """Seeded random rows ending on a stop token, a stop string and max_tokens inside a run:
+    the same tokens, text and reasons as one step at a time."""
+    multi, single = pair
+    free, _ = run(single, PROMPTS, [sampled(seed=s) for s in (1, 2, 3)])
+    text = free[2].text
+    params = [sampled(seed=1, stop_token_ids=[free[0].token_ids[4]]),
+              sampled(seed=2, max_tokens=6),
+              sampled(seed=3, stop=[text[len(text) // 2:][:3]])]
+    got, _ = run(multi, PROMPTS, params)
+    want, _ = run(single, PROMPTS, params)
+    same(got, want)
+    assert got[0].finish_reason == "stop" and len(got[0].token_ids) <= 5
+
+
+@pytest.fixture(scope="module")
+def wide_llama_dir(tmp_path_factory) -> Path:
+    """The tiny Llama with a 2,048-token vocabulary: above top_k_top_p.CANDIDATES, so a
+    row's thresholds come from its candidates, or past them for a flat row (the tiny
+    vocabulary sorts every row whole)."""
+    from tests.conftest import _train_tokenizer
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("wide"), "llama",
+                                _train_tokenizer(2048), vocab_size=2048)
+
+
+@pytest.mark.parametrize("fixture", ["wide_llama_dir", "tiny_llama_dir"], ids=["2048", "512"])
+def test_top_k_top_p_rows_same_as_single_steps(fixture: str, request, make_llm) -> None:
+    """top-p, top-k, both, a temperature high enough (8) for flat rows whose nucleus lies
+    past the candidates: the same tokens as one step at a time, and it ran ahead."""
+    model_dir = request.getfixturevalue(fixture)
+    multi = make_llm(model_dir, enable_prefix_caching=False)
+    single = make_llm(model_dir, enable_prefix_caching=False, num_scheduler_steps=1)
+    params = [sampled(seed=4, top_p=0.8), sampled(seed=5, top_k=20),
+              sampled(seed=6, top_k=1500, top_p=0.95, temperature=8.0)]
+    got, steps = run(multi, PROMPTS, params)
+    want, single_steps = run(single, PROMPTS, params)
+    same(got, want)
+    assert steps < single_steps // 3
+
+
+def test_fan_out_and_a_prompts_last_token_are_not_run_ahead(tiny_llama_dir: Path, make_llm
+                                                            ) -> None:
+    """A 17-token prompt in chunks of 16: its last token is computed alone, a step that looks
+    like a decode. n = 2 samples two rows there (both completions kept), prompt logprobs score
+    it."""
+    args = dict(enable_prefix_caching=False, max_num_batched_tokens=16)
+    multi = make_llm(tiny_llama_dir, **args)
+    single = make_llm(tiny_llama_dir, num_scheduler_steps=1, **args)
+    prompt = list(range(30, 47))
+    for p in (sampled(seed=8, n=2, max_tokens=6), sampled(temperature=0.0, n=2, max_tokens=6),
+              sampled(temperature=0.0, max_tokens=6, prompt_logprobs=1)):
+        got = multi.generate([prompt], p, use_tqdm=False)[0]
+        want = single.generate([prompt], p, use_tqdm=False)[0]
+        assert [o.token_ids for o in got.outputs] == [o.token_ids for o in want.outputs]
+        assert len(got.outputs) == p.n
+        assert got.prompt_logprobs == want.prompt_logprobs
 
 
 @pytest.mark.parametrize("int8_activations", [True, False], ids=["a8-panels", "gguf-rows"])
@@ -156,7 +236,9 @@ def test_plan_caps_and_fallbacks() -> None:
     short = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     assert plan_steps(_decoding(bm, 2, short), bm, 8, 1024, others_waiting=False) == 3
     assert plan_steps(_decoding(bm, 1, SamplingParams(temperature=0.5)), bm, 8, 1024,
-                      others_waiting=False) == 1
+                      others_waiting=False) == 8
+    assert plan_steps(_decoding(bm, 1, SamplingParams(temperature=0.5, min_p=0.2)), bm, 8,
+                      1024, others_waiting=False) == 1
 
 
 def test_plan_without_free_blocks_takes_none() -> None:
@@ -169,18 +251,31 @@ def test_plan_without_free_blocks_takes_none() -> None:
     assert [s.request.block_ids for s in out.scheduled] == held
 
 
+def _past_prompt(params: SamplingParams) -> Request:
+    req = _request(0, params)
+    req.num_computed_tokens = req.num_tokens
+    return req
+
+
 def test_runs_ahead_rules() -> None:
-    assert runs_ahead(_request(0, GREEDY))
-    for p in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.0, logprobs=1),
+    for p in (GREEDY, SamplingParams(temperature=1.0, top_k=5, top_p=0.9, seed=1)):
+        req = _past_prompt(p)
+        assert runs_ahead(req)
+        req.num_computed_tokens -= 1  # the prompt's last token: its first sample is a prefill's
+        assert not runs_ahead(req)
+    assert not runs_ahead(_past_prompt(SamplingParams(temperature=1.0, n=2)))  # n rows, 1 logits
+    for p in (SamplingParams(temperature=1.0, min_p=0.1),
+              SamplingParams(temperature=0.0, logprobs=1),
               SamplingParams(temperature=0.0, presence_penalty=0.5),
               SamplingParams(temperature=0.0, logit_bias={3: 1.0}),
               SamplingParams(temperature=0.0, allowed_token_ids=[3, 4]),
               SamplingParams(temperature=0.0, min_tokens=4)):
-        assert not runs_ahead(_request(0, p))
+        assert not runs_ahead(_past_prompt(p))
 
 
-def test_non_finite_logits_inside_a_run_fail_the_row_as_single_steps_do(tiny_llama_dir: Path
-                                                                          ) -> None:
+@pytest.mark.parametrize("params", [GREEDY, sampled(seed=9)], ids=["greedy", "sampled"])
+def test_non_finite_logits_inside_a_run_fail_the_row_as_single_steps_do(tiny_llama_dir: Path,
+                                                                        params) -> None:
     """An embedding row of NaN for the 6th generated token: its step's logits are not finite.
     Inside a run the C++ steps stop before it, the next run's first step finds it and the
     step runs the ordinary way, whose sampler fails that request alone, as one step at a time
@@ -197,7 +292,7 @@ def test_non_finite_logits_inside_a_run_fail_the_row_as_single_steps_do(tiny_lla
             with torch.no_grad():
                 engine.model.model.embed_tokens.weight[poison] = float("nan")
         for i, prompt in enumerate(PROMPTS[:2]):
-            engine.add_request(prompt, GREEDY, f"r{i}")
+            engine.add_request(prompt, params, f"r{i}")
         got = {}
         while engine.has_unfinished_requests():
             got.update((o.request_id, o) for o in engine.step() if o.finished)

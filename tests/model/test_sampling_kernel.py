@@ -159,7 +159,7 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(RuntimeError, match="min_p's cut comes before the thresholds"):
         OPS.sample_rows(torch.zeros(2, 8), None, torch.zeros(2), u, torch.zeros(2))
     with pytest.raises(RuntimeError, match="k must be contiguous"):
-        OPS.top_k_top_p_cut(torch.zeros(2, 8), None, torch.zeros(2), None, 4)
+        OPS.top_k_top_p_thresholds(torch.zeros(2, 8), None, torch.zeros(2), None, 4)
 
 
 @pytest.mark.parametrize("params", [

@@ -142,12 +142,9 @@ class SamplingMetadata:
 
         stop_ids: dict[int, set[int]] = {}
         for i, r in enumerate(rows):
-            if len(r.output_token_ids) < r.params.min_tokens:
-                ids = set(r.params.stop_token_ids or ())
-                if r.eos_token_id is not None and not r.params.ignore_eos:
-                    ids.add(r.eos_token_id)
-                if ids:
-                    stop_ids[i] = ids
+            if (len(r.output_token_ids) < r.params.min_tokens
+                    and (ids := set(r.params.ending_token_ids(r.eos_token_id)))):
+                stop_ids[i] = ids
         wants = [p.logprobs for p in ps if p.logprobs is not None]
         if any_penalty and penalty_state is None:
             penalty_state = (
@@ -287,10 +284,7 @@ def _sample_random(logits: torch.Tensor, md: SamplingMetadata,
     Float32 CPU logits take the C++ kernel (kernels/sampling_cpu.cpp: the same draw from
     the logits with no [B, V] temporaries); elsewhere softmax, cumsum and searchsorted."""
     # Greedy rows are sampled here too (with temperature 1) and replaced by the caller.
-    u = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64,
-                   device=logits.device)
-    for i, g in md.generators.items():
-        u[i] = uniform_draw(g, logits.device)
+    u = step_uniforms(generator, md.generators, logits.shape[0], logits.device)
     ops = _host_sampling_ops(logits)
     if ops is None:
         return inverse_cdf(_random_probs(logits, md), u)
@@ -318,6 +312,17 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     ids = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
     return ids.clamp_(max=probs.shape[-1] - 1)  # a NaN row: its check reports it
+
+
+def step_uniforms(generator: torch.Generator | None, seeded: dict[int, torch.Generator],
+                  rows: int, device: torch.device | str) -> torch.Tensor:
+    """u [rows] float64 of one sampling step with a random row: `rows` numbers from
+    `generator` (None: torch's default), then row i's from its own generator `seeded[i]`
+    (multi-step decode draws its steps' numbers ahead with this, in this order)."""
+    u = torch.rand(rows, generator=generator, dtype=torch.float64, device=device)
+    for i, g in seeded.items():
+        u[i] = uniform_draw(g, device)
+    return u
 
 
 def uniform_draw(generator: torch.Generator | None, device: torch.device | str) -> torch.Tensor:

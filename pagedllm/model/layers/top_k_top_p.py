@@ -11,7 +11,7 @@ Only a row's largest values matter, in order, never their positions. On the CPU 
 each row's CANDIDATES largest values are selected in linear time and only they are sorted (the
 C++ kernels of kernels/top_k_top_p_cpu.cpp, straight from the logits and temperatures; numpy's
 partition without them); a row whose k-th value or nucleus lies past them (k above
-CANDIDATES, a flat distribution) tries 8x as many, then sorts all its values (numpy). For a
+CANDIDATES, a flat distribution) tries 8x as many, then sorts all its values. For a
 49,152-token row torch's sort (values and indices) took ~8 ms. Elsewhere (CUDA) torch sorts
 the rows.
 """
@@ -55,29 +55,24 @@ def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tens
 def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
                     temperature: torch.Tensor | None) -> torch.Tensor:
     """The thresholds from each row's CANDIDATES largest values, then 8x as many for the
-    rows they do not decide, then every value. The first pass is one C++ call (each row's
-    largest values of logits / temperature, its mass and `_thresholds`' rule, in float64 as
-    here: kernels/top_k_top_p_cpu.cpp); without the kernels numpy selects the values from the
-    scaled logits."""
-    ops = cpu_ops.load()
-    b, v = logits.shape
-    scaled = None if ops is not None else (
-        logits if temperature is None else scaled_logits(logits, temperature)).numpy()
-    lo = torch.empty(b, dtype=torch.float64)
-    todo = torch.arange(b)
-    mass = None
-    passes = (CANDIDATES, 8 * CANDIDATES)
-    if ops is not None and v > CANDIDATES:  # the first pass, every row, in one call
-        lo, decided, mass = ops.top_k_top_p_cut(
+    rows they do not decide, then every value: one C++ call (each row's largest values of
+    logits / temperature, its mass and `_thresholds`' rule, in float64 as here:
+    kernels/top_k_top_p_cpu.cpp, which the multi-step decode calls too); without the kernels
+    numpy selects the values from the scaled logits."""
+    if (ops := cpu_ops.load()) is not None:
+        return ops.top_k_top_p_thresholds(
             logits.contiguous(), None if temperature is None else temperature.contiguous(),
             None if k is None else k.contiguous(), None if p is None else p.contiguous(),
             CANDIDATES)
-        mass = mass if p is not None else None
-        todo, passes = todo[~decided], passes[1:]
-    for m in passes:
+    b, v = logits.shape
+    scaled = (logits if temperature is None else scaled_logits(logits, temperature)).numpy()
+    lo = torch.empty(b, dtype=torch.float64)
+    todo = torch.arange(b)
+    mass = None
+    for m in (CANDIDATES, 8 * CANDIDATES):
         if m >= v or not todo.numel():
             break
-        rows = _rows(logits, temperature, scaled, todo, b)
+        rows = scaled if len(todo) == b else scaled[todo.numpy()]
         top = torch.from_numpy(np.sort(np.partition(rows, v - m, axis=-1)[:, v - m:], axis=-1))
         if p is not None and mass is None:  # the first pass: every row's mass over its max
             mass = torch.exp(torch.from_numpy(rows) - top[:, -1:]).sum(dim=-1).double()
@@ -87,20 +82,11 @@ def _cpu_thresholds(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tenso
         lo[todo[decided]] = got[decided]
         todo = todo[~decided]
     if todo.numel():
-        rows = _rows(logits, temperature, scaled, todo, b)
+        rows = scaled if len(todo) == b else scaled[todo.numpy()]
         lo[todo] = _thresholds(torch.from_numpy(np.sort(rows, axis=-1)), v,
                                None if k is None else k[todo],
                                None if p is None else p[todo], None)[0]
     return lo
-
-
-def _rows(logits: torch.Tensor, temperature: torch.Tensor | None, scaled: np.ndarray | None,
-          todo: torch.Tensor, b: int) -> np.ndarray:
-    """Rows `todo` of the scaled logits (`scaled` when materialized, else computed)."""
-    if scaled is not None:
-        return scaled if len(todo) == b else scaled[todo.numpy()]
-    rows = logits[todo] if temperature is None else scaled_logits(logits[todo], temperature[todo])
-    return rows.numpy()
 
 
 def _thresholds(s: torch.Tensor, v: int, k: torch.Tensor | None, p: torch.Tensor | None,
