@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
-import mmap
 
 import torch
 
 from pagedllm.config import KVCacheSpec
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.attention import LayerKVCache
+from pagedllm.worker.anonymous_memory import anonymous_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +47,9 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
         return torch.zeros(shape, dtype=dtype, device=device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = math.prod(shape) * itemsize
-    if nbytes == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+    if (raw := anonymous_bytes(nbytes, "MADV_NOHUGEPAGE")) is None:
         return torch.zeros(shape, dtype=dtype)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_NOHUGEPAGE"):
-        buf.madvise(mmap.MADV_NOHUGEPAGE)
-    # the tensor holds a reference to `buf`: the mapping lives as long as the pool
-    return torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+    return raw.view(dtype).view(shape)
 
 
 class CacheEngine:

@@ -22,7 +22,6 @@ difference).
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from pagedllm.model.layers.quant import LinearMethod
+from pagedllm.worker.anonymous_memory import anonymous_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def into_huge_pages(model: nn.Module) -> int:
     """Move the CPU model's weights into one huge-page mapping (module docstring); returns
     the bytes moved (0 when off, nothing is on the CPU, or the platform has no anonymous
     mappings)."""
-    if os.environ.get("PAGEDLLM_WEIGHT_ARENA", "1") == "0" or not hasattr(mmap, "MAP_ANONYMOUS"):
+    if os.environ.get("PAGEDLLM_WEIGHT_ARENA", "1") == "0":
         return 0
     spans: dict[int, tuple[int, int]] = {}  # storage -> bytes its weights read
 
@@ -103,12 +103,8 @@ def into_huge_pages(model: nn.Module) -> int:
 
     _visit(model, measure)
     total = sum(_aligned(hi - lo) for lo, hi in spans.values())
-    if not total:
+    if not total or (arena := anonymous_bytes(total + HUGE_PAGE, "MADV_HUGEPAGE")) is None:
         return 0
-    buf = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    arena = torch.frombuffer(buf, dtype=torch.uint8)  # holds `buf`: the mapping lives on
     start = (-arena.data_ptr()) % HUGE_PAGE  # the first byte on a 2 MiB boundary
     offsets: dict[int, int] = {}  # storage -> where its span begins in the arena
 
