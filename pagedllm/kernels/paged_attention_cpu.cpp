@@ -294,12 +294,252 @@ static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len, in
 // T = float: rows are used in place; T = c10::Half: rows converted as they are read;
 // otherwise (8 bits) ks / vs are the float16 scale pools.
 //
+#if defined(PAGEDLLM_PA_TILES)
+// Tokens per chunk of a head's V sums: every path sums a head's weighted V rows chunk by chunk
+// from zero and adds the chunks' sums in order, so the split below (chunks on different
+// threads) gives the bits one thread gives, and a sequence's output does not depend on its
+// batch. A multiple of kTile.
+constexpr int64_t kChunk = 64;
+
+// One thread's view of a tile of a sequence's K or V rows: the rows' addresses (the tile
+// kernels convert them in registers) and tscale[j * kTile + i] = mul x row i's scale for kv
+// head j; each tile first asks for the rows kAhead tokens later: the bytes [pf_off, pf_off +
+// pf_len) of each (a whole row, or one KV head's slice of it).
+template <typename T>
+struct TileRows {
+  const int64_t* bt;
+  int64_t max_blocks, bs, kvh, row_len, pf_off, pf_len;
+  std::vector<float> tscale;
+  const T* rows[kTile];
+  bool have_scale = false;  // (no NaN sentinel: these kernels build with -ffast-math)
+  float filled = 0.f;
+
+  TileRows(const int64_t* bt_, int64_t max_blocks_, int64_t bs_, int64_t kvh_, int64_t row_len_,
+           int64_t pf_off_, int64_t pf_len_)
+      : bt(bt_), max_blocks(max_blocks_), bs(bs_), kvh(kvh_), row_len(row_len_),
+        pf_off(pf_off_), pf_len(pf_len_), tscale(kvh_ * kTile) {}
+
+  int64_t slot_of(int64_t b, int64_t pos) const {
+    return bt[b * max_blocks + pos / bs] * bs + pos % bs;
+  }
+
+  void prefetch(const T* pool, int64_t slot, int64_t n) const {
+    if (pf_len == row_len) {  // whole rows: n consecutive rows are one run of bytes
+      prefetch_row(pool, slot, row_len, n);
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const char* p = reinterpret_cast<const char*>(pool + (slot + i) * row_len + pf_off);
+      for (int64_t off = 0; off < pf_len * static_cast<int64_t>(sizeof(T)); off += 64)
+        __builtin_prefetch(p + off, 0, 3);
+    }
+  }
+
+  // The rows of tokens [pos0, pos0 + nt) of sequence b (L tokens). A tile inside one block
+  // (the common case: tiles start at block boundaries when bs is a multiple of kTile) takes
+  // one block-table lookup and asks for the next tile's block in one pass; unscaled rows'
+  // tscale is filled once per value of `mul`.
+  void fetch(const T* pool, const uint16_t* scales, int64_t b, int64_t pos0, int nt, int64_t L,
+             float mul) {
+    const bool one_block = pos0 / bs == (pos0 + nt - 1) / bs;
+    const int64_t slot0 = one_block ? slot_of(b, pos0) : 0;
+    if (one_block && pos0 + kAhead < L) {
+      const int64_t ahead = std::min<int64_t>(nt, L - pos0 - kAhead);
+      const int64_t a0 = pos0 + kAhead;
+      if (a0 / bs == (a0 + ahead - 1) / bs) {
+        prefetch(pool, slot_of(b, a0), ahead);
+      } else {
+        for (int64_t i = 0; i < ahead; ++i) prefetch(pool, slot_of(b, a0 + i), 1);
+      }
+    }
+    for (int i = 0; i < nt; ++i) {
+      const int64_t pos = pos0 + i, slot = one_block ? slot0 + i : slot_of(b, pos);
+      if (!one_block && pos + kAhead < L) prefetch(pool, slot_of(b, pos + kAhead), 1);
+      if constexpr (kScaled<T>) {
+        for (int64_t j = 0; j < kvh; ++j)
+          tscale[j * kTile + i] = mul * Row<T>::kMul * half_to_float(scales[slot * kvh + j]);
+      }
+      rows[i] = pool + slot * row_len;
+    }
+    if constexpr (!kScaled<T>) {
+      (void)scales;
+      if (!have_scale || filled != mul) {
+        std::fill(tscale.begin(), tscale.end(), mul);
+        have_scale = true, filled = mul;
+      }
+    }
+  }
+};
+
+// What a sequence's tile passes need: its query, K / V pools and scales, the query heads per
+// KV head G, head size d, its visible tokens [start, start + n) of L, the score scale.
+template <typename T>
+struct TileSeq {
+  const float* q;
+  const T *kp, *vp;
+  const uint16_t *ks, *vs;
+  int64_t b, G, d, start, n, L;
+  float fscale;
+};
+
+// Scores of query heads [h0, h1) for tokens [t_a, t_b) (tile-aligned, relative to start) into
+// scores + (h - h0) * stride + t. GQA: a KV head's rows are read once for up to kScoreHeads
+// of its heads (tile_scores_shared; the same scores as tile_scores).
+template <int NV, typename T>
+static void scores_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64_t h1,
+                         int64_t t_a, int64_t t_b, float* scores, int64_t stride) {
+  for (int64_t t0 = t_a; t0 < t_b; t0 += kTile) {
+    const int nt = static_cast<int>(std::min<int64_t>(kTile, t_b - t0));
+    rd.fetch(s.kp, s.ks, s.b, s.start + t0, nt, s.L, s.fscale);
+    if (kScoreHeads<NV> > 1 && s.G > 1) {
+      for (int64_t c0 = h0; c0 < h1;) {
+        const int64_t c1 = std::min({c0 + kScoreHeads<NV>, h1, (c0 / s.G + 1) * s.G});
+        const float* qh[kScoreHeads<NV>];
+        float* out[kScoreHeads<NV>];
+        for (int64_t h = c0; h < c1; ++h) {
+          qh[h - c0] = s.q + h * s.d;
+          out[h - c0] = scores + (h - h0) * stride + t0;
+        }
+        const int64_t j = c0 / s.G;
+        tile_scores_shared<NV, T>(qh, static_cast<int>(c1 - c0), rd.rows, j * s.d, nt,
+                                  rd.tscale.data() + j * kTile, out);
+        c0 = c1;
+      }
+    } else {
+      for (int64_t h = h0; h < h1; ++h) {
+        const int64_t j = h / s.G;
+        tile_scores<NV, T>(s.q + h * s.d, rd.rows, j * s.d, nt, rd.tscale.data() + j * kTile,
+                           scores + (h - h0) * stride + t0);
+      }
+    }
+  }
+}
+
+// acc [h1 - h0, d] += the softmax weights (scores, as scores_range laid them out) times the V
+// rows of tokens [t_a, t_b): a tile's rows once, then kHeads heads at a time with their sums
+// in registers, NVC vectors of columns at a time (a whole head unless it has more than
+// kAccRegs); stored between tiles: exact, so a head's sums do not depend on its neighbours.
+// With GQA and room for a row's vectors beside the sums, a chunk's heads share one KV head,
+// whose rows tile_values_shared converts once for all of them.
+template <int NV, typename T>
+static void values_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64_t h1,
+                         int64_t t_a, int64_t t_b, const float* scores, int64_t stride,
+                         float* acc) {
+  constexpr int NVC = NV < kAccRegs ? NV : kAccRegs;  // per V unit
+  constexpr int kHeads = kAccRegs / NVC;
+  const bool share = kHeads > 1 && s.G > 1;
+  float w[kHeads * kTile];
+  for (int64_t t0 = t_a; t0 < t_b; t0 += kTile) {
+    const int nt = static_cast<int>(std::min<int64_t>(kTile, t_b - t0));
+    rd.fetch(s.vp, s.vs, s.b, s.start + t0, nt, s.L, 1.f);
+    for (int64_t c0 = h0; c0 < h1;) {
+      const int64_t c1 = std::min({c0 + kHeads, h1, share ? (c0 / s.G + 1) * s.G : h1});
+      const int nc = static_cast<int>(c1 - c0);
+      for (int i = 0; i < nc; ++i) {
+        const int64_t h = c0 + i, j = h / s.G;
+        for (int k = 0; k < nt; ++k)
+          w[i * kTile + k] = scores[(h - h0) * stride + t0 + k] * rd.tscale[j * kTile + k];
+      }
+      for (int64_t col = 0; col < s.d; col += NVC * kVW) {
+        int64_t off[kHeads];
+        float* sums[kHeads];  // unit i's columns in acc
+        VF a[kHeads][NVC];
+        for (int i = 0; i < nc; ++i) {
+          sums[i] = acc + (c0 + i - h0) * s.d + col;
+          off[i] = (c0 + i) / s.G * s.d + col;
+          for (int c = 0; c < NVC; ++c) a[i][c] = loadv(sums[i] + kVW * c);
+        }
+        if (share) tile_values_shared<NVC, T>(a, nc, rd.rows, off[0], nt, w, kTile);
+        else tile_values<NVC, T>(a, nc, rd.rows, off, nt, w, kTile);
+        for (int i = 0; i < nc; ++i)
+          for (int c = 0; c < NVC; ++c) vstore(sums[i] + kVW * c, a[i][c]);
+      }
+      c0 = c1;
+    }
+  }
+}
+
+// One stream (or fewer sequences than threads) over many tokens, in three parallel passes
+// whose items are (sequence, KV head, chunk of kChunk tokens): the scores of the KV head's G
+// query heads (its rows read once for all of them, only its slice of each row fetched); each
+// head's softmax; each item's V sums from zero. The chunks' sums are then added in order:
+// the same bits as one item per sequence (decode's per-sequence path sums the same chunks).
+// Where per-head items (the split before) read every KV row G times and the 9 heads of a
+// SmolLM2 layer went 5 : 4 to two threads.
+template <int NV, typename T>
+static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
+                         const uint16_t* ks, const uint16_t* vs, const int64_t* bt,
+                         const int64_t* lens, int64_t D, int64_t H, int64_t d, int64_t bs,
+                         int64_t kvh, int64_t max_blocks, float fscale, int64_t window,
+                         int64_t q_stride) {
+  const int64_t G = H / kvh, row_len = kvh * d;
+  std::vector<int64_t> starts(D), ns(D), first_chunk(D + 1, 0), score_at(D + 1, 0);
+  for (int64_t b = 0; b < D; ++b) {
+    starts[b] = window > 0 && lens[b] > window ? lens[b] - window : 0;
+    ns[b] = lens[b] - starts[b];
+    first_chunk[b + 1] = first_chunk[b] + (ns[b] + kChunk - 1) / kChunk;
+    score_at[b + 1] = score_at[b] + H * ns[b];
+  }
+  const int64_t chunks = first_chunk[D];
+  std::vector<float> scores(score_at[D]), partial(chunks * H * d);
+  auto seq = [&](int64_t b) {
+    return TileSeq<T>{qp + b * q_stride, kp, vp, ks, vs, b, G, d, starts[b], ns[b], lens[b],
+                      fscale};
+  };
+  // Items: (global chunk, KV head) while there are fewer than two chunks per thread (short
+  // sequences), else whole chunks, all heads (a chunk's rows read as one run of bytes): the
+  // same chunks' sums either way. The item's sequence by the chunk offsets.
+  const int64_t groups = chunks >= 2 * at::get_num_threads() ? 1 : kvh;
+  auto for_items = [&](auto&& body) {
+    at::parallel_for(0, chunks * groups, 1, [&](int64_t begin, int64_t end) {
+      std::vector<TileRows<T>> rd;
+      for (int64_t g = 0; g < groups; ++g)  // one KV head's slice of each row, or whole rows
+        rd.emplace_back(bt, max_blocks, bs, kvh, row_len, groups > 1 ? g * d : 0,
+                        groups > 1 ? d : row_len);
+      for (int64_t it = begin; it < end; ++it) {
+        const int64_t c = it / groups, g = it % groups;
+        const int64_t b = std::upper_bound(first_chunk.begin(), first_chunk.end(), c) -
+                          first_chunk.begin() - 1;
+        const TileSeq<T> s = seq(b);
+        const int64_t t_a = (c - first_chunk[b]) * kChunk;
+        body(rd[g], s, c, g * H / groups, (g + 1) * H / groups, t_a,
+             std::min(s.n, t_a + kChunk));
+      }
+    });
+  };
+  for_items([&](TileRows<T>& rd, const TileSeq<T>& s, int64_t, int64_t h0, int64_t h1,
+                int64_t t_a, int64_t t_b) {
+    scores_range<NV, T>(rd, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n, s.n);
+  });
+  at::parallel_for(0, D * H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      softmax_(scores.data() + score_at[i / H] + (i % H) * ns[i / H], ns[i / H]);
+  });
+  for_items([&](TileRows<T>& rd, const TileSeq<T>& s, int64_t c, int64_t h0, int64_t h1,
+                int64_t t_a, int64_t t_b) {
+    float* acc = partial.data() + (c * H + h0) * d;
+    std::fill(acc, acc + (h1 - h0) * d, 0.f);
+    values_range<NV, T>(rd, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n, s.n,
+                        acc);
+  });
+  for (int64_t b = 0; b < D; ++b) {
+    float* out = op + b * H * d;
+    std::fill(out, out + H * d, 0.f);
+    for (int64_t c = first_chunk[b]; c < first_chunk[b + 1]; ++c) {
+      const float* part = partial.data() + c * H * d;
+      for (int64_t i = 0; i < H * d; ++i) out[i] += part[i];
+    }
+  }
+}
+#endif
+
 // Work items: with at least as many sequences as threads, one per sequence, where each cached
 // token's K (then V) row of all kv heads is read once, contiguously, and serves all H query
-// heads. With fewer (one stream: D = 1) holding kSplitTokens or more, one per (sequence, query
-// head), so every thread has work (a row's kv-head slice then serves the heads of one item;
-// the rest stay in L2). A head's numbers do not depend on the split: the same dot products,
-// softmax and sums in token order.
+// heads. With fewer (one stream: D = 1) holding kSplitTokens or more: the tile kernels'
+// decode_split, elsewhere one item per (sequence, query head), so every thread has work (a
+// row's kv-head slice then serves the heads of one item; the rest stay in L2). A head's
+// numbers do not depend on the split: the same dot products, softmax and sums in the same
+// order.
 template <typename T>
 static void decode(float* op, const float* qp, const T* kp, const T* vp, const uint16_t* ks,
                    const uint16_t* vs, const int64_t* bt, const int64_t* lens, int64_t D,
@@ -309,9 +549,21 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
   const int64_t G = H / kvh, row_len = kvh * d;
   int64_t tokens = 0;
   for (int64_t b = 0; b < D; ++b) tokens += lens[b];
-  // query heads per work item: all, unless fewer sequences than threads have enough tokens
-  // to pay for the parallel region (~3-5 us; a 64-token head split ran slower than one thread)
-  const int64_t per_seq = D >= at::get_num_threads() || tokens < kSplitTokens ? H : 1;
+  // fewer sequences than threads, with enough tokens to pay for the parallel regions (~3-5
+  // us; a 64-token head split ran slower than one thread)
+  const bool split = D < at::get_num_threads() && tokens >= kSplitTokens;
+#if defined(PAGEDLLM_PA_TILES)
+  if (split && kTiles<T> && (d == 64 || d == 128)) {
+    if (d == 64)
+      decode_split<64 / kVW, T>(op, qp, kp, vp, ks, vs, bt, lens, D, H, d, bs, kvh, max_blocks,
+                                fscale, window, q_stride);
+    else
+      decode_split<128 / kVW, T>(op, qp, kp, vp, ks, vs, bt, lens, D, H, d, bs, kvh,
+                                 max_blocks, fscale, window, q_stride);
+    return;
+  }
+#endif
+  const int64_t per_seq = split ? 1 : H;  // query heads per work item
   const int64_t items_per_seq = H / per_seq;
   at::parallel_for(0, D * items_per_seq, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc(H * d), buf(kQuant ? row_len : 0), row_scale(kvh);
@@ -361,124 +613,25 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       std::copy(acc.begin(), acc.begin() + nh * d, op + b * H * d + h0 * d);
     };
 #if defined(PAGEDLLM_PA_TILES)
-    // The rows of tokens [pos0, pos0 + nt) of sequence b: pointers in trows (the tile
-    // kernels convert them in registers), tscale[j * kTile + i] = mul x row i's scale for kv
-    // head j; each row first asks for the row kAhead tokens later.
-    std::vector<float> tscale(kvh * kTile);
-    const T* trows[kTile];
-    // A tile inside one block (the common case: tiles start at block boundaries when bs is a
-    // multiple of kTile) takes one block-table lookup, and asks for the next tile's block in
-    // one pass; unscaled rows' tscale is filled once per value of `mul`.
-    bool have_scale = false;  // (no NaN sentinel: these kernels build with -ffast-math)
-    float filled = 0.f;
-    auto fetch_tile = [&](const T* pool, const uint16_t* scales, int64_t b, int64_t pos0, int nt,
-                          int64_t L, float mul) {
-      const bool one_block = pos0 / bs == (pos0 + nt - 1) / bs;
-      const int64_t slot0 = one_block ? slot_of(b, pos0) : 0;
-      if (one_block && pos0 + kAhead < L) {
-        const int64_t ahead = std::min<int64_t>(nt, L - pos0 - kAhead);
-        const int64_t a0 = pos0 + kAhead;
-        if (a0 / bs == (a0 + ahead - 1) / bs) {
-          prefetch_row(pool, slot_of(b, a0), row_len, ahead);
-        } else {
-          for (int64_t i = 0; i < ahead; ++i) prefetch_row(pool, slot_of(b, a0 + i), row_len);
-        }
-      }
-      for (int i = 0; i < nt; ++i) {
-        const int64_t pos = pos0 + i, slot = one_block ? slot0 + i : slot_of(b, pos);
-        if (!one_block && pos + kAhead < L) prefetch_row(pool, slot_of(b, pos + kAhead), row_len);
-        if constexpr (kScaled<T>) {
-          for (int64_t j = 0; j < kvh; ++j)
-            tscale[j * kTile + i] = mul * Row<T>::kMul * half_to_float(scales[slot * kvh + j]);
-        }
-        trows[i] = pool + slot * row_len;
-      }
-      if constexpr (!kScaled<T>) {
-        (void)scales;
-        if (!have_scale || filled != mul) {
-          std::fill(tscale.begin(), tscale.end(), mul);
-          have_scale = true, filled = mul;
-        }
-      }
-    };
-    // attend's arithmetic in tiles (see tile_scores): heads [h0, h1) of sequence b
-    auto attend_tiles = [&](auto nv, int64_t b, int64_t h0, int64_t h1) {
-      constexpr int NV = decltype(nv)::value;                     // vectors per head row
-      constexpr int NVC = NV < kAccRegs ? NV : kAccRegs;          // per V unit
-      constexpr int kHeads = kAccRegs / NVC;
-      // end of the run of heads from c0: at most `most`, and within c0's KV head if `share`
-      auto chunk_end = [&](int64_t c0, int64_t most, bool share) {
-        return std::min({c0 + most, h1, share ? (c0 / G + 1) * G : h1});
-      };
+    TileRows<T> rd(bt, max_blocks, bs, kvh, row_len, 0, row_len);
+    // the tile passes over all heads of sequence b, the V sums chunk by chunk (decode_split's)
+    auto attend_tiles = [&](auto nv, int64_t b) {
+      constexpr int NV = decltype(nv)::value;  // vectors per head row
       const int64_t L = lens[b];
       const int64_t start = window > 0 && L > window ? L - window : 0;
-      const int64_t n = L - start, nh = h1 - h0, stride = (n + kTile - 1) / kTile * kTile;
-      scores.resize(nh * stride);
-      const float* qb = qp + b * q_stride;
-      for (int64_t t0 = 0; t0 < n; t0 += kTile) {
-        const int nt = static_cast<int>(std::min<int64_t>(kTile, n - t0));
-        fetch_tile(kp, ks, b, start + t0, nt, L, fscale);
-        if (kScoreHeads<NV> > 1 && G > 1) {  // GQA: a KV head's rows once for its heads
-          for (int64_t c0 = h0; c0 < h1;) {
-            const int64_t c1 = chunk_end(c0, kScoreHeads<NV>, true);
-            const float* qh[kScoreHeads<NV>];
-            float* out[kScoreHeads<NV>];
-            for (int64_t h = c0; h < c1; ++h) {
-              qh[h - c0] = qb + h * d;
-              out[h - c0] = scores.data() + (h - h0) * stride + t0;
-            }
-            const int64_t j = c0 / G;
-            tile_scores_shared<NV, T>(qh, static_cast<int>(c1 - c0), trows, j * d, nt,
-                                      tscale.data() + j * kTile, out);
-            c0 = c1;
-          }
-        } else {
-          for (int64_t h = h0; h < h1; ++h) {
-            const int64_t j = h / G;
-            tile_scores<NV, T>(qb + h * d, trows, j * d, nt, tscale.data() + j * kTile,
-                            scores.data() + (h - h0) * stride + t0);
-          }
-        }
+      const TileSeq<T> s{qp + b * q_stride, kp, vp, ks, vs, b, G, d, start, L - start, L,
+                         fscale};
+      scores.resize(H * s.n);
+      scores_range<NV, T>(rd, s, 0, H, 0, s.n, scores.data(), s.n);
+      for (int64_t h = 0; h < H; ++h) softmax_(scores.data() + h * s.n, s.n);
+      float* out = op + b * H * d;
+      std::fill(out, out + H * d, 0.f);
+      for (int64_t t_a = 0; t_a < s.n; t_a += kChunk) {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        values_range<NV, T>(rd, s, 0, H, t_a, std::min(s.n, t_a + kChunk), scores.data(), s.n,
+                            acc.data());
+        for (int64_t i = 0; i < H * d; ++i) out[i] += acc[i];
       }
-      for (int64_t h = 0; h < nh; ++h) softmax_(scores.data() + h * stride, n);
-      // V: a tile's rows once, then kHeads heads at a time with their sums in registers,
-      // NVC vectors of columns at a time (a whole head unless it has more than kAccRegs);
-      // stored between tiles: exact, so a head's sums do not depend on its neighbours
-      std::fill(acc.begin(), acc.begin() + nh * d, 0.f);
-      float w[kHeads * kTile];
-      for (int64_t t0 = 0; t0 < n; t0 += kTile) {
-        const int nt = static_cast<int>(std::min<int64_t>(kTile, n - t0));
-        fetch_tile(vp, vs, b, start + t0, nt, L, 1.f);
-        // chunks of up to kHeads heads; with GQA (G > 1) and room for a row's vectors beside
-        // the sums (kHeads > 1), a chunk's heads share one KV head, whose rows
-        // tile_values_shared converts once for all of them
-        const bool share = kHeads > 1 && G > 1;
-        for (int64_t c0 = h0; c0 < h1;) {
-          const int64_t c1 = chunk_end(c0, kHeads, share);
-          const int nc = static_cast<int>(c1 - c0);
-          for (int i = 0; i < nc; ++i) {
-            const int64_t h = c0 + i, j = h / G;
-            for (int k = 0; k < nt; ++k)
-              w[i * kTile + k] = scores[(h - h0) * stride + t0 + k] * tscale[j * kTile + k];
-          }
-          for (int64_t col = 0; col < d; col += NVC * kVW) {
-            int64_t off[kHeads];
-            float* sums[kHeads];  // unit i's columns in acc
-            VF a[kHeads][NVC];
-            for (int i = 0; i < nc; ++i) {
-              sums[i] = acc.data() + (c0 + i - h0) * d + col;
-              off[i] = (c0 + i) / G * d + col;
-              for (int c = 0; c < NVC; ++c) a[i][c] = loadv(sums[i] + kVW * c);
-            }
-            if (share) tile_values_shared<NVC, T>(a, nc, trows, off[0], nt, w, kTile);
-            else tile_values<NVC, T>(a, nc, trows, off, nt, w, kTile);
-            for (int i = 0; i < nc; ++i)
-              for (int c = 0; c < NVC; ++c) vstore(sums[i] + kVW * c, a[i][c]);
-          }
-          c0 = c1;
-        }
-      }
-      std::copy(acc.begin(), acc.begin() + nh * d, op + b * H * d + h0 * d);
     };
 #endif
     // items [begin, end) as runs of consecutive heads of one sequence
@@ -487,9 +640,8 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       const int64_t last = std::min(items_per_seq, first + (end - it));
       const int64_t h0 = first * per_seq, h1 = last * per_seq;
 #if defined(PAGEDLLM_PA_TILES)
-      if (kTiles<T> && d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b, h0, h1);
-      else if (kTiles<T> && d == 128)
-        attend_tiles(std::integral_constant<int, 128 / kVW>{}, b, h0, h1);
+      if (kTiles<T> && d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b);
+      else if (kTiles<T> && d == 128) attend_tiles(std::integral_constant<int, 128 / kVW>{}, b);
       else
 #endif
       attend(b, h0, h1);

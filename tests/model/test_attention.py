@@ -86,31 +86,33 @@ def test_decode_matches_dense(block_size, use_kernel, window):
         torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int8], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8], ids=str)
 @pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("d", [64, 128, 80])
 def test_kernel_decode_alone_equals_batched(dtype, window, d):
-    """The C++ kernel splits one sequence's query heads across threads (fewer sequences than
-    threads) and a batch by sequence: each sequence decoded alone equals, to the bit, its row
-    of the batched call, and the dense reference."""
+    """The C++ kernel splits one sequence across threads (fewer sequences than threads: by
+    chunks of its tokens and KV heads, or whole chunks once they are many) and a batch by
+    sequence: each sequence decoded alone equals, to the bit, its row of the batched call, and
+    the dense reference."""
     ops = cpu_ops.load()
     if ops is None:
         pytest.skip("CPU kernels unavailable")
     torch.manual_seed(0)
-    h, kvh, nblocks, block_size = 9, 3, 64, 16
-    lens = [1, 7, 33, 70, 150, 300]  # from 128 tokens alone: heads split
+    h, kvh, nblocks, block_size = 9, 3, 128, 16
+    lens = [1, 7, 33, 70, 150, 300, 700]  # from 128 tokens alone: split (700: whole chunks)
     bt = _tables(lens, block_size, nblocks)
     q = torch.randn(len(lens), h, d)
     seq = torch.tensor(lens)
     scale = d ** -0.5
-    pools = [torch.randn(nblocks, block_size, kvh, d) for _ in range(2)]
-    if dtype == torch.float32:
+    pools = [torch.randn(nblocks, block_size, kvh, d).to(dtype if dtype.is_floating_point
+                                                         else torch.float32) for _ in range(2)]
+    if dtype.is_floating_point:
         def run(rows):
             out = torch.empty(len(rows), h, d)
             ops.paged_decode_attention(out, q[rows].contiguous(), *pools, bt[rows].contiguous(),
                                        seq[rows].contiguous(), scale, window or 0)
             return out
-        deq = pools
+        deq = [p.float() for p in pools]
     else:
         quant = [kv_quant.quantize(x, dtype) for x in pools]
         deq = [kv_quant.dequantize(v, s, torch.float32) for v, s in quant]
@@ -121,7 +123,7 @@ def test_kernel_decode_alone_equals_batched(dtype, window, d):
                 bt[rows].contiguous(), seq[rows].contiguous(), scale, window or 0)
             return out
     threads = torch.get_num_threads()
-    try:  # 3 threads: a long sequence alone splits its heads, the batch of 6 its sequences
+    try:  # 3 threads: a long sequence alone is split, the batch of 7 goes by sequence
         torch.set_num_threads(3)
         batched = run(list(range(len(lens))))
         alone = [run([i])[0] for i in range(len(lens))]
