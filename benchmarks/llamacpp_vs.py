@@ -11,8 +11,11 @@ tg128: one stream from an empty context) and `llama-batched-bench -npp 128 -ntg 
 each with its weight repacking on (its default; on AMX CPUs the AMX kernels) and off
 (`--repack 0` / `-nr`). pagedllm: default flags through `LLM` (benchmarks/int8_tiles.py's
 engine_round: a 512-token prompt, 64 tokens after a 6-token prompt, the offline batch).
-Rounds alternate between the engines; best of `--rounds`. Prints a table with pagedllm's
-ratio to llama.cpp's best variant, writes JSON (`--out`).
+With `--depths 1024,2048`: one stream after a context of that many tokens too (llama-bench
+`-p 0 -n 128 -d D`, its K/V filled first and not timed; pagedllm: 96 tokens after a cached
+D-token prompt, minus the same call's one-token run). Rounds alternate between the engines;
+best of `--rounds`. Prints a table with pagedllm's ratio to llama.cpp's best variant, writes
+JSON (`--out`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from pagedllm.kernels import cpu_features  # noqa: E402
 VARIANTS = {"repack": [], "no-repack": ["-nr"]}  # batched-bench's flag; llama-bench: --repack
 
 
-def llama_round(bins: Path, model: Path, threads: int, offline: int) -> dict[str, dict]:
+def llama_round(bins: Path, model: Path, threads: int, offline: int,
+                depths: list[int]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for name, flags in VARIANTS.items():
         cmd = [str(bins / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "512",
@@ -48,6 +52,14 @@ def llama_round(bins: Path, model: Path, threads: int, offline: int) -> dict[str
         rows = {r["test"]: r["tok_s"] for r in llamacpp.parse_llama_bench(
             llamacpp.run_tool(cmd, 900))}
         numbers = {"prefill_512": rows["pp512"], "decode_1": rows["tg128"]}
+        if depths:
+            cmd = [str(bins / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "0",
+                   "-n", "128", "-r", "2", "--repack", "0" if flags else "1",
+                   "-d", ",".join(map(str, depths))]
+            rows = {r["test"]: r["tok_s"] for r in llamacpp.parse_llama_bench(
+                llamacpp.run_tool(cmd, 1800))}
+            for d in depths:
+                numbers[f"decode_at_{d}"] = rows[f"tg128 @ d{d}"]
         if offline:
             cmd = [str(bins / "llama-batched-bench"), "-m", str(model), "-t", str(threads),
                    "-tb", str(threads), "-c", str(offline * 256 + 64), "-b", "2048",
@@ -66,16 +78,24 @@ def main() -> None:
     add_engine_arguments(ap, "--model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--depths", default="", help="comma-separated context lengths for one "
+                    "stream after a long context (e.g. 1024,2048)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "llamacpp_vs.json")
     args = ap.parse_args()
+    depths = [int(d) for d in args.depths.split(",") if d]
     if args.random_gguf is not None:
         write_random_gguf(args.random_gguf, args.model)
     llm = open_llm(args.model, args.threads, args.offline)
+    deep = open_deep_llm(args.model, args.threads, max(depths)) if depths else None
     engine_round(llm, 0)  # warm-up
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.rounds):
-        results = {"pagedllm (default flags)": engine_round(llm, args.offline)[0],
-                   **llama_round(args.llama_bin, args.model, args.threads, args.offline)}
+        ours = engine_round(llm, args.offline)[0]
+        for d in depths:
+            ours[f"decode_at_{d}"] = decode_after(deep, d)
+        results = {"pagedllm (default flags)": ours,
+                   **llama_round(args.llama_bin, args.model, args.threads, args.offline,
+                                 depths)}
         for engine, numbers in results.items():
             for key, value in numbers.items():
                 best.setdefault(engine, {})[key] = max(best.get(engine, {}).get(key, 0.0), value)
@@ -88,10 +108,10 @@ def main() -> None:
                                                                       time.gmtime()),
               "engines": best, "pagedllm_over_best_llama_cpp": {
                   k: ours[k] / peer[k] for k in ours if peer.get(k)}}
-    keys = ["offline", "decode_1", "prefill_512"]
+    keys = ["offline", "decode_1", "prefill_512", *(f"decode_at_{d}" for d in depths)]
     print(f"| engine (best of {args.rounds}) | offline {args.offline} x 128/128 | one stream | "
-          "prefill 512 |")
-    print("|---|---:|---:|---:|")
+          "prefill 512 | " + "".join(f"one stream after {d} | " for d in depths))
+    print("|---|" + "---:|" * len(keys))
     for engine, numbers in best.items():
         print(f"| {engine} | " + " | ".join(f"{numbers.get(k, 0):.0f}" for k in keys) + " |")
     ratios = result["pagedllm_over_best_llama_cpp"]
@@ -99,6 +119,30 @@ def main() -> None:
           + " |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def open_deep_llm(model: Path, threads: int, depth: int):
+    """An engine for the long contexts: prefix caching on (the context is prefilled once)."""
+    from pagedllm import LLM
+
+    return LLM(str(model), num_threads=threads, max_model_len=depth + 256,
+               enable_prefix_caching=True, kv_cache_memory=(depth + 512) * 2**15 + 2**27)
+
+
+def decode_after(llm, depth: int) -> float:
+    """One-stream decode tok/s after a cached `depth`-token prompt: (1 + 96 tokens) - (1)."""
+    from pagedllm import SamplingParams
+
+    prompt = {"prompt_token_ids": [(7 * j) % 5000 + 100 for j in range(depth)]}
+
+    def timed(n: int) -> float:
+        t0 = time.perf_counter()
+        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True),
+                     use_tqdm=False)
+        return time.perf_counter() - t0
+
+    timed(1)  # the prompt's blocks into the prefix cache
+    return 96 / (timed(97) - timed(1))
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ to 3.9 ms (Zen 4, 2 threads, default flags; the layers' GEMVs from 26-31 to ~36 
 machine's read bandwidth), see docs/benchmarks.md.
 
 What moves: every parameter and buffer (torch's API; a Parameter keeps its identity, only its
-`.data` moves) and the tensors each layer's `LinearMethod` holds (`LinearMethod.relocate`:
-packed panels, quantized codes and scales, bf16 copies). Tensors that share storage (a tied
-lm_head, views of one buffer) keep sharing it: storage is copied once and every tensor over
-it becomes the same view of the copy (only the bytes the weights read: a GGUF file's
-tensors, not its metadata). Anything else (MoE experts' stacked weights) stays where it was.
+`.data` moves) and the tensors each layer's weight holders keep outside them (`relocate`:
+a `LinearMethod`'s packed panels, quantized codes and scales, bf16 copies; MoE experts'
+quantized weights and grouped stacks). Tensors that share storage (a tied lm_head, views of
+one buffer) keep sharing it: storage is copied once and every tensor over it becomes the
+same view of the copy (only the bytes the weights read: a GGUF file's tensors, not its
+metadata).
 Old storage is released as its last tensor moves, so the peak is one copy plus the largest
 storage. PAGEDLLM_WEIGHT_ARENA=0 leaves the weights as loaded (to measure the
 difference).
@@ -29,7 +30,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pagedllm.model.layers.quant import LinearMethod
 from pagedllm.worker.anonymous_memory import anonymous_bytes
 
 logger = logging.getLogger(__name__)
@@ -39,14 +39,22 @@ ALIGN = 64  # each storage starts on a cache line
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def linear_methods(model: nn.Module) -> Iterator[LinearMethod]:
-    """Every distinct `LinearMethod` the model's layers hold (a tied one once)."""
+#: module attributes that hold weights outside torch's parameters and buffers: a linear
+#: layer's method, MoE experts' quantized weights (`quant`) and dense grouped stacks (`packed`)
+HOLDER_ATTRS = ("quant", "method", "packed")
+
+
+def weight_holders(model: nn.Module) -> Iterator[object]:
+    """Every distinct object with a `relocate(place)` that the model's modules hold at
+    `HOLDER_ATTRS` (directly or in a tuple; a tied one once)."""
     seen: set[int] = set()
     for module in model.modules():
-        for method in (getattr(module, "quant", None), getattr(module, "method", None)):
-            if isinstance(method, LinearMethod) and id(method) not in seen:
-                seen.add(id(method))
-                yield method
+        for name in HOLDER_ATTRS:
+            value = getattr(module, name, None)
+            for holder in value if isinstance(value, tuple) else (value,):
+                if callable(getattr(holder, "relocate", None)) and id(holder) not in seen:
+                    seen.add(id(holder))
+                    yield holder
 
 
 def _visit(model: nn.Module, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -56,8 +64,8 @@ def _visit(model: nn.Module, place: Callable[[torch.Tensor], torch.Tensor]) -> N
         for name, b in list(module.named_buffers(recurse=False)):
             if b is not None:
                 setattr(module, name, place(b))
-    for method in linear_methods(model):
-        method.relocate(place)
+    for holder in weight_holders(model):
+        holder.relocate(place)
 
 
 def _storage_key(t: torch.Tensor) -> int:

@@ -1,7 +1,8 @@
 """The weights in one huge-page mapping (worker/weight_arena.py): every weight the model's
-layers hold moves there, tensors that shared storage (a tied GGUF table) still share it, the
-mapping is advised for huge pages, and greedy tokens and logprobs are the same as with the
-weights where they were loaded (PAGEDLLM_WEIGHT_ARENA=0)."""
+layers hold moves there (MoE experts' quantized weights and grouped stacks too), tensors that
+shared storage (a tied GGUF table) still share it, the mapping is advised for huge pages, and
+greedy tokens and logprobs are the same as with the weights where they were loaded
+(PAGEDLLM_WEIGHT_ARENA=0)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pytest
 import torch
 
 from pagedllm import SamplingParams
+from pagedllm.model.layers.moe import experts as experts_mod
 from pagedllm.model.layers.quant import LinearMethod
 from pagedllm.model.layers.quant.gguf import GGUFWeight
 from pagedllm.worker import weight_arena
 from tests.conftest import make_tiny_checkpoint
 from tests.loader.gguf_writer import write_gguf
+from tests.model.family_checkpoints import make_family_checkpoint
 
 PROMPTS = [[5, 9, 200, 17], list(range(30, 63)), [7] * 20]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
@@ -31,11 +34,11 @@ def tied_q4_1(tmp_path_factory, tiny_tokenizer) -> Path:
 
 
 def weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    """What the arena moves: parameters, buffers and the layers' methods' tensors."""
+    """What the arena moves: parameters, buffers and the weight holders' tensors."""
     found: list[torch.Tensor] = [t for t in (*model.parameters(), *model.buffers())
                                  if t.numel()]
-    for method in weight_arena.linear_methods(model):
-        method.relocate(lambda t: found.append(t) or t if t.numel() else t)
+    for holder in weight_arena.weight_holders(model):
+        holder.relocate(lambda t: found.append(t) or t if t.numel() else t)
     return found
 
 
@@ -89,6 +92,51 @@ def test_float_and_int8_weights_move(tiny_llama_dir: Path, make_llm, extra, hf_r
     if not extra:  # fp32: the reference's tokens
         want, _ = hf_reference.greedy(tiny_llama_dir, PROMPTS[1], 16)
         assert generate(llm)[1].token_ids == want
+
+
+def expert_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors of every MoE layer's quantized experts and grouped stacks, found by
+    walking them directly (not through the arena's holder list)."""
+    found: list[torch.Tensor] = []
+
+    def walk(value) -> None:
+        if isinstance(value, torch.Tensor):
+            found.extend([value] if value.numel() else [])
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif hasattr(value, "__dict__") and not isinstance(value, (type, torch.nn.Module)):
+            for v in vars(value).values():
+                walk(v)
+
+    for m in model.modules():
+        if isinstance(m, experts_mod.StackedExperts):
+            walk(m.quant)
+            walk(m.packed)
+    return found
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "q8_0"])
+def test_moe_experts_move(tmp_path_factory, tiny_tokenizer, make_llm, monkeypatch, fmt) -> None:
+    """A tiny Mixtral: fp32 experts in their grouped panels, or GGUF Q8_0 experts (per-expert
+    weights and the grouped stacks): all in the mapping; the same tokens and logprobs."""
+    root = tmp_path_factory.mktemp("moe-arena")
+    path = make_family_checkpoint(root / "hf", "mixtral", tiny_tokenizer, seed=40,
+                                  intermediate_size=64)
+    if fmt == "q8_0":
+        path = write_gguf(path, root / "q8_0.gguf", "llama", gguf.GGMLQuantizationType.Q8_0)
+    llm = make_llm(path, enable_prefix_caching=False)
+    experts = expert_tensors(llm.llm_engine.model)
+    assert experts
+    start, end, flags = mapping_of(weight_tensors(llm.llm_engine.model)[0].data_ptr())
+    assert "hg" in flags and all(start <= t.data_ptr() < end for t in experts)
+    monkeypatch.setenv("PAGEDLLM_WEIGHT_ARENA", "0")
+    loaded = make_llm(path, enable_prefix_caching=False)
+    assert not any(start <= t.data_ptr() < end for t in expert_tensors(loaded.llm_engine.model))
+    for a, b in zip(generate(llm), generate(loaded), strict=True):
+        assert a.token_ids == b.token_ids
+        for pa, pb in zip(a.logprobs, b.logprobs, strict=True):
+            assert {t: p.logprob for t, p in pa.items()} == {t: p.logprob for t, p in pb.items()}
 
 
 def test_relocate_replaces_every_tensor_a_method_holds() -> None:

@@ -39,6 +39,7 @@ at load, ...) stay so: `finalize` fuses each expert's gate and up and frees the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,7 @@ from pagedllm.model.layers.moe.grouped import (
 from pagedllm.model.layers.moe.grouped_bf16 import Bf16Experts, bf16_experts
 from pagedllm.model.layers.moe.grouped_quant import stack_quantized
 from pagedllm.model.layers.quant import QuantizedWeight, concat_quantized
+from pagedllm.model.layers.quant.base import relocate_fields
 from pagedllm.model.layers.quant.dense import linear_weight_dtype
 
 EXPERT_PARTS = ("gate", "up", "down")
@@ -78,6 +80,11 @@ class QuantizedExperts:
     @property
     def format(self) -> str:
         return self.down[0].format
+
+    def relocate(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Every expert's tensors (and the grouped stacks') replaced by `place(tensor)`
+        (worker/weight_arena.py)."""
+        relocate_fields(self, place)
 
 
 DenseGrouped = PackedExperts | Bf16Experts

@@ -16,12 +16,13 @@ from __future__ import annotations
 import abc
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.kernels import triton as triton_kernels
+from pagedllm.model.layers.quant.base import relocate_fields
 from pagedllm.model.layers.quant.dense import PACKED_KIND
 
 
@@ -47,6 +48,10 @@ class GroupedLinear(abc.ABC):
         """The stack as the C++ decode loop's MoE block takes it (`ops.ExpertsRef`,
         kernels/moe_decode_cpu.h), or None for a format it does not run."""
         return None
+
+    def relocate(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Every tensor of the stack replaced by `place(tensor)` (worker/weight_arena.py)."""
+        relocate_fields(self, place)
 
 
 class PackedExperts(GroupedLinear):

@@ -70,22 +70,28 @@ class LinearMethod(abc.ABC):
         return None
 
     def relocate(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Replace every tensor this method holds (directly, in a list or tuple, or in a
-        method it holds) by `place(tensor)`, a tensor of the same values: how
-        worker/weight_arena.py moves the weights into one huge-page mapping after loading.
-        A method that caches something derived from its tensors outside Python (none does
-        today) overrides this."""
-        def moved(value):
-            if isinstance(value, torch.Tensor):
-                return place(value)
-            if isinstance(value, LinearMethod):
-                value.relocate(place)
-            elif isinstance(value, (list, tuple)):
-                return type(value)(moved(v) for v in value)
-            return value
+        """Replace every tensor this method holds by `place(tensor)`, a tensor of the same
+        values (`relocate_fields`): how worker/weight_arena.py moves the weights into one
+        huge-page mapping after loading. A method that caches something derived from its
+        tensors outside Python (none does today) overrides this."""
+        relocate_fields(self, place)
 
-        for name, value in list(vars(self).items()):
-            setattr(self, name, moved(value))
+
+def relocate_fields(holder: object, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Replace every tensor among `holder`'s attributes, directly or in a list or tuple, by
+    `place(tensor)`, and relocate every object there that has a `relocate(place)` of its own
+    (a LinearMethod, MoE experts): the one walk each weight holder's `relocate` runs."""
+    def moved(value):
+        if isinstance(value, torch.Tensor):
+            return place(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(moved(v) for v in value)
+        if not isinstance(value, type) and callable(getattr(value, "relocate", None)):
+            value.relocate(place)
+        return value
+
+    for name, value in list(vars(holder).items()):
+        setattr(holder, name, moved(value))
 
 
 class QuantizedWeight(LinearMethod):
