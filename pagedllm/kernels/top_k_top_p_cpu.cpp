@@ -188,6 +188,27 @@ void select_top(const float* x, int64_t n, int64_t m, bool finite, uint32_t* key
   }
 }
 
+// One thread's buffers for rows of V values (scratch slots 0-3), and a row's first steps:
+// x = logits / t into `x` (scale_row), then its n largest into `out` (select_top).
+struct RowBuffers {
+  int64_t V, padded;
+  float* x;
+  uint32_t *keys, *side;
+  float* cand;
+
+  explicit RowBuffers(int64_t V_)
+      : V(V_), padded((V_ + kChunk - 1) / kChunk * kChunk), x(scratch<float, 0>(padded)),
+        keys(scratch<uint32_t, 1>(V_)), side(scratch<uint32_t, 2>(V_)),
+        cand(scratch<float, 3>(V_)) {}
+
+  bool scale(const float* l, float t) {  // false: the row holds a NaN or +inf
+    float mx;
+    return scale_row(l, V, t, -kInf, x, &mx);
+  }
+  void top(int64_t n, bool finite, float* out) { select_top(x, V, n, finite, keys, side, cand, out); }
+  double mass(float top_value) const { return exp_sum_row(x, padded / kChunk, top_value); }
+};
+
 }  // namespace
 
 // Each row's m largest values of logits / temperature, ascending [B, m] fp32 (m < V), and with
@@ -206,18 +227,12 @@ std::tuple<torch::Tensor, torch::Tensor> top_values(torch::Tensor logits,
   const float* l = logits.data_ptr<float>();
   float* vp = values.data_ptr<float>();
   double* mp = mass.data_ptr<double>();
-  const int64_t padded = (V_ + kChunk - 1) / kChunk * kChunk;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    float* x = scratch<float, 0>(padded);
-    uint32_t* keys = scratch<uint32_t, 1>(V_);
-    uint32_t* side = scratch<uint32_t, 2>(V_);
-    float* cand = scratch<float, 3>(V_);
+    RowBuffers rb(V_);
     for (int64_t r = begin; r < end; ++r) {
       const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
-      float mx;
-      const bool finite = scale_row(l + r * V_, V_, t, -kInf, x, &mx);
-      select_top(x, V_, m, finite, keys, side, cand, vp + r * m);
-      if (with_mass) mp[r] = exp_sum_row(x, padded / kChunk, vp[r * m + m - 1]);
+      rb.top(m, rb.scale(l + r * V_, t), vp + r * m);
+      if (with_mass) mp[r] = rb.mass(vp[r * m + m - 1]);
     }
   });
   return {values, mass};
@@ -243,25 +258,20 @@ torch::Tensor top_k_top_p_thresholds(torch::Tensor logits, c10::optional<torch::
   auto lo = torch::empty({B}, torch::TensorOptions().dtype(at::kDouble));
   double* lp = lo.data_ptr<double>();
   const float* l = logits.data_ptr<float>();
-  const int64_t padded = (V_ + kChunk - 1) / kChunk * kChunk;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    float* x = scratch<float, 0>(padded);
-    uint32_t* keys = scratch<uint32_t, 1>(V_);
-    uint32_t* side = scratch<uint32_t, 2>(V_);
-    float* cand = scratch<float, 3>(V_);
+    RowBuffers rb(V_);
     float* top = scratch<float, 5>(V_);
     double* e = scratch<double, 4>(V_);
     for (int64_t r = begin; r < end; ++r) {
       const float t = tp == nullptr || tp[r] == 0.f ? 1.f : tp[r];
       const int64_t kr = kp != nullptr ? kp[r] : V_;
       const double pr = pp != nullptr ? pp[r] : 1.0;
-      float mx;
-      const bool finite = scale_row(l + r * V_, V_, t, -kInf, x, &mx);
+      const bool finite = rb.scale(l + r * V_, t);
       double mass = 0.0;
       for (int64_t n = std::min(m, V_);; n = std::min(8 * n, V_)) {
-        select_top(x, V_, n, finite, keys, side, cand, top);
+        rb.top(n, finite, top);
         if (pp != nullptr && n == std::min(m, V_))  // the row's mass over its largest value
-          mass = exp_sum_row(x, padded / kChunk, top[n - 1]);
+          mass = rb.mass(top[n - 1]);
         bool decided;
         cut_row(top, n, V_, kr, pr, mass, e, lp + r, &decided);
         if (decided || n == V_) break;
