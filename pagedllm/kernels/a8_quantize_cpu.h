@@ -1,48 +1,21 @@
 // Rows of x quantized per 32 values to int8, llama.cpp's q8 activations, for the GGUF kernels
 // with int8 activations (quant_gguf_a8_cpu.cpp; quant_a8_panels_cpu.cpp). Included inside each
-// file's anonymous namespace, after <ATen/Parallel.h>, <immintrin.h>, <cstdint>, <memory>
-// and <vector>; needs AVX2.
+// file's anonymous namespace, after <ATen/Parallel.h>, <immintrin.h>, <cstdint> and <vector>;
+// needs AVX2.
 //
 // Block j of row m: d = max|x| / 127, q = round-half-even(x / d) in [-127, 127], x ~ d q.
 #pragma once
 
-// A view of n elements of one thread's quantize_x buffers (the .data() / [] / .size() of the
-// vectors these fields were).
-template <typename T>
-struct RowsView {
-  T* p = nullptr;
-  size_t n = 0;
-  T* data() const { return p; }
-  size_t size() const { return n; }
-  T& operator[](size_t i) const { return p[i]; }
-};
-
 // Rows of x quantized per 32 values: q int8 [M, K], d [M, K / 32] the scales, and the
 // scaled code sums of each 16 values, f [M, K / 16], and of each 32, f32 [M, K / 32]
 // (d * sum(q): the offset terms (B - S * zero) * sum(x) need them), and the code sums of
-// each 32, sum [M, K / 32] (an offset of the weight codes needs them). Views of the calling
-// thread's buffers: valid until that thread's next quantize_x (each kernel call quantizes
-// once, then reads).
+// each 32, sum [M, K / 32] (an offset of the weight codes needs them).
 struct QuantizedX {
   int64_t K, nblk;
-  RowsView<int8_t> q;
-  RowsView<float> d, f, f32;
-  RowsView<int32_t> sum;
+  std::vector<int8_t> q;
+  std::vector<float> d, f, f32;
+  std::vector<int32_t> sum;
 };
-
-// One thread's buffer of at least n elements, kept between calls and never zeroed: fresh
-// vectors for a 512-row prefill were ~1.3 MB zeroed and page-faulted in per GEMM (~5% of a
-// SmolLM2 prefill in a profile: memset and the faults).
-template <typename T, int Slot>
-RowsView<T> thread_buffer(size_t n) {
-  thread_local std::unique_ptr<T[]> buf;
-  thread_local size_t cap = 0;
-  if (cap < n) {
-    buf.reset(new T[n]);  // default-initialized: no zeroing
-    cap = n;
-  }
-  return {buf.get(), n};
-}
 
 inline int sum4(__m128i s) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -51,10 +24,9 @@ inline int sum4(__m128i s) {
 
 QuantizedX quantize_x(const float* x, int64_t M, int64_t K) {
   const int64_t nb = K / 32;
-  const size_t rows = static_cast<size_t>(M);
-  QuantizedX qx{K, nb, thread_buffer<int8_t, 0>(rows * K), thread_buffer<float, 1>(rows * nb),
-                thread_buffer<float, 2>(rows * 2 * nb), thread_buffer<float, 3>(rows * nb),
-                thread_buffer<int32_t, 4>(rows * nb)};
+  QuantizedX qx{K, nb, std::vector<int8_t>(M * K), std::vector<float>(M * nb),
+                std::vector<float>(M * 2 * nb), std::vector<float>(M * nb),
+                std::vector<int32_t>(M * nb)};
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
