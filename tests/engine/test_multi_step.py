@@ -1,7 +1,8 @@
 """Several decode steps per engine step (`num_scheduler_steps`, core/multi_step.py,
 model/decode_steps.py): the same tokens as one step at a time (and as HF) for batches, stop
-tokens and strings inside a run, max_tokens and max_model_len cutting a run, GGUF, bf16 and
-int8 weights and tables, an int8 KV cache, Qwen2 / Qwen3 layers; it does run (fewer engine steps than tokens); rows it cannot serve run one step at a
+tokens and strings inside a run, max_tokens and max_model_len cutting a run, GGUF, bf16,
+int8, AWQ and GPTQ weights and tables, an int8 KV cache, Qwen2 / Qwen3 layers; random rows
+(seeded or not, top-k / top-p) as single steps draw them; it does run (fewer engine steps than tokens); rows it cannot serve run one step at a
 time; the scheduler's plan (caps, fallbacks, no blocks left behind)."""
 
 from __future__ import annotations
@@ -190,6 +191,24 @@ def test_fan_out_and_a_prompts_last_token_are_not_run_ahead(tiny_llama_dir: Path
         assert [o.token_ids for o in got.outputs] == [o.token_ids for o in want.outputs]
         assert len(got.outputs) == p.n
         assert got.prompt_logprobs == want.prompt_logprobs
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_awq_gptq_weights(method: str, tmp_path_factory, tiny_llama_dir: Path, make_llm) -> None:
+    """AWQ / GPTQ int4 checkpoints (their C++ linears, a dense table): the same tokens, greedy
+    and sampled, and it ran ahead."""
+    from tests.model.quant import hf_packers
+
+    root = tmp_path_factory.mktemp(method)
+    hf_packers.write_quantized(tiny_llama_dir, root / "q", root / "ref", method, 32, sym=False,
+                               desc_act=False)
+    multi = make_llm(root / "q", enable_prefix_caching=False)
+    single = make_llm(root / "q", enable_prefix_caching=False, num_scheduler_steps=1)
+    for params in (GREEDY, [sampled(seed=21), sampled(seed=22, top_p=0.9), GREEDY]):
+        got, steps = run(multi, PROMPTS, params)
+        want, single_steps = run(single, PROMPTS, params)
+        same(got, want)
+        assert steps < single_steps // 3
 
 
 @pytest.mark.parametrize("int8_activations", [True, False], ids=["a8-panels", "gguf-rows"])
