@@ -2,8 +2,9 @@
 model/decode_steps.py): the same tokens as one step at a time (and as HF) for batches, stop
 tokens and strings inside a run, max_tokens and max_model_len cutting a run, GGUF, bf16,
 int8, AWQ and GPTQ weights and tables, an int8 KV cache, Qwen2 / Qwen3 layers; random rows
-(seeded or not, top-k / top-p) as single steps draw them; it does run (fewer engine steps than tokens); rows it cannot serve run one step at a
-time; the scheduler's plan (caps, fallbacks, no blocks left behind)."""
+(seeded or not, top-k / top-p) as single steps draw them; it does run (fewer engine steps
+than tokens); rows it cannot serve run one step at a time; the scheduler's plan (caps,
+fallbacks, no blocks left behind)."""
 
 from __future__ import annotations
 
