@@ -115,15 +115,29 @@ def engine_round(llm, offline: int) -> tuple[dict[str, float], list]:
         return time.perf_counter() - t0, [o.outputs[0].token_ids for o in outs]
 
     batch = offline_batch(offline)
-    numbers = {"prefill_512": 512 / run([{"prompt_token_ids": LONG_PROMPT}], 1)[0]}
-    one, _ = run([{"prompt_token_ids": SHORT_PROMPT}], 1)
-    many, _ = run([{"prompt_token_ids": SHORT_PROMPT}], 65)
-    numbers["decode_1"] = 64 / (many - one)
+    numbers = {"prefill_512": 512 / run([{"prompt_token_ids": LONG_PROMPT}], 1)[0],
+               "decode_1": decode_rate(llm, SHORT_PROMPT, 64)}
     tokens: list = []
     if batch:
         seconds, tokens = run(batch, 128)
         numbers["offline"] = 128 * len(batch) / seconds
     return numbers, tokens
+
+
+def decode_rate(llm, prompt: list[int], tokens: int) -> float:
+    """One-stream decode tok/s after `prompt`: `tokens` / ((1 + tokens) - (1 token) seconds),
+    greedy, the prompt's prefill in both calls."""
+    from pagedllm import SamplingParams
+
+    def seconds(n: int) -> float:
+        t0 = time.perf_counter()
+        llm.generate([{"prompt_token_ids": prompt}],
+                     SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True),
+                     use_tqdm=False)
+        return time.perf_counter() - t0
+
+    one = seconds(1)
+    return tokens / (seconds(1 + tokens) - one)
 
 
 def open_llm(path: Path, threads: int, offline: int):

@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.int8_tiles import (  # noqa: E402
     add_engine_arguments,
+    decode_rate,
     engine_round,
     open_llm,
     write_random_gguf,
@@ -133,16 +134,10 @@ def decode_after(llm, depth: int) -> float:
     """One-stream decode tok/s after a cached `depth`-token prompt: (1 + 96 tokens) - (1)."""
     from pagedllm import SamplingParams
 
-    prompt = {"prompt_token_ids": [(7 * j) % 5000 + 100 for j in range(depth)]}
-
-    def timed(n: int) -> float:
-        t0 = time.perf_counter()
-        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True),
-                     use_tqdm=False)
-        return time.perf_counter() - t0
-
-    timed(1)  # the prompt's blocks into the prefix cache
-    return 96 / (timed(97) - timed(1))
+    prompt = [(7 * j) % 5000 + 100 for j in range(depth)]
+    llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0.0, max_tokens=1),
+                 use_tqdm=False)  # the prompt's blocks into the prefix cache
+    return decode_rate(llm, prompt, 96)
 
 
 if __name__ == "__main__":

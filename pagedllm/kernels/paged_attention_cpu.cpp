@@ -283,12 +283,27 @@ static inline void softmax_(float* s, int64_t n) {
 constexpr int64_t kAhead = 16;
 constexpr int64_t kSplitTokens = 128;  // see decode: heads split across threads from here
 
+// Asks for the cache lines of [p, p + bytes).
+static inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+}
+
 // `rows` consecutive rows from `slot` (one row: what the per-token loops ask for)
 template <typename T>
 static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len, int64_t rows = 1) {
-  const char* p = reinterpret_cast<const char*>(pool + slot * row_len);
-  const int64_t bytes = rows * row_len * static_cast<int64_t>(sizeof(T));
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+  prefetch_bytes(pool + slot * row_len, rows * row_len * static_cast<int64_t>(sizeof(T)));
+}
+
+// The pool slot of position `pos` of sequence b through its block table row.
+static inline int64_t pool_slot(const int64_t* bt, int64_t max_blocks, int64_t bs, int64_t b,
+                                int64_t pos) {
+  return bt[b * max_blocks + pos / bs] * bs + pos % bs;
+}
+
+// The first position a query of a sequence of L tokens sees (a sliding window's start).
+static inline int64_t visible_start(int64_t L, int64_t window) {
+  return window > 0 && L > window ? L - window : 0;
 }
 
 // T = float: rows are used in place; T = c10::Half: rows converted as they are read;
@@ -319,20 +334,15 @@ struct TileRows {
       : bt(bt_), max_blocks(max_blocks_), bs(bs_), kvh(kvh_), row_len(row_len_),
         pf_off(pf_off_), pf_len(pf_len_), tscale(kvh_ * kTile) {}
 
-  int64_t slot_of(int64_t b, int64_t pos) const {
-    return bt[b * max_blocks + pos / bs] * bs + pos % bs;
-  }
+  int64_t slot_of(int64_t b, int64_t pos) const { return pool_slot(bt, max_blocks, bs, b, pos); }
 
   void prefetch(const T* pool, int64_t slot, int64_t n) const {
     if (pf_len == row_len) {  // whole rows: n consecutive rows are one run of bytes
       prefetch_row(pool, slot, row_len, n);
       return;
     }
-    for (int64_t i = 0; i < n; ++i) {
-      const char* p = reinterpret_cast<const char*>(pool + (slot + i) * row_len + pf_off);
-      for (int64_t off = 0; off < pf_len * static_cast<int64_t>(sizeof(T)); off += 64)
-        __builtin_prefetch(p + off, 0, 3);
-    }
+    const int64_t bytes = pf_len * static_cast<int64_t>(sizeof(T));
+    for (int64_t i = 0; i < n; ++i) prefetch_bytes(pool + (slot + i) * row_len + pf_off, bytes);
   }
 
   // The rows of tokens [pos0, pos0 + nt) of sequence b (L tokens). A tile inside one block
@@ -475,7 +485,7 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
   const int64_t G = H / kvh, row_len = kvh * d;
   std::vector<int64_t> starts(D), ns(D), first_chunk(D + 1, 0), score_at(D + 1, 0);
   for (int64_t b = 0; b < D; ++b) {
-    starts[b] = window > 0 && lens[b] > window ? lens[b] - window : 0;
+    starts[b] = visible_start(lens[b], window);
     ns[b] = lens[b] - starts[b];
     first_chunk[b + 1] = first_chunk[b] + (ns[b] + kChunk - 1) / kChunk;
     score_at[b + 1] = score_at[b] + H * ns[b];
@@ -581,13 +591,11 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
         return static_cast<const float*>(pool + slot * row_len);
       }
     };
-    auto slot_of = [&](int64_t b, int64_t pos) {
-      return bt[b * max_blocks + pos / bs] * bs + pos % bs;
-    };
+    auto slot_of = [&](int64_t b, int64_t pos) { return pool_slot(bt, max_blocks, bs, b, pos); };
     // query heads [h0, h1) of sequence b
     auto attend = [&](int64_t b, int64_t h0, int64_t h1) {
       const int64_t L = lens[b];
-      const int64_t start = window > 0 && L > window ? L - window : 0;
+      const int64_t start = visible_start(L, window);
       const int64_t n = L - start, nh = h1 - h0;
       scores.resize(nh * n);
       const float* qb = qp + b * q_stride;
@@ -618,7 +626,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
     auto attend_tiles = [&](auto nv, int64_t b) {
       constexpr int NV = decltype(nv)::value;  // vectors per head row
       const int64_t L = lens[b];
-      const int64_t start = window > 0 && L > window ? L - window : 0;
+      const int64_t start = visible_start(L, window);
       const TileSeq<T> s{qp + b * q_stride, kp, vp, ks, vs, b, G, d, start, L - start, L,
                          fscale};
       scores.resize(H * s.n);

@@ -128,8 +128,8 @@ class ModelRunner:
         them all: core/multi_step.py; one sampling row per request, `plan`'s): each
         request's tokens as one accepted run of `steps - 1` lookahead positions, which
         `update_from_output` applies as it applies speculative drafts. Empty when the first
-        step cannot run there (logits not finite in some row, a top-p the kernel does not
-        decide): the step then runs the ordinary way, which reports such a row."""
+        step's logits are not finite in some row: the step then runs the ordinary way, which
+        reports that row."""
         order = [s.request for s in batch.order]
         width = -(-(batch.max_pos + steps) // self.block_size)  # positions < max_pos + steps
         tables = torch.from_numpy(self.batch.block_tables(order, width, 0))
