@@ -1,15 +1,17 @@
 """The decode attention kernel (kernels/paged_attention_cpu.cpp, what every decode step runs):
-one query token per sequence over a paged fp32 cache of SmolLM2's shape (9 heads, 3 KV heads,
-head 64, block size 16), 30 layers' pools so the K/V come from memory as in a real step.
+one query token per sequence over a paged cache of SmolLM2's shape (9 heads, 3 KV heads, head
+64; float16 by default, the cache of the int8-activation path), 30 layers' pools so the K/V
+come from memory as in a real step.
 
 Two questions, one table each:
-- block order: the same sequences with their blocks in pool order (a fresh engine) and
-  shuffled (any server after its first requests finish). The kernel prefetches the row 16
-  tokens ahead through the block table because the hardware prefetcher stops at every block.
-- one sequence: 1 vs N threads (fewer sequences than threads split the query heads).
+- block order and size: the same sequences with their blocks in pool order (a fresh engine)
+  and shuffled (any server after its first requests finish), for each `--block-sizes`. The
+  kernel prefetches the row 16 tokens ahead through the block table because the hardware
+  prefetcher stops at every block; a larger block is fewer such stops.
+- one sequence: 1 vs N threads (fewer sequences than threads split by token chunks).
 
     python benchmarks/decode_attention.py              # 2 threads, medians of --repeats
-    python benchmarks/decode_attention.py --batch 64 --context 192
+    python benchmarks/decode_attention.py --batch 64 --context 192 --block-sizes 16,32,64,128
 
 Prints the tables and writes JSON (benchmarks/results/decode_attention.json).
 """
@@ -36,9 +38,10 @@ from pagedllm.kernels.cpu_features import cpu_flags  # noqa: E402
 H, KVH, D, BS, LAYERS = 9, 3, 64, 16, 30
 
 
-def _pools(num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(torch.randn(num_blocks, BS, KVH, D), torch.randn(num_blocks, BS, KVH, D))
-            for _ in range(LAYERS)]
+def _pools(num_blocks: int, block_size: int = BS, dtype: torch.dtype = torch.float16,
+           ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    shape = (num_blocks, block_size, KVH, D)
+    return [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(LAYERS)]
 
 
 def _time_step(ops, pools, q, tables, lens, repeats: int) -> float:
@@ -52,29 +55,33 @@ def _time_step(ops, pools, q, tables, lens, repeats: int) -> float:
     return statistics.median(run_times(step, repeats))
 
 
-def block_order(ops, batch: int, context: int, repeats: int, rounds: int) -> list[dict]:
-    per_seq = -(-context // BS)
-    pools = _pools(batch * per_seq)
+def block_order(ops, batch: int, context: int, repeats: int, rounds: int,
+                block_sizes: list[int], dtype: torch.dtype) -> list[dict]:
     q = torch.randn(batch, H, D)
     lens = torch.full((batch,), context, dtype=torch.long)
-    kv_bytes = LAYERS * batch * context * KVH * D * 4 * 2
+    kv_bytes = LAYERS * batch * context * KVH * D * dtype.itemsize * 2
     rows = []
-    for r in range(rounds):  # alternate, so a noisy minute hits both
-        for order in ("pool order", "shuffled"):
-            ids = torch.arange(batch * per_seq) if order == "pool order" else torch.randperm(
-                batch * per_seq)
-            tables = ids.view(batch, per_seq).contiguous()
-            s = _time_step(ops, pools, q, tables, lens, repeats)
-            rows.append({"round": r, "order": order, "batch": batch, "context": context,
-                         "ms": s * 1e3, "kv_gb_s": kv_bytes / s / 1e9})
+    for r in range(rounds):  # alternate, so a noisy minute hits every variant
+        for bs in block_sizes:
+            per_seq = -(-context // bs)
+            pools = _pools(batch * per_seq, bs, dtype)
+            for order in ("pool order", "shuffled"):
+                ids = torch.arange(batch * per_seq) if order == "pool order" else (
+                    torch.randperm(batch * per_seq))
+                tables = ids.view(batch, per_seq).contiguous()
+                s = _time_step(ops, pools, q, tables, lens, repeats)
+                rows.append({"round": r, "order": order, "block_size": bs, "batch": batch,
+                             "context": context, "ms": s * 1e3, "kv_gb_s": kv_bytes / s / 1e9})
+            del pools
     return rows
 
 
-def one_sequence(ops, contexts: list[int], threads: int, repeats: int) -> list[dict]:
+def one_sequence(ops, contexts: list[int], threads: int, repeats: int,
+                 dtype: torch.dtype) -> list[dict]:
     rows = []
     for context in contexts:
         per_seq = -(-context // BS)
-        pools = _pools(per_seq)
+        pools = _pools(per_seq, BS, dtype)
         q = torch.randn(1, H, D)
         tables = torch.randperm(per_seq).view(1, per_seq)
         lens = torch.tensor([context])
@@ -94,25 +101,31 @@ def main() -> None:
     ap.add_argument("--contexts", default="300,1000", help="one-sequence contexts")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--block-sizes", default="16", help="comma-separated KV block sizes")
+    ap.add_argument("--kv-dtype", default="float16", choices=("float16", "float32"))
     ap.add_argument("--out", default="benchmarks/results/decode_attention.json")
     args = ap.parse_args()
     ops = cpu_ops.load()
     if ops is None:
         raise SystemExit("the C++ CPU kernels are unavailable")
     torch.set_num_threads(args.threads)
-    order = block_order(ops, args.batch, args.context, args.repeats, args.rounds)
+    dtype = getattr(torch, args.kv_dtype)
+    sizes = [int(b) for b in args.block_sizes.split(",")]
+    order = block_order(ops, args.batch, args.context, args.repeats, args.rounds, sizes, dtype)
     single = one_sequence(ops, [int(c) for c in args.contexts.split(",")], args.threads,
-                          args.repeats)
+                          args.repeats, dtype)
     print(f"CPU flags: {' '.join(cpu_flags())}; {args.threads} threads; "
-          f"{LAYERS} layers of {H} heads / {KVH} KV heads / head {D}, fp32 cache")
+          f"{LAYERS} layers of {H} heads / {KVH} KV heads / head {D}, {args.kv_dtype} cache")
     print(f"\n{args.batch} sequences x {args.context} tokens, one step (ms, KV GB/s):")
-    print("| order | " + " | ".join(f"round {r}" for r in range(args.rounds)) + " | median |")
-    print("|---|" + "---:|" * (args.rounds + 1))
-    for name in ("pool order", "shuffled"):
-        ms = [r["ms"] for r in order if r["order"] == name]
-        cells = [f"{m:.1f} ({r['kv_gb_s']:.1f})" for m, r in zip(
-            ms, [r for r in order if r["order"] == name], strict=True)]
-        print(f"| {name} | " + " | ".join(cells) + f" | {statistics.median(ms):.1f} |")
+    print("| block size | order | " + " | ".join(f"round {r}" for r in range(args.rounds))
+          + " | median |")
+    print("|---:|---|" + "---:|" * (args.rounds + 1))
+    for bs in sizes:
+        for name in ("pool order", "shuffled"):
+            mine = [r for r in order if r["order"] == name and r["block_size"] == bs]
+            cells = [f"{r['ms']:.1f} ({r['kv_gb_s']:.1f})" for r in mine]
+            print(f"| {bs} | {name} | " + " | ".join(cells)
+                  + f" | {statistics.median(r['ms'] for r in mine):.1f} |")
     print("\none sequence, us per layer call:")
     print("| context | 1 thread | " + f"{args.threads} threads | speed-up |\n|---:|---:|---:|---:|")
     for c in sorted({r["context"] for r in single}):
@@ -121,7 +134,7 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.machine(), "cpu_flags": cpu_flags(),
-                               "threads": args.threads, "block_order": order,
+                               "threads": args.threads, "kv_dtype": args.kv_dtype, "block_order": order,
                                "one_sequence": single}, indent=1))
     print(f"\nwrote {out}")
 

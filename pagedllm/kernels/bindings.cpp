@@ -36,6 +36,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "paged decode attention over an int8 / fp8 cache with float16 scales (CPU)");
   m.def("paged_decode_attention_qkv", &paged_decode_attention_qkv, kNoGil,
         "write the new K/V of fused qkv decode rows into the cache, then paged decode attention");
+  m.def(
+      "decode_kv_prefetch_spans",
+      [](const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+         const torch::Tensor& block_tables, const torch::Tensor& seq_lens, int64_t window,
+         int64_t threads, int64_t budget) {
+        const PrefetchPlan plan =
+            decode_kv_prefetch(k_cache, v_cache, block_tables, seq_lens, window, threads, budget);
+        const char* k = static_cast<const char*>(k_cache.data_ptr());
+        const char* v = static_cast<const char*>(v_cache.data_ptr());
+        std::vector<std::vector<std::tuple<int64_t, int64_t, int64_t>>> out;
+        for (const auto& mine : plan.spans()) {
+          out.emplace_back();
+          for (const PrefetchSpan& s : mine) {
+            const bool in_k = s.p >= k && s.p < k + k_cache.nbytes();
+            out.back().emplace_back(in_k ? 0 : 1, s.p - (in_k ? k : v), s.bytes);
+          }
+        }
+        return out;
+      },
+      "test hook: decode_kv_prefetch's spans as (0 = K / 1 = V pool, byte offset, bytes) per "
+      "thread");
   m.def("quantize_into_cache", &quantize_into_cache, kNoGil,
         "quantize K or V rows and store values and float16 scales at their slots (CPU)");
   m.def("gemm_panel_width", &gemm_panel_width, kNoGil, "output columns per packed weight panel");

@@ -67,7 +67,9 @@ struct LinearRef {
     }
   }
 
-  torch::Tensor operator()(const torch::Tensor& x) const {
+  // `plan` (or none): lines the int8-activation kernels (kA8Panels, kGGUFRows) ask for as they
+  // go (prefetch_plan_cpu.h); the other kinds ignore it.
+  torch::Tensor operator()(const torch::Tensor& x, PrefetchPlan* plan = nullptr) const {
     if (kind == kPacked) return packed_linear(x, t[0], N, bias);
     if (kind == kExtern) {
       torch::Tensor y = fn(x, t, N, rows);
@@ -75,9 +77,10 @@ struct LinearRef {
       return y;
     }
     if (kind == kBf16) return bf16_linear(x, t[0], bias, rows);  // rows: its torch_rows
-    torch::Tensor y = kind == kGGUFPanels ? gguf_linear(x, fmt, N, t[0], t[1], t[2], t[3], t[4], rows)
-                      : kind == kA8Panels   ? a8_panel_linear(x, fmt, t[0], t[1], t[2], N)
-                                            : gguf_a8_linear(x, fmt, t[0], K, rows);
+    torch::Tensor y =
+        kind == kGGUFPanels ? gguf_linear(x, fmt, N, t[0], t[1], t[2], t[3], t[4], rows)
+        : kind == kA8Panels ? a8_panel_linear_prefetching(x, fmt, t[0], t[1], t[2], N, plan)
+                            : gguf_a8_linear_prefetching(x, fmt, t[0], K, rows, plan);
     if (bias) y.add_(*bias);
     return y;
   }
@@ -107,6 +110,13 @@ void head_norms_(torch::Tensor& qkv, const torch::Tensor& q_norm, const torch::T
   k.copy_(rms_norm(k.reshape({-1, d}).contiguous(), k_norm, eps).view_as(k));
 }
 
+// K/V bytes per thread the QKV projection asks for ahead of a layer's attention (the first
+// each thread's attention reads): half a Zen 4 core's L2. One stream of 256 / 1,000 tokens
+// (0.2 / 0.75 MiB a layer) fits whole; a large batch gets its first rows warm. One stream,
+// SmolLM2 Q4_1, 2 threads, Zen 4: attention 27 -> 15 us a layer at 256 tokens, the projection
+// 12 -> 16 us (it now reads those bytes too); docs/benchmarks.md has the end-to-end runs.
+constexpr int64_t kKVPrefetchBytes = 512 * 1024;
+
 // x [T, hidden] (the embeddings; overwritten) -> (h, residual) of the last layer, before the
 // final norm, or (norm(h + residual), h + residual) with `final_norm` (the model's RMSNorm,
 // the same call as model/layers/norm.py's). Every row is a decode; caches, scales (empty
@@ -132,7 +142,10 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
       add_rms_norm_(x, residual, l.in_norm, eps);
       h = x;
     }
-    torch::Tensor qkv = l.qkv(h);
+    // this layer's K/V rows, asked for while the projection streams its weights
+    PrefetchPlan kv = decode_kv_prefetch(k_caches[i], v_caches[i], block_tables, seq_lens, window,
+                                         at::get_num_threads(), kKVPrefetchBytes);
+    torch::Tensor qkv = l.qkv(h, &kv);
     if (l.q_norm) head_norms_(qkv, *l.q_norm, *l.k_norm, H, KVH, d, eps);
     rotary_qk_(qkv, halves, H, KVH, d);
     c10::optional<torch::Tensor> ks, vs;
@@ -318,7 +331,8 @@ void register_decode_layers(pybind11::module_& m) {
                     c10::optional<torch::Tensor>, int64_t>(),
            py::arg("kind"), py::arg("fmt"), py::arg("N"), py::arg("K"), py::arg("rows"),
            py::arg("tensors"), py::arg("bias"), py::arg("fn") = 0)
-      .def("__call__", &LinearRef::operator(), py::call_guard<py::gil_scoped_release>());
+      .def("__call__", [](const LinearRef& r, const torch::Tensor& x) { return r(x); },
+           py::call_guard<py::gil_scoped_release>());
   register_moe_refs(m);
   py::class_<DecodeLayer>(m, "DecodeLayer", "the weights of one Llama decoder layer")
       .def(py::init<torch::Tensor, torch::Tensor, LinearRef, LinearRef,

@@ -4,6 +4,8 @@
 #include "torch_lite_cpu.h"
 #include <string>
 
+#include "prefetch_plan_cpu.h"
+
 void paged_decode_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                             torch::Tensor v_cache, torch::Tensor block_tables,
                             torch::Tensor seq_lens, double scale, int64_t window);
@@ -19,6 +21,13 @@ torch::Tensor paged_decode_attention_qkv(torch::Tensor qkv, torch::Tensor k_cach
                                          int64_t H, double scale, int64_t window);
 void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor scales,
                          torch::Tensor slots);
+// The K/V rows paged_decode_attention_qkv will read for rows of seq_lens[b] tokens (all but the
+// new one's, which the call writes), per thread of `threads` in the order that thread reads
+// them, at most `budget` bytes each (the first it reads); fp32 / float16 / 8-bit rows (an 8-bit
+// cache's scales are not asked for).
+PrefetchPlan decode_kv_prefetch(const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                                int64_t window, int64_t threads, int64_t budget);
 int64_t gemm_panel_width();
 torch::Tensor pack_linear_weight(torch::Tensor w);
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
@@ -41,6 +50,9 @@ torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor
                           int64_t in_register_rows);
 torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
                              int64_t int_rows);
+// gguf_a8_linear while `plan` (or none) asks for its lines between the integer path's row tiles
+torch::Tensor gguf_a8_linear_prefetching(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
+                                         int64_t int_rows, PrefetchPlan* plan);
 torch::Tensor gguf_embedding(torch::Tensor ids, int64_t fmt, int64_t N, torch::Tensor q,
                              torch::Tensor d, torch::Tensor sc, torch::Tensor m, torch::Tensor mi);
 torch::Tensor gguf_a8_rows(torch::Tensor ids, int64_t fmt, torch::Tensor w, int64_t K);
@@ -48,6 +60,10 @@ torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes,
                             torch::Tensor m, int64_t N, int64_t K);
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                               torch::Tensor m, int64_t N);
+// a8_panel_linear while `plan` (or none) asks for its lines between the weight panels
+torch::Tensor a8_panel_linear_prefetching(torch::Tensor x, int64_t fmt, torch::Tensor codes,
+                                          torch::Tensor d, torch::Tensor m, int64_t N,
+                                          PrefetchPlan* plan);
 torch::Tensor gguf_grouped_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q,
                                   torch::Tensor d, torch::Tensor sc, torch::Tensor m,
                                   torch::Tensor mi, torch::Tensor offsets,

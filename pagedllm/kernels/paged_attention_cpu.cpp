@@ -17,6 +17,7 @@
 // scales at their slots (one call per layer instead of ~15 small torch ops); it computes
 // exactly what kv_quant.quantize does.
 #include "torch_lite_cpu.h"
+#include "kernels_cpu.h"  // PrefetchPlan, and this file's entry points
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
@@ -656,6 +657,60 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       it += last - first;
     }
   });
+}
+
+// Which thread reads what mirrors decode above: with at least as many rows as threads, thread t
+// takes rows [t c, (t + 1) c) (c = ceil(D / threads), at::parallel_for's split), each row's K
+// then its V; with fewer, every thread takes its share of each row's tokens (decode_split's
+// chunks, near enough), all its K rows before its V rows (the scores pass, then the values').
+PrefetchPlan decode_kv_prefetch(const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                                const torch::Tensor& block_tables, const torch::Tensor& seq_lens,
+                                int64_t window, int64_t threads, int64_t budget) {
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  block_tables.dtype() == torch::kInt64 && block_tables.is_contiguous() &&
+                  seq_lens.dtype() == torch::kInt64 && seq_lens.is_contiguous() &&
+                  block_tables.size(0) == seq_lens.numel() && threads > 0,
+              "decode_kv_prefetch: caches [blocks, bs, kvh, d], int64 block tables [D, W] and "
+              "seq_lens [D]");
+  const int64_t D = seq_lens.numel(), W = block_tables.size(1), bs = k_cache.size(1);
+  const int64_t row = k_cache.size(2) * k_cache.size(3) * k_cache.element_size();
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const char* pools[2] = {static_cast<const char*>(k_cache.data_ptr()),
+                          static_cast<const char*>(v_cache.data_ptr())};
+  std::vector<std::vector<PrefetchSpan>> spans(threads);
+  std::vector<int64_t> left(threads, budget);
+  // tokens [p0, p1) of row b from pool `which`: one span per block, cut at the budget
+  auto add = [&](int64_t t, int which, int64_t b, int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1 && left[t] > 0;) {
+      const int64_t end = std::min(p1, (p / bs + 1) * bs);
+      const int64_t bytes = std::min((end - p) * row, left[t]);
+      spans[t].push_back({pools[which] + pool_slot(bt, W, bs, b, p) * row, bytes});
+      left[t] -= bytes;
+      p = end;
+    }
+  };
+  auto visible = [&](int64_t b) {  // the tokens before the new one a query of row b sees
+    const int64_t L = lens[b];
+    return std::make_pair(visible_start(L, window), std::max<int64_t>(L - 1, 0));
+  };
+  if (D >= threads) {
+    const int64_t c = (D + threads - 1) / threads;
+    for (int64_t b = 0; b < D; ++b) {
+      const auto [p0, p1] = visible(b);
+      for (int which = 0; which < 2; ++which) add(b / c, which, b, p0, p1);
+    }
+  } else {
+    for (int which = 0; which < 2; ++which) {
+      for (int64_t b = 0; b < D; ++b) {
+        const auto [p0, p1] = visible(b);
+        for (int64_t t = 0; t < threads; ++t)
+          add(t, which, b, p0 + (p1 - p0) * t / threads, p0 + (p1 - p0) * (t + 1) / threads);
+      }
+    }
+  }
+  return PrefetchPlan(std::move(spans));
 }
 
 static void check_decode_args(const torch::Tensor& out, const torch::Tensor& q,

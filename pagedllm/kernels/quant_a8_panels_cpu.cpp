@@ -25,6 +25,7 @@
 // against fp32: the activation rounding is the error (docs/benchmarks.md measures it).
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
+#include "kernels_cpu.h"  // PrefetchPlan, and this file's entry points
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -200,14 +201,18 @@ void panel_impl(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* code
                             y + m * N + n0, N, ncols);
 }
 
+// `plan` (or none): lines asked for between the panels (prefetch_plan_cpu.h).
 template <int F>
 void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const uint16_t* d,
-                 const uint16_t* mo, int64_t N, float* y) {
+                 const uint16_t* mo, int64_t N, float* y, PrefetchPlan* plan) {
   const int64_t P = (N + kNB - 1) / kNB;
   const TileMode tiles = M >= kTileRows ? tile_mode() : TileMode::kOff;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     const TileScope scope(tiles, kA8Tiles);
-    for (int64_t p = begin; p < end; ++p) panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y, tiles);
+    for (int64_t p = begin; p < end; ++p) {
+      if (plan) plan->advance(p - begin, end - begin);
+      panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y, tiles);
+    }
   });
 }
 
@@ -274,6 +279,13 @@ int64_t a8_panel_width() { return kNB; }
 
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                               torch::Tensor m, int64_t N) {
+  return a8_panel_linear_prefetching(std::move(x), fmt, std::move(codes), std::move(d),
+                                     std::move(m), N, nullptr);
+}
+
+torch::Tensor a8_panel_linear_prefetching(torch::Tensor x, int64_t fmt, torch::Tensor codes,
+                                          torch::Tensor d, torch::Tensor m, int64_t N,
+                                          PrefetchPlan* plan) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
               "a8_panel_linear: x must be contiguous fp32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
@@ -285,10 +297,11 @@ torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
   const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
   float* yp = y.data_ptr<float>();
-  if (fmt == kQ8_0) linear_impl<kQ8_0>(qx, M, cp, dp, mp, N, yp);
-  else if (fmt == kQ4_0) linear_impl<kQ4_0>(qx, M, cp, dp, mp, N, yp);
-  else linear_impl<kQ4_1>(qx, M, cp, dp, mp, N, yp);
+  if (fmt == kQ8_0) linear_impl<kQ8_0>(qx, M, cp, dp, mp, N, yp, plan);
+  else if (fmt == kQ4_0) linear_impl<kQ4_0>(qx, M, cp, dp, mp, N, yp, plan);
+  else linear_impl<kQ4_1>(qx, M, cp, dp, mp, N, yp, plan);
 #else
+  (void)plan;
   TORCH_CHECK(false, "a8_panel_linear needs AVX2 + FMA + F16C (built without them)");
 #endif
   return y;

@@ -20,6 +20,7 @@
 // simd_cpu.h runs over it, so a prefill computes what the exact path computes.
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
+#include "kernels_cpu.h"  // PrefetchPlan, and this file's entry points
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -270,13 +271,20 @@ void panel_impl(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, int64
   if (m < M) tail_f<kMR - 1>(static_cast<int>(M - m), x + m * K, K, panel, K, y + m * N + n0, N, ncols);
 }
 
+// `plan` (or none): lines asked for between 16-row tiles of the integer path (prefetch_plan_cpu.h).
 template <int F>
 void linear_impl(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, const float* x,
-                 int64_t M, float* y, int64_t int_rows) {
+                 int64_t M, float* y, int64_t int_rows, PrefetchPlan* plan) {
   if (M <= int_rows) {
     const QuantizedX qx = quantize_x(x, M, K);
     at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-      int_rows_impl<F>(w, row_bytes, begin, end, N, qx, 0, M, y);
+      if (!plan) return int_rows_impl<F>(w, row_bytes, begin, end, N, qx, 0, M, y);
+      const int64_t tiles = (end - begin + 15) / 16;
+      for (int64_t i = 0; i < tiles; ++i) {
+        plan->advance(i, tiles);
+        int_rows_impl<F>(w, row_bytes, begin + 16 * i, std::min(end, begin + 16 * (i + 1)), N, qx,
+                         0, M, y);
+      }
     });
     return;
   }
@@ -354,6 +362,11 @@ bool gguf_a8_available() { return PAGEDLLM_A8_SIMD; }
 
 torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
                              int64_t int_rows) {
+  return gguf_a8_linear_prefetching(std::move(x), fmt, std::move(w), K, int_rows, nullptr);
+}
+
+torch::Tensor gguf_a8_linear_prefetching(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
+                                         int64_t int_rows, PrefetchPlan* plan) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous() && x.size(1) == K,
               "gguf_a8_linear: x must be contiguous fp32 [M, ", K, "]");
   const int64_t row_bytes = checked_row_bytes(fmt, w, K), N = w.size(0), M = x.size(0);
@@ -361,9 +374,10 @@ torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int6
 #if PAGEDLLM_A8_SIMD
   dispatch(fmt, [&](auto f) {
     linear_impl<decltype(f)::value>(w.data_ptr<uint8_t>(), row_bytes, N, K, x.data_ptr<float>(),
-                                    M, y.data_ptr<float>(), int_rows);
+                                    M, y.data_ptr<float>(), int_rows, plan);
   });
 #else
+  (void)plan;
   TORCH_CHECK(false, "gguf_a8_linear needs AVX2 + FMA + F16C (built without them)");
 #endif
   return y;
