@@ -19,6 +19,7 @@
 #include "torch_lite_cpu.h"
 #include "kernels_cpu.h"  // PrefetchPlan, and this file's entry points
 #include <ATen/Parallel.h>
+#include <omp.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -470,13 +471,17 @@ static void values_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
   }
 }
 
-// One stream (or fewer sequences than threads) over many tokens, in three parallel passes
-// whose items are (sequence, KV head, chunk of kChunk tokens): the scores of the KV head's G
-// query heads (its rows read once for all of them, only its slice of each row fetched); each
-// head's softmax; each item's V sums from zero. The chunks' sums are then added in order:
-// the same bits as one item per sequence (decode's per-sequence path sums the same chunks).
-// Where per-head items (the split before) read every KV row G times and the 9 heads of a
-// SmolLM2 layer went 5 : 4 to two threads.
+// One stream (or fewer sequences than threads) over many tokens, in three passes whose items
+// are (sequence, KV head, chunk of kChunk tokens): the scores of the KV head's G query heads
+// (its rows read once for all of them, only its slice of each row fetched); each head's
+// softmax; each item's V sums from zero. The chunks' sums are then added in order: the same
+// bits as one item per sequence (decode's per-sequence path sums the same chunks). Where
+// per-head items (the split before) read every KV row G times and the 9 heads of a SmolLM2
+// layer went 5 : 4 to two threads.
+//
+// The passes run in one parallel region, a barrier between them, each thread on a fixed share
+// of each pass's items: three regions (a fork and a join each, and the pass's imbalance at
+// every join) cost one stream of 256 tokens ~13 us a layer on 2 threads against ~16 on one.
 template <int NV, typename T>
 static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
                          const uint16_t* ks, const uint16_t* vs, const int64_t* bt,
@@ -497,42 +502,65 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
     return TileSeq<T>{qp + b * q_stride, kp, vp, ks, vs, b, G, d, starts[b], ns[b], lens[b],
                       fscale};
   };
-  // Items: (global chunk, KV head) while there are fewer than two chunks per thread (short
-  // sequences), else whole chunks, all heads (a chunk's rows read as one run of bytes): the
-  // same chunks' sums either way. The item's sequence by the chunk offsets.
-  const int64_t groups = chunks >= 2 * at::get_num_threads() ? 1 : kvh;
-  auto for_items = [&](auto&& body) {
-    at::parallel_for(0, chunks * groups, 1, [&](int64_t begin, int64_t end) {
-      std::vector<TileRows<T>> rd;
-      for (int64_t g = 0; g < groups; ++g)  // one KV head's slice of each row, or whole rows
-        rd.emplace_back(bt, max_blocks, bs, kvh, row_len, groups > 1 ? g * d : 0,
-                        groups > 1 ? d : row_len);
-      for (int64_t it = begin; it < end; ++it) {
-        const int64_t c = it / groups, g = it % groups;
-        const int64_t b = std::upper_bound(first_chunk.begin(), first_chunk.end(), c) -
-                          first_chunk.begin() - 1;
-        const TileSeq<T> s = seq(b);
-        const int64_t t_a = (c - first_chunk[b]) * kChunk;
-        body(rd[g], s, c, g * H / groups, (g + 1) * H / groups, t_a,
-             std::min(s.n, t_a + kChunk));
-      }
-    });
+  const int threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  // Items: (global chunk, KV head), or whole chunks (all heads, a chunk's rows read as one run
+  // of bytes) where those split evenly or are many: the same chunks' sums either way. The
+  // item's sequence by the chunk offsets.
+  const int64_t groups = chunks % threads == 0 || chunks >= 4 * threads ? 1 : kvh;
+  const int64_t items = chunks * groups;
+  auto for_items = [&](int t, int nt, std::vector<TileRows<T>>& rd, auto&& body) {
+    for (int64_t it = items * t / nt; it < items * (t + 1) / nt; ++it) {
+      const int64_t c = it / groups, g = it % groups;
+      const int64_t b = std::upper_bound(first_chunk.begin(), first_chunk.end(), c) -
+                        first_chunk.begin() - 1;
+      const TileSeq<T> s = seq(b);
+      const int64_t t_a = (c - first_chunk[b]) * kChunk;
+      body(rd[g], s, c, g * H / groups, (g + 1) * H / groups, t_a, std::min(s.n, t_a + kChunk));
+    }
   };
-  for_items([&](TileRows<T>& rd, const TileSeq<T>& s, int64_t, int64_t h0, int64_t h1,
-                int64_t t_a, int64_t t_b) {
-    scores_range<NV, T>(rd, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n, s.n);
-  });
-  at::parallel_for(0, D * H, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i)
-      softmax_(scores.data() + score_at[i / H] + (i % H) * ns[i / H], ns[i / H]);
-  });
-  for_items([&](TileRows<T>& rd, const TileSeq<T>& s, int64_t c, int64_t h0, int64_t h1,
-                int64_t t_a, int64_t t_b) {
-    float* acc = partial.data() + (c * H + h0) * d;
-    std::fill(acc, acc + (h1 - h0) * d, 0.f);
-    values_range<NV, T>(rd, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n, s.n,
-                        acc);
-  });
+  // pass p of thread t (of nt): 0 scores, 1 softmax, 2 V sums
+  auto pass = [&](int p, int t, int nt, std::vector<TileRows<T>>& rd) {
+    if (p == 0) {
+      for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t, int64_t h0,
+                               int64_t h1, int64_t t_a, int64_t t_b) {
+        scores_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
+                            s.n);
+      });
+    } else if (p == 1) {
+      for (int64_t i = D * H * t / nt; i < D * H * (t + 1) / nt; ++i)
+        softmax_(scores.data() + score_at[i / H] + (i % H) * ns[i / H], ns[i / H]);
+    } else {
+      for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t c, int64_t h0,
+                               int64_t h1, int64_t t_a, int64_t t_b) {
+        float* acc = partial.data() + (c * H + h0) * d;
+        std::fill(acc, acc + (h1 - h0) * d, 0.f);
+        values_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
+                            s.n, acc);
+      });
+    }
+  };
+  auto readers = [&] {  // one KV head's slice of each row, or whole rows
+    std::vector<TileRows<T>> rd;
+    for (int64_t g = 0; g < groups; ++g)
+      rd.emplace_back(bt, max_blocks, bs, kvh, row_len, groups > 1 ? g * d : 0,
+                      groups > 1 ? d : row_len);
+    return rd;
+  };
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      std::vector<TileRows<T>> rd = readers();
+      pass(0, t, nt, rd);
+#pragma omp barrier
+      pass(1, t, nt, rd);
+#pragma omp barrier
+      pass(2, t, nt, rd);
+    }
+  } else {
+    std::vector<TileRows<T>> rd = readers();
+    for (int p = 0; p < 3; ++p) pass(p, 0, 1, rd);
+  }
   for (int64_t b = 0; b < D; ++b) {
     float* out = op + b * H * d;
     std::fill(out, out + H * d, 0.f);

@@ -127,8 +127,10 @@ def test_kernel_decode_alone_equals_batched(dtype, window, d):
         torch.set_num_threads(3)
         batched = run(list(range(len(lens))))
         alone = [run([i])[0] for i in range(len(lens))]
+        pair = run([5, 6])  # fewer rows than threads, both split: items of two sequences
     finally:
         torch.set_num_threads(threads)
+    assert torch.equal(pair[0], alone[5]) and torch.equal(pair[1], alone[6])
     for i, L in enumerate(lens):
         assert torch.equal(alone[i], batched[i]), f"sequence {i} alone != batched"
         ref = _dense_reference(q[i], _context(deq[0], bt[i], L, block_size),
