@@ -199,20 +199,35 @@ inline bool nan_or_plus_inf(float x) { return not_finite(x) && bits_of(x) != 0xf
 // Row b's greedy token over logits [B, N] restricted to [0, vocab): the first maximum (numpy's
 // and torch's argmax), or -1 when the row is not finite there (a NaN anywhere, or an infinite
 // maximum): the sampler's host path reports such a row as an error.
+// Row's first maximum over [0, n), or -1 (greedy_rows). Two passes the compiler vectorizes: the
+// maximum and the not-finite flag, then the first 64-value block holding the maximum, searched
+// value by value. The scalar loop it replaces compared each value with row[best] in turn:
+// ~48 us for SmolLM2's 49,152 logits, ~1% of a one-stream token.
+int64_t greedy_row(const float* row, int64_t n) {
+  float m = row[0];
+  uint32_t bad = 0;
+  for (int64_t v = 0; v < n; ++v) {
+    m = row[v] > m ? row[v] : m;
+    bad |= nan_or_plus_inf(row[v]);
+  }
+  if (bad || not_finite(m)) return -1;
+  constexpr int64_t kBlock = 64;
+  for (int64_t v0 = 0; v0 < n; v0 += kBlock) {
+    const int64_t v1 = std::min(n, v0 + kBlock);
+    bool here = false;
+    for (int64_t v = v0; v < v1; ++v) here |= row[v] == m;
+    if (!here) continue;
+    for (int64_t v = v0; v < v1; ++v)
+      if (row[v] == m) return v;
+  }
+  return -1;  // (not reached: m is one of the values)
+}
+
 void greedy_rows(const torch::Tensor& logits, int64_t vocab, int64_t* out) {
   const int64_t B = logits.size(0), N = logits.size(1);
   const float* lp = logits.data_ptr<float>();
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const float* row = lp + b * N;
-      int64_t best = 0;
-      bool bad = false;
-      for (int64_t v = 0; v < vocab; ++v) {
-        bad |= nan_or_plus_inf(row[v]);
-        if (row[v] > row[best]) best = v;
-      }
-      out[b] = bad || not_finite(row[best]) ? -1 : best;
-    }
+    for (int64_t b = begin; b < end; ++b) out[b] = greedy_row(lp + b * N, vocab);
   });
 }
 
