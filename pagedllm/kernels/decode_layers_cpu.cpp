@@ -113,8 +113,9 @@ void head_norms_(torch::Tensor& qkv, const torch::Tensor& q_norm, const torch::T
 // K/V bytes per thread the QKV projection asks for ahead of a layer's attention (the first
 // each thread's attention reads): half a Zen 4 core's L2. One stream of 256 / 1,000 tokens
 // (0.2 / 0.75 MiB a layer) fits whole; a large batch gets its first rows warm. One stream,
-// SmolLM2 Q4_1, 2 threads, Zen 4: attention 27 -> 15 us a layer at 256 tokens, the projection
-// 12 -> 16 us (it now reads those bytes too); docs/benchmarks.md has the end-to-end runs.
+// SmolLM2 Q4_1, 2 threads, Zen 4: attention 27 -> 14-15 us a layer at ~256 tokens, the
+// projection 12 -> 16-19 us (it now reads those bytes too): +3.8% a token. No gain at 1,000
+// tokens (those rows streamed near the bandwidth already); docs/benchmarks.md has the runs.
 constexpr int64_t kKVPrefetchBytes = 512 * 1024;
 
 // x [T, hidden] (the embeddings; overwritten) -> (h, residual) of the last layer, before the
