@@ -15,7 +15,10 @@ With `--depths 1024,2048`: one stream after a context of that many tokens too (l
 `-p 0 -n 128 -d D`, its K/V filled first and not timed; pagedllm: 96 tokens after a cached
 D-token prompt, minus the same call's one-token run). Rounds alternate between the engines;
 best of `--rounds`. Prints a table with pagedllm's ratio to llama.cpp's best variant, writes
-JSON (`--out`).
+JSON (`--out`). Also the one-stream rates as a share of the read-bandwidth limit (issue 27:
+90%): the bytes a decode token reads (every GGUF tensor; a tied model's embedding as its LM
+head, an untied one's embedding not at all) at the machine's read bandwidth (torch's sum of a
+512 MiB tensor on the same threads, best of 5, measured before each round).
 """
 
 from __future__ import annotations
@@ -71,6 +74,37 @@ def llama_round(bins: Path, model: Path, threads: int, offline: int,
     return out
 
 
+def read_bandwidth(threads: int) -> float:
+    """Bytes per second of a `threads`-thread sum over 512 MiB of fp32 (best of 5): a read
+    bandwidth a streaming kernel can reach, for the one-stream limit."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.ones(2**27)
+        x.sum()
+        best = 0.0
+        for _ in range(5):
+            t0 = time.perf_counter()
+            x.sum()
+            best = max(best, x.nbytes / (time.perf_counter() - t0))
+        return best
+    finally:
+        torch.set_num_threads(previous)
+
+
+def token_bytes(model: Path) -> int:
+    """Bytes of weights one decode token reads: every tensor of the GGUF but an untied model's
+    token embedding (one row of it is read); a tied one's embedding is its LM head."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(model)).tensors}
+    if "output.weight" in tensors:
+        tensors.pop("token_embd.weight", None)
+    return sum(tensors.values())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-bin", type=Path, required=True, help="dir with llama-bench and "
@@ -90,7 +124,9 @@ def main() -> None:
     deep = open_deep_llm(args.model, args.threads, max(depths)) if depths else None
     engine_round(llm, 0)  # warm-up
     best: dict[str, dict[str, float]] = {}
+    bandwidth = 0.0
     for _ in range(args.rounds):
+        bandwidth = max(bandwidth, read_bandwidth(args.threads))
         ours = engine_round(llm, args.offline)[0]
         for d in depths:
             ours[f"decode_at_{d}"] = decode_after(deep, d)
@@ -103,7 +139,12 @@ def main() -> None:
     ours = best["pagedllm (default flags)"]
     peer = {key: max(v[key] for e, v in best.items() if e.startswith("llama.cpp") and key in v)
             for key in ours}
+    weights = token_bytes(args.model)
+    limit = bandwidth / weights  # tok/s if a token cost only its weights' bytes
+    share = {e: v["decode_1"] / limit for e, v in best.items() if "decode_1" in v}
     result = {"cpu_flags": " ".join(cpu_features.cpu_flags()), "threads": args.threads,
+              "read_bandwidth_gb_s": bandwidth / 1e9, "token_weight_bytes": weights,
+              "one_stream_limit_tok_s": limit, "one_stream_share_of_limit": share,
               "model": str(args.model), "offline_requests": args.offline,
               "load_average": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                       time.gmtime()),
@@ -118,6 +159,9 @@ def main() -> None:
     ratios = result["pagedllm_over_best_llama_cpp"]
     print("| pagedllm / best llama.cpp | " + " | ".join(f"{ratios.get(k, 0):.2f}x" for k in keys)
           + " |")
+    print(f"one stream against the read-bandwidth limit ({weights / 1e6:.1f} MB a token at "
+          f"{bandwidth / 1e9:.1f} GB/s: {limit:.0f} tok/s): "
+          + ", ".join(f"{e} {100 * v:.0f}%" for e, v in share.items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
