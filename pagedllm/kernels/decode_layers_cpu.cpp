@@ -67,8 +67,11 @@ struct LinearRef {
     }
   }
 
-  // `plan` (or none): lines the int8-activation kernels (kA8Panels, kGGUFRows) ask for as they
-  // go (prefetch_plan_cpu.h); the other kinds ignore it.
+  // Whether the kernel asks for a plan's lines as it goes: the int8-activation ones.
+  bool carries_plans() const { return kind == kA8Panels || kind == kGGUFRows; }
+
+  // `plan` (or none): lines the kernel asks for as it goes (prefetch_plan_cpu.h) where it
+  // carries_plans(); the other kinds ignore it.
   torch::Tensor operator()(const torch::Tensor& x, PrefetchPlan* plan = nullptr) const {
     if (kind == kPacked) return packed_linear(x, t[0], N, bias);
     if (kind == kExtern) {
@@ -144,9 +147,11 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
       h = x;
     }
     // this layer's K/V rows, asked for while the projection streams its weights
-    PrefetchPlan kv = decode_kv_prefetch(k_caches[i], v_caches[i], block_tables, seq_lens, window,
-                                         at::get_num_threads(), kKVPrefetchBytes);
-    torch::Tensor qkv = l.qkv(h, &kv);
+    std::optional<PrefetchPlan> kv;
+    if (l.qkv.carries_plans())
+      kv.emplace(decode_kv_prefetch(k_caches[i], v_caches[i], block_tables, seq_lens, window,
+                                    at::get_num_threads(), kKVPrefetchBytes));
+    torch::Tensor qkv = l.qkv(h, kv ? &*kv : nullptr);
     if (l.q_norm) head_norms_(qkv, *l.q_norm, *l.k_norm, H, KVH, d, eps);
     rotary_qk_(qkv, halves, H, KVH, d);
     c10::optional<torch::Tensor> ks, vs;
