@@ -202,9 +202,6 @@ inline uint32_t bits_of(float x) {
 inline bool not_finite(float x) { return (bits_of(x) & 0x7f800000u) == 0x7f800000u; }
 inline bool nan_or_plus_inf(float x) { return not_finite(x) && bits_of(x) != 0xff800000u; }
 
-// Row b's greedy token over logits [B, N] restricted to [0, vocab): the first maximum (numpy's
-// and torch's argmax), or -1 when the row is not finite there (a NaN anywhere, or an infinite
-// maximum): the sampler's host path reports such a row as an error.
 // Row's first maximum over [0, n), or -1 (greedy_rows). Two passes the compiler vectorizes: the
 // maximum and the not-finite flag, then the first 64-value block holding the maximum, searched
 // value by value. The scalar loop it replaces compared each value with row[best] in turn:
@@ -229,6 +226,9 @@ int64_t greedy_row(const float* row, int64_t n) {
   return -1;  // (not reached: m is one of the values)
 }
 
+// Row b's greedy token over logits [B, N] restricted to [0, vocab): the first maximum (numpy's
+// and torch's argmax), or -1 when the row is not finite there (a NaN anywhere, or an infinite
+// maximum): the sampler's host path reports such a row as an error.
 void greedy_rows(const torch::Tensor& logits, int64_t vocab, int64_t* out) {
   const int64_t B = logits.size(0), N = logits.size(1);
   const float* lp = logits.data_ptr<float>();
