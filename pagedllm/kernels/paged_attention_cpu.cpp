@@ -519,48 +519,37 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
       body(rd[g], s, c, g * H / groups, (g + 1) * H / groups, t_a, std::min(s.n, t_a + kChunk));
     }
   };
-  // pass p of thread t (of nt): 0 scores, 1 softmax, 2 V sums
-  auto pass = [&](int p, int t, int nt, std::vector<TileRows<T>>& rd) {
-    if (p == 0) {
-      for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t, int64_t h0,
-                               int64_t h1, int64_t t_a, int64_t t_b) {
-        scores_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
-                            s.n);
-      });
-    } else if (p == 1) {
-      for (int64_t i = D * H * t / nt; i < D * H * (t + 1) / nt; ++i)
-        softmax_(scores.data() + score_at[i / H] + (i % H) * ns[i / H], ns[i / H]);
-    } else {
-      for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t c, int64_t h0,
-                               int64_t h1, int64_t t_a, int64_t t_b) {
-        float* acc = partial.data() + (c * H + h0) * d;
-        std::fill(acc, acc + (h1 - h0) * d, 0.f);
-        values_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
-                            s.n, acc);
-      });
-    }
-  };
-  auto readers = [&] {  // one KV head's slice of each row, or whole rows
-    std::vector<TileRows<T>> rd;
+  // Thread t of nt: its scores, its heads' softmax, its V sums; `sync` between the passes (the
+  // region's barrier, or nothing on one thread).
+  auto run = [&](int t, int nt, auto&& sync) {
+    std::vector<TileRows<T>> rd;  // one KV head's slice of each row, or whole rows
     for (int64_t g = 0; g < groups; ++g)
       rd.emplace_back(bt, max_blocks, bs, kvh, row_len, groups > 1 ? g * d : 0,
                       groups > 1 ? d : row_len);
-    return rd;
+    for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t, int64_t h0,
+                             int64_t h1, int64_t t_a, int64_t t_b) {
+      scores_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
+                          s.n);
+    });
+    sync();
+    for (int64_t i = D * H * t / nt; i < D * H * (t + 1) / nt; ++i)
+      softmax_(scores.data() + score_at[i / H] + (i % H) * ns[i / H], ns[i / H]);
+    sync();
+    for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t c, int64_t h0,
+                             int64_t h1, int64_t t_a, int64_t t_b) {
+      float* acc = partial.data() + (c * H + h0) * d;
+      std::fill(acc, acc + (h1 - h0) * d, 0.f);
+      values_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
+                          s.n, acc);
+    });
   };
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      std::vector<TileRows<T>> rd = readers();
-      pass(0, t, nt, rd);
+    run(omp_get_thread_num(), omp_get_num_threads(), [] {
 #pragma omp barrier
-      pass(1, t, nt, rd);
-#pragma omp barrier
-      pass(2, t, nt, rd);
-    }
+    });
   } else {
-    std::vector<TileRows<T>> rd = readers();
-    for (int p = 0; p < 3; ++p) pass(p, 0, 1, rd);
+    run(0, 1, [] {});
   }
   for (int64_t b = 0; b < D; ++b) {
     float* out = op + b * H * d;
