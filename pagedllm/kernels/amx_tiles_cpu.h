@@ -11,6 +11,9 @@
 // epilogue is the same instructions in the same order, so a row's result does not depend on
 // which unit ran it (batch-invariant, and bit-equal to the VNNI path: tests check it).
 //
+// The same tiles run TDPBF16PS for the GGUF panels' prompt rows (prompt_tiles_cpu.cpp): bf16
+// pairs, fp32 sums, 16,384 multiply-adds an instruction on weights dequantized per call.
+//
 // HwTiles issues the instructions (a build for a CPU with AMX: -march=native on Sapphire
 // Rapids, or PAGEDLLM_CPU_MARCH=sapphirerapids); EmuTiles computes the same in plain C++, so
 // the tile layouts and the epilogue are tested on every CPU (PAGEDLLM_INT8_TILES=emulated,
@@ -65,6 +68,7 @@ struct HwTiles {
   template <int T> static void load(const void* p, int64_t stride);
   template <int T> static void store(void* p, int64_t stride);
   template <int C, int A, int B> static void dpbsud();
+  template <int C, int A, int B> static void dpbf16ps();
 };
 
 #define PAGEDLLM_TILE_REGISTER(T)                                                             \
@@ -84,9 +88,19 @@ template <> inline void HwTiles::dpbsud<0, 4, 6>() { _tile_dpbsud(0, 4, 6); }
 template <> inline void HwTiles::dpbsud<1, 4, 7>() { _tile_dpbsud(1, 4, 7); }
 template <> inline void HwTiles::dpbsud<2, 5, 6>() { _tile_dpbsud(2, 5, 6); }
 template <> inline void HwTiles::dpbsud<3, 5, 7>() { _tile_dpbsud(3, 5, 7); }
+#if defined(__AMX_BF16__)
+#define PAGEDLLM_HAVE_AMX_BF16 1
+template <> inline void HwTiles::dpbf16ps<0, 4, 6>() { _tile_dpbf16ps(0, 4, 6); }
+template <> inline void HwTiles::dpbf16ps<1, 4, 7>() { _tile_dpbf16ps(1, 4, 7); }
+template <> inline void HwTiles::dpbf16ps<2, 5, 6>() { _tile_dpbf16ps(2, 5, 6); }
+template <> inline void HwTiles::dpbf16ps<3, 5, 7>() { _tile_dpbf16ps(3, 5, 7); }
+#endif
 #else
 #define PAGEDLLM_HAVE_AMX 0
 inline bool amx_permitted() { return false; }
+#endif
+#ifndef PAGEDLLM_HAVE_AMX_BF16
+#define PAGEDLLM_HAVE_AMX_BF16 0
 #endif
 
 // The tiles in software: each thread's eight registers, the instructions' definitions.
@@ -129,6 +143,30 @@ struct EmuTiles {
         std::memcpy(&acc, c.b[r] + 4 * n, 4);
         for (int k = 0; k < a.colsb; ++k)
           acc += static_cast<int8_t>(a.b[r][k]) * static_cast<int32_t>(b.b[k / 4][4 * n + k % 4]);
+        std::memcpy(c.b[r] + 4 * n, &acc, 4);
+      }
+  }
+  // C[r][n] (fp32) += A[r][2k] B[k][2n] + A[r][2k + 1] B[k][2n + 1] over the k pairs, bf16
+  // values, each product exact in fp32 and added in that order (TDPBF16PS's definition;
+  // the hardware also flushes denormals, which this model keeps)
+  template <int C, int A, int B> static void dpbf16ps() {
+    Tile &c = regs()[C], &a = regs()[A], &b = regs()[B];
+    auto bf16 = [](const uint8_t* p) {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const uint32_t u = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    };
+    for (int r = 0; r < c.rows; ++r)
+      for (int n = 0; n < c.colsb / 4; ++n) {
+        float acc;
+        std::memcpy(&acc, c.b[r] + 4 * n, 4);
+        for (int k = 0; k < a.colsb / 4; ++k) {
+          acc += bf16(a.b[r] + 4 * k) * bf16(b.b[k] + 4 * n);
+          acc += bf16(a.b[r] + 4 * k + 2) * bf16(b.b[k] + 4 * n + 2);
+        }
         std::memcpy(c.b[r] + 4 * n, &acc, 4);
       }
   }

@@ -8,6 +8,7 @@
 void register_gguf_kernels(pybind11::module_& m);  // quant_gguf_cpu.cpp
 void register_gguf_a8_kernels(pybind11::module_& m);  // quant_gguf_a8_cpu.cpp
 void register_a8_panel_kernels(pybind11::module_& m);  // quant_a8_panels_cpu.cpp
+void register_prompt_tiles(pybind11::module_& m);  // prompt_tiles_cpu.cpp
 void register_decode_layers(pybind11::module_& m);  // decode_layers_cpu.cpp
 void register_varlen_attention(pybind11::module_& m);  // varlen_attention_cpu.cpp
 void register_bf16_grouped_kernels(pybind11::module_& m);  // grouped_bf16_cpu.cpp
@@ -80,6 +81,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_gguf_kernels(m);
   register_gguf_a8_kernels(m);
   register_a8_panel_kernels(m);
+  register_prompt_tiles(m);
   register_decode_layers(m);
   register_varlen_attention(m);
   register_bf16_grouped_kernels(m);

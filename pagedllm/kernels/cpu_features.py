@@ -18,6 +18,12 @@ they are off unless asked for. PAGEDLLM_INT8_TILES chooses: auto (default: the t
 they pay, none so far), amx (an error where the build or the OS cannot run them), off (VNNI
 only), emulated (a software model of the tiles, for tests on CPUs without AMX; ~1000x slower).
 
+The same tiles can run the GGUF panels' prompt rows in bf16 (kernels/prompt_tiles_cpu.cpp:
+weights dequantized a panel at a time, no per-block epilogue; a row goes there because it is
+a prompt position, never because of its batch: model/layers/quant/prompt_rows.py).
+PAGEDLLM_PROMPT_TILES chooses the same way: auto (off until measured on an AMX machine), amx,
+emulated (tests), off.
+
 The default dtype follows the CPU instead (torch's bf16 matmul, oneDNN, dispatches at run
 time): `--dtype auto` may pick bf16 linear weights where the CPU has amx_bf16 or avx512_bf16
 (`bf16_matrix_isa`; config/dtype.py has the rules).
@@ -77,23 +83,35 @@ def int8_dot_isa() -> str | None:
 
 
 INT8_TILES = ("auto", "amx", "emulated", "off")
+PROMPT_TILES = INT8_TILES
 
 
 class TilesUnavailableError(InvalidInputError):
-    """PAGEDLLM_INT8_TILES asks for tiles this CPU, build or OS cannot run (or is no choice)."""
+    """PAGEDLLM_INT8_TILES or PAGEDLLM_PROMPT_TILES asks for tiles this CPU, build or OS
+    cannot run (or is no choice)."""
+
+
+def _configure(variable: str, choices: tuple[str, ...], setter) -> str:
+    choice = os.environ.get(variable, "auto").strip().lower() or "auto"
+    if choice not in choices:
+        raise TilesUnavailableError(
+            f"{variable} must be one of {', '.join(choices)}, got {choice!r}")
+    try:
+        return setter(choice)
+    except ValueError as exc:
+        raise TilesUnavailableError(f"{variable}={choice}: {exc}") from None
 
 
 def configure_int8_tiles(ops) -> str:
     """Apply PAGEDLLM_INT8_TILES to a freshly loaded core module `ops` (cpu_ops.load calls it)
     and return the tiles in use ("amx", "emulated" or "off")."""
-    choice = os.environ.get("PAGEDLLM_INT8_TILES", "auto").strip().lower() or "auto"
-    if choice not in INT8_TILES:
-        raise TilesUnavailableError(
-            f"PAGEDLLM_INT8_TILES must be one of {', '.join(INT8_TILES)}, got {choice!r}")
-    try:
-        return ops.set_int8_tiles(choice)
-    except ValueError as exc:
-        raise TilesUnavailableError(f"PAGEDLLM_INT8_TILES={choice}: {exc}") from None
+    return _configure("PAGEDLLM_INT8_TILES", INT8_TILES, ops.set_int8_tiles)
+
+
+def configure_prompt_tiles(ops) -> str:
+    """Apply PAGEDLLM_PROMPT_TILES to a freshly loaded core module `ops` (cpu_ops.load calls
+    it): the tiles the GGUF panels' prompt rows run on (kernels/prompt_tiles_cpu.cpp)."""
+    return _configure("PAGEDLLM_PROMPT_TILES", PROMPT_TILES, ops.set_prompt_tiles)
 
 
 def int8_tiles() -> str | None:
@@ -105,12 +123,30 @@ def int8_tiles() -> str | None:
     return None if ops is None else ops.int8_tiles()
 
 
+def prompt_tiles() -> str | None:
+    """The tiles the GGUF panels' prompt rows run on ("amx", "emulated", "off"; bf16 over
+    weights dequantized per call), None without the C++ kernels."""
+    from pagedllm.kernels import cpu_ops
+
+    ops = cpu_ops.load()
+    return None if ops is None else ops.prompt_tiles()
+
+
+def prompt_tiles_on() -> bool:
+    """Whether a step's prompt rows go to the tiles now: the core kernels are loaded (this
+    never builds them) and their prompt tiles are amx or emulated."""
+    from pagedllm.kernels import cpu_ops
+
+    return "core" in cpu_ops.loaded_families() and prompt_tiles() != "off"
+
+
 def default_int8_activations() -> bool:
     """Whether int8 activations are the default here: the build's int8 dot products are
     SIMD (FAST_INT8_DOT), not the scalar fallback."""
     isa = int8_dot_isa()
     on = isa in FAST_INT8_DOT
-    logger.info("CPU %s; int8 dot products: %s, tiles from 16 rows: %s -> int8 activations "
-                "%s by default", " ".join(cpu_flags()) or "(flags unknown)",
-                isa or "none (no C++ kernels)", int8_tiles() or "none", "on" if on else "off")
+    logger.info("CPU %s; int8 dot products: %s, tiles from 16 rows: %s, prompt rows on bf16 "
+                "tiles: %s -> int8 activations %s by default",
+                " ".join(cpu_flags()) or "(flags unknown)", isa or "none (no C++ kernels)",
+                int8_tiles() or "none", prompt_tiles() or "none", "on" if on else "off")
     return on

@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 FAMILIES = {
     "core": ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "bf16_linear_cpu.cpp", "fused_cpu.cpp",
              "quant_gguf_cpu.cpp", "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp",
+             "prompt_tiles_cpu.cpp",
              "decode_layers_cpu.cpp", "varlen_attention_cpu.cpp", "grouped_bf16_cpu.cpp",
              "sampling_cpu.cpp", "top_k_top_p_cpu.cpp", "bindings.cpp"),
     "int": ("quant_int_cpu.cpp", "quant_w8a8_cpu.cpp"),
@@ -235,11 +236,12 @@ def _try_build(family: str) -> dict[str, object]:
                      "that path on purpose, PAGEDLLM_REQUIRE_CPU_KERNELS=1 to make this an "
                      "error. Cause: %s", exc)
         return {"module": None}
-    if family == "core":  # PAGEDLLM_INT8_TILES; a choice this machine cannot run is an error
+    if family == "core":  # PAGEDLLM_*_TILES; a choice this machine cannot run is an error
         from pagedllm.kernels import cpu_features
 
         try:
             cpu_features.configure_int8_tiles(module)
+            cpu_features.configure_prompt_tiles(module)
         except cpu_features.TilesUnavailableError as exc:
             return {"error": exc}
     return {"module": module}

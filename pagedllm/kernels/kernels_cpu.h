@@ -60,6 +60,9 @@ torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes,
                             torch::Tensor m, int64_t N, int64_t K);
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                               torch::Tensor m, int64_t N);
+// Checks an [N, K] matrix in the int8-activation panel layout (codes, d, Q4_1's m) for `fn`.
+void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
+                           const torch::Tensor& d, const torch::Tensor& m, int64_t N, int64_t K);
 // a8_panel_linear while `plan` (or none) asks for its lines between the weight panels
 torch::Tensor a8_panel_linear_prefetching(torch::Tensor x, int64_t fmt, torch::Tensor codes,
                                           torch::Tensor d, torch::Tensor m, int64_t N,

@@ -269,6 +269,11 @@ void check_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
 
 }  // namespace
 
+void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
+                           const torch::Tensor& d, const torch::Tensor& m, int64_t N, int64_t K) {
+  check_panel_weight(fn, fmt, codes, d, m, N, K);
+}
+
 bool a8_panels_available() { return PAGEDLLM_A8P_SIMD; }
 // The instructions of this build's int8 dot products (int8_dot_cpu.h): "avx512_vnni" (vpdpbusd),
 // "avx512bw" or "avx2" (maddubs pair sums), "scalar". The engine turns int8 activations on by

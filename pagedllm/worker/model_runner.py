@@ -20,9 +20,11 @@ from torch import nn
 
 from pagedllm.core.runner_output import RunnerOutput, SampledTokens, ScoredPrompt
 from pagedllm.core.scheduler_output import SchedulerOutput
+from pagedllm.kernels import cpu_features
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.decode_steps import AheadDraws, DecodeSteps
 from pagedllm.model.layers.attention_backends import PagedAttentionBackend
+from pagedllm.model.layers.quant import prompt_rows
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_generator
 from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.worker.cache_engine import CacheEngine
@@ -164,7 +166,7 @@ class ModelRunner:
         """Hidden states of the step (with the LoRA rows' slots in scope): a captured CUDA
         graph for a decode batch that fits one, else the eager forward pass. The draft model
         then mirrors the pass, which keeps its KV in step with the target's."""
-        with self._lora_step(batch):
+        with self._lora_step(batch), self._prompt_step(batch):
             if self.graphs is not None and self.graphs.can_run(batch.input_ids, batch.meta):
                 hidden = self.graphs.run(batch.input_ids, batch.positions, batch.meta)
             else:
@@ -219,6 +221,17 @@ class ModelRunner:
                 for j in range(1, len(s.drafts) + 1):
                     grammars[s.first_row + j] = DraftGrammar(s.request.grammar, s.drafts[:j])
         return self.structured_output.bitmask(grammars)
+
+    def _prompt_step(self, batch):
+        """The step's prompt rows in scope for the GGUF panels' bf16 tiles when those run
+        (PAGEDLLM_PROMPT_TILES; model/layers/quant/prompt_rows.py). One rank only: a
+        tensor-parallel group keeps every row on the int8 path."""
+        host = batch.host
+        if (self.device.type != "cpu" or self.tp_executor is not None or host is None
+                or host.prompt_lens is None or not cpu_features.prompt_tiles_on()):
+            return contextlib.nullcontext()
+        return prompt_rows.step_scope(
+            prompt_rows.PromptRows.build(host.q_lens, host.starts, host.prompt_lens))
 
     def _lora_step(self, batch):
         """The adapters' row -> slot mapping, scoped to this forward pass (LoRA on)."""

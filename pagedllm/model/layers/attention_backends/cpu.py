@@ -25,6 +25,7 @@ from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.attention_backends.torch_ref import TorchBackend
+from pagedllm.model.layers.quant import prompt_rows
 
 KERNEL_KV_DTYPES = (torch.float32, torch.float16, *kv_quant.QMAX)
 
@@ -69,9 +70,11 @@ class CPUBackend(TorchBackend):
 
     def fused_decode_applies(self, x: torch.Tensor, meta: AttentionMetadata,
                              kv_caches: list[LayerKVCache]) -> bool:
-        """Decode-only steps (every row one token of its own sequence) with one KV group."""
+        """Decode-only steps (every row one token of its own sequence) with one KV group
+        and no prompt row bound for the bf16 tiles (quant/prompt_rows.py: the loop runs the
+        int8 kernels only)."""
         return (meta.num_decodes == x.shape[0] > 0 and meta.groups is None
-                and meta.prefill_block_tables is None)
+                and meta.prefill_block_tables is None and prompt_rows.current() is None)
 
     def write(self, cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor,
               x: torch.Tensor) -> None:

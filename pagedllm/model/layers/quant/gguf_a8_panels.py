@@ -10,6 +10,9 @@ size runs integer dot products: a decode step reads the file's bytes with a frac
 per-row kernel's instructions, and large batches and prefill get past the fp32 path's FMA
 ceiling (the issue's W8A8 for Q8_0).
 
+On a CPU with AMX-bf16, a step's prompt rows can run as bf16 over the panels dequantized per
+call instead (prompt_rows.py, kernels/prompt_tiles_cpu.cpp; PAGEDLLM_PROMPT_TILES).
+
 Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block). Not exact: the
 activation rounding moves logits slightly (docs/benchmarks.md). Embedding rows and
 `dequantize()` are exact (gguf-py's values).
@@ -25,6 +28,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from pagedllm.kernels import cpu_ops
+from pagedllm.model.layers.quant import prompt_rows
 from pagedllm.model.layers.quant.base import QuantizedWeight
 from pagedllm.model.layers.quant.gguf import SPECS, checked_rows
 
@@ -128,8 +132,15 @@ class GGUFA8PanelWeight(QuantizedWeight):
         return codes.reshape(len(ids), self.in_features), self.d[p, :, c], m
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels().a8_panel_linear(x, self.code, self.codes, self.d, self.m,
-                                         self.out_features)
+        """int8 activations; a step's prompt rows on the bf16 tiles when they are chosen
+        (prompt_rows.py: the runner scopes them only then)."""
+        ops = kernels()
+        args = (self.code, self.codes, self.d, self.m, self.out_features)
+        step = prompt_rows.current(x.shape[0])
+        if step is None:
+            return ops.a8_panel_linear(x, *args)
+        return step.apply(x, lambda rows: ops.a8_panel_bf16_linear(rows, *args),
+                          lambda rows: ops.a8_panel_linear(rows, *args))
 
     def fused_ref(self, ops, bias: torch.Tensor | None):
         return ops.LinearRef(FUSED_KIND, self.code, self.out_features, self.in_features, 0,

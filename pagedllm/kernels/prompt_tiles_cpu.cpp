@@ -1,0 +1,313 @@
+// GGUF Q8_0 / Q4_0 / Q4_1 matrices in the int8-activation panels (quant_a8_panels_cpu.cpp's
+// layout, the default path's weights) times a step's prompt rows on AMX-bf16 tiles.
+//
+// Why: on a Sapphire Rapids class Xeon the int8 panels prefill at about half the speed of
+// oneDNN's AMX-bf16 matmul over bf16 weights (2026-12-04: 1,406 against 2,389 tok/s through the
+// engine), and AMX-int8 tiles do not help them: the file's scale every 32 values costs an fp32
+// epilogue per tile product (docs/benchmarks.md). Weights dequantized to bf16 carry their
+// scales, so a tile sum runs over all of K with no epilogue. The weights stay quantized in
+// memory: each thread dequantizes one panel (32 output columns x K) at a time into B tiles and
+// runs every row of the call through it (a 512-token prompt reuses each panel 512 times).
+//
+//   x rows  -> bf16 [Mp, K] (RNE; rows past M are zero)              tiles 4 / 5: A, 16 rows x 32
+//   panel p -> bf16 B tiles [K / 32][2 halves][16 k-pairs][16 col][2]  tiles 6 / 7: B
+//   C[16 r + i][16 h + n] += sum_k A[i][k] B[k][n]   (TDPBF16PS)     tiles 0-3: C, 16 x 16 fp32
+//
+// A row's result is the same sequence of tile products whichever other rows share its call
+// (lanes of a tile are independent): prompt rows are batch-invariant among themselves. They
+// are not bit-equal to the int8 path, so the engine sends a row here by what it is (a prompt
+// position: pagedllm/model/layers/quant/prompt_rows.py), never by the size of its batch.
+//
+// HwTiles (an AMX-bf16 build: -march=native on Sapphire Rapids on) or EmuTiles (the software
+// model: tests on any AVX-512 build) run the tiles; PAGEDLLM_PROMPT_TILES chooses
+// (kernels/cpu_features.py). AVX-512 BW builds only (the dequantization's vectors).
+#include <torch/csrc/utils/pybind.h>  // register_prompt_tiles(m): pybind11, Tensor casters
+#include "torch_lite_cpu.h"
+#include "kernels_cpu.h"  // check_a8_panel_weight
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#pragma GCC push_options
+// d * code + m in two roundings, as the panels' exact rows (a8_panel_rows) compute them; sums
+// in the tiles' order
+#pragma GCC optimize("no-associative-math", "fp-contract=off")
+
+namespace {
+#include "simd_cpu.h"
+
+#include "gguf_formats_cpu.h"
+#include "int8_dot_cpu.h"  // kXOffset: Q8_0 codes stored + 128 under VNNI
+#include "amx_tiles_cpu.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define PAGEDLLM_PROMPT_TILES 1
+static_assert(kNB == 32, "an AVX-512 panel is two 16-column halves");
+
+// Tiles 0-3: C, row tile r (of two) and column half h in tile 2 r + h; 4 / 5: A of row tiles
+// 0 / 1; 6 / 7: B of halves 0 / 1. All 16 rows x 64 bytes.
+constexpr TileConfig bf16_tile_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  return cfg;
+}
+constexpr TileConfig kBf16Tiles = bf16_tile_config();
+
+// bf16 bits of 16 floats (round to nearest even; NaN -> 0x7fc0, as torch rounds) in the low
+// half of each 32-bit lane.
+inline VI bf16_bits(V x) {
+  const VI u = _mm512_castps_si512(x);
+  const VI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), iset(1));
+  const VI r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(iset(0x7fff), lsb)), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, iset(0x7fffffff)), iset(0x7f800000));
+  return _mm512_mask_blend_epi32(nan, r, iset(0x7fc0));
+}
+
+// One B tile row: column n's bf16 pair (even k, odd k) in lane n.
+inline VI pair_row(V even, V odd) {
+  return _mm512_or_si512(bf16_bits(even), _mm512_slli_epi32(bf16_bits(odd), 16));
+}
+
+// Weights of one column half from 16 integer codes: d * (code - z), or d * code + m (Q4_1).
+template <int F>
+inline V weights(VI codes, V dv, V mv) {
+  constexpr int z = F == kQ4_0 ? 8 : 0;
+  const V w = _mm512_mul_ps(vcvt(_mm512_sub_epi32(codes, iset(z))), dv);
+  return F == kQ4_1 ? _mm512_add_ps(w, mv) : w;
+}
+
+// Byte b of each 32-bit lane of w as a code: 4-bit (low or high nibble) or Q8_0's s8 (stored
+// + 128 under VNNI, else as s8 bytes).
+template <int F>
+inline VI code_of(VI w, int b, bool high) {
+  if constexpr (F == kQ8_0) {
+    if constexpr (kXOffset)
+      return _mm512_sub_epi32(_mm512_and_si512(_mm512_srlv_epi32(w, iset(8 * b)), iset(255)),
+                              iset(128));
+    return _mm512_srai_epi32(_mm512_sllv_epi32(w, iset(24 - 8 * b)), 24);
+  } else {
+    return _mm512_and_si512(_mm512_srlv_epi32(w, iset(8 * b + (high ? 4 : 0))), iset(15));
+  }
+}
+
+// Panel pc (nb blocks) as bf16 B tiles in buf [nb][2][16][16][2]: pair row t of block j holds
+// k = 2t, 2t + 1 of the block. Q8_0 lane g holds codes 4g .. 4g + 3 (pair rows 2g, 2g + 1);
+// a 4-bit lane u holds 8u + b in its low nibbles and 8u + 4 + b in its high ones (pair rows
+// 4u, 4u + 1 and 4u + 2, 4u + 3).
+template <int F>
+void dequantize_panel(const uint8_t* pc, const uint16_t* pd, const uint16_t* pm, int64_t nb,
+                      uint16_t* buf) {
+  constexpr int lanes = F == kQ8_0 ? 8 : 4;
+  for (int64_t j = 0; j < nb; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const V dv = f16x(pd + j * kNB + 16 * h);
+      const V mv = F == kQ4_1 ? f16x(pm + j * kNB + 16 * h) : vzero();
+      uint16_t* tile = buf + (j * 2 + h) * 512;
+      for (int g = 0; g < lanes; ++g) {
+        const VI w = _mm512_loadu_si512(pc + ((j * lanes + g) * kNB + 16 * h) * 4);
+        auto put = [&](int row, bool high, int b) {
+          const V even = weights<F>(code_of<F>(w, b, high), dv, mv);
+          const V odd = weights<F>(code_of<F>(w, b + 1, high), dv, mv);
+          _mm512_storeu_si512(tile + row * 32, pair_row(even, odd));
+        };
+        if constexpr (F == kQ8_0) {
+          put(2 * g, false, 0);
+          put(2 * g + 1, false, 2);
+        } else {
+          put(4 * g, false, 0);
+          put(4 * g + 1, false, 2);
+          put(4 * g + 2, true, 0);
+          put(4 * g + 3, true, 2);
+        }
+      }
+    }
+}
+
+// x [M, K] fp32 -> bf16 [Mp, K], rows M .. Mp - 1 zero.
+void rows_to_bf16(const float* x, int64_t M, int64_t Mp, int64_t K, uint16_t* out) {
+  at::parallel_for(0, Mp, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      uint16_t* dst = out + m * K;
+      if (m >= M) {
+        std::memset(dst, 0, K * sizeof(uint16_t));
+        continue;
+      }
+      for (int64_t k = 0; k < K; k += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
+                            _mm512_cvtepi32_epi16(bf16_bits(vload(x + m * K + k))));
+    }
+  });
+}
+
+// Rows m .. m + 16 RT - 1 of xa times one dequantized panel (bt, nb blocks) into y (row
+// stride ldy): the four C tiles stay in their registers over all of K.
+template <typename T, int RT>
+void tile_pass(const uint16_t* xa, int64_t K, const uint16_t* bt, int64_t nb, float* y,
+               int64_t ldy, int64_t ncols) {
+  T::template zero<0>();
+  T::template zero<1>();
+  if constexpr (RT == 2) {
+    T::template zero<2>();
+    T::template zero<3>();
+  }
+  const int64_t sa = K * 2;  // bytes from one bf16 row of x to the next
+  for (int64_t j = 0; j < nb; ++j) {
+    T::template load<4>(xa + 32 * j, sa);
+    T::template load<6>(bt + (2 * j) * 512, 64);
+    T::template load<7>(bt + (2 * j + 1) * 512, 64);
+    T::template dpbf16ps<0, 4, 6>();
+    T::template dpbf16ps<1, 4, 7>();
+    if constexpr (RT == 2) {
+      T::template load<5>(xa + 16 * K + 32 * j, sa);
+      T::template dpbf16ps<2, 5, 6>();
+      T::template dpbf16ps<3, 5, 7>();
+    }
+  }
+  auto out = [&](auto tile, int r, int h) {
+    constexpr int C = decltype(tile)::value;
+    if (ncols == kNB) return T::template store<C>(y + 16 * r * ldy + 16 * h, ldy * 4);
+    alignas(64) float tmp[16][16];  // a partial panel: its own columns only
+    T::template store<C>(tmp, 64);
+    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, ncols - 16 * h));
+    for (int i = 0; i < 16; ++i) std::memcpy(y + (16 * r + i) * ldy + 16 * h, tmp[i], n * 4);
+  };
+  out(std::integral_constant<int, 0>{}, 0, 0);
+  out(std::integral_constant<int, 1>{}, 0, 1);
+  if constexpr (RT == 2) {
+    out(std::integral_constant<int, 2>{}, 1, 0);
+    out(std::integral_constant<int, 3>{}, 1, 1);
+  }
+}
+
+template <typename T>
+void panel_rows(const uint16_t* xa, int64_t Mp, int64_t K, const uint16_t* bt, int64_t nb,
+                float* y, int64_t ldy, int64_t ncols) {
+  int64_t m = 0;
+  for (; m + 32 <= Mp; m += 32) tile_pass<T, 2>(xa + m * K, K, bt, nb, y + m * ldy, ldy, ncols);
+  if (m < Mp) tile_pass<T, 1>(xa + m * K, K, bt, nb, y + m * ldy, ldy, ncols);
+}
+
+// Every panel of the matrix over the rows of xa (Mp, a multiple of 16), panels split among
+// the threads; y [Mp, N].
+template <int F>
+void linear_impl(const uint16_t* xa, int64_t Mp, int64_t K, const uint8_t* codes,
+                 const uint16_t* d, const uint16_t* mo, int64_t N, float* y, TileMode mode) {
+  const int64_t nb = K / 32, P = (N + kNB - 1) / kNB;
+  const int64_t codes_per_panel = nb * (F == kQ8_0 ? 8 : 4) * kNB * 4;
+  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+    const TileScope scope(mode, kBf16Tiles);
+    thread_local std::vector<uint16_t> bt;
+    bt.resize(static_cast<size_t>(nb) * 1024);
+    for (int64_t p = begin; p < end; ++p) {
+      dequantize_panel<F>(codes + p * codes_per_panel, d + p * nb * kNB,
+                          mo ? mo + p * nb * kNB : nullptr, nb, bt.data());
+      const int64_t ncols = std::min<int64_t>(kNB, N - p * kNB);
+#if PAGEDLLM_HAVE_AMX_BF16
+      if (mode == TileMode::kAmx) {
+        panel_rows<HwTiles>(xa, Mp, K, bt.data(), nb, y + p * kNB, N, ncols);
+        continue;
+      }
+#endif
+      panel_rows<EmuTiles>(xa, Mp, K, bt.data(), nb, y + p * kNB, N, ncols);
+    }
+  });
+}
+#else
+#define PAGEDLLM_PROMPT_TILES 0
+#endif
+
+// The tiles the prompt rows run on (a TileMode): none until set_prompt_tiles chooses some.
+std::atomic<int> g_prompt_tiles{static_cast<int>(TileMode::kOff)};
+
+TileMode prompt_mode() {
+  return static_cast<TileMode>(g_prompt_tiles.load(std::memory_order_relaxed));
+}
+
+}  // namespace
+
+// The tiles' name: "amx", "emulated" or "off".
+std::string prompt_tiles() {
+  switch (prompt_mode()) {
+    case TileMode::kAmx: return "amx";
+    case TileMode::kEmulated: return "emulated";
+    default: return "off";
+  }
+}
+
+// Chooses the prompt rows' tiles: "auto" (off until they are measured faster than the int8
+// panels on an AMX machine: they have not run on one yet), "amx", "emulated", "off". A choice
+// this build, CPU or OS cannot run is a ValueError saying why. Returns the tiles now in use.
+std::string set_prompt_tiles(const std::string& name) {
+  int mode;
+  if (name == "auto" || name == "off") {
+    mode = static_cast<int>(TileMode::kOff);
+  } else if (name == "amx") {
+    if (!PAGEDLLM_PROMPT_TILES || !PAGEDLLM_HAVE_AMX_BF16)
+      throw std::invalid_argument(
+          "prompt tiles 'amx': these kernels were built without AMX-bf16 (the CPU or "
+          "PAGEDLLM_CPU_MARCH lacks amx_bf16, or the build lacks AVX-512 BW)");
+    if (!amx_permitted())
+      throw std::invalid_argument(
+          "prompt tiles 'amx': the operating system refused the tile state "
+          "(arch_prctl ARCH_REQ_XCOMP_PERM; Linux >= 5.16 grants it)");
+    mode = static_cast<int>(TileMode::kAmx);
+  } else if (name == "emulated") {
+    if (!PAGEDLLM_PROMPT_TILES)
+      throw std::invalid_argument("prompt tiles 'emulated': the kernel needs an AVX-512 BW build");
+    mode = static_cast<int>(TileMode::kEmulated);
+  } else {
+    throw std::invalid_argument("prompt tiles must be auto, amx, emulated or off, got '" + name +
+                                "'");
+  }
+  g_prompt_tiles.store(mode, std::memory_order_relaxed);
+  return prompt_tiles();
+}
+
+// y [M, N] = bf16(x) @ bf16(W)^T in fp32 sums on the chosen tiles, W the panel-layout matrix
+// (a8_panel_linear's arguments) dequantized exactly and rounded to bf16.
+torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
+                                   torch::Tensor d, torch::Tensor m, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              "a8_panel_bf16_linear: x must be contiguous fp32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_a8_panel_weight("a8_panel_bf16_linear", fmt, codes, d, m, N, K);
+  const TileMode mode = prompt_mode();
+  TORCH_CHECK(mode != TileMode::kOff, "a8_panel_bf16_linear: no prompt tiles chosen "
+              "(set_prompt_tiles: amx or emulated)");
+  const int64_t Mp = (M + 15) / 16 * 16;
+  auto y = torch::empty({Mp, N}, x.options());
+#if PAGEDLLM_PROMPT_TILES
+  std::vector<uint16_t> xa(static_cast<size_t>(Mp) * K);
+  rows_to_bf16(x.data_ptr<float>(), M, Mp, K, xa.data());
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  float* yp = y.data_ptr<float>();
+  if (fmt == kQ8_0) linear_impl<kQ8_0>(xa.data(), Mp, K, cp, dp, mp, N, yp, mode);
+  else if (fmt == kQ4_0) linear_impl<kQ4_0>(xa.data(), Mp, K, cp, dp, mp, N, yp, mode);
+  else linear_impl<kQ4_1>(xa.data(), Mp, K, cp, dp, mp, N, yp, mode);
+#endif
+  return y.narrow(0, 0, M);
+}
+
+#pragma GCC pop_options
+
+void register_prompt_tiles(pybind11::module_& m) {
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("prompt_tiles", &prompt_tiles,
+        "the tiles the GGUF panels' prompt rows run on: amx, emulated or off");
+  m.def("set_prompt_tiles", &set_prompt_tiles,
+        "choose the prompt rows' tiles (auto, amx, emulated: the software model for tests, "
+        "off); returns the tiles now in use");
+  m.def("a8_panel_bf16_linear", &a8_panel_bf16_linear, nogil,
+        "y = bf16(x) @ bf16(W)^T on AMX-bf16 tiles (or their software model), W GGUF Q8_0 / "
+        "Q4_0 / Q4_1 in the int8-activation panels, dequantized a panel at a time");
+}

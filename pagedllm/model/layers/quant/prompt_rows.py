@@ -1,0 +1,87 @@
+"""Which rows of a step are prompt positions: the rows the GGUF panels run on bf16 tiles.
+
+On a CPU with AMX-bf16 the int8-activation panels (gguf_a8_panels.py) can run prompt rows as
+bf16 over weights dequantized a panel at a time (kernels/prompt_tiles_cpu.cpp; chosen by
+PAGEDLLM_PROMPT_TILES, kernels/cpu_features.py). The two paths round differently, so a row
+goes by what it is, never by the size of the batch or chunk it came in: a position before
+its request's prompt length runs on the tiles, any other row (a decode, a draft, an output
+token recomputed after a preemption) on the int8 kernel. A prompt computed in one chunk or
+ten, after a cached prefix or not, batched or alone, gives the same K/V and logits.
+
+    step rows      d0 d1 | p0 p0 p0 p0 | p1 p1 p1      decodes first, then prefill chunks
+    prompt rows     .  . |  x  x  x  x |  x  .  .      p1's chunk crosses its prompt's end
+
+The runner puts the step's `PromptRows` in scope for its forward pass (`step_scope`); a panel
+linear whose input is the step's rows splits them (`PromptRows.apply`). Logits run after the
+scope: the lm_head's rows are the sampled ones, on the int8 path like every decode. A step
+with prompt rows skips the fused C++ decode loop (a one-token prompt chunk looks like a
+decode there), so those rows reach the Python layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+_STEP: ContextVar[PromptRows | None] = ContextVar("prompt_rows", default=None)
+
+
+@dataclass(frozen=True)
+class PromptRows:
+    """The prompt rows of one step of `total` rows: every row (`rows` None) or the sorted
+    indices `rows`, the others in `rest`."""
+
+    total: int
+    rows: torch.Tensor | None = None
+    rest: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, q_lens: np.ndarray, starts: np.ndarray,
+              prompt_lens: np.ndarray) -> PromptRows | None:
+        """Request i's rows are positions starts[i] .. starts[i] + q_lens[i] - 1 (batch
+        order); its prompt has prompt_lens[i] tokens. None when no row is a prompt row."""
+        counts = np.clip(prompt_lens - starts, 0, q_lens)
+        if not counts.any():
+            return None
+        total = int(q_lens.sum())
+        if (counts == q_lens).all():
+            return cls(total)
+        request = np.repeat(np.arange(len(q_lens)), q_lens)
+        first = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
+        prompt = np.arange(total) - first[request] < counts[request]
+        return cls(total, torch.from_numpy(np.flatnonzero(prompt)),
+                   torch.from_numpy(np.flatnonzero(~prompt)))
+
+    def apply(self, x: torch.Tensor, prompt: Callable[[torch.Tensor], torch.Tensor],
+              rest: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """`prompt` on the prompt rows of x [total, K], `rest` on the others, in row order."""
+        if self.rows is None:
+            return prompt(x)
+        yp = prompt(x.index_select(0, self.rows))
+        yr = rest(x.index_select(0, self.rest))
+        y = yp.new_empty(self.total, yp.shape[1])
+        y.index_copy_(0, self.rows, yp)
+        y.index_copy_(0, self.rest, yr)
+        return y
+
+
+def current(rows: int | None = None) -> PromptRows | None:
+    """The prompt rows of the step being run (None outside a step with some); with `rows`,
+    only if the step has that many rows (a linear's input is the step's rows)."""
+    step = _STEP.get()
+    return step if step is not None and (rows is None or rows == step.total) else None
+
+
+@contextlib.contextmanager
+def step_scope(step: PromptRows | None) -> Iterator[None]:
+    """`step` is the current prompt rows for the duration of the block."""
+    token = _STEP.set(step)
+    try:
+        yield
+    finally:
+        _STEP.reset(token)

@@ -1,0 +1,215 @@
+"""A step's prompt rows on bf16 tiles over the GGUF panels (kernels/prompt_tiles_cpu.cpp,
+model/layers/quant/prompt_rows.py): the kernel equals bf16(x) @ bf16(W)^T summed in fp32 for
+every panel format, partial panels and row counts around the tile sizes; a row's result does
+not depend on the other rows of its call; through the engine a prompt's tokens and logprobs
+do not depend on chunking, prefix caching or batching, and only prompt positions take the
+tiles.
+
+The tiles run two ways here: `emulated` (the software model of AMX's tiles, the same kernel
+code around it: any AVX-512 BW build) and `amx` (TDPBF16PS, on a CPU with AMX-bf16; skipped
+elsewhere with the reason). `off` is the default until the tiles are measured on an AMX
+machine (cpu_features.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from pagedllm import SamplingParams
+from pagedllm.kernels import cpu_features, cpu_ops
+from pagedllm.model.layers.quant import gguf_a8_panels
+from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
+from pagedllm.model.layers.quant.prompt_rows import PromptRows
+from tests.conftest import make_tiny_checkpoint
+from tests.loader.gguf_writer import write_gguf
+from tests.model.quant.test_gguf_formats import random_blocks
+from tests.model.quant.test_int8_engine import check_logprobs_close
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ops = gguf_a8_panels.kernels()
+    if ops is None:
+        pytest.fail("the int8-activation panel kernels did not build (cpu_ops.load() failed)")
+    return ops
+
+
+def _mode_or_skip(ops, mode: str) -> None:
+    flags = cpu_features.cpu_flags()
+    if "avx512bw" not in flags:
+        pytest.skip("the prompt tile kernel needs an AVX-512 BW build (this CPU has no avx512bw)")
+    if cpu_ops._march() != "native":
+        pytest.skip(f"PAGEDLLM_CPU_MARCH={cpu_ops._march()}: not this CPU's build")
+    if mode == "amx" and "amx_bf16" not in flags:
+        pytest.skip("this CPU has no AMX-bf16 (amx_bf16 not in /proc/cpuinfo)")
+    ops.set_prompt_tiles(mode)  # an AMX CPU whose native build cannot: fails here
+
+
+@contextlib.contextmanager
+def prompt_tiles(ops, mode: str):
+    before = ops.prompt_tiles()
+    try:
+        _mode_or_skip(ops, mode)
+        yield
+    finally:
+        ops.set_prompt_tiles(before)
+
+
+def _bf16_reference(x: torch.Tensor, w: GGUFA8PanelWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16(x) @ bf16(W)^T in float64, and the scale of its terms (sum |x| |w|) per entry."""
+    wb = w.dequantize().to(torch.bfloat16).double()
+    xb = x.to(torch.bfloat16).double()
+    return xb @ wb.T, xb.abs() @ wb.abs().T
+
+
+@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("qtype", PANEL_TYPES)
+@pytest.mark.parametrize("n,k", [(70, 256), (33, 96), (64, 64), (32, 1536)])
+def test_kernel_equals_bf16_product(ops, mode, qtype, n, k):
+    """Partial panels (70, 33: the last panel's columns past N never written), K of 2 to 48
+    blocks; rows 1, 16 (one tile), 17, 37 (a 32-row pass and a 16-row one), 64. The sums are
+    fp32 over exact bf16 products: within 1e-6 of the fp64 product of the rounded operands
+    (the bf16 rounding itself moves results by ~1e-3 of that scale)."""
+    raw = random_blocks(qtype, n, k, seed=n + k)
+    w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
+    x = torch.randn(64, k, generator=torch.Generator().manual_seed(k)) * 3
+    x[1, : k // 2] = 0
+    with prompt_tiles(ops, mode):
+        for m in (1, 16, 17, 37, 64):
+            got = ops.a8_panel_bf16_linear(x[:m].contiguous(), w.code, w.codes, w.d, w.m, n)
+            want, scale = _bf16_reference(x[:m], w)
+            assert got.shape == (m, n) and got.is_contiguous()
+            err = ((got.double() - want).abs() / scale.clamp_min(1e-30)).max().item()
+            assert err < 1e-6, f"M={m}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_rows_do_not_depend_on_the_call(ops, mode, qtype):
+    """A row alone, in a 16-row tile or in the second tile of a 32-row pass: the same bits."""
+    qt = gguf.GGMLQuantizationType[qtype]
+    raw = random_blocks(qt, 96, 128, seed=3)
+    w = GGUFA8PanelWeight.from_blocks(qt, raw, (96, 128))
+    x = torch.randn(40, 128, generator=torch.Generator().manual_seed(4))
+    with prompt_tiles(ops, mode):
+        whole = ops.a8_panel_bf16_linear(x, w.code, w.codes, w.d, w.m, 96)
+        for r in (0, 15, 17, 39):
+            alone = ops.a8_panel_bf16_linear(x[r:r + 1].contiguous(), w.code, w.codes, w.d,
+                                             w.m, 96)
+            assert torch.equal(alone[0], whole[r]), f"row {r}"
+
+
+def test_amx_equals_the_software_model_closely(ops):
+    """Where the CPU has AMX-bf16: the instructions against the model (the hardware may
+    flush denormals and sum a pair at once: close, not necessarily equal)."""
+    raw = random_blocks(gguf.GGMLQuantizationType.Q4_1, 96, 576, seed=5)
+    w = GGUFA8PanelWeight.from_blocks(gguf.GGMLQuantizationType.Q4_1, raw, (96, 576))
+    x = torch.randn(50, 576, generator=torch.Generator().manual_seed(6))
+    with prompt_tiles(ops, "emulated"):
+        model = ops.a8_panel_bf16_linear(x, w.code, w.codes, w.d, w.m, 96)
+    with prompt_tiles(ops, "amx"):
+        hw = ops.a8_panel_bf16_linear(x, w.code, w.codes, w.d, w.m, 96)
+    torch.testing.assert_close(hw, model, rtol=1e-5, atol=1e-4)
+
+
+def test_choices_and_errors(ops):
+    with prompt_tiles(ops, "off"):
+        assert ops.set_prompt_tiles("off") == "off"
+        with pytest.raises(ValueError, match="auto, amx, emulated or off"):
+            ops.set_prompt_tiles("tiles")
+        assert ops.set_prompt_tiles("auto") == "off"  # until measured on an AMX machine
+        if "amx_bf16" not in cpu_features.cpu_flags():
+            with pytest.raises(ValueError, match="built without AMX-bf16"):
+                ops.set_prompt_tiles("amx")
+        raw = random_blocks(gguf.GGMLQuantizationType.Q8_0, 32, 64, seed=1)
+        w = GGUFA8PanelWeight.from_blocks(gguf.GGMLQuantizationType.Q8_0, raw, (32, 64))
+        with pytest.raises(RuntimeError, match="no prompt tiles chosen"):
+            ops.a8_panel_bf16_linear(torch.ones(2, 64), w.code, w.codes, w.d, w.m, 32)
+        with pytest.raises(RuntimeError, match="x must be contiguous fp32"):
+            ops.a8_panel_bf16_linear(torch.ones(2, 64).double(), w.code, w.codes, w.d, w.m, 32)
+
+
+def test_environment_choice_is_applied_and_checked_at_load():
+    code = ("from pagedllm.kernels import cpu_ops\n"
+            "print(cpu_ops.load().prompt_tiles())\n")
+    env = {**os.environ, "PAGEDLLM_PROMPT_TILES": "off"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "off", out.stderr[-2000:]
+    env["PAGEDLLM_PROMPT_TILES"] = "matrix"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode != 0
+    assert ("PAGEDLLM_PROMPT_TILES must be one of auto, amx, emulated, off, got 'matrix'"
+            in out.stderr)
+
+
+def test_prompt_rows_of_a_step():
+    """Decodes first (positions past their prompts), then prefill chunks: a whole prompt, a
+    chunk crossing its prompt's end (a recompute after preemption), a one-token prompt
+    chunk that the runner counts with the decodes."""
+    q_lens = np.array([1, 1, 4, 3, 2])
+    starts = np.array([9, 0, 0, 5, 6])
+    prompt_lens = np.array([5, 1, 4, 6, 3])
+    rows = PromptRows.build(q_lens, starts, prompt_lens)
+    assert rows.total == 11
+    assert rows.rows.tolist() == [1, 2, 3, 4, 5, 6]
+    assert rows.rest.tolist() == [0, 7, 8, 9, 10]
+    assert PromptRows.build(q_lens[:1], starts[:1], prompt_lens[:1]) is None
+    every = PromptRows.build(np.array([4, 3]), np.array([0, 2]), np.array([4, 9]))
+    assert every.total == 7 and every.rows is None
+    x = torch.arange(11.0)[:, None].repeat(1, 3)
+    y = rows.apply(x, lambda r: r * 10, lambda r: -r)
+    assert y[:, 0].tolist() == [0, 10, 20, 30, 40, 50, 60, -7, -8, -9, -10]
+
+
+PROMPTS = [list(range(3, 3 + n)) for n in (37, 5, 70, 17, 33)]
+
+
+@pytest.fixture(scope="module")
+def q4_1_gguf(tmp_path_factory, tiny_tokenizer):
+    root = tmp_path_factory.mktemp("prompt_tiles")
+    src = make_tiny_checkpoint(root / "hf", "llama", tiny_tokenizer, tie_word_embeddings=True)
+    return write_gguf(src, root / "q4_1.gguf", "llama", gguf.GGMLQuantizationType.Q4_1)
+
+
+def _generate(llm, prompts, max_tokens=6):
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=5)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0] for o in outs]
+
+
+def _bits(outputs):
+    """Each output's tokens and the logprob of every chosen token."""
+    return [(o.token_ids, [lp[t].logprob for t, lp in zip(o.token_ids, o.logprobs, strict=True)])
+            for o in outputs]
+
+
+def test_engine_prompts_on_tiles_do_not_depend_on_how_they_run(ops, q4_1_gguf, make_llm):
+    """With the tiles on (emulated), the same tokens and the same logprobs, to the bit: whole
+    prompts in one batch, each alone in chunks of 16 tokens, again from the prefix cache
+    (a prompt's last token then runs alone, as a one-token chunk). Against the tiles off the
+    first logprobs differ (the prompt rows did run on them) and the outputs are close by
+    vLLM's rule."""
+    with prompt_tiles(ops, "emulated"):
+        base = make_llm(q4_1_gguf, enable_prefix_caching=True)
+        batched = _generate(base, PROMPTS)
+        cached = _generate(base, PROMPTS)  # every full block of each prompt from the cache
+        chunked_llm = make_llm(q4_1_gguf, enable_prefix_caching=False,
+                               max_num_batched_tokens=16)
+        alone = [_generate(chunked_llm, [p])[0] for p in PROMPTS]
+    assert _bits(cached) == _bits(batched)
+    assert _bits(alone) == _bits(batched)
+    with prompt_tiles(ops, "off"):
+        int8 = _generate(make_llm(q4_1_gguf, enable_prefix_caching=False), PROMPTS)
+    first = [(o.token_ids[0], o.logprobs[0][o.token_ids[0]].logprob) for o in int8]
+    assert all(a != (b.token_ids[0], b.logprobs[0][b.token_ids[0]].logprob)
+               for a, b in zip(first, batched, strict=True))
+    assert min(check_logprobs_close(a, b) for a, b in zip(int8, batched, strict=True)) >= 1
