@@ -9,7 +9,9 @@ generations through `LLM`, both in one process, the two alternated.
 GEMMs: y = x @ W^T for the four matrices of a SmolLM2 layer (qkv 960 x 576, o 576 x 576,
 gate_up 3072 x 576, down 576 x 1536) at each row count, best of `--reps`, GOP/s and the
 layer's time with tiles off and on (and, mode bf16, torch's bf16 matmul over a bf16 copy of
-the same weights: what AMX-bf16 tiles give prompt rows where a bf16 copy is kept). Engine:
+the same weights: what AMX-bf16 tiles give prompt rows where a bf16 copy is kept; mode
+prompt-amx / prompt-emulated: the GGUF panels' prompt-row kernel, bf16 tiles over the panels
+dequantized per call, kernels/prompt_tiles_cpu.cpp). Engine:
 prefill of a 512-token prompt (max_tokens=1), one-stream decode ((1 + N tokens) - (1 token))
 / N, N requests x 128 / 128 offline; the greedy tokens of both runs must be equal (the tiles give VNNI's bits). `--random-gguf DIR`
 writes a Q4_1 GGUF of random weights with DIR's config.json and tokenizer.json (a machine
@@ -54,6 +56,14 @@ def best_seconds(fn, reps: int) -> float:
     return best
 
 
+def select(ops, mode: str) -> None:
+    """A mode's kernels: the int8 panels' tiles (off / amx / emulated), or prompt-<tiles>
+    (the prompt rows on bf16 tiles, int8 tiles off)."""
+    prompt = mode.startswith("prompt-")
+    ops.set_int8_tiles("off" if prompt else mode)
+    ops.set_prompt_tiles(mode.removeprefix("prompt-") if prompt else "off")
+
+
 def gemms(ops, modes: list[str], rows: list[int], reps: int) -> dict:
     rng = np.random.default_rng(0)
     weights = {name: GGUFA8PanelWeight.from_blocks(
@@ -69,8 +79,13 @@ def gemms(ops, modes: list[str], rows: list[int], reps: int) -> dict:
                 per = {name: best_seconds(
                     lambda w=dense[name], x=xs[name]: (x.to(torch.bfloat16) @ w.T).float(), reps)
                     for name in weights}
+            elif mode.startswith("prompt-"):
+                select(ops, mode)
+                per = {name: best_seconds(lambda w=w, x=xs[name]: ops.a8_panel_bf16_linear(
+                    x, w.code, w.codes, w.d, w.m, w.out_features), reps)
+                    for name, w in weights.items()}
             else:
-                ops.set_int8_tiles(mode)
+                select(ops, mode)
                 per = {name: best_seconds(lambda w=w, x=xs[name]: w.linear(x), reps)
                        for name, w in weights.items()}
             row[mode] = {"layer_ms": 1e3 * sum(per.values()),
@@ -152,17 +167,19 @@ def engine(ops, path: Path, modes: list[str], threads: int, offline: int, reps: 
     best: dict = {m: {} for m in modes}
     tokens: dict[str, list] = {}
     for mode in modes:  # warm-up
-        ops.set_int8_tiles(mode)
+        select(ops, mode)
         engine_round(llm, 0)
     for _ in range(reps):
         for mode in modes:
-            ops.set_int8_tiles(mode)
+            select(ops, mode)
             numbers, tokens[mode] = engine_round(llm, offline)
             for key, value in numbers.items():
                 best[mode][key] = max(best[mode].get(key, 0.0), value)
-    if len(tokens) > 1:
+    if len(tokens) > 1:  # the int8 tiles give VNNI's bits; bf16 prompt rows round apart
         first = next(iter(tokens.values()))
         best["greedy_tokens_equal"] = all(t == first for t in tokens.values())
+        best["greedy_sequences_equal"] = {
+            mode: sum(a == b for a, b in zip(first, t, strict=True)) for mode, t in tokens.items()}
     return best
 
 
@@ -181,7 +198,8 @@ def main() -> None:
     ap.add_argument("--modes", default="off,amx",
                     help="comma-separated: off, amx, emulated (the int8 panels' tiles), bf16 "
                     "(torch's bf16 matmul over a bf16 copy of the weights: oneDNN's AMX-bf16 "
-                    "tiles where the CPU has them; GEMMs only)")
+                    "tiles where the CPU has them; GEMMs only), prompt-amx, prompt-emulated "
+                    "(the prompt rows on bf16 tiles over the dequantized panels)")
     ap.add_argument("--engine", type=Path, default=None, help="a GGUF model: time LLM too")
     add_engine_arguments(ap, "--engine")
     ap.add_argument("--engine-reps", type=int, default=2)
@@ -210,6 +228,7 @@ def main() -> None:
                                   args.threads, args.offline, args.engine_reps)
         print(json.dumps(result["engine"], indent=1))
     ops.set_int8_tiles("auto")
+    ops.set_prompt_tiles("auto")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -59,6 +60,29 @@ constexpr TileConfig bf16_tile_config() {
   return cfg;
 }
 constexpr TileConfig kBf16Tiles = bf16_tile_config();
+
+// bf16 values on 64-byte boundaries, so each 64-byte row of a tile is one cache line; grows,
+// never shrinks (a thread's panel buffer is reused across calls).
+class Bf16Buffer {
+ public:
+  Bf16Buffer() = default;
+  Bf16Buffer(const Bf16Buffer&) = delete;
+  Bf16Buffer& operator=(const Bf16Buffer&) = delete;
+  ~Bf16Buffer() { std::free(p_); }
+  uint16_t* reserve(int64_t n) {
+    if (n > n_) {
+      std::free(p_);
+      p_ = static_cast<uint16_t*>(std::aligned_alloc(64, (n * 2 + 63) / 64 * 64));
+      TORCH_CHECK(p_ != nullptr, "prompt tiles: out of memory for ", n, " bf16 values");
+      n_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  uint16_t* p_ = nullptr;
+  int64_t n_ = 0;
+};
 
 // bf16 bits of 16 floats (round to nearest even; NaN -> 0x7fc0, as torch rounds) in the low
 // half of each 32-bit lane.
@@ -204,19 +228,19 @@ void linear_impl(const uint16_t* xa, int64_t Mp, int64_t K, const uint8_t* codes
   const int64_t codes_per_panel = nb * (F == kQ8_0 ? 8 : 4) * kNB * 4;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     const TileScope scope(mode, kBf16Tiles);
-    thread_local std::vector<uint16_t> bt;
-    bt.resize(static_cast<size_t>(nb) * 1024);
+    thread_local Bf16Buffer buffer;
+    uint16_t* bt = buffer.reserve(nb * 1024);
     for (int64_t p = begin; p < end; ++p) {
       dequantize_panel<F>(codes + p * codes_per_panel, d + p * nb * kNB,
-                          mo ? mo + p * nb * kNB : nullptr, nb, bt.data());
+                          mo ? mo + p * nb * kNB : nullptr, nb, bt);
       const int64_t ncols = std::min<int64_t>(kNB, N - p * kNB);
 #if PAGEDLLM_HAVE_AMX_BF16
       if (mode == TileMode::kAmx) {
-        panel_rows<HwTiles>(xa, Mp, K, bt.data(), nb, y + p * kNB, N, ncols);
+        panel_rows<HwTiles>(xa, Mp, K, bt, nb, y + p * kNB, N, ncols);
         continue;
       }
 #endif
-      panel_rows<EmuTiles>(xa, Mp, K, bt.data(), nb, y + p * kNB, N, ncols);
+      panel_rows<EmuTiles>(xa, Mp, K, bt, nb, y + p * kNB, N, ncols);
     }
   });
 }
@@ -285,15 +309,16 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
   const int64_t Mp = (M + 15) / 16 * 16;
   auto y = torch::empty({Mp, N}, x.options());
 #if PAGEDLLM_PROMPT_TILES
-  std::vector<uint16_t> xa(static_cast<size_t>(Mp) * K);
-  rows_to_bf16(x.data_ptr<float>(), M, Mp, K, xa.data());
+  Bf16Buffer rows;
+  uint16_t* xa = rows.reserve(Mp * K);
+  rows_to_bf16(x.data_ptr<float>(), M, Mp, K, xa);
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
   float* yp = y.data_ptr<float>();
-  if (fmt == kQ8_0) linear_impl<kQ8_0>(xa.data(), Mp, K, cp, dp, mp, N, yp, mode);
-  else if (fmt == kQ4_0) linear_impl<kQ4_0>(xa.data(), Mp, K, cp, dp, mp, N, yp, mode);
-  else linear_impl<kQ4_1>(xa.data(), Mp, K, cp, dp, mp, N, yp, mode);
+  if (fmt == kQ8_0) linear_impl<kQ8_0>(xa, Mp, K, cp, dp, mp, N, yp, mode);
+  else if (fmt == kQ4_0) linear_impl<kQ4_0>(xa, Mp, K, cp, dp, mp, N, yp, mode);
+  else linear_impl<kQ4_1>(xa, Mp, K, cp, dp, mp, N, yp, mode);
 #endif
   return y.narrow(0, 0, M);
 }
