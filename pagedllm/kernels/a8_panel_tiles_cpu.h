@@ -207,39 +207,17 @@ std::atomic<int> g_tile_mode{static_cast<int>(TileMode::kOff)};
 TileMode tile_mode() { return static_cast<TileMode>(g_tile_mode.load(std::memory_order_relaxed)); }
 
 // The tiles' name: "amx", "emulated" or "off".
-std::string int8_tiles() {
-  switch (tile_mode()) {
-    case TileMode::kAmx: return "amx";
-    case TileMode::kEmulated: return "emulated";
-    default: return "off";
-  }
-}
+std::string int8_tiles() { return tile_mode_name(tile_mode()); }
 
 // Chooses the tiles ("auto": where they were measured faster than VNNI, so far nowhere: off;
 // "amx"; "emulated"; "off"); a choice this build or kernel cannot run is a ValueError naming
 // why. Returns the tiles now in use.
 std::string set_int8_tiles(const std::string& name) {
-  int mode;
-  if (name == "auto" || name == "off") {
-    mode = static_cast<int>(TileMode::kOff);
-  } else if (name == "amx") {
-    if (!PAGEDLLM_A8P_TILES || !PAGEDLLM_HAVE_AMX)
-      throw std::invalid_argument(
-          "int8 tiles 'amx': these kernels were built without AMX-int8 (the CPU or "
-          "PAGEDLLM_CPU_MARCH lacks amx_int8, or the build lacks AVX-512 VNNI)");
-    if (!amx_permitted())
-      throw std::invalid_argument(
-          "int8 tiles 'amx': the operating system refused the tile state "
-          "(arch_prctl ARCH_REQ_XCOMP_PERM; Linux >= 5.16 grants it)");
-    mode = static_cast<int>(TileMode::kAmx);
-  } else if (name == "emulated") {
-    if (!PAGEDLLM_A8P_TILES)
-      throw std::invalid_argument(
-          "int8 tiles 'emulated': the tile kernels need an AVX-512 VNNI build");
-    mode = static_cast<int>(TileMode::kEmulated);
-  } else {
-    throw std::invalid_argument("int8 tiles must be auto, amx, emulated or off, got '" + name + "'");
-  }
-  g_tile_mode.store(mode, std::memory_order_relaxed);
+  const TileMode mode = choose_tiles(
+      "int8 tiles", name, PAGEDLLM_A8P_TILES && PAGEDLLM_HAVE_AMX,
+      "these kernels were built without AMX-int8 (the CPU or PAGEDLLM_CPU_MARCH lacks "
+      "amx_int8, or the build lacks AVX-512 VNNI)",
+      PAGEDLLM_A8P_TILES, "the tile kernels need an AVX-512 VNNI build");
+  g_tile_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
   return int8_tiles();
 }

@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 
 // Palette 1's configuration block (64 bytes, the layout LDTILECFG reads).
 struct TileConfig {
@@ -102,6 +104,38 @@ inline bool amx_permitted() { return false; }
 #ifndef PAGEDLLM_HAVE_AMX_BF16
 #define PAGEDLLM_HAVE_AMX_BF16 0
 #endif
+
+// A TileMode's name: "amx", "emulated" or "off".
+inline std::string tile_mode_name(TileMode mode) {
+  switch (mode) {
+    case TileMode::kAmx: return "amx";
+    case TileMode::kEmulated: return "emulated";
+    default: return "off";
+  }
+}
+
+// The TileMode `name` chooses for `what` (say "int8 tiles"): auto and off are off (no kernel
+// family has its tiles on by default); amx where the build has them (else `amx_missing` says
+// what it lacks) and the OS grants the tile state; emulated where the kernel is built (else
+// `emulated_missing`). Anything else, or a choice that cannot run, is std::invalid_argument
+// (a ValueError in Python).
+inline TileMode choose_tiles(const std::string& what, const std::string& name, bool amx_built,
+                             const char* amx_missing, bool emulated_built,
+                             const char* emulated_missing) {
+  if (name == "auto" || name == "off") return TileMode::kOff;
+  if (name == "amx") {
+    if (!amx_built) throw std::invalid_argument(what + " 'amx': " + amx_missing);
+    if (!amx_permitted())
+      throw std::invalid_argument(what + " 'amx': the operating system refused the tile state "
+                                  "(arch_prctl ARCH_REQ_XCOMP_PERM; Linux >= 5.16 grants it)");
+    return TileMode::kAmx;
+  }
+  if (name == "emulated") {
+    if (!emulated_built) throw std::invalid_argument(what + " 'emulated': " + emulated_missing);
+    return TileMode::kEmulated;
+  }
+  throw std::invalid_argument(what + " must be auto, amx, emulated or off, got '" + name + "'");
+}
 
 // The tiles in software: each thread's eight registers, the instructions' definitions.
 struct EmuTiles {

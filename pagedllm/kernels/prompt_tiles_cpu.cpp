@@ -258,40 +258,18 @@ TileMode prompt_mode() {
 }  // namespace
 
 // The tiles' name: "amx", "emulated" or "off".
-std::string prompt_tiles() {
-  switch (prompt_mode()) {
-    case TileMode::kAmx: return "amx";
-    case TileMode::kEmulated: return "emulated";
-    default: return "off";
-  }
-}
+std::string prompt_tiles() { return tile_mode_name(prompt_mode()); }
 
 // Chooses the prompt rows' tiles: "auto" (off until they are measured faster than the int8
 // panels on an AMX machine: they have not run on one yet), "amx", "emulated", "off". A choice
 // this build, CPU or OS cannot run is a ValueError saying why. Returns the tiles now in use.
 std::string set_prompt_tiles(const std::string& name) {
-  int mode;
-  if (name == "auto" || name == "off") {
-    mode = static_cast<int>(TileMode::kOff);
-  } else if (name == "amx") {
-    if (!PAGEDLLM_PROMPT_TILES || !PAGEDLLM_HAVE_AMX_BF16)
-      throw std::invalid_argument(
-          "prompt tiles 'amx': these kernels were built without AMX-bf16 (the CPU or "
-          "PAGEDLLM_CPU_MARCH lacks amx_bf16, or the build lacks AVX-512 BW)");
-    if (!amx_permitted())
-      throw std::invalid_argument(
-          "prompt tiles 'amx': the operating system refused the tile state "
-          "(arch_prctl ARCH_REQ_XCOMP_PERM; Linux >= 5.16 grants it)");
-    mode = static_cast<int>(TileMode::kAmx);
-  } else if (name == "emulated") {
-    if (!PAGEDLLM_PROMPT_TILES)
-      throw std::invalid_argument("prompt tiles 'emulated': the kernel needs an AVX-512 BW build");
-    mode = static_cast<int>(TileMode::kEmulated);
-  } else {
-    throw std::invalid_argument("prompt tiles must be auto, amx, emulated or off, got '" + name +
-                                "'");
-  }
-  g_prompt_tiles.store(mode, std::memory_order_relaxed);
+  const TileMode mode = choose_tiles(
+      "prompt tiles", name, PAGEDLLM_PROMPT_TILES && PAGEDLLM_HAVE_AMX_BF16,
+      "these kernels were built without AMX-bf16 (the CPU or PAGEDLLM_CPU_MARCH lacks "
+      "amx_bf16, or the build lacks AVX-512 BW)",
+      PAGEDLLM_PROMPT_TILES, "the kernel needs an AVX-512 BW build");
+  g_prompt_tiles.store(static_cast<int>(mode), std::memory_order_relaxed);
   return prompt_tiles();
 }
 

@@ -31,26 +31,34 @@ def ops():
     return ops
 
 
-def tiles_mode_or_skip(ops, mode: str) -> None:
-    """Selects `mode`, or skips with the reason this CPU / build cannot run it."""
-    if mode == "amx" and "amx_int8" not in cpu_features.cpu_flags():
-        pytest.skip("this CPU has no AMX-int8 (amx_int8 not in /proc/cpuinfo)")
-    if mode == "emulated" and cpu_features.int8_dot_isa() != "avx512_vnni":
-        pytest.skip("the tile kernels are built with AVX-512 VNNI only (this build: "
-                    f"{cpu_features.int8_dot_isa()})")
-    if mode == "amx" and cpu_ops._march() != "native":
-        pytest.skip(f"PAGEDLLM_CPU_MARCH={cpu_ops._march()}: a build without AMX")
-    ops.set_int8_tiles(mode)  # an AMX CPU whose native build cannot: fails here
-
-
 @contextlib.contextmanager
-def tiles(ops, mode: str):
-    before = ops.int8_tiles()
+def chosen(get, choose, mode: str, why_not: str | None):
+    """Tiles `mode` chosen with `choose` for the block, or the test skipped with `why_not`
+    (this CPU or build cannot run them); the choice before (`get`) restored after. An AMX CPU
+    whose native build cannot run its tiles fails in `choose`."""
+    before = get()
     try:
-        tiles_mode_or_skip(ops, mode)
+        if why_not is not None:
+            pytest.skip(why_not)
+        choose(mode)
         yield
     finally:
-        ops.set_int8_tiles(before)
+        choose(before)
+
+
+def _int8_why_not(mode: str) -> str | None:
+    if mode == "amx" and "amx_int8" not in cpu_features.cpu_flags():
+        return "this CPU has no AMX-int8 (amx_int8 not in /proc/cpuinfo)"
+    if mode == "emulated" and cpu_features.int8_dot_isa() != "avx512_vnni":
+        return ("the tile kernels are built with AVX-512 VNNI only (this build: "
+                f"{cpu_features.int8_dot_isa()})")
+    if mode == "amx" and cpu_ops._march() != "native":
+        return f"PAGEDLLM_CPU_MARCH={cpu_ops._march()}: a build without AMX"
+    return None
+
+
+def tiles(ops, mode: str):
+    return chosen(ops.int8_tiles, ops.set_int8_tiles, mode, _int8_why_not(mode))
 
 
 @pytest.mark.parametrize("mode", ["emulated", "amx"])

@@ -12,7 +12,6 @@ machine (cpu_features.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelW
 from pagedllm.model.layers.quant.prompt_rows import PromptRows
 from tests.conftest import make_tiny_checkpoint
 from tests.loader.gguf_writer import write_gguf
+from tests.model.quant.test_a8_panel_tiles import chosen
 from tests.model.quant.test_gguf_formats import random_blocks
 from tests.model.quant.test_int8_engine import check_logprobs_close
 
@@ -41,25 +41,21 @@ def ops():
     return ops
 
 
-def _mode_or_skip(ops, mode: str) -> None:
+def _why_not(mode: str) -> str | None:
     flags = cpu_features.cpu_flags()
+    if mode == "off":
+        return None
     if "avx512bw" not in flags:
-        pytest.skip("the prompt tile kernel needs an AVX-512 BW build (this CPU has no avx512bw)")
+        return "the prompt tile kernel needs an AVX-512 BW build (this CPU has no avx512bw)"
     if cpu_ops._march() != "native":
-        pytest.skip(f"PAGEDLLM_CPU_MARCH={cpu_ops._march()}: not this CPU's build")
+        return f"PAGEDLLM_CPU_MARCH={cpu_ops._march()}: not this CPU's build"
     if mode == "amx" and "amx_bf16" not in flags:
-        pytest.skip("this CPU has no AMX-bf16 (amx_bf16 not in /proc/cpuinfo)")
-    ops.set_prompt_tiles(mode)  # an AMX CPU whose native build cannot: fails here
+        return "this CPU has no AMX-bf16 (amx_bf16 not in /proc/cpuinfo)"
+    return None
 
 
-@contextlib.contextmanager
 def prompt_tiles(ops, mode: str):
-    before = ops.prompt_tiles()
-    try:
-        _mode_or_skip(ops, mode)
-        yield
-    finally:
-        ops.set_prompt_tiles(before)
+    return chosen(ops.prompt_tiles, ops.set_prompt_tiles, mode, _why_not(mode))
 
 
 def _bf16_reference(x: torch.Tensor, w: GGUFA8PanelWeight) -> tuple[torch.Tensor, torch.Tensor]:
