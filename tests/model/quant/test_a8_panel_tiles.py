@@ -110,17 +110,20 @@ def test_choices_and_errors(ops):
                 ops.set_int8_tiles("amx")
 
 
-def test_environment_choice_is_applied_and_checked_at_load():
-    """PAGEDLLM_INT8_TILES reaches the kernels when they load; a value that is no choice (or
-    tiles this machine cannot run) is one clear error, not a silent fallback."""
+@pytest.mark.parametrize("variable,getter", [("PAGEDLLM_INT8_TILES", "int8_tiles"),
+                                             ("PAGEDLLM_PROMPT_TILES", "prompt_tiles")])
+def test_environment_choice_is_applied_and_checked_at_load(variable, getter):
+    """PAGEDLLM_INT8_TILES (the int8 panels' tiles) and PAGEDLLM_PROMPT_TILES (the prompt
+    rows' bf16 tiles, test_prompt_tiles.py) reach the kernels when they load; a value that is
+    no choice (or tiles this machine cannot run) is one clear error, not a silent fallback."""
     code = ("from pagedllm.kernels import cpu_ops\n"
-            "print(cpu_ops.load().int8_tiles())\n")
-    env = {**os.environ, "PAGEDLLM_INT8_TILES": "off"}
+            f"print(cpu_ops.load().{getter}())\n")
+    env = {**os.environ, variable: "off"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0 and out.stdout.strip() == "off", out.stderr[-2000:]
-    env["PAGEDLLM_INT8_TILES"] = "matrix"
+    env[variable] = "matrix"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode != 0
-    assert "PAGEDLLM_INT8_TILES must be one of auto, amx, emulated, off, got 'matrix'" in out.stderr
+    assert f"{variable} must be one of auto, amx, emulated, off, got 'matrix'" in out.stderr

@@ -12,10 +12,6 @@ machine (cpu_features.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import gguf
 import numpy as np
 import pytest
@@ -130,21 +126,6 @@ def test_choices_and_errors(ops):
             ops.a8_panel_bf16_linear(torch.ones(2, 64), w.code, w.codes, w.d, w.m, 32)
         with pytest.raises(RuntimeError, match="x must be contiguous fp32"):
             ops.a8_panel_bf16_linear(torch.ones(2, 64).double(), w.code, w.codes, w.d, w.m, 32)
-
-
-def test_environment_choice_is_applied_and_checked_at_load():
-    code = ("from pagedllm.kernels import cpu_ops\n"
-            "print(cpu_ops.load().prompt_tiles())\n")
-    env = {**os.environ, "PAGEDLLM_PROMPT_TILES": "off"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0 and out.stdout.strip() == "off", out.stderr[-2000:]
-    env["PAGEDLLM_PROMPT_TILES"] = "matrix"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode != 0
-    assert ("PAGEDLLM_PROMPT_TILES must be one of auto, amx, emulated, off, got 'matrix'"
-            in out.stderr)
 
 
 def test_prompt_rows_of_a_step():
