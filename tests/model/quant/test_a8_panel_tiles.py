@@ -18,17 +18,8 @@ import pytest
 import torch
 
 from pagedllm.kernels import cpu_features, cpu_ops
-from pagedllm.model.layers.quant import gguf_a8_panels
 from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
 from tests.model.quant.test_gguf_formats import random_blocks
-
-
-@pytest.fixture(scope="module")
-def ops():
-    ops = gguf_a8_panels.kernels()
-    if ops is None:
-        pytest.fail("the int8-activation panel kernels did not build (cpu_ops.load() failed)")
-    return ops
 
 
 @contextlib.contextmanager

@@ -19,7 +19,6 @@ import torch
 
 from pagedllm import SamplingParams
 from pagedllm.kernels import cpu_features, cpu_ops
-from pagedllm.model.layers.quant import gguf_a8_panels
 from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
 from pagedllm.model.layers.quant.prompt_rows import PromptRows
 from tests.conftest import make_tiny_checkpoint
@@ -27,14 +26,6 @@ from tests.loader.gguf_writer import write_gguf
 from tests.model.quant.test_a8_panel_tiles import chosen
 from tests.model.quant.test_gguf_formats import random_blocks
 from tests.model.quant.test_int8_engine import check_logprobs_close
-
-
-@pytest.fixture(scope="module")
-def ops():
-    ops = gguf_a8_panels.kernels()
-    if ops is None:
-        pytest.fail("the int8-activation panel kernels did not build (cpu_ops.load() failed)")
-    return ops
 
 
 def _why_not(mode: str) -> str | None:
