@@ -58,7 +58,7 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
         raise ValueError(f"window of {len(tokens)} tokens needs {nblocks} KV blocks, the pool "
                          f"has {engine.num_blocks}")
     request = SimpleNamespace(num_computed_tokens=0, all_token_ids=tokens,
-                              num_prompt_tokens=len(tokens), block_ids=list(range(nblocks)))
+                              block_ids=list(range(nblocks)))
     sched = [ScheduledRequest(request, len(tokens))]
     batch = build_inputs(sched, bs, engine.runner.attention_backend)
     hidden = engine.model(batch.input_ids, batch.positions, batch.max_pos,

@@ -6,10 +6,6 @@
 // Block j of row m: d = max|x| / 127, q = round-half-even(x / d) in [-127, 127], x ~ d q.
 #pragma once
 
-// Rows of x quantized per 32 values: q int8 [M, K], d [M, K / 32] the scales, and the
-// scaled code sums of each 16 values, f [M, K / 16], and of each 32, f32 [M, K / 32]
-// (d * sum(q): the offset terms (B - S * zero) * sum(x) need them), and the code sums of
-// each 32, sum [M, K / 32] (an offset of the weight codes needs them).
 // Storage that quantize_x fills completely, so its elements start uninitialized: a vector's
 // zero fill was 2-2.5% of a prefill or a 64-row decode step, on one thread (perf, Zen 4).
 template <typename T>
@@ -24,6 +20,10 @@ struct Uninitialized : std::allocator<T> {
 };
 template <typename T> using Filled = std::vector<T, Uninitialized<T>>;
 
+// Rows of x quantized per 32 values: q int8 [M, K], d [M, K / 32] the scales, and the
+// scaled code sums of each 16 values, f [M, K / 16], and of each 32, f32 [M, K / 32]
+// (d * sum(q): the offset terms (B - S * zero) * sum(x) need them), and the code sums of
+// each 32, sum [M, K / 32] (an offset of the weight codes needs them).
 struct QuantizedX {
   int64_t K, nblk;
   Filled<int8_t> q;

@@ -61,6 +61,9 @@ constexpr TileConfig bf16_tile_config() {
 }
 constexpr TileConfig kBf16Tiles = bf16_tile_config();
 
+// 4-byte lanes per block in a panel: Q8_0's 32 codes, or a 4-bit block's two nibbles a byte.
+template <int F> constexpr int kLanes = F == kQ8_0 ? 8 : 4;
+
 // bf16 values on 64-byte boundaries, so each 64-byte row of a tile is one cache line; grows,
 // never shrinks (a thread's panel buffer is reused across calls).
 class Bf16Buffer {
@@ -129,7 +132,7 @@ inline VI code_of(VI w, int b, bool high) {
 template <int F>
 void dequantize_panel(const uint8_t* pc, const uint16_t* pd, const uint16_t* pm, int64_t nb,
                       uint16_t* buf) {
-  constexpr int lanes = F == kQ8_0 ? 8 : 4;
+  constexpr int lanes = kLanes<F>;
   for (int64_t j = 0; j < nb; ++j)
     for (int h = 0; h < 2; ++h) {
       const V dv = f16x(pd + j * kNB + 16 * h);
@@ -225,7 +228,7 @@ template <int F>
 void linear_impl(const uint16_t* xa, int64_t Mp, int64_t K, const uint8_t* codes,
                  const uint16_t* d, const uint16_t* mo, int64_t N, float* y, TileMode mode) {
   const int64_t nb = K / 32, P = (N + kNB - 1) / kNB;
-  const int64_t codes_per_panel = nb * (F == kQ8_0 ? 8 : 4) * kNB * 4;
+  const int64_t codes_per_panel = nb * kLanes<F> * kNB * 4;
   at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
     const TileScope scope(mode, kBf16Tiles);
     thread_local Bf16Buffer buffer;

@@ -249,10 +249,13 @@ int64_t code_bytes(int64_t fmt) {
   return fmt == kQ8_0 ? 32 : 16;
 }
 
+}  // namespace
+
 // One [N, K] matrix in the panel layout (the file header): codes uint8 [P, K / 32, lanes,
 // kNB, 4], d (and Q4_1's m) fp16 [P, K / 32, kNB]; `fn` names the caller in the errors.
-void check_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
-                        const torch::Tensor& d, const torch::Tensor& m, int64_t N, int64_t K) {
+void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
+                           const torch::Tensor& d, const torch::Tensor& m, int64_t N,
+                           int64_t K) {
   const int64_t nb = K / 32, P = (N + kNB - 1) / kNB, lanes = code_bytes(fmt) / 4;
   TORCH_CHECK(K % 32 == 0, fn, ": K=", K, " is not whole 32-value blocks");
   TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.is_contiguous() &&
@@ -265,13 +268,6 @@ void check_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
   TORCH_CHECK(fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
                                m.sizes() == torch::IntArrayRef(scale_shape)),
               fn, ": Q4_1 needs m fp16 [", P, ", ", nb, ", ", kNB, "]");
-}
-
-}  // namespace
-
-void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
-                           const torch::Tensor& d, const torch::Tensor& m, int64_t N, int64_t K) {
-  check_panel_weight(fn, fmt, codes, d, m, N, K);
 }
 
 bool a8_panels_available() { return PAGEDLLM_A8P_SIMD; }
@@ -294,7 +290,7 @@ torch::Tensor a8_panel_linear_prefetching(torch::Tensor x, int64_t fmt, torch::T
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
               "a8_panel_linear: x must be contiguous fp32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
-  check_panel_weight("a8_panel_linear", fmt, codes, d, m, N, K);
+  check_a8_panel_weight("a8_panel_linear", fmt, codes, d, m, N, K);
   auto y = torch::empty({M, N}, x.options());
 #if PAGEDLLM_A8P_SIMD
   const QuantizedX qx = quantize_x(x.data_ptr<float>(), M, K);
@@ -322,7 +318,7 @@ torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes,
                             torch::Tensor m, int64_t N, int64_t K) {
   TORCH_CHECK(ids.dtype() == torch::kInt64 && ids.dim() == 1 && ids.is_contiguous(),
               "a8_panel_rows: ids must be contiguous int64 [T]");
-  check_panel_weight("a8_panel_rows", fmt, codes, d, m, N, K);
+  check_a8_panel_weight("a8_panel_rows", fmt, codes, d, m, N, K);
   const int64_t T = ids.size(0), nb = K / 32, lanes = code_bytes(fmt) / 4;
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t)

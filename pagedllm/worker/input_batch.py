@@ -44,9 +44,6 @@ class HostBatch:
     num_decode_reqs: int | None = None
     # KV groups 1.. (core/kv_groups.py): their [n, max_blocks] tables.
     group_tables: list[np.ndarray] = field(default_factory=list)
-    # [n] each request's prompt length (model/layers/quant/prompt_rows.py); None: not known
-    # (a tensor-parallel rank's replay)
-    prompt_lens: np.ndarray | None = None
 
 
 @dataclass
@@ -103,9 +100,7 @@ def build_inputs(scheduled: list[ScheduledRequest], block_size: int,
         np.int64, total)
     max_blocks = int(-(-seq_lens.max() // block_size))
     bt = _block_table(order, max_blocks, 0, tables)
-    host = HostBatch(ids, q_lens, starts, bt, sum(1 for s in order if not _is_prefill(s)),
-                     prompt_lens=np.fromiter((s.request.num_prompt_tokens for s in order),
-                                             np.int64, n))
+    host = HostBatch(ids, q_lens, starts, bt, sum(1 for s in order if not _is_prefill(s)))
     if layout is not None and layout.num_groups > 1:
         host.group_tables = [_block_table(order, max_blocks, g, tables)
                              for g in range(1, layout.num_groups)]

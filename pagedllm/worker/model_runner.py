@@ -226,12 +226,13 @@ class ModelRunner:
         """The step's prompt rows in scope for the GGUF panels' bf16 tiles when those run
         (PAGEDLLM_PROMPT_TILES; model/layers/quant/prompt_rows.py). One rank only: a
         tensor-parallel group keeps every row on the int8 path."""
-        host = batch.host
-        if (self.device.type != "cpu" or self.tp_executor is not None or host is None
-                or host.prompt_lens is None or not cpu_features.prompt_tiles_on()):
+        if (self.device.type != "cpu" or self.tp_executor is not None
+                or not cpu_features.prompt_tiles_on()):
             return contextlib.nullcontext()
+        prompt_lens = np.fromiter((s.request.num_prompt_tokens for s in batch.order), np.int64,
+                                  len(batch.order))
         return prompt_rows.step_scope(
-            prompt_rows.PromptRows.build(host.q_lens, host.starts, host.prompt_lens))
+            prompt_rows.PromptRows.build(batch.host.q_lens, batch.host.starts, prompt_lens))
 
     def _lora_step(self, batch):
         """The adapters' row -> slot mapping, scoped to this forward pass (LoRA on)."""
