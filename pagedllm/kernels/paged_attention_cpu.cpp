@@ -171,15 +171,32 @@ constexpr int kVW = kTile;  // floats per vector
 // int8 1.02-1.08 against 1.94-1.95 (the conversion, not the bytes, was their cost).
 template <typename T> constexpr bool kTiles = kVW == 16 || !std::is_same_v<T, float>;
 
+// The rows kAhead tokens later are asked for as the tile's rows are read, each row's slice
+// right after the same slice of rows[i]: a tile's whole next tile asked for at its start (a
+// tile's 6 KiB, 96 lines, SmolLM2 float16) queued behind the miss buffers and the reads behind
+// them, so from memory the kernel ran its in-cache time plus the bytes' time (64 sequences x
+// 192 tokens, 30 layers' pools shuffled, Zen 4: 30-31 ms a step, read alone 14, in cache
+// 11.5); asked for a slice per row as they are consumed: 22-23 ms.
+template <typename E>
+static inline void ask_slice(const E* const* ahead, int i, int64_t off, int64_t n) {
+  if (const E* a = ahead[i]) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(a + off) & ~uintptr_t{63};
+    const uintptr_t end = reinterpret_cast<uintptr_t>(a + off + n);
+    for (uintptr_t line = first; line < end; line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+  }
+}
+
 // scores[i] = (q . rows[i][0, kVW NV)) * scale[i] for the nt <= kTile rows of a tile (scale
-// has kTile readable entries).
+// has kTile readable entries); `ahead`: see ask_slice.
 template <int NV, typename E>
-static inline void tile_scores(const float* q, const E* const* rows, int64_t off, int nt,
-                               const float* scale, float* scores) {
+static inline void tile_scores(const float* q, const E* const* rows, const E* const* ahead,
+                               int64_t off, int nt, const float* scale, float* scores) {
   VF qv[NV], p[kTile];
   for (int c = 0; c < NV; ++c) qv[c] = loadv(q + kVW * c);
   for (int i = 0; i < kTile; ++i) {
     if (i < nt) {
+      ask_slice(ahead, i, off, NV * kVW);
       const E* r = rows[i] + off;
       p[i] = vmul(qv[0], loadv(r));
       for (int c = 1; c < NV; ++c) p[i] = vfma(qv[c], loadv(r + kVW * c), p[i]);
@@ -203,14 +220,15 @@ constexpr int kScoreHeads = std::max(1, std::min(4, (2 * kAccRegs - 4) / NV - 1)
 // tile_scores, so the same scores.
 template <int NV, typename E>
 static inline void tile_scores_shared(const float* const* q, int nh, const E* const* rows,
-                                      int64_t off, int nt, const float* scale,
-                                      float* const* scores) {
+                                      const E* const* ahead, int64_t off, int nt,
+                                      const float* scale, float* const* scores) {
   constexpr int S = kScoreHeads<NV>;
   VF qv[S][NV], p[S][kTile];
   for (int h = 0; h < S && h < nh; ++h)
     for (int c = 0; c < NV; ++c) qv[h][c] = loadv(q[h] + kVW * c);
   for (int i = 0; i < kTile; ++i) {
     if (i < nt) {
+      ask_slice(ahead, i, off, NV * kVW);
       VF k[NV];
       for (int c = 0; c < NV; ++c) k[c] = loadv(rows[i] + off + kVW * c);
       for (int h = 0; h < S; ++h) {
@@ -236,11 +254,13 @@ static inline void tile_scores_shared(const float* const* q, int nh, const E* co
 // caller's, in token order).
 template <int NV, typename E>
 static inline void tile_values(VF (*acc)[NV], int nh, const E* const* rows,
-                               const int64_t* off, int nt, const float* w, int64_t w_stride) {
+                               const E* const* ahead, const int64_t* off, int nt,
+                               const float* w, int64_t w_stride) {
   for (int i = 0; i < nt; ++i) {
     const E* r = rows[i];
     for (int h = 0; h < kAccRegs / NV; ++h) {
       if (h >= nh) break;
+      ask_slice(ahead, i, off[h], NV * kVW);
       const VF wv = vset1(w[h * w_stride + i]);
       for (int c = 0; c < NV; ++c) acc[h][c] = vfma(wv, loadv(r + off[h] + kVW * c), acc[h][c]);
     }
@@ -252,8 +272,10 @@ static inline void tile_values(VF (*acc)[NV], int nh, const E* const* rows,
 // head in the same order as tile_values, so the same sums.
 template <int NV, typename E>
 static inline void tile_values_shared(VF (*acc)[NV], int nh, const E* const* rows,
-                                      int64_t off, int nt, const float* w, int64_t w_stride) {
+                                      const E* const* ahead, int64_t off, int nt,
+                                      const float* w, int64_t w_stride) {
   for (int i = 0; i < nt; ++i) {
+    ask_slice(ahead, i, off, NV * kVW);
     VF v[NV];
     for (int c = 0; c < NV; ++c) v[c] = loadv(rows[i] + off + kVW * c);
     for (int h = 0; h < kAccRegs / NV; ++h) {
@@ -282,6 +304,9 @@ static inline void softmax_(float* s, int64_t n) {
 // threads, Zen 4/5: 45-62 vs 18-32 ms for 30 layers). Each token's row therefore asks for the
 // row kAhead tokens later, through the block table, before it is read: 24-37 ms in random
 // order, the same as before in pool order (a noisy shared VM; medians of 3 alternating runs).
+// The tile kernels ask slice by slice as they read (ask_slice), and the last tile of a pass
+// asks for the next pass's first (TileRows::next): 64 x 192 tokens 21-24 ms against 28-36 for
+// whole tiles asked for at once, in cache 10.8 either way (the same bits).
 constexpr int64_t kAhead = 16;
 constexpr int64_t kSplitTokens = 128;  // see decode: heads split across threads from here
 
@@ -291,10 +316,10 @@ static inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
 }
 
-// `rows` consecutive rows from `slot` (one row: what the per-token loops ask for)
+// The row at `slot` (what the per-token loops ask for).
 template <typename T>
-static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len, int64_t rows = 1) {
-  prefetch_bytes(pool + slot * row_len, rows * row_len * static_cast<int64_t>(sizeof(T)));
+static inline void prefetch_row(const T* pool, int64_t slot, int64_t row_len) {
+  prefetch_bytes(pool + slot * row_len, row_len * static_cast<int64_t>(sizeof(T)));
 }
 
 // The pool slot of position `pos` of sequence b through its block table row.
@@ -319,61 +344,57 @@ static inline int64_t visible_start(int64_t L, int64_t window) {
 constexpr int64_t kChunk = 64;
 
 // One thread's view of a tile of a sequence's K or V rows: the rows' addresses (the tile
-// kernels convert them in registers) and tscale[j * kTile + i] = mul x row i's scale for kv
-// head j; each tile first asks for the rows kAhead tokens later: the bytes [pf_off, pf_off +
-// pf_len) of each (a whole row, or one KV head's slice of it).
+// kernels convert them in registers), the addresses of the rows kAhead tokens later (nullptr
+// past the sequence's end; the kernels ask for them as they read: ask_slice) and
+// tscale[j * kTile + i] = mul x row i's scale for kv head j.
 template <typename T>
 struct TileRows {
   const int64_t* bt;
-  int64_t max_blocks, bs, kvh, row_len, pf_off, pf_len;
+  int64_t max_blocks, bs, kvh, row_len;
   std::vector<float> tscale;
   const T* rows[kTile];
+  const T* ahead[kTile];
   bool have_scale = false;  // (no NaN sentinel: these kernels build with -ffast-math)
   float filled = 0.f;
+  // What the last tile of a pass asks for: rows from pos0 of sequence b (L tokens) in `pool`
+  // (the V rows after the K rows, the next sequence's K rows after the V rows), or nothing.
+  struct Next {
+    const T* pool = nullptr;
+    int64_t b = 0, pos0 = 0, L = 0;
+  } next;
 
-  TileRows(const int64_t* bt_, int64_t max_blocks_, int64_t bs_, int64_t kvh_, int64_t row_len_,
-           int64_t pf_off_, int64_t pf_len_)
+  TileRows(const int64_t* bt_, int64_t max_blocks_, int64_t bs_, int64_t kvh_, int64_t row_len_)
       : bt(bt_), max_blocks(max_blocks_), bs(bs_), kvh(kvh_), row_len(row_len_),
-        pf_off(pf_off_), pf_len(pf_len_), tscale(kvh_ * kTile) {}
+        tscale(kvh_ * kTile) {}
 
   int64_t slot_of(int64_t b, int64_t pos) const { return pool_slot(bt, max_blocks, bs, b, pos); }
 
-  void prefetch(const T* pool, int64_t slot, int64_t n) const {
-    if (pf_len == row_len) {  // whole rows: n consecutive rows are one run of bytes
-      prefetch_row(pool, slot, row_len, n);
-      return;
+  // rows[i], ahead[i] for the nt positions from pos0 (step 1, one table lookup for a run
+  // inside one block: the common case, tiles start at block boundaries when bs is a multiple
+  // of kTile).
+  void place(const T* pool, const T** out, int64_t b, int64_t pos0, int nt, int64_t L) const {
+    const bool one_block = pos0 / bs == (pos0 + nt - 1) / bs;
+    const int64_t slot0 = one_block && pos0 < L ? slot_of(b, pos0) : 0;
+    for (int i = 0; i < nt; ++i) {
+      const int64_t pos = pos0 + i;
+      out[i] = pos >= L ? nullptr : pool + (one_block ? slot0 + i : slot_of(b, pos)) * row_len;
     }
-    const int64_t bytes = pf_len * static_cast<int64_t>(sizeof(T));
-    for (int64_t i = 0; i < n; ++i) prefetch_bytes(pool + (slot + i) * row_len + pf_off, bytes);
   }
 
-  // The rows of tokens [pos0, pos0 + nt) of sequence b (L tokens). A tile inside one block
-  // (the common case: tiles start at block boundaries when bs is a multiple of kTile) takes
-  // one block-table lookup and asks for the next tile's block in one pass; unscaled rows'
-  // tscale is filled once per value of `mul`.
+  // The rows of tokens [pos0, pos0 + nt) of sequence b (L tokens); unscaled rows' tscale is
+  // filled once per value of `mul`.
   void fetch(const T* pool, const uint16_t* scales, int64_t b, int64_t pos0, int nt, int64_t L,
              float mul) {
-    const bool one_block = pos0 / bs == (pos0 + nt - 1) / bs;
-    const int64_t slot0 = one_block ? slot_of(b, pos0) : 0;
-    if (one_block && pos0 + kAhead < L) {
-      const int64_t ahead = std::min<int64_t>(nt, L - pos0 - kAhead);
-      const int64_t a0 = pos0 + kAhead;
-      if (a0 / bs == (a0 + ahead - 1) / bs) {
-        prefetch(pool, slot_of(b, a0), ahead);
-      } else {
-        for (int64_t i = 0; i < ahead; ++i) prefetch(pool, slot_of(b, a0 + i), 1);
-      }
-    }
-    for (int i = 0; i < nt; ++i) {
-      const int64_t pos = pos0 + i, slot = one_block ? slot0 + i : slot_of(b, pos);
-      if (!one_block && pos + kAhead < L) prefetch(pool, slot_of(b, pos + kAhead), 1);
-      if constexpr (kScaled<T>) {
+    place(pool, rows, b, pos0, nt, L);
+    if (pos0 + kAhead < L || !next.pool) place(pool, ahead, b, pos0 + kAhead, nt, L);
+    else place(next.pool, ahead, next.b, next.pos0, nt, next.L);
+    if constexpr (kScaled<T>) {
+      for (int i = 0; i < nt; ++i) {
+        const int64_t slot = (rows[i] - pool) / row_len;
         for (int64_t j = 0; j < kvh; ++j)
           tscale[j * kTile + i] = mul * Row<T>::kMul * half_to_float(scales[slot * kvh + j]);
       }
-      rows[i] = pool + slot * row_len;
-    }
-    if constexpr (!kScaled<T>) {
+    } else {
       (void)scales;
       if (!have_scale || filled != mul) {
         std::fill(tscale.begin(), tscale.end(), mul);
@@ -413,14 +434,14 @@ static void scores_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
           out[h - c0] = scores + (h - h0) * stride + t0;
         }
         const int64_t j = c0 / s.G;
-        tile_scores_shared<NV, T>(qh, static_cast<int>(c1 - c0), rd.rows, j * s.d, nt,
+        tile_scores_shared<NV, T>(qh, static_cast<int>(c1 - c0), rd.rows, rd.ahead, j * s.d, nt,
                                   rd.tscale.data() + j * kTile, out);
         c0 = c1;
       }
     } else {
       for (int64_t h = h0; h < h1; ++h) {
         const int64_t j = h / s.G;
-        tile_scores<NV, T>(s.q + h * s.d, rd.rows, j * s.d, nt, rd.tscale.data() + j * kTile,
+        tile_scores<NV, T>(s.q + h * s.d, rd.rows, rd.ahead, j * s.d, nt, rd.tscale.data() + j * kTile,
                            scores + (h - h0) * stride + t0);
       }
     }
@@ -461,8 +482,8 @@ static void values_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
           off[i] = (c0 + i) / s.G * s.d + col;
           for (int c = 0; c < NVC; ++c) a[i][c] = loadv(sums[i] + kVW * c);
         }
-        if (share) tile_values_shared<NVC, T>(a, nc, rd.rows, off[0], nt, w, kTile);
-        else tile_values<NVC, T>(a, nc, rd.rows, off, nt, w, kTile);
+        if (share) tile_values_shared<NVC, T>(a, nc, rd.rows, rd.ahead, off[0], nt, w, kTile);
+        else tile_values<NVC, T>(a, nc, rd.rows, rd.ahead, off, nt, w, kTile);
         for (int i = 0; i < nc; ++i)
           for (int c = 0; c < NVC; ++c) vstore(sums[i] + kVW * c, a[i][c]);
       }
@@ -509,23 +530,20 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
   // item's sequence by the chunk offsets.
   const int64_t groups = chunks % threads == 0 || chunks >= 4 * threads ? 1 : kvh;
   const int64_t items = chunks * groups;
-  auto for_items = [&](int t, int nt, std::vector<TileRows<T>>& rd, auto&& body) {
+  auto for_items = [&](int t, int nt, TileRows<T>& rd, auto&& body) {
     for (int64_t it = items * t / nt; it < items * (t + 1) / nt; ++it) {
       const int64_t c = it / groups, g = it % groups;
       const int64_t b = std::upper_bound(first_chunk.begin(), first_chunk.end(), c) -
                         first_chunk.begin() - 1;
       const TileSeq<T> s = seq(b);
       const int64_t t_a = (c - first_chunk[b]) * kChunk;
-      body(rd[g], s, c, g * H / groups, (g + 1) * H / groups, t_a, std::min(s.n, t_a + kChunk));
+      body(rd, s, c, g * H / groups, (g + 1) * H / groups, t_a, std::min(s.n, t_a + kChunk));
     }
   };
   // Thread t of nt: its scores, its heads' softmax, its V sums; `sync` between the passes (the
   // region's barrier, or nothing on one thread).
   auto run = [&](int t, int nt, auto&& sync) {
-    std::vector<TileRows<T>> rd;  // one KV head's slice of each row, or whole rows
-    for (int64_t g = 0; g < groups; ++g)
-      rd.emplace_back(bt, max_blocks, bs, kvh, row_len, groups > 1 ? g * d : 0,
-                      groups > 1 ? d : row_len);
+    TileRows<T> rd(bt, max_blocks, bs, kvh, row_len);
     for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t, int64_t h0,
                              int64_t h1, int64_t t_a, int64_t t_b) {
       scores_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
@@ -640,7 +658,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       std::copy(acc.begin(), acc.begin() + nh * d, op + b * H * d + h0 * d);
     };
 #if defined(PAGEDLLM_PA_TILES)
-    TileRows<T> rd(bt, max_blocks, bs, kvh, row_len, 0, row_len);
+    TileRows<T> rd(bt, max_blocks, bs, kvh, row_len);
     // the tile passes over all heads of sequence b, the V sums chunk by chunk (decode_split's)
     auto attend_tiles = [&](auto nv, int64_t b) {
       constexpr int NV = decltype(nv)::value;  // vectors per head row
@@ -649,10 +667,14 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       const TileSeq<T> s{qp + b * q_stride, kp, vp, ks, vs, b, G, d, start, L - start, L,
                          fscale};
       scores.resize(H * s.n);
+      rd.next = {vp, b, start, L};  // the K pass's last tile asks for the first V rows
       scores_range<NV, T>(rd, s, 0, H, 0, s.n, scores.data(), s.n);
       for (int64_t h = 0; h < H; ++h) softmax_(scores.data() + h * s.n, s.n);
       float* out = op + b * H * d;
       std::fill(out, out + H * d, 0.f);
+      rd.next = {};  // and the V pass's, the K rows of this thread's next sequence (an item
+      if (b + 1 < end)  // is a sequence here: the tiles run unsplit)
+        rd.next = {kp, b + 1, visible_start(lens[b + 1], window), lens[b + 1]};
       for (int64_t t_a = 0; t_a < s.n; t_a += kChunk) {
         std::fill(acc.begin(), acc.end(), 0.f);
         values_range<NV, T>(rd, s, 0, H, t_a, std::min(s.n, t_a + kChunk), scores.data(), s.n,
