@@ -171,12 +171,11 @@ constexpr int kVW = kTile;  // floats per vector
 // int8 1.02-1.08 against 1.94-1.95 (the conversion, not the bytes, was their cost).
 template <typename T> constexpr bool kTiles = kVW == 16 || !std::is_same_v<T, float>;
 
-// The rows kAhead tokens later are asked for as the tile's rows are read, each row's slice
-// right after the same slice of rows[i]: a tile's whole next tile asked for at its start (a
-// tile's 6 KiB, 96 lines, SmolLM2 float16) queued behind the miss buffers and the reads behind
-// them, so from memory the kernel ran its in-cache time plus the bytes' time (64 sequences x
-// 192 tokens, 30 layers' pools shuffled, Zen 4: 30-31 ms a step, read alone 14, in cache
-// 11.5); asked for a slice per row as they are consumed: 22-23 ms.
+// Asks for the n values at `off` of ahead[i] (if any), the row kAhead tokens after rows[i],
+// as the tile kernels read the same slice of rows[i]: the requests go out at the rate the rows
+// are consumed. A whole next tile asked for at a tile's start (96 lines, SmolLM2 float16)
+// queued behind the core's miss buffers, and the tile's own reads behind those: from memory
+// the kernel took its in-cache time plus the bytes' time (numbers at kAhead).
 template <typename E>
 static inline void ask_slice(const E* const* ahead, int i, int64_t off, int64_t n) {
   if (const E* a = ahead[i]) {
@@ -305,8 +304,9 @@ static inline void softmax_(float* s, int64_t n) {
 // row kAhead tokens later, through the block table, before it is read: 24-37 ms in random
 // order, the same as before in pool order (a noisy shared VM; medians of 3 alternating runs).
 // The tile kernels ask slice by slice as they read (ask_slice), and the last tile of a pass
-// asks for the next pass's first (TileRows::next): 64 x 192 tokens 21-24 ms against 28-36 for
-// whole tiles asked for at once, in cache 10.8 either way (the same bits).
+// asks for the next pass's first rows (TileRows::next): 64 x 192 tokens, shuffled, from memory
+// 19-22 ms against 26-31 for whole tiles asked for at once (a read-only loop over the same
+// rows: 14), in cache 10.8 either way, the same bits (Zen 4, 2 threads).
 constexpr int64_t kAhead = 16;
 constexpr int64_t kSplitTokens = 128;  // see decode: heads split across threads from here
 
@@ -441,8 +441,8 @@ static void scores_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
     } else {
       for (int64_t h = h0; h < h1; ++h) {
         const int64_t j = h / s.G;
-        tile_scores<NV, T>(s.q + h * s.d, rd.rows, rd.ahead, j * s.d, nt, rd.tscale.data() + j * kTile,
-                           scores + (h - h0) * stride + t0);
+        tile_scores<NV, T>(s.q + h * s.d, rd.rows, rd.ahead, j * s.d, nt,
+                           rd.tscale.data() + j * kTile, scores + (h - h0) * stride + t0);
       }
     }
   }
