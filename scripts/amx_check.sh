@@ -16,7 +16,8 @@
 # (off), torch's bf16 matmul (bf16) and the prompt rows' bf16 tiles (prompt-amx; TILE_MODES
 # adds amx for the int8 tiles), and through LLM on a random-weight SmolLM2-shaped Q4_1 GGUF on
 # 2 cores: prefill 512, one stream, offline 64 x 128/128, greedy sequences equal), cpu_modes.json
-# (fp32 / bf16 weights through LLM for the same-run comparison). ~5 minutes on a 16-core host.
+# (fp32 / bf16 weights through LLM for the same-run comparison), decode_attention.json (64 x
+# 192 float16 tokens from memory, 2 threads). ~5 minutes on a 16-core host.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/device_env.sh amx_check_out
@@ -47,6 +48,9 @@ bench_rc=$?
 timeout 60 python3 benchmarks/int8_tiles.py --threads "$(nproc)" --rows 16,64,512 --reps 10 --modes "${TILE_MODES:-off,prompt-amx}" \
   --out "$OUT/int8_tiles_16t.json" >> "$OUT/bench.log" 2>&1
 grep -v -E "^20..-|INFO|Writing|deprecated" "$OUT/bench.log" | tail -30
+# the batched decode attention from memory (rows asked for as they are read, session 27)
+timeout 60 taskset -c 0,1 python3 benchmarks/decode_attention.py --batch 64 --context 192 \
+  --block-sizes 16 --out "$OUT/decode_attention.json" 2>&1 | grep -E "^\| 16 \|"
 rm -rf /tmp/smollm2_hf && cp -r .gpu/smollm2 /tmp/smollm2_hf  # + random bf16 weights
 python3 -c "import torch, transformers
 cfg = transformers.AutoConfig.from_pretrained('/tmp/smollm2_hf'); torch.manual_seed(0)
