@@ -248,40 +248,49 @@ static inline void tile_scores_shared(const float* const* q, int nh, const E* co
   }
 }
 
-// acc[h] += sum_i w[h][i] rows[i][off[h] ...] over the nt rows of a tile, units h < nh <=
-// kAccRegs / NV of NV vectors each (their sums in registers between tiles: acc is the
-// caller's, in token order).
-template <int NV, typename E>
-static inline void tile_values(VF (*acc)[NV], int nh, const E* const* rows,
-                               const E* const* ahead, const int64_t* off, int nt,
-                               const float* w, int64_t w_stride) {
+// sums[h][0, kVW NV) += sum_i w[h][i] rows[i][off[h] ...] over the nt rows of a tile, for NH
+// units of NV vectors each (NH x NV <= kAccRegs), in token order. Shared: every unit at off[0]
+// (heads of one KV head), each row's NV vectors read (converted) once for all of them; the
+// same FMAs per unit in the same order either way, so the same sums. NH is a template
+// argument so the sums stay in registers for the whole tile: with a run-time head count GCC
+// kept them on the stack, a load and a store around every FMA (the V pass took 1.8x the
+// scores pass in cache, 64 x 192 tokens, Zen 4).
+template <int NV, int NH, bool Shared, typename E>
+static inline void tile_values_n(float* const* sums, const E* const* rows, const E* const* ahead,
+                                 const int64_t* off, int nt, const float* w, int64_t w_stride) {
+  VF acc[NH][NV];
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < NV; ++c) acc[h][c] = loadv(sums[h] + kVW * c);
   for (int i = 0; i < nt; ++i) {
-    const E* r = rows[i];
-    for (int h = 0; h < kAccRegs / NV; ++h) {
-      if (h >= nh) break;
-      ask_slice(ahead, i, off[h], NV * kVW);
-      const VF wv = vset1(w[h * w_stride + i]);
-      for (int c = 0; c < NV; ++c) acc[h][c] = vfma(wv, loadv(r + off[h] + kVW * c), acc[h][c]);
+    if constexpr (Shared) {
+      ask_slice(ahead, i, off[0], NV * kVW);
+      VF v[NV];
+      for (int c = 0; c < NV; ++c) v[c] = loadv(rows[i] + off[0] + kVW * c);
+      for (int h = 0; h < NH; ++h) {
+        const VF wv = vset1(w[h * w_stride + i]);
+        for (int c = 0; c < NV; ++c) acc[h][c] = vfma(wv, v[c], acc[h][c]);
+      }
+    } else {
+      for (int h = 0; h < NH; ++h) {
+        ask_slice(ahead, i, off[h], NV * kVW);
+        const VF wv = vset1(w[h * w_stride + i]);
+        for (int c = 0; c < NV; ++c)
+          acc[h][c] = vfma(wv, loadv(rows[i] + off[h] + kVW * c), acc[h][c]);
+      }
     }
   }
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < NV; ++c) vstore(sums[h] + kVW * c, acc[h][c]);
 }
 
-// tile_values for nh <= kAccRegs / NV heads of one KV head (all at offset `off` of a row):
-// each row's NV vectors are read (converted) once and serve every head. The same FMAs per
-// head in the same order as tile_values, so the same sums.
-template <int NV, typename E>
-static inline void tile_values_shared(VF (*acc)[NV], int nh, const E* const* rows,
-                                      const E* const* ahead, int64_t off, int nt,
-                                      const float* w, int64_t w_stride) {
-  for (int i = 0; i < nt; ++i) {
-    ask_slice(ahead, i, off, NV * kVW);
-    VF v[NV];
-    for (int c = 0; c < NV; ++c) v[c] = loadv(rows[i] + off + kVW * c);
-    for (int h = 0; h < kAccRegs / NV; ++h) {
-      if (h >= nh) break;
-      const VF wv = vset1(w[h * w_stride + i]);
-      for (int c = 0; c < NV; ++c) acc[h][c] = vfma(wv, v[c], acc[h][c]);
-    }
+// tile_values_n for the run-time unit count nh (1 <= nh <= kAccRegs / NV).
+template <int NV, bool Shared, typename E, int NH = kAccRegs / NV>
+static inline void tile_values(int nh, float* const* sums, const E* const* rows,
+                               const E* const* ahead, const int64_t* off, int nt,
+                               const float* w, int64_t w_stride) {
+  if constexpr (NH >= 1) {
+    if (nh == NH) return tile_values_n<NV, NH, Shared, E>(sums, rows, ahead, off, nt, w, w_stride);
+    tile_values<NV, Shared, E, NH - 1>(nh, sums, rows, ahead, off, nt, w, w_stride);
   }
 }
 #endif
@@ -453,7 +462,7 @@ static void scores_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
 // in registers, NVC vectors of columns at a time (a whole head unless it has more than
 // kAccRegs); stored between tiles: exact, so a head's sums do not depend on its neighbours.
 // With GQA and room for a row's vectors beside the sums, a chunk's heads share one KV head,
-// whose rows tile_values_shared converts once for all of them.
+// whose rows tile_values (shared) converts once for all of them.
 template <int NV, typename T>
 static void values_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64_t h1,
                          int64_t t_a, int64_t t_b, const float* scores, int64_t stride,
@@ -476,16 +485,12 @@ static void values_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
       for (int64_t col = 0; col < s.d; col += NVC * kVW) {
         int64_t off[kHeads];
         float* sums[kHeads];  // unit i's columns in acc
-        VF a[kHeads][NVC];
         for (int i = 0; i < nc; ++i) {
           sums[i] = acc + (c0 + i - h0) * s.d + col;
           off[i] = (c0 + i) / s.G * s.d + col;
-          for (int c = 0; c < NVC; ++c) a[i][c] = loadv(sums[i] + kVW * c);
         }
-        if (share) tile_values_shared<NVC, T>(a, nc, rd.rows, rd.ahead, off[0], nt, w, kTile);
-        else tile_values<NVC, T>(a, nc, rd.rows, rd.ahead, off, nt, w, kTile);
-        for (int i = 0; i < nc; ++i)
-          for (int c = 0; c < NVC; ++c) vstore(sums[i] + kVW * c, a[i][c]);
+        if (share) tile_values<NVC, true, T>(nc, sums, rd.rows, rd.ahead, off, nt, w, kTile);
+        else tile_values<NVC, false, T>(nc, sums, rd.rows, rd.ahead, off, nt, w, kTile);
       }
       c0 = c1;
     }
