@@ -225,8 +225,9 @@ class ModelRunner:
     def _prompt_step(self, batch):
         """The step's prompt rows in scope for the GGUF panels' bf16 tiles when those run
         (PAGEDLLM_PROMPT_TILES; model/layers/quant/prompt_rows.py). One rank only: a
-        tensor-parallel group keeps every row on the int8 path."""
-        if (self.device.type != "cpu" or self.tp_executor is not None
+        tensor-parallel group keeps every row on the int8 path, rank 0 (`tp_executor`) and
+        the others alike, whose replay of its step has no requests (`batch.order` empty)."""
+        if (self.device.type != "cpu" or self.tp_executor is not None or not batch.order
                 or not cpu_features.prompt_tiles_on()):
             return contextlib.nullcontext()
         prompt_lens = np.fromiter((s.request.num_prompt_tokens for s in batch.order), np.int64,

@@ -181,3 +181,22 @@ def test_engine_prompts_on_tiles_do_not_depend_on_how_they_run(ops, q4_1_gguf, m
     assert all(a != (b.token_ids[0], b.logprobs[0][b.token_ids[0]].logprob)
                for a, b in zip(first, batched, strict=True))
     assert min(check_logprobs_close(a, b) for a, b in zip(int8, batched, strict=True)) >= 1
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_keep_prompt_rows_on_int8(ops, q4_1_gguf, make_llm, monkeypatch):
+    """Under tensor parallelism every rank keeps the prompt rows on the int8 path (rank 0 by
+    its executor, the others in their replay of its step, whose batch has no requests): with
+    the tiles asked for in every rank's process the same tokens and logprobs, to the bit, as
+    with them off."""
+    monkeypatch.setenv("PAGEDLLM_DIST_TIMEOUT_S", "120")
+    runs = {}
+    for mode in ("off", "emulated"):
+        monkeypatch.setenv("PAGEDLLM_PROMPT_TILES", mode)  # the ranks' processes read it
+        with prompt_tiles(ops, mode):
+            llm = make_llm(q4_1_gguf, tensor_parallel_size=2, enable_prefix_caching=False)
+            try:
+                runs[mode] = _bits(_generate(llm, PROMPTS))
+            finally:
+                llm.llm_engine.shutdown()
+    assert runs["emulated"] == runs["off"]
