@@ -72,13 +72,24 @@ def test_product_equals_its_definition(qtype, m, n, k):
 
 
 @pytest.mark.parametrize("qtype", PANEL_TYPES)
-def test_rows_do_not_depend_on_the_batch(qtype):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_do_not_depend_on_the_batch(qtype, threads):
+    """A row's output is the same bits alone or in any batch: 67 rows (the threads split the
+    panels) and 300 (from 256 rows each thread takes half of the rows, every panel), sliced
+    across the 150-row boundary of the row split."""
     raw = random_blocks(qtype, 100, 512, seed=9)
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (100, 512))
-    x = torch.randn(67, 512, generator=torch.Generator().manual_seed(1))
-    y = w.linear(x)
-    for lo, hi in [(0, 1), (5, 8), (3, 16), (60, 67)]:
-        assert torch.equal(w.linear(x[lo:hi].contiguous()), y[lo:hi])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows, slices in [(67, [(0, 1), (5, 8), (3, 16), (60, 67)]),
+                             (300, [(0, 7), (145, 156), (149, 151), (290, 300), (0, 67)])]:
+            x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+            y = w.linear(x)
+            for lo, hi in slices:
+                assert torch.equal(w.linear(x[lo:hi].contiguous()), y[lo:hi]), (rows, lo, hi)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("qtype", PANEL_TYPES)
