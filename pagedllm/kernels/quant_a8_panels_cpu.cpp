@@ -201,18 +201,19 @@ void panel_impl(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* code
                             y + m * N + n0, N, ncols);
 }
 
-// Rows from which the threads split a call's rows instead of its panels: thread t computes
-// every panel for the rows [t M / T, (t + 1) M / T) that the step's other kernels (the
-// quantizer, norms, RoPE, SiLU) also give it, so the rows it writes are the rows it reads
-// next, instead of every output row holding both threads' columns. When the two vCPUs of a VM
+// Rows a thread from which the T threads split a call's rows instead of its panels: thread t
+// computes every panel for the rows [t M / T, (t + 1) M / T) that the step's other kernels
+// (the quantizer, norms, RoPE, SiLU) also give it, so the rows it writes are the rows it reads
+// next, instead of every output row holding columns from every thread. When the two vCPUs of a VM
 // sit on different dies, a cache line that crosses between them costs ~350 ns there and back
 // (~80 on one die; this Zen 4 VM moves between the two every few seconds to minutes): SmolLM2
 // Q4_1, 2 threads, same process alternating, 512-token prefill +20% (1,458-1,597 -> 1,745-1,875
 // tok/s, 8 rounds, mostly on two dies), offline 64 x 128/128 +3%; layer GEMM chains on one die
 // 512 rows +2-3%, 1,024 +1%, on two dies 512 +3-9%, 1,024 +11-13%. Each thread then reads all of
-// the weights: on one die 128 rows ran 2% slower, 256 the same, so decode batches keep the
-// panel split.
-constexpr int64_t kRowSplitRows = 256;
+// the weights: on one die 128 rows (64 a thread) ran 2% slower, 256 the same, so the split
+// needs 128 rows a thread (decode batches keep the panel split, and a many-core server splits
+// rows only where each thread's share still pays for reading every panel).
+constexpr int64_t kRowSplitRowsPerThread = 128;
 
 // `plan` (or none): lines asked for between the panels (prefetch_plan_cpu.h).
 template <int F>
@@ -220,7 +221,8 @@ void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const ui
                  const uint16_t* mo, int64_t N, float* y, PrefetchPlan* plan) {
   const int64_t P = (N + kNB - 1) / kNB;
   const TileMode tiles = M >= kTileRows ? tile_mode() : TileMode::kOff;
-  if (M >= kRowSplitRows && at::get_num_threads() > 1) {
+  const int64_t threads = at::get_num_threads();
+  if (threads > 1 && M >= kRowSplitRowsPerThread * threads) {
     at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
       const TileScope scope(tiles, kA8Tiles);
       for (int64_t p = 0; p < P; ++p) {
