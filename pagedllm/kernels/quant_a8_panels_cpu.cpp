@@ -202,17 +202,17 @@ void panel_impl(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* code
 }
 
 // Rows a thread from which the T threads split a call's rows instead of its panels: thread t
-// computes every panel for the rows [t M / T, (t + 1) M / T) that the step's other kernels
-// (the quantizer, norms, RoPE, SiLU) also give it, so the rows it writes are the rows it reads
-// next, instead of every output row holding columns from every thread. When the two vCPUs of a VM
-// sit on different dies, a cache line that crosses between them costs ~350 ns there and back
-// (~80 on one die; this Zen 4 VM moves between the two every few seconds to minutes): SmolLM2
-// Q4_1, 2 threads, same process alternating, 512-token prefill +20% (1,458-1,597 -> 1,745-1,875
-// tok/s, 8 rounds, mostly on two dies), offline 64 x 128/128 +3%; layer GEMM chains on one die
-// 512 rows +2-3%, 1,024 +1%, on two dies 512 +3-9%, 1,024 +11-13%. Each thread then reads all of
-// the weights: on one die 128 rows (64 a thread) ran 2% slower, 256 the same, so the split
-// needs 128 rows a thread (decode batches keep the panel split, and a many-core server splits
-// rows only where each thread's share still pays for reading every panel).
+// computes every panel for rows [t M / T, (t + 1) M / T), the rows the step's other kernels
+// (quantizer, norms, RoPE, SiLU) also give it, so the rows it writes are the rows it reads
+// next; split by panels, every output row holds columns from every thread. When a VM's two
+// vCPUs sit on different dies a cache line crossing between them costs ~350 ns there and back
+// (~80 on one die; this Zen 4 VM moves between the two every few seconds to minutes). SmolLM2
+// Q4_1, 2 threads, one process alternating the splits, mostly on two dies: 512-token prefill
+// 1.16x (1,470-1,591 -> 1,726-1,858 tok/s), offline 64 x 128/128 1.04x. Layer GEMM chains: on
+// one die 512 rows 1.02-1.03x, 1,024 1.01x; on two dies 512 1.03-1.09x, 1,024 1.11-1.13x. Each
+// thread then reads every panel: on one die 128 rows (64 a thread) ran 0.98x and 256 1.00x, so
+// decode batches keep the panel split, and a many-core server splits rows only where a
+// thread's share still pays for reading all of the weights.
 constexpr int64_t kRowSplitRowsPerThread = 128;
 
 // `plan` (or none): lines asked for between the panels (prefetch_plan_cpu.h).

@@ -75,8 +75,8 @@ def test_product_equals_its_definition(qtype, m, n, k):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_rows_do_not_depend_on_the_batch(qtype, threads):
     """A row's output is the same bits alone or in any batch: 67 rows (the threads split the
-    panels) and 300 (from 256 rows each thread takes half of the rows, every panel), sliced
-    across the 150-row boundary of the row split."""
+    panels) and 300 (on 2 threads, 128 rows a thread and more: each takes half of the rows,
+    every panel), sliced across the 150-row boundary of that split."""
     raw = random_blocks(qtype, 100, 512, seed=9)
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (100, 512))
     before = torch.get_num_threads()
