@@ -9,7 +9,9 @@ benchmarks/peers_lib/vllm.py prepares it), then alternate rounds through a turn 
 measuring only on its turn while the other sleeps: per round the median of three 512-token
 prefills (max_tokens=1, tok/s) and 64 requests x 128 / 128 offline (output tok/s, prefill
 included), greedy, the same token ids for both. Prints a table of the per-round medians and
-ratios, writes JSON (`--out`).
+ratios, writes JSON (`--out`), with the round trip of a cache line between the first two CPUs
+before and after the run (benchmarks/placement.py: on this project's VMs ~80 ns on one die,
+~350 on two, and the engines' speeds follow it).
 """
 
 from __future__ import annotations
@@ -100,7 +102,10 @@ def main() -> None:
     if not peer.installed(args.peer_dir):
         raise SystemExit(f"vLLM is not prepared under {args.peer_dir}: run "
                          "python benchmarks/peers.py --prepare --peers vllm")
+    from benchmarks.placement import round_trip_ns
+
     hf_dir = str(hf_reference_dir(None))  # the default GGUF's fp32 weights, as peers.py
+    placement = {"before_ns": round_trip_ns()}
     with tempfile.TemporaryDirectory() as tmp:
         common = [str(args.rounds), tmp]
         env = {**peer.vllm_env(args.threads), "PYTHONPATH": ""}
@@ -114,6 +119,7 @@ def main() -> None:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
         lines = ours.communicate()[0].splitlines() + vllm.communicate()[0].splitlines()
+    placement["after_ns"] = round_trip_ns()
     if ours.returncode or vllm.returncode:
         raise SystemExit(f"an engine failed (pagedllm rc {ours.returncode}, vLLM rc "
                          f"{vllm.returncode}); run one side by hand to see why")
@@ -125,8 +131,12 @@ def main() -> None:
     for k in ("prefill_512", "offline_64"):
         print(f"| {k} | {med['pagedllm', k]:.0f} | {med['vllm', k]:.0f} | "
               f"{med['pagedllm', k] / med['vllm', k]:.2f}x |")
+    print("cache line between the first two CPUs and back: "
+          + ", ".join(f"{k.removesuffix('_ns')} {v:.0f} ns" for k, v in placement.items()
+                      if v is not None))
     result = {"cpu_flags": " ".join(cpu_features.cpu_flags()), "threads": args.threads,
-              "vllm_dtype": args.dtype, "load_average": os.getloadavg(), "rounds": rows,
+              "vllm_dtype": args.dtype, "load_average": os.getloadavg(),
+              "cross_cpu_round_trip": placement, "rounds": rows,
               "medians": {f"{e}/{k}": v for (e, k), v in med.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
