@@ -57,6 +57,7 @@ if str(ROOT) not in sys.path:  # `python benchmarks/peers.py` puts benchmarks/, 
 
 from benchmarks.peers_lib import prepare as prep  # noqa: E402
 from benchmarks.peers_lib import report, serve, vllm  # noqa: E402
+from benchmarks.placement import round_trip_ns  # noqa: E402
 from pagedllm.entrypoints.launcher import ServerProcess, free_port  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
@@ -179,9 +180,13 @@ def machine_info() -> dict:
         pass
     simd = ", ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
     cores = os.cpu_count() or 1
+    # a cache line between the first two CPUs and back: one die or two (benchmarks/placement.py)
+    trip = round_trip_ns()
+    where = f", a cache line between two CPUs {trip:.0f} ns there and back" if trip else ""
     return {"cpu": cpu, "cores": cores, "simd": simd, "mem_gib": round(mem_gib, 1),
             "platform": platform.platform(), "python": platform.python_version(),
-            "summary": f"{cores}-vCPU {cpu} ({simd or 'no AVX2'}), {mem_gib:.0f} GiB RAM",
+            "cross_cpu_round_trip_ns": trip,
+            "summary": f"{cores}-vCPU {cpu} ({simd or 'no AVX2'}), {mem_gib:.0f} GiB RAM{where}",
             "load_before": os.getloadavg()[0]}
 
 
