@@ -201,7 +201,7 @@ void panel_impl(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* code
                             y + m * N + n0, N, ncols);
 }
 
-// Rows a thread from which the T threads split a call's rows instead of its panels: thread t
+// Rows per thread from which the T threads split a call's rows instead of its panels: thread t
 // computes every panel for rows [t M / T, (t + 1) M / T), the rows the step's other kernels
 // (quantizer, norms, RoPE, SiLU) also give it, so the rows it writes are the rows it reads
 // next; split by panels, every output row holds columns from every thread. When a VM's two
@@ -222,21 +222,15 @@ void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const ui
   const int64_t P = (N + kNB - 1) / kNB;
   const TileMode tiles = M >= kTileRows ? tile_mode() : TileMode::kOff;
   const int64_t threads = at::get_num_threads();
-  if (threads > 1 && M >= kRowSplitRowsPerThread * threads) {
-    at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
-      const TileScope scope(tiles, kA8Tiles);
-      for (int64_t p = 0; p < P; ++p) {
-        if (plan) plan->advance(p, P);
-        panel_impl<F>(qx, begin, end - begin, codes, d, mo, N, p, y, tiles);
-      }
-    });
-    return;
-  }
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+  const bool by_rows = threads > 1 && M >= kRowSplitRowsPerThread * threads;
+  // each thread's share: rows [m0, m1) x panels [p0, p1)
+  at::parallel_for(0, by_rows ? M : P, 1, [&](int64_t begin, int64_t end) {
     const TileScope scope(tiles, kA8Tiles);
-    for (int64_t p = begin; p < end; ++p) {
-      if (plan) plan->advance(p - begin, end - begin);
-      panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y, tiles);
+    const int64_t m0 = by_rows ? begin : 0, m1 = by_rows ? end : M;
+    const int64_t p0 = by_rows ? 0 : begin, p1 = by_rows ? P : end;
+    for (int64_t p = p0; p < p1; ++p) {
+      if (plan) plan->advance(p - p0, p1 - p0);
+      panel_impl<F>(qx, m0, m1 - m0, codes, d, mo, N, p, y, tiles);
     }
   });
 }
