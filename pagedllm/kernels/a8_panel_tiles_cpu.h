@@ -159,29 +159,32 @@ __attribute__((noinline)) void tile_rows(const int8_t* xq, int64_t K, const floa
     }
 }
 
-// tile_rows<F, T, RT> on rows m.. of qx (RT = 2: 32 rows, 1: 16).
+// tile_rows<F, T, RT> on rows m.. of qx (RT = 2: 32 rows, 1: 16) into y (row m's outputs).
 template <int F, typename T, int RT>
 void tile_rows_at(const QuantizedX& qx, int64_t m, const BTiles& bt, const uint16_t* pd,
-                  const uint16_t* pm, float* y, int64_t N, int64_t n0, int64_t ncols) {
+                  const uint16_t* pm, float* y, int64_t ldy, int64_t ncols) {
   const int64_t K = qx.K, nb = qx.nblk;
   tile_rows<F, T, RT>(qx.q.data() + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
-                      qx.f32.data() + m * nb, nb, bt, pd, pm, y + m * N + n0, N, ncols);
+                      qx.f32.data() + m * nb, nb, bt, pd, pm, y, ldy, ncols);
 }
 
-// Rows [m, m + 16 k) of a panel call on tiles: returns the first row left for the VNNI rows.
+// Rows [m, m + 16 k) of a panel call on tiles (y: row m's outputs, row stride ldy): returns
+// the first row left for the VNNI rows.
 template <int F>
 int64_t tile_rows_of_panel(TileMode mode, const QuantizedX& qx, int64_t m, int64_t end,
                            const uint8_t* pc, const uint16_t* pd, const uint16_t* pm, float* y,
-                           int64_t N, int64_t n0, int64_t ncols) {
+                           int64_t ldy, int64_t ncols) {
   if (mode == TileMode::kOff || end - m < kTileRows) return m;
   const BTiles bt = b_tiles<F>(pc, qx.nblk);
+  const int64_t first = m;
   // 16 RT rows from m on the mode's tiles
   auto rows = [&](auto rt) {
     constexpr int RT = decltype(rt)::value;
+    float* ym = y + (m - first) * ldy;
 #if PAGEDLLM_HAVE_AMX
-    if (mode == TileMode::kAmx) return tile_rows_at<F, HwTiles, RT>(qx, m, bt, pd, pm, y, N, n0, ncols);
+    if (mode == TileMode::kAmx) return tile_rows_at<F, HwTiles, RT>(qx, m, bt, pd, pm, ym, ldy, ncols);
 #endif
-    tile_rows_at<F, EmuTiles, RT>(qx, m, bt, pd, pm, y, N, n0, ncols);
+    tile_rows_at<F, EmuTiles, RT>(qx, m, bt, pd, pm, ym, ldy, ncols);
   };
   for (; m + 2 * kTileRows <= end; m += 2 * kTileRows) rows(std::integral_constant<int, 2>{});
   if (m + kTileRows <= end) {
@@ -196,7 +199,7 @@ constexpr int64_t kTileRows = 16;
 constexpr TileConfig kA8Tiles{};
 template <int F, typename QX>
 int64_t tile_rows_of_panel(TileMode, const QX&, int64_t m, int64_t, const uint8_t*,
-                           const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t) {
+                           const uint16_t*, const uint16_t*, float*, int64_t, int64_t) {
   return m;
 }
 #endif

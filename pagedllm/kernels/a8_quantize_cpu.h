@@ -36,54 +36,71 @@ inline int sum4(__m128i s) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-QuantizedX quantize_x(const float* x, int64_t M, int64_t K) {
+// Storage for M rows of K values (K a multiple of 32), every element left for the quantizer.
+inline QuantizedX alloc_quantized(int64_t M, int64_t K) {
   const int64_t nb = K / 32;
-  QuantizedX qx{K, nb, Filled<int8_t>(M * K), Filled<float>(M * nb), Filled<float>(M * 2 * nb),
-                Filled<float>(M * nb), Filled<int32_t>(M * nb)};
+  return QuantizedX{K, nb, Filled<int8_t>(M * K), Filled<float>(M * nb), Filled<float>(M * 2 * nb),
+                    Filled<float>(M * nb), Filled<int32_t>(M * nb)};
+}
+
+// Where the quantizer writes (QuantizedX's storage), as plain pointers the caller copies into
+// its thread's locals: read through qx, the int8 stores (which may alias anything) made every
+// block reload qx's pointers from the calling thread's stack, whose cache line that thread
+// keeps writing: 7.6% of a 64-row decode step (perf, Zen 4).
+struct QuantizedOut {
+  int8_t* q;
+  float *d, *f, *f32;
+  int32_t* sum;
+  int64_t K, nb;
+  explicit QuantizedOut(QuantizedX& qx)
+      : q(qx.q.data()), d(qx.d.data()), f(qx.f.data()), f32(qx.f32.data()), sum(qx.sum.data()),
+        K(qx.K), nb(qx.nblk) {}
+};
+
+// Block j of row m (its 32 values at xp) into `o`. Every quantizer of these rows (quantize_x,
+// the fused MLP's SiLU epilogue) runs this one body: the same codes and scales for the same
+// values wherever they are computed.
+inline void quantize_block(const float* xp, const QuantizedOut o, int64_t m, int64_t j) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  // The outputs through pointers copied here: read through qx, the int8 stores (which may
-  // alias anything) made every block reload qx's pointers from the calling thread's stack,
-  // whose cache line that thread keeps writing: 7.6% of a 64-row decode step (perf, Zen 4).
-  int8_t* const q_out = qx.q.data();
-  float *const d_out = qx.d.data(), *const f_out = qx.f.data(), *const f32_out = qx.f32.data();
-  int32_t* const sum_out = qx.sum.data();
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(xp + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
+  mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
+  const float amx = _mm_cvtss_f32(mx);
+  const float d = amx / 127.f, inv = amx > 0.f ? 127.f / amx : 0.f;
+  __m256i i32[4];
+  for (int i = 0; i < 4; ++i)
+    i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]), p16b = _mm256_packs_epi32(i32[2], i32[3]);
+  const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), perm);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q + m * o.K + 32 * j), q8);
+  // |q| <= 127, so maddubs(1, q) sums pairs exactly (it treats q as signed)
+  const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
+  const int lo = sum4(_mm256_castsi256_si128(s32)), hi = sum4(_mm256_extracti128_si256(s32, 1));
+  const int64_t nb = o.nb;
+  o.d[m * nb + j] = d;
+  o.f[m * 2 * nb + 2 * j] = d * static_cast<float>(lo);
+  o.f[m * 2 * nb + 2 * j + 1] = d * static_cast<float>(hi);
+  o.f32[m * nb + j] = d * static_cast<float>(lo + hi);
+  o.sum[m * nb + j] = lo + hi;
+}
+
+QuantizedX quantize_x(const float* x, int64_t M, int64_t K) {
+  QuantizedX qx = alloc_quantized(M, K);
+  const QuantizedOut out(qx);
   // rows in parallel from 32 on (prefill); a decode step's few rows stay on this thread
-  at::parallel_for(0, M, 32, [&, q_out, d_out, f_out, f32_out, sum_out](int64_t m_begin,
-                                                                        int64_t m_end) {
-    for (int64_t m = m_begin; m < m_end; ++m) {
-      for (int64_t j = 0; j < nb; ++j) {
-        const float* xp = x + m * K + 32 * j;
-        __m256 v[4];
-        __m256 amax = _mm256_setzero_ps();
-        for (int i = 0; i < 4; ++i) {
-          v[i] = _mm256_loadu_ps(xp + 8 * i);
-          amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-        }
-        __m128 mx = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        mx = _mm_max_ps(mx, _mm_movehl_ps(mx, mx));
-        mx = _mm_max_ss(mx, _mm_movehdup_ps(mx));
-        const float amx = _mm_cvtss_f32(mx);
-        const float d = amx / 127.f, inv = amx > 0.f ? 127.f / amx : 0.f;
-        __m256i i32[4];
-        for (int i = 0; i < 4; ++i)
-          i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
-                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        const __m256i p16a = _mm256_packs_epi32(i32[0], i32[1]), p16b = _mm256_packs_epi32(i32[2], i32[3]);
-        const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), perm);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q_out + m * K + 32 * j), q8);
-        // |q| <= 127, so maddubs(1, q) sums pairs exactly (it treats q as signed)
-        const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
-        const int lo = sum4(_mm256_castsi256_si128(s32)), hi = sum4(_mm256_extracti128_si256(s32, 1));
-        d_out[m * nb + j] = d;
-        f_out[m * 2 * nb + 2 * j] = d * static_cast<float>(lo);
-        f_out[m * 2 * nb + 2 * j + 1] = d * static_cast<float>(hi);
-        f32_out[m * nb + j] = d * static_cast<float>(lo + hi);
-        sum_out[m * nb + j] = lo + hi;
-      }
-    }
+  at::parallel_for(0, M, 32, [x, out](int64_t m_begin, int64_t m_end) {
+    const QuantizedOut o = out;  // this thread's copy (QuantizedOut says why)
+    for (int64_t m = m_begin; m < m_end; ++m)
+      for (int64_t j = 0; j < o.nb; ++j) quantize_block(x + m * o.K + 32 * j, o, m, j);
   });
   return qx;
 }
-

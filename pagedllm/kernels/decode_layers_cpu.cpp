@@ -99,7 +99,18 @@ struct DecodeLayer {
   std::optional<MoERef> moe;               // a mixture-of-experts block
 
   torch::Tensor mlp(const torch::Tensor& h) const {
-    return moe ? (*moe)(h) : (*down)(silu_mul((*gate_up)(h)));
+    if (moe) return (*moe)(h);
+    if (panel_mlp())  // one call, the same bits (a8_panel_mlp)
+      return a8_panel_mlp(h, gate_up->fmt, gate_up->t[0], gate_up->t[1], gate_up->t[2],
+                          down->fmt, down->t[0], down->t[1], down->t[2], down->K, down->N);
+    return (*down)(silu_mul((*gate_up)(h)));
+  }
+
+  // Both halves int8-activation panels without biases, the intermediate size whole 32-value
+  // blocks: a8_panel_mlp runs them.
+  bool panel_mlp() const {
+    return gate_up && down && gate_up->kind == kA8Panels && down->kind == kA8Panels &&
+           !gate_up->bias && !down->bias && down->K % 32 == 0 && gate_up->N == 2 * down->K;
   }
 };
 

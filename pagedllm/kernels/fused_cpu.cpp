@@ -93,6 +93,13 @@ void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
   });
 }
 
+// Out of line, so every caller (silu_mul, a8_panel_mlp's epilogue) runs the same instructions
+// and gets the same bits for the same values.
+__attribute__((noinline)) void silu_mul_span(const float* g, const float* u, float* o,
+                                             int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 &&
               gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
@@ -104,10 +111,9 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   at::parallel_for(0, T, grain_rows(n), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* g = gp + t * 2 * n;
-      const float* u = g + n;
-      float* o = op + t * n;
-      for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      silu_mul_span(g, g + n, op + t * n, n);
     }
   });
   return out;
 }
+

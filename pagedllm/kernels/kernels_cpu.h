@@ -45,6 +45,8 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
                 int64_t num_kv_heads, int64_t head_dim);
 torch::Tensor silu_mul(torch::Tensor gate_up);
+// o[i] = silu(g[i]) u[i], i < n: silu_mul's arithmetic (one body for all its callers)
+void silu_mul_span(const float* g, const float* u, float* o, int64_t n);
 torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q, torch::Tensor d,
                           torch::Tensor sc, torch::Tensor m, torch::Tensor mi,
                           int64_t in_register_rows);
@@ -60,6 +62,11 @@ torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes,
                             torch::Tensor m, int64_t N, int64_t K);
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                               torch::Tensor m, int64_t N);
+// down(silu(gate) * up) over int8-activation panels ([gate | up] [2 I, K], down [N, I])
+torch::Tensor a8_panel_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_codes,
+                           torch::Tensor gu_d, torch::Tensor gu_m, int64_t down_fmt,
+                           torch::Tensor down_codes, torch::Tensor down_d, torch::Tensor down_m,
+                           int64_t I, int64_t N);
 // Checks an [N, K] matrix in the int8-activation panel layout (codes, d, Q4_1's m) for `fn`.
 void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
                            const torch::Tensor& d, const torch::Tensor& m, int64_t N, int64_t K);

@@ -178,27 +178,35 @@ void micro_tail(int rows, const int8_t* xq, int64_t K, const float* dx, const in
 
 #include "a8_panel_tiles_cpu.h"
 
-// Quantized rows [m0, m0 + M) of qx against panel p: y[m, p * NB ...] (row stride N); whole
-// 16-row tiles on the matrix tiles when `tiles` is on (the caller's thread has them
-// configured: TileScope), the rest (all of them otherwise) on the vector micro-kernels.
+// Quantized rows [m0, m0 + M) of qx against panel p into y (row m0's kNB outputs, row stride
+// ldy); whole 16-row tiles on the matrix tiles when `tiles` is on (the caller's thread has
+// them configured: TileScope), the rest (all of them otherwise) on the vector micro-kernels.
+template <int F>
+void panel_rows(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* codes,
+                const uint16_t* d, const uint16_t* mo, int64_t N, int64_t p, float* y,
+                int64_t ldy, TileMode tiles) {
+  const int64_t K = qx.K, nb = qx.nblk;
+  const int64_t codes_per_panel = nb * kLaneGroups<F> * kNB * 4;
+  const int8_t* xq = qx.q.data();
+  const int64_t ncols = std::min<int64_t>(kNB, N - p * kNB);
+  const uint8_t* pc = codes + p * codes_per_panel;
+  const uint16_t *pd = d + p * nb * kNB, *pm = mo ? mo + p * nb * kNB : nullptr;
+  int64_t m = tile_rows_of_panel<F>(tiles, qx, m0, m0 + M, pc, pd, pm, y, ldy, ncols);
+  for (; m + kMRQ <= m0 + M; m += kMRQ)
+    micro<F, kMRQ>(xq + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
+                   qx.f32.data() + m * nb, nb, pc, pd, pm, y + (m - m0) * ldy, ldy, ncols);
+  if (m < m0 + M)
+    micro_tail<F, kMRQ - 1>(static_cast<int>(m0 + M - m), xq + m * K, K, qx.d.data() + m * nb,
+                            qx.sum.data() + m * nb, qx.f32.data() + m * nb, nb, pc, pd, pm,
+                            y + (m - m0) * ldy, ldy, ncols);
+}
+
+// panel_rows into y [rows, N] at row m0, column p kNB.
 template <int F>
 void panel_impl(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* codes,
                 const uint16_t* d, const uint16_t* mo, int64_t N, int64_t p, float* y,
                 TileMode tiles) {
-  const int64_t K = qx.K, nb = qx.nblk;
-  const int64_t codes_per_panel = nb * kLaneGroups<F> * kNB * 4;
-  const int8_t* xq = qx.q.data();
-  const int64_t n0 = p * kNB, ncols = std::min<int64_t>(kNB, N - n0);
-  const uint8_t* pc = codes + p * codes_per_panel;
-  const uint16_t *pd = d + p * nb * kNB, *pm = mo ? mo + p * nb * kNB : nullptr;
-  int64_t m = tile_rows_of_panel<F>(tiles, qx, m0, m0 + M, pc, pd, pm, y, N, n0, ncols);
-  for (; m + kMRQ <= m0 + M; m += kMRQ)
-    micro<F, kMRQ>(xq + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
-                   qx.f32.data() + m * nb, nb, pc, pd, pm, y + m * N + n0, N, ncols);
-  if (m < m0 + M)
-    micro_tail<F, kMRQ - 1>(static_cast<int>(m0 + M - m), xq + m * K, K, qx.d.data() + m * nb,
-                            qx.sum.data() + m * nb, qx.f32.data() + m * nb, nb, pc, pd, pm,
-                            y + m * N + n0, N, ncols);
+  panel_rows<F>(qx, m0, M, codes, d, mo, N, p, y + m0 * N + p * kNB, N, tiles);
 }
 
 // Rows per thread from which the T threads split a call's rows instead of its panels: thread t
@@ -232,6 +240,64 @@ void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const ui
       if (plan) plan->advance(p - p0, p1 - p0);
       panel_impl<F>(qx, m0, m1 - m0, codes, d, mo, N, p, y, tiles);
     }
+  });
+}
+
+// A Llama MLP's first half, down(silu(gate) * up)'s input, without its fp32 tensors: each
+// thread computes the gate and up columns of whole 32-value blocks (a block of the down
+// projection's input), applies silu_mul_span (silu_mul's arithmetic) and quantizes the block
+// with quantize_block (quantize_x's), a chunk of rows at a time in its own buffers. The
+// unfused chain wrote [M, 2 I] fp32 (64 rows: 0.77 MB a layer), split by panels (gate columns
+// on one thread, up on the other); silu_mul then read each row's columns from both threads,
+// and quantize_x read its rows again: three parallel regions and the cross-thread reads become
+// one region. The same codes and scales as the chain (tests/model/quant/test_gguf_a8_panels.py).
+// SmolLM2 Q4_1, 2 threads, Zen 4, decode steps of 64 rows alternating the two in one run:
+// 1.014x with the vCPUs on one die, 1.06-1.07x on two; prefill unchanged (0.99-1.03x, any
+// chunk of 32-128 rows).
+constexpr int64_t kMlpChunkRows = 64;
+
+// Rows [m0, m1) x blocks [b0, b1) of the down input into `out`; gate panels [0, I / kNB), up
+// panels [I / kNB, 2 I / kNB) of the gate_up matrix.
+template <int F>
+void gate_up_silu(const QuantizedX& qx, int64_t m0, int64_t m1, int64_t b0, int64_t b1,
+                  const uint8_t* codes, const uint16_t* d, const uint16_t* mo, int64_t I,
+                  const QuantizedOut out, TileMode tiles) {
+  constexpr int64_t kPanelsPerBlock = 32 / kNB;
+  constexpr int64_t kBuf = kMlpChunkRows * 32;
+  thread_local Filled<float> buf;
+  buf.resize(2 * kBuf + 32);
+  float *g = buf.data(), *u = g + kBuf, *a = u + kBuf;
+  const int64_t up0 = I / kNB;
+  for (int64_t b = b0; b < b1; ++b)
+    for (int64_t r0 = m0; r0 < m1; r0 += kMlpChunkRows) {
+      const int64_t rows = std::min(kMlpChunkRows, m1 - r0);
+      for (int64_t i = 0; i < kPanelsPerBlock; ++i) {
+        const int64_t p = b * kPanelsPerBlock + i;
+        panel_rows<F>(qx, r0, rows, codes, d, mo, 2 * I, p, g + i * kNB, 32, tiles);
+        panel_rows<F>(qx, r0, rows, codes, d, mo, 2 * I, up0 + p, u + i * kNB, 32, tiles);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        silu_mul_span(g + 32 * r, u + 32 * r, a, 32);
+        quantize_block(a, out, r0 + r, b);
+      }
+    }
+}
+
+// gate_up_silu over all M rows, the threads split as linear_impl splits them (rows from
+// kRowSplitRowsPerThread a thread, else the blocks).
+template <int F>
+void mlp_gate_up(const QuantizedX& qx, int64_t M, const uint8_t* codes, const uint16_t* d,
+                 const uint16_t* mo, int64_t I, QuantizedX& act) {
+  const int64_t B = I / 32;
+  const TileMode tiles = M >= kTileRows ? tile_mode() : TileMode::kOff;
+  const int64_t threads = at::get_num_threads();
+  const bool by_rows = threads > 1 && M >= kRowSplitRowsPerThread * threads;
+  const QuantizedOut out(act);
+  at::parallel_for(0, by_rows ? M : B, 1, [&, out](int64_t begin, int64_t end) {
+    const TileScope scope(tiles, kA8Tiles);
+    const QuantizedOut o = out;  // this thread's copy (QuantizedOut says why)
+    if (by_rows) gate_up_silu<F>(qx, begin, end, 0, B, codes, d, mo, I, o, tiles);
+    else gate_up_silu<F>(qx, 0, M, begin, end, codes, d, mo, I, o, tiles);
   });
 }
 
@@ -324,6 +390,55 @@ torch::Tensor a8_panel_linear_prefetching(torch::Tensor x, int64_t fmt, torch::T
   (void)plan;
   TORCH_CHECK(false, "a8_panel_linear needs AVX2 + FMA + F16C (built without them)");
 #endif
+  return y;
+}
+
+// The panels' share of a8_panel_mlp, F the gate_up format, then the down projection.
+static void panel_mlp(const float* x, int64_t M, int64_t K, int64_t gu_fmt,
+                      const torch::Tensor& gu_codes, const torch::Tensor& gu_d,
+                      const torch::Tensor& gu_m, int64_t down_fmt,
+                      const torch::Tensor& down_codes, const torch::Tensor& down_d,
+                      const torch::Tensor& down_m, int64_t I, int64_t N, float* y) {
+#if PAGEDLLM_A8P_SIMD
+  auto half = [](const torch::Tensor& t) {
+    return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>());
+  };
+  const QuantizedX qx = quantize_x(x, M, K);
+  QuantizedX act = alloc_quantized(M, I);
+  const uint8_t* gc = gu_codes.data_ptr<uint8_t>();
+  const uint16_t *gd = half(gu_d), *gm = gu_fmt == kQ4_1 ? half(gu_m) : nullptr;
+  if (gu_fmt == kQ8_0) mlp_gate_up<kQ8_0>(qx, M, gc, gd, gm, I, act);
+  else if (gu_fmt == kQ4_0) mlp_gate_up<kQ4_0>(qx, M, gc, gd, gm, I, act);
+  else mlp_gate_up<kQ4_1>(qx, M, gc, gd, gm, I, act);
+  const uint8_t* dc = down_codes.data_ptr<uint8_t>();
+  const uint16_t *dd = half(down_d), *dm = down_fmt == kQ4_1 ? half(down_m) : nullptr;
+  if (down_fmt == kQ8_0) linear_impl<kQ8_0>(act, M, dc, dd, dm, N, y, nullptr);
+  else if (down_fmt == kQ4_0) linear_impl<kQ4_0>(act, M, dc, dd, dm, N, y, nullptr);
+  else linear_impl<kQ4_1>(act, M, dc, dd, dm, N, y, nullptr);
+#else
+  (void)x, (void)M, (void)K, (void)gu_fmt, (void)gu_codes, (void)gu_d, (void)gu_m;
+  (void)down_fmt, (void)down_codes, (void)down_d, (void)down_m, (void)I, (void)N, (void)y;
+  TORCH_CHECK(false, "a8_panel_mlp needs AVX2 + FMA + F16C (built without them)");
+#endif
+}
+
+// y = silu(x Wg^T) * (x Wu^T) @ Wd^T for a Llama MLP whose fused [gate | up] matrix ([2 I, K])
+// and down matrix ([N, I]) are both int8-activation panels, I a multiple of 32: the same bits
+// as a8_panel_linear, silu_mul, a8_panel_linear (mlp_gate_up says what it saves).
+torch::Tensor a8_panel_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_codes,
+                           torch::Tensor gu_d, torch::Tensor gu_m, int64_t down_fmt,
+                           torch::Tensor down_codes, torch::Tensor down_d, torch::Tensor down_m,
+                           int64_t I, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              "a8_panel_mlp: x must be contiguous fp32 [M, K]");
+  TORCH_CHECK(I > 0 && I % 32 == 0, "a8_panel_mlp: the intermediate size ", I,
+              " is not whole 32-value blocks");
+  const int64_t M = x.size(0), K = x.size(1);
+  check_a8_panel_weight("a8_panel_mlp (gate_up)", gu_fmt, gu_codes, gu_d, gu_m, 2 * I, K);
+  check_a8_panel_weight("a8_panel_mlp (down)", down_fmt, down_codes, down_d, down_m, N, I);
+  auto y = torch::empty({M, N}, x.options());
+  panel_mlp(x.data_ptr<float>(), M, K, gu_fmt, gu_codes, gu_d, gu_m, down_fmt, down_codes,
+            down_d, down_m, I, N, y.data_ptr<float>());
   return y;
 }
 
@@ -438,6 +553,10 @@ void register_a8_panel_kernels(pybind11::module_& m) {
   m.def("a8_panel_grouped_linear", &a8_panel_grouped_linear, nogil,
         "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
         "expert's int8-activation panels (stacked over experts)");
+  m.def("a8_panel_mlp", &a8_panel_mlp, nogil,
+        "a Llama MLP, silu(x Wg^T) * (x Wu^T) @ Wd^T, over int8-activation panels (fused "
+        "[gate | up] [2 I, K] and down [N, I]) in two parallel regions: the bits of "
+        "a8_panel_linear, silu_mul, a8_panel_linear");
   m.def("a8_panel_linear", &a8_panel_linear, nogil,
         "y = x @ W^T, W GGUF Q8_0 / Q4_0 / Q4_1 repacked into panels, x quantized per 32 "
         "values, integer dot products");

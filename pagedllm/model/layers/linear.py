@@ -88,6 +88,15 @@ class Linear(nn.Module):
             return None
         return self.method.fused_ref(ops, self.bias)
 
+    def gated_mlp(self, down: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """down(silu(gate) * up) for x, this layer the fused [gate | up] projection, in one
+        kernel call where both layers are plain (no bias, no collective, `down` not wrapped,
+        e.g. by LoRA) and this layer's method has such a kernel; else None."""
+        if (not isinstance(down, Linear) or self.parallel is not None or down.parallel is not None
+                or self.bias is not None or down.bias is not None):
+            return None
+        return self.method.gated_mlp(down.method, x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(x, self.bias)
         return out if self.parallel is None else self.parallel(out)

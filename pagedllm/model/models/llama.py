@@ -75,7 +75,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(self.inter, config.hidden_size, combine="sum")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj  # a Linear, or a wrapper of one (LoRA)
+        if isinstance(gate_up, Linear) and (y := gate_up.gated_mlp(self.down_proj, x)) is not None:
+            return y
+        return self.down_proj(silu_and_mul(gate_up(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

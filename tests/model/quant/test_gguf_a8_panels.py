@@ -120,3 +120,58 @@ def test_bad_input_is_a_clear_error():
         w.linear(torch.randn(2, 64).t())
     with pytest.raises(RuntimeError, match="codes must be"):
         w.linear(torch.randn(2, 32))
+
+
+@pytest.mark.parametrize("gate_up_type,down_type", [(T.Q4_1, T.Q4_1), (T.Q4_0, T.Q8_0),
+                                                    (T.Q8_0, T.Q4_0)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mlp_in_one_call_is_the_three_calls(gate_up_type, down_type, threads):
+    """`a8_panel_mlp` (gate_up, SiLU and the down projection's quantized input in one parallel
+    region) gives the bits of linear, silu_mul, linear: decode batches (the threads split the
+    32-value blocks), 300 rows (on 2 threads each takes its rows), a partial row chunk."""
+    hidden, inter = 160, 320  # 10 blocks of the down input: the threads split 5 / 5
+    gate_up = GGUFA8PanelWeight.from_blocks(
+        gate_up_type, random_blocks(gate_up_type, 2 * inter, hidden, seed=1), (2 * inter, hidden))
+    down = GGUFA8PanelWeight.from_blocks(
+        down_type, random_blocks(down_type, hidden, inter, seed=2), (hidden, inter))
+    ops = gguf_a8_panels.kernels()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in (1, 7, 64, 100, 300):
+            x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rows)) * 0.2
+            ref = down.linear(ops.silu_mul(gate_up.linear(x)))
+            y = gate_up.gated_mlp(down, x)
+            assert y is not None and torch.isfinite(ref).all()
+            assert torch.equal(y.view(torch.int32), ref.view(torch.int32)), rows
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_mlp_in_one_call_only_where_it_applies():
+    """The layer runs the fused kernel only for two plain panel layers (no bias, `down` a
+    Linear of its own, not wrapped) of matching sizes; the kernel itself names a bad shape."""
+    from pagedllm.model.layers.linear import Linear
+
+    def panels(n, k, seed):
+        return GGUFA8PanelWeight.from_blocks(T.Q8_0, random_blocks(T.Q8_0, n, k, seed=seed), (n, k))
+
+    gate_up, down = Linear(64, 128), Linear(64, 64)
+    gate_up.set_quantized(panels(128, 64, 1))
+    down.set_quantized(panels(64, 64, 2))
+    x = torch.randn(3, 64)
+    ref = down(torch.nn.functional.silu(gate_up(x)[:, :64]) * gate_up(x)[:, 64:])
+    torch.testing.assert_close(gate_up.gated_mlp(down, x), ref, rtol=1e-5, atol=1e-4)
+    assert gate_up.gated_mlp(torch.nn.Identity(), x) is None  # a wrapper (LoRA's) is not a Linear
+    biased = Linear(64, 64, bias=True)
+    biased.set_quantized(panels(64, 64, 3))
+    assert gate_up.gated_mlp(biased, x) is None
+    other_up = Linear(64, 96)  # [gate | up] of 48 columns each, down takes 64
+    other_up.set_quantized(panels(96, 64, 4))
+    assert other_up.gated_mlp(down, x) is None
+    ops = gguf_a8_panels.kernels()
+    g, d = gate_up.method, down.method
+    with pytest.raises(RuntimeError, match="whole 32-value blocks"):
+        ops.a8_panel_mlp(x, g.code, g.codes, g.d, g.m, d.code, d.codes, d.d, d.m, 48, 64)
+    with pytest.raises(RuntimeError, match=r"a8_panel_mlp \(down\)"):
+        ops.a8_panel_mlp(x, g.code, g.codes, g.d, g.m, d.code, d.codes, d.d, d.m, 64, 32)

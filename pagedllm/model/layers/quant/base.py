@@ -69,6 +69,12 @@ class LinearMethod(abc.ABC):
         kernels/decode_layers_cpu.cpp), or None when the loop has no kernel for it."""
         return None
 
+    def gated_mlp(self, down: LinearMethod, x: torch.Tensor) -> torch.Tensor | None:
+        """down(silu(gate) * up) for x, this weight the fused [gate | up] matrix, in one kernel
+        call where this format has one for `down` (and x), else None (the caller runs the three
+        steps)."""
+        return None
+
     def relocate(self, place: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace every tensor this method holds by `place(tensor)`, a tensor of the same
         values (`relocate_fields`): how worker/weight_arena.py moves the weights into one

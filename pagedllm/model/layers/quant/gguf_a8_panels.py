@@ -142,6 +142,21 @@ class GGUFA8PanelWeight(QuantizedWeight):
         return step.apply(x, lambda rows: ops.a8_panel_bf16_linear(rows, *args),
                           lambda rows: ops.a8_panel_linear(rows, *args))
 
+    def gated_mlp(self, down, x: torch.Tensor) -> torch.Tensor | None:
+        """One `a8_panel_mlp` call (the bits of `linear`, `silu_mul`, `down.linear`, without
+        the fp32 [M, 2 I] product in between: kernels/quant_a8_panels_cpu.cpp) when `down` is
+        panels too and the intermediate size I is whole 32-value blocks; None for anything else
+        and while a step's prompt rows run on the bf16 tiles (prompt_rows.py)."""
+        inter = self.out_features // 2
+        if (type(down) is not GGUFA8PanelWeight or x.device.type != "cpu"
+                or x.dtype != torch.float32 or x.dim() != 2 or inter % _BLOCK
+                or self.out_features != 2 * down.in_features
+                or prompt_rows.current(x.shape[0]) is not None):
+            return None
+        return kernels().a8_panel_mlp(x.contiguous(), self.code, self.codes, self.d, self.m,
+                                      down.code, down.codes, down.d, down.m, inter,
+                                      down.out_features)
+
     def fused_ref(self, ops, bias: torch.Tensor | None):
         return ops.LinearRef(FUSED_KIND, self.code, self.out_features, self.in_features, 0,
                              [self.codes, self.d, self.m], bias)
