@@ -60,7 +60,8 @@ struct QuantizedOut {
 // Block j of row m (its 32 values at xp) into `o`. Every quantizer of these rows (quantize_x,
 // the fused MLP's SiLU epilogue) runs this one body: the same codes and scales for the same
 // values wherever they are computed.
-inline void quantize_block(const float* xp, const QuantizedOut o, int64_t m, int64_t j) {
+__attribute__((always_inline)) inline void quantize_block(const float* xp, const QuantizedOut o,
+                                                         int64_t m, int64_t j) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
