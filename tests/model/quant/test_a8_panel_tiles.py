@@ -118,3 +118,21 @@ def test_environment_choice_is_applied_and_checked_at_load(variable, getter):
                          timeout=600)
     assert out.returncode != 0
     assert f"{variable} must be one of auto, amx, emulated, off, got 'matrix'" in out.stderr
+
+
+@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("qtype", PANEL_TYPES)
+def test_mlp_in_one_call_on_tiles_equals_vnni(ops, mode, qtype):
+    """`a8_panel_mlp` runs its gate / up rows through the same panel code (16-row tiles into
+    its per-thread buffers, row chunks of 64): the bits of the VNNI path, 17-300 rows."""
+    hidden, inter = 96, 128
+    gate_up = GGUFA8PanelWeight.from_blocks(
+        qtype, random_blocks(qtype, 2 * inter, hidden, seed=3), (2 * inter, hidden))
+    down = GGUFA8PanelWeight.from_blocks(
+        qtype, random_blocks(qtype, hidden, inter, seed=4), (hidden, inter))
+    x = torch.randn(300, hidden, generator=torch.Generator().manual_seed(5)) * 0.2
+    with tiles(ops, "off"):
+        want = {m: gate_up.gated_mlp(down, x[:m].contiguous()) for m in (17, 48, 100, 300)}
+    with tiles(ops, mode):
+        for m, y in want.items():
+            assert torch.equal(gate_up.gated_mlp(down, x[:m].contiguous()), y), m
