@@ -116,4 +116,3 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   });
   return out;
 }
-
