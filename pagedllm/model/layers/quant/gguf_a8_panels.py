@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant import prompt_rows
-from pagedllm.model.layers.quant.base import QuantizedWeight
+from pagedllm.model.layers.quant.base import LinearMethod, QuantizedWeight
 from pagedllm.model.layers.quant.gguf import SPECS, checked_rows
 
 T = GGMLQuantizationType
@@ -142,7 +142,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
         return step.apply(x, lambda rows: ops.a8_panel_bf16_linear(rows, *args),
                           lambda rows: ops.a8_panel_linear(rows, *args))
 
-    def gated_mlp(self, down, x: torch.Tensor) -> torch.Tensor | None:
+    def gated_mlp(self, down: LinearMethod, x: torch.Tensor) -> torch.Tensor | None:
         """One `a8_panel_mlp` call (the bits of `linear`, `silu_mul`, `down.linear`, without
         the fp32 [M, 2 I] product in between: kernels/quant_a8_panels_cpu.cpp) when `down` is
         panels too and the intermediate size I is whole 32-value blocks; None for anything else
