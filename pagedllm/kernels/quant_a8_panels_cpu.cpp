@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #pragma GCC push_options
@@ -334,6 +335,29 @@ int64_t code_bytes(int64_t fmt) {
   return fmt == kQ8_0 ? 32 : 16;
 }
 
+// A panel matrix's storage as the kernels read it: codes, the fp16 scales d and Q4_1's fp16
+// offsets m (null for the other formats).
+struct PanelPtrs {
+  const uint8_t* codes;
+  const uint16_t *d, *m;
+  PanelPtrs(int64_t fmt, const torch::Tensor& codes_, const torch::Tensor& d_,
+            const torch::Tensor& m_)
+      : codes(codes_.data_ptr<uint8_t>()), d(half_bits(d_)),
+        m(fmt == kQ4_1 ? half_bits(m_) : nullptr) {}
+  static const uint16_t* half_bits(const torch::Tensor& t) {
+    return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>());
+  }
+};
+
+// f(std::integral_constant<int, F>{}) for the panel format fmt (Q8_0, Q4_0, else Q4_1): the
+// kernels' one dispatch from a run-time format to their template.
+template <typename Fn>
+void with_format(int64_t fmt, Fn&& f) {
+  if (fmt == kQ8_0) f(std::integral_constant<int, kQ8_0>{});
+  else if (fmt == kQ4_0) f(std::integral_constant<int, kQ4_0>{});
+  else f(std::integral_constant<int, kQ4_1>{});
+}
+
 }  // namespace
 
 // One [N, K] matrix in the panel layout (the file header): codes uint8 [P, K / 32, lanes,
@@ -379,13 +403,10 @@ torch::Tensor a8_panel_linear_prefetching(torch::Tensor x, int64_t fmt, torch::T
   auto y = torch::empty({M, N}, x.options());
 #if PAGEDLLM_A8P_SIMD
   const QuantizedX qx = quantize_x(x.data_ptr<float>(), M, K);
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
-  const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
-  float* yp = y.data_ptr<float>();
-  if (fmt == kQ8_0) linear_impl<kQ8_0>(qx, M, cp, dp, mp, N, yp, plan);
-  else if (fmt == kQ4_0) linear_impl<kQ4_0>(qx, M, cp, dp, mp, N, yp, plan);
-  else linear_impl<kQ4_1>(qx, M, cp, dp, mp, N, yp, plan);
+  const PanelPtrs w(fmt, codes, d, m);
+  with_format(fmt, [&](auto f) {
+    linear_impl<decltype(f)::value>(qx, M, w.codes, w.d, w.m, N, y.data_ptr<float>(), plan);
+  });
 #else
   (void)plan;
   TORCH_CHECK(false, "a8_panel_linear needs AVX2 + FMA + F16C (built without them)");
@@ -393,38 +414,10 @@ torch::Tensor a8_panel_linear_prefetching(torch::Tensor x, int64_t fmt, torch::T
   return y;
 }
 
-// The panels' share of a8_panel_mlp, F the gate_up format, then the down projection.
-static void panel_mlp(const float* x, int64_t M, int64_t K, int64_t gu_fmt,
-                      const torch::Tensor& gu_codes, const torch::Tensor& gu_d,
-                      const torch::Tensor& gu_m, int64_t down_fmt,
-                      const torch::Tensor& down_codes, const torch::Tensor& down_d,
-                      const torch::Tensor& down_m, int64_t I, int64_t N, float* y) {
-#if PAGEDLLM_A8P_SIMD
-  auto half = [](const torch::Tensor& t) {
-    return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>());
-  };
-  const QuantizedX qx = quantize_x(x, M, K);
-  QuantizedX act = alloc_quantized(M, I);
-  const uint8_t* gc = gu_codes.data_ptr<uint8_t>();
-  const uint16_t *gd = half(gu_d), *gm = gu_fmt == kQ4_1 ? half(gu_m) : nullptr;
-  if (gu_fmt == kQ8_0) mlp_gate_up<kQ8_0>(qx, M, gc, gd, gm, I, act);
-  else if (gu_fmt == kQ4_0) mlp_gate_up<kQ4_0>(qx, M, gc, gd, gm, I, act);
-  else mlp_gate_up<kQ4_1>(qx, M, gc, gd, gm, I, act);
-  const uint8_t* dc = down_codes.data_ptr<uint8_t>();
-  const uint16_t *dd = half(down_d), *dm = down_fmt == kQ4_1 ? half(down_m) : nullptr;
-  if (down_fmt == kQ8_0) linear_impl<kQ8_0>(act, M, dc, dd, dm, N, y, nullptr);
-  else if (down_fmt == kQ4_0) linear_impl<kQ4_0>(act, M, dc, dd, dm, N, y, nullptr);
-  else linear_impl<kQ4_1>(act, M, dc, dd, dm, N, y, nullptr);
-#else
-  (void)x, (void)M, (void)K, (void)gu_fmt, (void)gu_codes, (void)gu_d, (void)gu_m;
-  (void)down_fmt, (void)down_codes, (void)down_d, (void)down_m, (void)I, (void)N, (void)y;
-  TORCH_CHECK(false, "a8_panel_mlp needs AVX2 + FMA + F16C (built without them)");
-#endif
-}
-
 // y = silu(x Wg^T) * (x Wu^T) @ Wd^T for a Llama MLP whose fused [gate | up] matrix ([2 I, K])
 // and down matrix ([N, I]) are both int8-activation panels, I a multiple of 32: the same bits
-// as a8_panel_linear, silu_mul, a8_panel_linear (mlp_gate_up says what it saves).
+// as a8_panel_linear, silu_mul, a8_panel_linear (the note above gate_up_silu says what it
+// saves).
 torch::Tensor a8_panel_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_codes,
                            torch::Tensor gu_d, torch::Tensor gu_m, int64_t down_fmt,
                            torch::Tensor down_codes, torch::Tensor down_d, torch::Tensor down_m,
@@ -437,8 +430,20 @@ torch::Tensor a8_panel_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_cod
   check_a8_panel_weight("a8_panel_mlp (gate_up)", gu_fmt, gu_codes, gu_d, gu_m, 2 * I, K);
   check_a8_panel_weight("a8_panel_mlp (down)", down_fmt, down_codes, down_d, down_m, N, I);
   auto y = torch::empty({M, N}, x.options());
-  panel_mlp(x.data_ptr<float>(), M, K, gu_fmt, gu_codes, gu_d, gu_m, down_fmt, down_codes,
-            down_d, down_m, I, N, y.data_ptr<float>());
+#if PAGEDLLM_A8P_SIMD
+  const QuantizedX qx = quantize_x(x.data_ptr<float>(), M, K);
+  QuantizedX act = alloc_quantized(M, I);
+  const PanelPtrs gu(gu_fmt, gu_codes, gu_d, gu_m), dn(down_fmt, down_codes, down_d, down_m);
+  with_format(gu_fmt, [&](auto f) {
+    mlp_gate_up<decltype(f)::value>(qx, M, gu.codes, gu.d, gu.m, I, act);
+  });
+  with_format(down_fmt, [&](auto f) {
+    linear_impl<decltype(f)::value>(act, M, dn.codes, dn.d, dn.m, N, y.data_ptr<float>(),
+                                    nullptr);
+  });
+#else
+  TORCH_CHECK(false, "a8_panel_mlp needs AVX2 + FMA + F16C (built without them)");
+#endif
   return y;
 }
 
@@ -460,9 +465,9 @@ torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes,
       throw std::out_of_range("row ids must be in [0, " + std::to_string(N) + "), got " +
                               std::to_string(ip[t]));
   auto out = torch::empty({T, K}, torch::TensorOptions().dtype(torch::kFloat32));
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
-  const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  const PanelPtrs w(fmt, codes, d, m);
+  const uint8_t* cp = w.codes;
+  const uint16_t *dp = w.d, *mp = w.m;
   const int offset = fmt == kQ8_0 ? static_cast<int>(q8_0_code_offset()) : fmt == kQ4_0 ? 8 : 0;
   float* op = out.data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
@@ -518,14 +523,12 @@ torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tenso
   auto y = torch::empty({R, N}, x.options());
 #if PAGEDLLM_A8P_SIMD
   const QuantizedX qx = quantize_x(x.data_ptr<float>(), R, K);
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
-  const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  const PanelPtrs w(fmt, codes, d, m);
   const int64_t cs = codes.numel() / E, ss = d.numel() / E;
-  float* yp = y.data_ptr<float>();
-  if (fmt == kQ8_0) grouped_impl<kQ8_0>(qx, off, E, cp, cs, dp, mp, ss, N, yp);
-  else if (fmt == kQ4_0) grouped_impl<kQ4_0>(qx, off, E, cp, cs, dp, mp, ss, N, yp);
-  else grouped_impl<kQ4_1>(qx, off, E, cp, cs, dp, mp, ss, N, yp);
+  with_format(fmt, [&](auto f) {
+    grouped_impl<decltype(f)::value>(qx, off, E, w.codes, cs, w.d, w.m, ss, N,
+                                     y.data_ptr<float>());
+  });
 #else
   TORCH_CHECK(false, "a8_panel_grouped_linear needs AVX2 + FMA + F16C (built without them)");
 #endif

@@ -160,7 +160,8 @@ def test_mlp_in_one_call_only_where_it_applies():
     gate_up.set_quantized(panels(128, 64, 1))
     down.set_quantized(panels(64, 64, 2))
     x = torch.randn(3, 64)
-    ref = down(torch.nn.functional.silu(gate_up(x)[:, :64]) * gate_up(x)[:, 64:])
+    h = gate_up(x)
+    ref = down(torch.nn.functional.silu(h[:, :64]) * h[:, 64:])
     torch.testing.assert_close(gate_up.gated_mlp(down, x), ref, rtol=1e-5, atol=1e-4)
     assert gate_up.gated_mlp(torch.nn.Identity(), x) is None  # a wrapper (LoRA's) is not a Linear
     biased = Linear(64, 64, bias=True)

@@ -145,11 +145,12 @@ class GGUFA8PanelWeight(QuantizedWeight):
     def gated_mlp(self, down: LinearMethod, x: torch.Tensor) -> torch.Tensor | None:
         """One `a8_panel_mlp` call (the bits of `linear`, `silu_mul`, `down.linear`, without
         the fp32 [M, 2 I] product in between: kernels/quant_a8_panels_cpu.cpp) when `down` is
-        panels too and the intermediate size I is whole 32-value blocks; None for anything else
-        and while a step's prompt rows run on the bf16 tiles (prompt_rows.py)."""
+        panels too, taking the intermediate size I (then whole 32-value blocks, as every panel
+        matrix's input); None for anything else and while a step's prompt rows run on the bf16
+        tiles (prompt_rows.py)."""
         inter = self.out_features // 2
         if (type(down) is not GGUFA8PanelWeight or x.device.type != "cpu"
-                or x.dtype != torch.float32 or x.dim() != 2 or inter % _BLOCK
+                or x.dtype != torch.float32 or x.dim() != 2
                 or self.out_features != 2 * down.in_features
                 or prompt_rows.current(x.shape[0]) is not None):
             return None
