@@ -57,7 +57,7 @@ def _varlen(q, kc, vc, bt, lens, qs):
     out = torch.empty_like(q)
     scale = q.shape[-1] ** -0.5
     return lambda: ops.paged_varlen_attention(out, q, kc, vc, None, None, bt, lens, qs, scale,
-                                              0, 0.0)
+                                              0, 0.0, None)
 
 
 def _per_sequence(q, kc, vc, bt, lens, qs):

@@ -18,6 +18,7 @@ does not offer is reported as unavailable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -35,6 +36,8 @@ if str(ROOT) not in sys.path:
 
 from pagedllm import LLM  # noqa: E402
 from pagedllm.core.scheduler_output import ScheduledRequest  # noqa: E402
+from pagedllm.kernels import cpu_features  # noqa: E402
+from pagedllm.model.layers.quant import prompt_rows  # noqa: E402
 from pagedllm.worker.input_batch import build_inputs  # noqa: E402
 
 
@@ -61,8 +64,13 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
                               block_ids=list(range(nblocks)))
     sched = [ScheduledRequest(request, len(tokens))]
     batch = build_inputs(sched, bs, engine.runner.attention_backend)
-    hidden = engine.model(batch.input_ids, batch.positions, batch.max_pos,
-                          engine.cache.layer_caches, batch.meta)
+    # every row is a prompt position: on the GGUF panels' bf16 tiles where the engine runs
+    # prompts there (PAGEDLLM_PROMPT_TILES), as worker/model_runner.py scopes a step
+    scope = prompt_rows.step_scope(prompt_rows.PromptRows(len(tokens))) \
+        if cpu_features.prompt_tiles_on() else contextlib.nullcontext()
+    with scope:
+        hidden = engine.model(batch.input_ids, batch.positions, batch.max_pos,
+                              engine.cache.layer_caches, batch.meta)
     logits = engine.model.compute_logits(hidden[:-1]).double()
     target = torch.tensor(tokens[1:])
     nll = -(logits.log_softmax(-1).gather(1, target[:, None])).sum().item()

@@ -114,15 +114,18 @@ inline std::string tile_mode_name(TileMode mode) {
   }
 }
 
-// The TileMode `name` chooses for `what` (say "int8 tiles"): auto and off are off (no kernel
-// family has its tiles on by default); amx where the build has them (else `amx_missing` says
-// what it lacks) and the OS grants the tile state; emulated where the kernel is built (else
-// `emulated_missing`). Anything else, or a choice that cannot run, is std::invalid_argument
-// (a ValueError in Python).
+// The TileMode `name` chooses for `what` (say "int8 tiles"): off is off; auto is amx where
+// `auto_amx` (the family's tiles were measured faster than its other path on an AMX machine),
+// the build has them and the OS grants the tile state, else off; amx where the build has them
+// (else `amx_missing` says what it lacks) and the OS grants the tile state; emulated where the
+// kernel is built (else `emulated_missing`). Anything else, or a choice that cannot run, is
+// std::invalid_argument (a ValueError in Python).
 inline TileMode choose_tiles(const std::string& what, const std::string& name, bool amx_built,
                              const char* amx_missing, bool emulated_built,
-                             const char* emulated_missing) {
-  if (name == "auto" || name == "off") return TileMode::kOff;
+                             const char* emulated_missing, bool auto_amx = false) {
+  if (name == "auto")
+    return auto_amx && amx_built && amx_permitted() ? TileMode::kAmx : TileMode::kOff;
+  if (name == "off") return TileMode::kOff;
   if (name == "amx") {
     if (!amx_built) throw std::invalid_argument(what + " 'amx': " + amx_missing);
     if (!amx_permitted())

@@ -35,6 +35,8 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
 torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
                           int64_t torch_rows);
 std::string bf16_linear_isa();
+// The TileMode (amx_tiles_cpu.h) the prompt rows run on: GEMMs and attention alike
+int prompt_tile_mode();
 torch::Tensor grouped_packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
                                     torch::Tensor offsets);
 torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t N,

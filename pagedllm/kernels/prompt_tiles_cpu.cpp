@@ -47,6 +47,7 @@ namespace {
 #include "gguf_formats_cpu.h"
 #include "int8_dot_cpu.h"  // kXOffset: Q8_0 codes stored + 128 under VNNI
 #include "amx_tiles_cpu.h"
+#include "bf16_rows_cpu.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define PAGEDLLM_PROMPT_TILES 1
@@ -86,22 +87,6 @@ class Bf16Buffer {
   uint16_t* p_ = nullptr;
   int64_t n_ = 0;
 };
-
-// bf16 bits of 16 floats (round to nearest even; NaN -> 0x7fc0, as torch rounds) in the low
-// half of each 32-bit lane.
-inline VI bf16_bits(V x) {
-  const VI u = _mm512_castps_si512(x);
-  const VI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), iset(1));
-  const VI r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(iset(0x7fff), lsb)), 16);
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, iset(0x7fffffff)), iset(0x7f800000));
-  return _mm512_mask_blend_epi32(nan, r, iset(0x7fc0));
-}
-
-// One B tile row: column n's bf16 pair (even k, odd k) in lane n.
-inline VI pair_row(V even, V odd) {
-  return _mm512_or_si512(bf16_bits(even), _mm512_slli_epi32(bf16_bits(odd), 16));
-}
 
 // Weights of one column half from 16 integer codes: d * (code - z), or d * code + m (Q4_1).
 template <int F>
@@ -167,9 +152,7 @@ void rows_to_bf16(const float* x, int64_t M, int64_t Mp, int64_t K, uint16_t* ou
         std::memset(dst, 0, K * sizeof(uint16_t));
         continue;
       }
-      for (int64_t k = 0; k < K; k += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
-                            _mm512_cvtepi32_epi16(bf16_bits(vload(x + m * K + k))));
+      for (int64_t k = 0; k < K; k += 16) store_bf16(dst + k, vload(x + m * K + k));
     }
   });
 }
@@ -263,15 +246,19 @@ TileMode prompt_mode() {
 // The tiles' name: "amx", "emulated" or "off".
 std::string prompt_tiles() { return tile_mode_name(prompt_mode()); }
 
-// Chooses the prompt rows' tiles: "auto" (off until they are measured faster than the int8
-// panels on an AMX machine: they have not run on one yet), "amx", "emulated", "off". A choice
-// this build, CPU or OS cannot run is a ValueError saying why. Returns the tiles now in use.
+// The prompt rows' TileMode as an int, for the prompt rows' attention (varlen_attention_cpu).
+int prompt_tile_mode() { return static_cast<int>(prompt_mode()); }
+
+// Chooses the prompt rows' tiles: "auto" (amx where the build and OS can run them: on a
+// Sapphire Rapids class Xeon they prefill 1.4-1.6x the int8 panels' speed and score a lower
+// perplexity, docs/benchmarks.md; else off), "amx", "emulated", "off". A choice this build,
+// CPU or OS cannot run is a ValueError saying why. Returns the tiles now in use.
 std::string set_prompt_tiles(const std::string& name) {
   const TileMode mode = choose_tiles(
       "prompt tiles", name, PAGEDLLM_PROMPT_TILES && PAGEDLLM_HAVE_AMX_BF16,
       "these kernels were built without AMX-bf16 (the CPU or PAGEDLLM_CPU_MARCH lacks "
       "amx_bf16, or the build lacks AVX-512 BW)",
-      PAGEDLLM_PROMPT_TILES, "the kernel needs an AVX-512 BW build");
+      PAGEDLLM_PROMPT_TILES, "the kernel needs an AVX-512 BW build", /*auto_amx=*/true);
   g_prompt_tiles.store(static_cast<int>(mode), std::memory_order_relaxed);
   return prompt_tiles();
 }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "kv_rows_cpu.h"
+#include "kernels_cpu.h"  // prompt_tile_mode
 
 namespace {
 
@@ -163,10 +164,14 @@ __attribute__((noinline)) void attend_block(const BlockState& b, const float* kb
   }
 }
 
+#include "varlen_tiles_cpu.h"  // the prompt rows on AMX-bf16 tiles
+
 // A tile of up to kQT query positions of one sequence (run once per KV head) and its cost:
-// key chunks it visits x blocks of kVW rows.
+// key chunks it visits x blocks of kVW rows. `tiles`: its rows are prompt rows bound for the
+// AMX-bf16 tiles (varlen_tiles_cpu.h), else the fp32 kernel.
 struct Tile {
-  int64_t seq, row0, cost;
+  int64_t seq, row0, rows, cost;
+  bool tiles;
 };
 
 // The tiles of a step, costliest first. Items are handed out dynamically, and in causal
@@ -174,17 +179,22 @@ struct Tile {
 // the last one finishes alone. Largest first (LPT) leaves only cheap items for the end; with
 // 16-32 threads on a 512-token prompt the causal order idles 15-30% of the thread time.
 // The order changes no result: each item computes the same way wherever it runs.
+// `prompt` (or null): sequence p's first prompt[p] rows are prompt rows for the tiles; a tile
+// never mixes them with other rows.
 std::vector<Tile> tiles_by_cost(const int64_t* lens, const int64_t* qstart, int64_t P,
-                                int64_t G, int64_t window) {
+                                int64_t G, int64_t window, const int64_t* prompt) {
   std::vector<Tile> tiles;
   for (int64_t p = 0; p < P; ++p) {
     const int64_t n = qstart[p + 1] - qstart[p];
-    for (int64_t i = qstart[p]; i < qstart[p + 1]; i += kQT) {
-      const int64_t nq = std::min(kQT, qstart[p + 1] - i);
+    const int64_t split = qstart[p] + (prompt ? std::min(prompt[p], n) : 0);
+    for (int64_t i = qstart[p]; i < qstart[p + 1];) {
+      const int64_t end = i < split ? split : qstart[p + 1];
+      const int64_t nq = std::min(kQT, end - i);
       const int64_t pos0 = lens[p] - n + (i - qstart[p]);
       const int64_t k_first = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
       const int64_t chunks = (pos0 + nq - k_first / kKC * kKC + kKC - 1) / kKC;
-      tiles.push_back({p, i, chunks * ((nq * G + kVW - 1) / kVW)});
+      tiles.push_back({p, i, nq, chunks * ((nq * G + kVW - 1) / kVW), i < split});
+      i += nq;
     }
   }
   std::stable_sort(tiles.begin(), tiles.end(),
@@ -192,24 +202,84 @@ std::vector<Tile> tiles_by_cost(const int64_t* lens, const int64_t* qstart, int6
   return tiles;
 }
 
+#if PAGEDLLM_VARLEN_TILES
+// Every (sequence, KV head) with prompt rows packed for the tiles: keys from the first its
+// prompt rows see (a multiple of kTK) to past the last, into `store`.
+template <typename T>
+std::vector<PackedKV> pack_prompt_keys(const T* kc, const T* vc, const uint16_t* ks,
+                                       const uint16_t* vs, const int64_t* bt,
+                                       const int64_t* lens, const int64_t* qstart,
+                                       const int64_t* prompt, int64_t P, const Layout& lo,
+                                       std::vector<uint16_t>& store) {
+  std::vector<PackedKV> packed(P * lo.kvh);
+  std::vector<int64_t> at(P * lo.kvh + 1, 0);
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t n = qstart[p + 1] - qstart[p], rows = std::min(prompt[p], n);
+    for (int64_t hk = 0; hk < lo.kvh; ++hk) {
+      PackedKV& pk = packed[p * lo.kvh + hk];
+      if (rows > 0) {
+        const int64_t first = lens[p] - n, last = first + rows - 1;
+        pk.base = (lo.window > 0 ? std::max<int64_t>(0, first - lo.window + 1) : 0) / kTK * kTK;
+        pk.n = (last + 1 - pk.base + kTK - 1) / kTK * kTK;
+        pk.ldv = pk.n + kTK;
+      }
+      at[p * lo.kvh + hk + 1] = at[p * lo.kvh + hk] + (pk.n + pk.ldv) * lo.d;
+    }
+  }
+  store.resize(at.back() + 32);  // + room to start on a cache line: a tile row is one line
+  uint16_t* base = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64 / 2;
+#pragma omp parallel
+  {
+    std::vector<float> kb(kKC * lo.d), vb(kKC * lo.d);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < P * lo.kvh; ++w) {
+      PackedKV& pk = packed[w];
+      if (pk.n == 0) continue;
+      uint16_t* k = base + at[w];
+      uint16_t* vt = k + pk.n * lo.d;
+      pack_keys<T>(kc, vc, ks, vs, bt + (w / lo.kvh) * lo.max_blocks, lo, w % lo.kvh,
+                   lens[w / lo.kvh], pk.base, pk.n, pk.ldv, k, vt, kb.data(), vb.data());
+      pk.k = k;
+      pk.vt = vt;
+    }
+  }
+  return packed;
+}
+#endif
+
+// `prompt` (or null): sequence p's first prompt[p] query rows are prompt rows, run on the
+// tiles `mode` (varlen_tiles_cpu.h) where this build has them and d is a multiple of 32.
 template <typename T>
 void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t* ks,
             const uint16_t* vs, const int64_t* bt, const int64_t* lens, const int64_t* qstart,
-            int64_t P, const Layout& lo) {
+            int64_t P, const Layout& lo, const int64_t* prompt, TileMode mode) {
   const int64_t G = lo.H / lo.kvh, d = lo.d, H = lo.H;
-  const std::vector<Tile> tiles = tiles_by_cost(lens, qstart, P, G, lo.window);
+  const bool use_tiles = PAGEDLLM_VARLEN_TILES && prompt != nullptr && mode != TileMode::kOff &&
+                         d % 32 == 0 && d <= 256;
+  const std::vector<Tile> tiles =
+      tiles_by_cost(lens, qstart, P, G, lo.window, use_tiles ? prompt : nullptr);
   const int64_t items = static_cast<int64_t>(tiles.size()) * lo.kvh;
   const int64_t max_blocks = (kQT * G + kVW - 1) / kVW;
+#if PAGEDLLM_VARLEN_TILES
+  std::vector<uint16_t> store;
+  const std::vector<PackedKV> packed =
+      use_tiles ? pack_prompt_keys<T>(kc, vc, ks, vs, bt, lens, qstart, prompt, P, lo, store)
+                : std::vector<PackedKV>();
+#endif
 #pragma omp parallel
   {
     std::vector<float> qt(max_blocks * d * kVW), ot(max_blocks * d * kVW);
     std::vector<float> m(max_blocks * kVW), l(max_blocks * kVW), qpos(max_blocks * kVW);
     std::vector<float> kb(kKC * d), vb(kKC * d);
+#if PAGEDLLM_VARLEN_TILES
+    const TileScope scope(use_tiles ? mode : TileMode::kOff, kAttentionTiles);
+    std::vector<uint32_t> qb(use_tiles ? max_blocks * d / 2 * 16 : 0), pb(kTK * 16);
+    std::vector<float> sbuf(2 * kTK * 16), tmp(4 * 16 * 16);
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < items; ++w) {
       const int64_t ti = w / lo.kvh, hk = w % lo.kvh;
-      const int64_t p = tiles[ti].seq, row0 = tiles[ti].row0;
-      const int64_t nq = std::min(kQT, qstart[p + 1] - row0);
+      const int64_t p = tiles[ti].seq, row0 = tiles[ti].row0, nq = tiles[ti].rows;
       const int64_t R = nq * G, nb = (R + kVW - 1) / kVW;
       const int64_t pos0 = lens[p] - (qstart[p + 1] - qstart[p]) + (row0 - qstart[p]);
       // Row r = qi * G + g (position pos0 + qi, head hk * G + g) sits in lane r % kVW of block
@@ -227,22 +297,62 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
       const int64_t k_end = pos0 + nq;  // one past the last key any row sees
       const int64_t k_first = lo.window > 0 ? std::max<int64_t>(0, pos0 - lo.window + 1) : 0;
       const int64_t* table = bt + p * lo.max_blocks;
-      for (int64_t c0 = k_first / kKC * kKC; c0 < k_end; c0 += kKC) {
-        const int64_t nk = std::min(kKC, k_end - c0);
-        load_chunk<T>(kc, vc, ks, vs, table, lo, hk, c0, nk, kb.data(), vb.data());
+      const bool on_tiles = tiles[ti].tiles;
+      const int64_t chunk = on_tiles ? kTK : kKC;
+#if PAGEDLLM_VARLEN_TILES
+      if (on_tiles)
+        for (int64_t bi = 0; bi < nb; ++bi)
+          pack_queries(qt.data() + bi * d * kVW, d, qb.data() + bi * d / 2 * 16);
+      auto qb_at = [&](int64_t bi) -> const uint32_t* { return qb.data() + bi * d / 2 * 16; };
+      // one or two blocks of the chunk on the tiles (varlen_tiles_cpu.h)
+      auto attend_pair = [&](const BlockState* bs, const uint32_t* const* qbs, int64_t c0,
+                             int64_t nk, const bool* masks, int n) {
+        const PackedKV& kv = packed[p * lo.kvh + hk];
+#if PAGEDLLM_HAVE_AMX_BF16
+        if (mode == TileMode::kAmx) {
+          if (n == 2) attend_tiles<HwTiles, true>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
+          else attend_tiles<HwTiles, false>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
+          return;
+        }
+#endif
+        if (n == 2) attend_tiles<EmuTiles, true>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
+        else attend_tiles<EmuTiles, false>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
+      };
+#else
+      auto qb_at = [](int64_t) -> const uint32_t* { return nullptr; };
+      auto attend_pair = [](const BlockState*, const uint32_t* const*, int64_t, int64_t,
+                            const bool*, int) {};
+#endif
+      for (int64_t c0 = k_first / chunk * chunk; c0 < k_end; c0 += chunk) {
+        const int64_t nk = std::min(chunk, k_end - c0);
+        if (!on_tiles) load_chunk<T>(kc, vc, ks, vs, table, lo, hk, c0, nk, kb.data(), vb.data());
+        int pending = 0;  // blocks of this chunk waiting for a partner on the tiles
+        BlockState pair[2];
+        bool pair_mask[2];
+        const uint32_t* pair_qb[2];
         for (int64_t bi = 0; bi < nb; ++bi) {
           const float* qp = qpos.data() + bi * kVW;
           const int64_t lo_pos = static_cast<int64_t>(qp[0]);
           const int64_t hi_pos = static_cast<int64_t>(qp[kVW - 1]);
           if (c0 > hi_pos) continue;  // every key after every row of the block
           if (lo.window > 0 && c0 + nk - 1 < lo_pos - lo.window + 1) continue;  // before
-          const bool mask = nk < kKC || c0 + kKC - 1 > lo_pos ||
+          const bool mask = nk < chunk || c0 + chunk - 1 > lo_pos ||
                             (lo.window > 0 && c0 < hi_pos - lo.window + 1);
           const V pos = vload(qp);
           const V first = lo.window > 0 ? vsub(pos, vset(static_cast<float>(lo.window - 1)))
                                         : vset(-1.f);
           const BlockState b{qt.data() + bi * d * kVW, pos, first, m.data() + bi * kVW,
                              l.data() + bi * kVW, ot.data() + bi * d * kVW};
+          if (on_tiles) {
+            pair[pending] = b;
+            pair_mask[pending] = mask;
+            pair_qb[pending] = qb_at(bi);
+            if (++pending == 2) {
+              attend_pair(pair, pair_qb, c0, nk, pair_mask, 2);
+              pending = 0;
+            }
+            continue;
+          }
           switch (d) {
             case 64: attend_block<64>(b, kb.data(), vb.data(), c0, nk, mask, lo); break;
             case 128: attend_block<128>(b, kb.data(), vb.data(), c0, nk, mask, lo); break;
@@ -250,6 +360,7 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
             default: attend_block<0>(b, kb.data(), vb.data(), c0, nk, mask, lo);
           }
         }
+        if (pending) attend_pair(pair, pair_qb, c0, nk, pair_mask, 1);
       }
       for (int64_t r = 0; r < R; ++r) {
         float* dst = out + (row0 + r / G) * H * d + (hk * G + r % G) * d;
@@ -267,11 +378,15 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
 // out [T, H, d] (contiguous) = attention of q [T, H, d] (rows may be strided, e.g. a view of
 // fused qkv rows) over the paged K/V of its sequences; see the top of this file for the
 // layout. k_scale / v_scale: the float16 scale pools of an 8-bit cache (None for fp32).
+// prompt_rows [P] int64 (or None): sequence p's first prompt_rows[p] query rows are prompt
+// positions, run on the prompt rows' tiles (prompt_tile_mode, varlen_tiles_cpu.h) where the
+// build has them and the head size is a multiple of 32.
 void paged_varlen_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                             torch::Tensor v_cache, c10::optional<torch::Tensor> k_scale,
                             c10::optional<torch::Tensor> v_scale, torch::Tensor block_tables,
                             torch::Tensor seq_lens, torch::Tensor query_start, double scale,
-                            int64_t window, double softcap) {
+                            int64_t window, double softcap,
+                            c10::optional<torch::Tensor> prompt_rows) {
 #if PAGEDLLM_GGUF_SIMD
   TORCH_CHECK(q.dim() == 3 && q.dtype() == torch::kFloat32 && q.stride(2) == 1 &&
               q.stride(1) == q.size(2), "paged_varlen_attention: q must be fp32 [T, H, d] "
@@ -312,12 +427,22 @@ void paged_varlen_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
   }
   const Layout lo{H, kvh, d, bs, max_blocks, q.stride(0), static_cast<float>(scale),
                   static_cast<float>(softcap), window};
+  const int64_t* prompt = nullptr;
+  const TileMode mode = static_cast<TileMode>(prompt_tile_mode());
+  if (prompt_rows.has_value()) {
+    TORCH_CHECK(prompt_rows->dtype() == torch::kInt64 && prompt_rows->is_contiguous() &&
+                prompt_rows->numel() == P, "paged_varlen_attention: prompt_rows must be ",
+                P, " contiguous int64 counts");
+    TORCH_CHECK(mode != TileMode::kOff, "paged_varlen_attention: prompt rows given, but no "
+                "prompt tiles chosen (set_prompt_tiles: amx or emulated)");
+    prompt = prompt_rows->data_ptr<int64_t>();
+  }
   if (!k_scale.has_value()) {
     dispatch_16_32(k_cache.scalar_type(), "paged_varlen_attention", [&](auto tag) {
       using C = decltype(tag);
       varlen<C>(out.data_ptr<float>(), q.data_ptr<float>(),
                 static_cast<const C*>(k_cache.data_ptr()), static_cast<const C*>(v_cache.data_ptr()),
-                nullptr, nullptr, bt, lens, qstart, P, lo);
+                nullptr, nullptr, bt, lens, qstart, P, lo, prompt, mode);
     });
     return;
   }
@@ -329,7 +454,8 @@ void paged_varlen_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_
     varlen<Q>(out.data_ptr<float>(), q.data_ptr<float>(),
               static_cast<const Q*>(k_cache.data_ptr()), static_cast<const Q*>(v_cache.data_ptr()),
               static_cast<const uint16_t*>(k_scale->data_ptr()),
-              static_cast<const uint16_t*>(v_scale->data_ptr()), bt, lens, qstart, P, lo);
+              static_cast<const uint16_t*>(v_scale->data_ptr()), bt, lens, qstart, P, lo,
+              prompt, mode);
   });
 #else
   TORCH_CHECK(false, "paged_varlen_attention: built without AVX2/FMA/F16C");
@@ -344,7 +470,9 @@ int64_t varlen_attention_head_multiple() { return kVW; }
 void register_varlen_attention(pybind11::module_& m) {
   m.def("paged_varlen_attention", &paged_varlen_attention,
         pybind11::call_guard<pybind11::gil_scoped_release>(),
-        "paged attention over packed sequences (prefill chunks): causal, windowed, fp32 softmax");
+        "paged attention over packed sequences (prefill chunks): causal, windowed, fp32 "
+        "softmax; prompt_rows (or None): each sequence's leading prompt rows, on the prompt "
+        "rows' AMX-bf16 tiles");
   m.def("varlen_attention_available", &varlen_attention_available,
         "whether this build has paged_varlen_attention (AVX2 + FMA + F16C or AVX-512)");
   m.def("varlen_attention_head_multiple", &varlen_attention_head_multiple,

@@ -7,6 +7,10 @@
                                                       the queries inside the qkv rows
     prefill rows     paged_varlen_attention           all sequences' packed rows in one
                                                       flash-style call (varlen_attention_cpu)
+    prompt rows      paged_varlen_attention           while the GGUF panels' prompt rows run
+                                                      on AMX-bf16 tiles (quant/prompt_rows.py),
+                                                      their attention does too, a one-token
+                                                      prompt chunk among the decodes included
     8-bit K/V write  quantize_into_cache
     whole model      decode_layers (model/fused_decode.py), when `fused_decode_applies`
 
@@ -18,6 +22,8 @@ the draft model's layers run on the target's metadata (speculative/draft_model.p
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -60,13 +66,73 @@ class CPUBackend(TorchBackend):
         """A step of decodes only is one C++ call that writes the new K/V and attends,
         reading the queries in place (kernels/paged_attention_cpu.cpp); every other batch
         splits the rows and runs `forward`."""
-        if not softcap and qkv.is_contiguous() and meta.num_decodes == qkv.shape[0] > 0:
+        if (not softcap and qkv.is_contiguous() and meta.num_decodes == qkv.shape[0] > 0
+                and prompt_rows.current() is None):
             return self.ops.paged_decode_attention_qkv(
                 qkv, kv_cache.k, kv_cache.v, kv_cache.k_scale, kv_cache.v_scale,
                 meta.slot_mapping, meta.decode_block_tables, meta.decode_seq_lens, num_heads,
                 scale, meta.sliding_window or 0)
         return super().forward_qkv(qkv, num_heads, num_kv_heads, head_dim, kv_cache, meta,
                                    scale, softcap)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: LayerKVCache, meta: AttentionMetadata, scale: float,
+                softcap: float | None = None) -> torch.Tensor:
+        """As the torch backend, but while a step's prompt rows run on the bf16 tiles
+        (quant/prompt_rows.py) their attention does too, by row: a prompt position, never
+        the size of its chunk (a one-token prompt chunk counts among the decodes)."""
+        t, h, d = q.shape
+        step = prompt_rows.current(t)
+        if step is None or not self.varlen_kernel(d):
+            return super().forward(q, k, v, kv_cache, meta, scale, softcap)
+        self.write(kv_cache.k, kv_cache.k_scale, meta.slot_mapping, k)
+        self.write(kv_cache.v, kv_cache.v_scale, meta.slot_mapping, v)
+        out = q.new_empty(t, h, d)
+        nd = meta.num_decodes
+        if nd:
+            lead = step.leading(0, torch.ones(nd, dtype=torch.int64))
+            if lead.any():
+                self._decodes_by_kind(out, q, kv_cache, meta, scale, softcap, lead > 0)
+            else:
+                self.decode(out[:nd], q[:nd], kv_cache, meta, scale, softcap)
+        if meta.prefill_block_tables is not None:
+            q_lens = meta.prefill_query_start.diff()
+            self._varlen(out[nd:], q[nd:], kv_cache, meta.prefill_block_tables,
+                         meta.prefill_seq_lens, meta.prefill_query_start, scale,
+                         meta.sliding_window, softcap, step.leading(nd, q_lens))
+        return out.view(t, h * d)
+
+    def _decodes_by_kind(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
+                         meta: AttentionMetadata, scale: float, softcap: float | None,
+                         prompt: torch.Tensor) -> None:
+        """The decode rows: one-token prompt chunks (`prompt`) on the tiles through the varlen
+        kernel, one query per sequence; the others on the decode kernel."""
+        tables, lens = meta.decode_block_tables, meta.decode_seq_lens
+        rows = prompt.nonzero().flatten()
+        rest = (~prompt).nonzero().flatten()
+        if len(rest):
+            o = q.new_empty(len(rest), *q.shape[1:])
+            self.decode(o, q[rest], kv, replace(meta, num_decodes=len(rest),
+                                                decode_block_tables=tables[rest],
+                                                decode_seq_lens=lens[rest], decode_key_mask=None,
+                                                _windowed={}),
+                        scale, softcap)
+            out[rest] = o
+        o = q.new_empty(len(rows), *q.shape[1:])
+        self._varlen(o, q[rows], kv, tables[rows], lens[rows],
+                     torch.arange(len(rows) + 1), scale, meta.sliding_window, softcap,
+                     torch.ones(len(rows), dtype=torch.int64))
+        out[rows] = o
+
+    def _varlen(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
+                tables: torch.Tensor, lens: torch.Tensor, starts: torch.Tensor, scale: float,
+                window: int | None, softcap: float | None,
+                prompt: torch.Tensor | None) -> None:
+        if q.stride(2) != 1 or q.stride(1) != q.shape[-1]:
+            q = q.contiguous()
+        self.ops.paged_varlen_attention(out, q, kv.k, kv.v, kv.k_scale, kv.v_scale, tables,
+                                        lens, starts, scale, window or 0, softcap or 0.0,
+                                        prompt)
 
     def fused_decode_applies(self, x: torch.Tensor, meta: AttentionMetadata,
                              kv_caches: list[LayerKVCache]) -> bool:
@@ -99,13 +165,8 @@ class CPUBackend(TorchBackend):
 
     def prefill(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
                 meta: AttentionMetadata, scale: float, softcap: float | None) -> None:
-        d = q.shape[-1]
-        if not self.varlen_kernel(d):
+        if not self.varlen_kernel(q.shape[-1]):
             super().prefill(out, q, kv, meta, scale, softcap)
             return
-        if q.stride(2) != 1 or q.stride(1) != d:
-            q = q.contiguous()
-        self.ops.paged_varlen_attention(
-            out, q, kv.k, kv.v, kv.k_scale, kv.v_scale, meta.prefill_block_tables,
-            meta.prefill_seq_lens, meta.prefill_query_start, scale, meta.sliding_window or 0,
-            softcap or 0.0)
+        self._varlen(out, q, kv, meta.prefill_block_tables, meta.prefill_seq_lens,
+                     meta.prefill_query_start, scale, meta.sliding_window, softcap, None)

@@ -34,11 +34,13 @@ _STEP: ContextVar[PromptRows | None] = ContextVar("prompt_rows", default=None)
 @dataclass(frozen=True)
 class PromptRows:
     """The prompt rows of one step of `total` rows: every row (`rows` None) or the sorted
-    indices `rows`, the others in `rest`."""
+    indices `rows`, the others in `rest`; `counts` (None when every row is one): how many of
+    each request's rows (batch order, all of them leading) are prompt rows, for attention."""
 
     total: int
     rows: torch.Tensor | None = None
     rest: torch.Tensor | None = None
+    counts: np.ndarray | None = None
 
     @classmethod
     def build(cls, q_lens: np.ndarray, starts: np.ndarray,
@@ -55,7 +57,14 @@ class PromptRows:
         first = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
         prompt = np.arange(total) - first[request] < counts[request]
         return cls(total, torch.from_numpy(np.flatnonzero(prompt)),
-                   torch.from_numpy(np.flatnonzero(~prompt)))
+                   torch.from_numpy(np.flatnonzero(~prompt)), counts.astype(np.int64))
+
+    def leading(self, first: int, q_lens: torch.Tensor) -> torch.Tensor:
+        """For requests first, first + 1, ... (batch order) of q_lens rows each: how many of
+        their leading rows are prompt rows (int64)."""
+        if self.counts is None:
+            return q_lens.to(torch.int64)
+        return torch.from_numpy(self.counts[first:first + len(q_lens)])
 
     def apply(self, x: torch.Tensor, prompt: Callable[[torch.Tensor], torch.Tensor],
               rest: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

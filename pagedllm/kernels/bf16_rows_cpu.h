@@ -1,0 +1,27 @@
+// fp32 -> bf16 for AMX-bf16 tile operands, shared by the GGUF panels' prompt rows
+// (prompt_tiles_cpu.cpp) and the prompt rows' attention (varlen_tiles_cpu.h).
+// Included inside the kernel file's anonymous namespace, after simd_cpu.h (AVX-512 builds).
+#pragma once
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// bf16 bits of 16 floats (round to nearest even; NaN -> 0x7fc0, as torch rounds) in the low
+// half of each 32-bit lane.
+inline VI bf16_bits(V x) {
+  const VI u = _mm512_castps_si512(x);
+  const VI lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), iset(1));
+  const VI r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(iset(0x7fff), lsb)), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, iset(0x7fffffff)), iset(0x7f800000));
+  return _mm512_mask_blend_epi32(nan, r, iset(0x7fc0));
+}
+
+// One B tile row: column n's bf16 pair (even k, odd k) in lane n.
+inline VI pair_row(V even, V odd) {
+  return _mm512_or_si512(bf16_bits(even), _mm512_slli_epi32(bf16_bits(odd), 16));
+}
+
+// 16 floats as 16 bf16 values at dst.
+inline void store_bf16(uint16_t* dst, V x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(bf16_bits(x)));
+}
+#endif
