@@ -298,7 +298,11 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
       const int64_t k_first = lo.window > 0 ? std::max<int64_t>(0, pos0 - lo.window + 1) : 0;
       const int64_t* table = bt + p * lo.max_blocks;
       const bool on_tiles = tiles[ti].tiles;
+#if PAGEDLLM_VARLEN_TILES
       const int64_t chunk = on_tiles ? kTK : kKC;
+#else
+      const int64_t chunk = kKC;
+#endif
 #if PAGEDLLM_VARLEN_TILES
       if (on_tiles)
         for (int64_t bi = 0; bi < nb; ++bi)

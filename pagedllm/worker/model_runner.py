@@ -25,6 +25,7 @@ from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.decode_steps import AheadDraws, DecodeSteps
 from pagedllm.model.layers.attention_backends import PagedAttentionBackend
 from pagedllm.model.layers.quant import prompt_rows
+from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_generator
 from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.worker.cache_engine import CacheEngine
@@ -74,6 +75,10 @@ class ModelRunner:
         self.graphs = graphs  # cuda_graphs.DecodeGraphs (CUDA, not --enforce-eager)
         self.pooler = pooler  # pooling.step_pooler.StepPooler (--runner pooling)
         self.decode_steps = decode_steps  # several greedy decode steps per call (CPU)
+        # The prompt rows' bf16 tiles serve the GGUF panels' matrices (and then their
+        # attention); a model without them keeps every row as it was.
+        self.prompt_tiles_apply = any(isinstance(getattr(m, "quant", None), GGUFA8PanelWeight)
+                                      for m in model.modules())
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -228,7 +233,7 @@ class ModelRunner:
         tensor-parallel group keeps every row on the int8 path, rank 0 (`tp_executor`) and
         the others alike, whose replay of its step has no requests (`batch.order` empty)."""
         if (self.device.type != "cpu" or self.tp_executor is not None or not batch.order
-                or not cpu_features.prompt_tiles_on()):
+                or not self.prompt_tiles_apply or not cpu_features.prompt_tiles_on()):
             return contextlib.nullcontext()
         prompt_lens = np.fromiter((s.request.num_prompt_tokens for s in batch.order), np.int64,
                                   len(batch.order))

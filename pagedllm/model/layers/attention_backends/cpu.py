@@ -90,16 +90,16 @@ class CPUBackend(TorchBackend):
         out = q.new_empty(t, h, d)
         nd = meta.num_decodes
         if nd:
-            lead = step.leading(0, torch.ones(nd, dtype=torch.int64))
-            if lead.any():
-                self._decodes_by_kind(out, q, kv_cache, meta, scale, softcap, lead > 0)
+            prompt = step.mask(0, nd)
+            if prompt.any():
+                self._decodes_by_kind(out, q, kv_cache, meta, scale, softcap, prompt)
             else:
                 self.decode(out[:nd], q[:nd], kv_cache, meta, scale, softcap)
         if meta.prefill_block_tables is not None:
-            q_lens = meta.prefill_query_start.diff()
             self._varlen(out[nd:], q[nd:], kv_cache, meta.prefill_block_tables,
                          meta.prefill_seq_lens, meta.prefill_query_start, scale,
-                         meta.sliding_window, softcap, step.leading(nd, q_lens))
+                         meta.sliding_window, softcap,
+                         step.counts(meta.prefill_query_start + nd))
         return out.view(t, h * d)
 
     def _decodes_by_kind(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,

@@ -34,13 +34,11 @@ _STEP: ContextVar[PromptRows | None] = ContextVar("prompt_rows", default=None)
 @dataclass(frozen=True)
 class PromptRows:
     """The prompt rows of one step of `total` rows: every row (`rows` None) or the sorted
-    indices `rows`, the others in `rest`; `counts` (None when every row is one): how many of
-    each request's rows (batch order, all of them leading) are prompt rows, for attention."""
+    indices `rows`, the others in `rest`."""
 
     total: int
     rows: torch.Tensor | None = None
     rest: torch.Tensor | None = None
-    counts: np.ndarray | None = None
 
     @classmethod
     def build(cls, q_lens: np.ndarray, starts: np.ndarray,
@@ -57,14 +55,24 @@ class PromptRows:
         first = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
         prompt = np.arange(total) - first[request] < counts[request]
         return cls(total, torch.from_numpy(np.flatnonzero(prompt)),
-                   torch.from_numpy(np.flatnonzero(~prompt)), counts.astype(np.int64))
+                   torch.from_numpy(np.flatnonzero(~prompt)))
 
-    def leading(self, first: int, q_lens: torch.Tensor) -> torch.Tensor:
-        """For requests first, first + 1, ... (batch order) of q_lens rows each: how many of
-        their leading rows are prompt rows (int64)."""
-        if self.counts is None:
-            return q_lens.to(torch.int64)
-        return torch.from_numpy(self.counts[first:first + len(q_lens)])
+    def mask(self, start: int, stop: int) -> torch.Tensor:
+        """[stop - start] bool: which of rows start .. stop - 1 are prompt rows."""
+        if self.rows is None:
+            return torch.ones(stop - start, dtype=torch.bool)
+        m = torch.zeros(self.total, dtype=torch.bool)
+        m[self.rows] = True
+        return m[start:stop]
+
+    def counts(self, bounds: torch.Tensor) -> torch.Tensor:
+        """[len(bounds) - 1] int64: the prompt rows among rows bounds[i] .. bounds[i + 1] - 1
+        (a sequence's chunk, whose prompt rows come first: its positions before the
+        prompt's end)."""
+        if self.rows is None:
+            return bounds.diff().to(torch.int64)
+        before = torch.searchsorted(self.rows, bounds.to(self.rows.dtype))
+        return before.diff().to(torch.int64).contiguous()
 
     def apply(self, x: torch.Tensor, prompt: Callable[[torch.Tensor], torch.Tensor],
               rest: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
