@@ -65,9 +65,11 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
     sched = [ScheduledRequest(request, len(tokens))]
     batch = build_inputs(sched, bs, engine.runner.attention_backend)
     # every row is a prompt position: on the GGUF panels' bf16 tiles where the engine runs
-    # prompts there (PAGEDLLM_PROMPT_TILES), as worker/model_runner.py scopes a step
-    scope = prompt_rows.step_scope(prompt_rows.PromptRows(len(tokens))) \
-        if cpu_features.prompt_tiles_on() else contextlib.nullcontext()
+    # prompts there (PAGEDLLM_PROMPT_TILES; a model with such matrices), as
+    # worker/model_runner.py scopes a step
+    on_tiles = engine.runner.prompt_tiles_apply and cpu_features.prompt_tiles_on()
+    scope = prompt_rows.step_scope(prompt_rows.PromptRows(len(tokens))) if on_tiles \
+        else contextlib.nullcontext()
     with scope:
         hidden = engine.model(batch.input_ids, batch.positions, batch.max_pos,
                               engine.cache.layer_caches, batch.meta)
