@@ -60,6 +60,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "thread");
   m.def("quantize_into_cache", &quantize_into_cache, kNoGil,
         "quantize K or V rows and store values and float16 scales at their slots (CPU)");
+  m.def("store_into_cache", &store_into_cache, kNoGil,
+        "store fp32 K or V rows at their slots of an fp32 or float16 cache (CPU)");
   m.def("gemm_panel_width", &gemm_panel_width, kNoGil, "output columns per packed weight panel");
   m.def("pack_linear_weight", &pack_linear_weight, kNoGil,
         "pack an fp32 [N, K] weight into [N / NB, K, NB] panels for packed_linear");

@@ -21,6 +21,7 @@ torch::Tensor paged_decode_attention_qkv(torch::Tensor qkv, torch::Tensor k_cach
                                          int64_t H, double scale, int64_t window);
 void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor scales,
                          torch::Tensor slots);
+void store_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor slots);
 // The K/V rows paged_decode_attention_qkv will read for rows of seq_lens[b] tokens (all but the
 // new one's, which the call writes), per thread of `threads` in the order that thread reads
 // them, at most `budget` bytes each (the first it reads); fp32 / float16 / 8-bit rows (an 8-bit

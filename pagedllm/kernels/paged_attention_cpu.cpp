@@ -862,6 +862,52 @@ void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor sca
   dispatch_8bit(cache.scalar_type(), "quantize_into_cache", run);
 }
 
+// K or V rows x [T, kvh, d] fp32 (rows may be strided: a view of the fused qkv rows) stored
+// at their slots of an fp32 or float16 cache [slots, kvh, d]: `cache.index_copy_(0, slots,
+// x.to(cache.dtype))` in one pass, no converted copy (a prefill wrote every K / V row twice).
+// float16 rounds to nearest even with F16C's instruction, as torch's conversion does.
+void store_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor slots) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 3 && x.stride(2) == 1 &&
+              x.stride(1) == x.size(2), "store_into_cache: x must be fp32 [T, kv_heads, d] "
+              "with contiguous rows");
+  TORCH_CHECK(cache.is_contiguous() && (cache.dtype() == torch::kFloat32 ||
+              cache.dtype() == torch::kFloat16) && slots.dtype() == torch::kInt64 &&
+              slots.is_contiguous(), "store_into_cache: an fp32 or float16 contiguous cache "
+              "and int64 slots");
+  const int64_t T = x.size(0), row = x.size(1) * x.size(2), ldx = x.stride(0);
+  TORCH_CHECK(slots.numel() == T && cache.numel() % row == 0 &&
+              cache.size(-1) * cache.size(-2) == row, "store_into_cache: ", T, " rows of ",
+              row, " values, ", slots.numel(), " slots");
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  check_slots(sp, T, cache.numel() / row);
+  const float* xp = x.data_ptr<float>();
+  if (cache.dtype() == torch::kFloat32) {
+    float* cp = cache.data_ptr<float>();
+    at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) std::copy(xp + t * ldx, xp + t * ldx + row, cp + sp[t] * row);
+    });
+    return;
+  }
+  uint16_t* cp = static_cast<uint16_t*>(cache.data_ptr());
+  at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* src = xp + t * ldx;
+      uint16_t* dst = cp + sp[t] * row;
+      int64_t c = 0;
+#if defined(__AVX512F__)
+      for (; c + 16 <= row; c += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
+#elif defined(__F16C__)
+      for (; c + 8 <= row; c += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
+#endif
+      for (; c < row; ++c) dst[c] = c10::Half(src[c]).x;
+    }
+  });
+}
+
 // One decode step of one layer's attention straight from the fused q|k|v rows of the qkv
 // projection, qkv [T, (H + 2 kvh) d] with every row a decode (one token per sequence): the
 // new K and V rows go to their slots (quantized when the cache is 8-bit), then attention

@@ -11,7 +11,8 @@
                                                       on AMX-bf16 tiles (quant/prompt_rows.py),
                                                       their attention does too, a one-token
                                                       prompt chunk among the decodes included
-    8-bit K/V write  quantize_into_cache
+    K/V write        store_into_cache (fp32 / float16: one pass from the qkv rows),
+                     quantize_into_cache (8-bit)
     whole model      decode_layers (model/fused_decode.py), when `fused_decode_applies`
 
 What the kernels do not do runs the torch reference (torch_ref.py): decode rows with Gemma's
@@ -144,10 +145,12 @@ class CPUBackend(TorchBackend):
 
     def write(self, cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor,
               x: torch.Tensor) -> None:
-        if scales is None:
-            super().write(cache, scales, slots, x)
-        else:
+        if scales is not None:
             self.ops.quantize_into_cache(x.contiguous(), cache, scales, slots)
+        elif x.dtype == torch.float32 and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]:
+            self.ops.store_into_cache(x, cache, slots)  # no converted copy in between
+        else:
+            super().write(cache, scales, slots, x)
 
     def decode(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
                meta: AttentionMetadata, scale: float, softcap: float | None) -> None:
