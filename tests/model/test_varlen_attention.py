@@ -7,7 +7,9 @@ prompt lengths differ by three orders of magnitude."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -165,9 +167,10 @@ def test_quantized_cache(path, dtype) -> None:
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
-def test_rows_do_not_depend_on_chunking_or_neighbours() -> None:
-    """A query row's output is bit-identical whether its prompt runs in one chunk or after a
-    cached prefix in another, and whatever else is in the step (batch invariance)."""
+def chunked_rows(scope: Callable[[int], contextlib.AbstractContextManager] | None = None):
+    """A 300-token prompt's attention rows (window 48) computed in one chunk, and in two:
+    rows 0..136, then 137..299 after a cached prefix behind 29 rows of another sequence.
+    `scope(rows)`, if given, is entered around each step of that many rows."""
     backend = _backend("kernel")
     lens, tables, pools, _, refs, slots, (k_new, v_new) = _layout([0], [300], 16, 2, 64, None)
     gen = torch.Generator().manual_seed(7)
@@ -183,14 +186,20 @@ def test_rows_do_not_depend_on_chunking_or_neighbours() -> None:
             prefill_block_tables=tables.expand(2, -1).contiguous(),
             prefill_query_start=torch.tensor([0, neighbour, neighbour + n]),
             prefill_seq_lens=torch.tensor([max(neighbour, 1), stop]))
-        out = backend.forward(torch.cat([other, q[start:stop]]),
-                              torch.cat([k_new[:neighbour], k_new[start:stop]]),
-                              torch.cat([v_new[:neighbour], v_new[start:stop]]),
-                              LayerKVCache(pools[0], pools[1]), meta, 0.125)
+        with scope(neighbour + n) if scope else contextlib.nullcontext():
+            out = backend.forward(torch.cat([other, q[start:stop]]),
+                                  torch.cat([k_new[:neighbour], k_new[start:stop]]),
+                                  torch.cat([v_new[:neighbour], v_new[start:stop]]),
+                                  LayerKVCache(pools[0], pools[1]), meta, 0.125)
         return out.view(neighbour + n, 6, 64)[neighbour:]
 
-    one = step(0, 300)
-    two = torch.cat([step(0, 137), step(137, 300, neighbour=29)])
+    return step(0, 300), torch.cat([step(0, 137), step(137, 300, neighbour=29)])
+
+
+def test_rows_do_not_depend_on_chunking_or_neighbours() -> None:
+    """A query row's output is bit-identical whether its prompt runs in one chunk or after a
+    cached prefix in another, and whatever else is in the step (batch invariance)."""
+    one, two = chunked_rows()
     assert torch.equal(one, two)
 
 

@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.quant import prompt_rows
 from pagedllm.model.layers.quant.prompt_rows import PromptRows
 from tests.model.quant.test_prompt_tiles import prompt_tiles
-from tests.model.test_varlen_attention import _backend, _layout, _run
+from tests.model.test_varlen_attention import _backend, _run, chunked_rows
 
 MODES = ["emulated", "amx"]
 BF16 = {"atol": 3e-2, "rtol": 3e-2}  # q, k, v and the probabilities rounded to bf16
@@ -95,33 +94,9 @@ def test_only_prompt_positions_take_the_tiles(ops, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_prompt_rows_do_not_depend_on_chunking_or_neighbours(ops, mode):
     """A prompt row's bits are the same whether its prompt runs in one chunk, or in two split
-    off the tiles' 32-key grid with another sequence in front (batch invariance)."""
-    backend = _backend("kernel")
-    lens, tables, pools, _, _, slots, (k_new, v_new) = _layout([0], [300], 16, 2, 64, None)
-    gen = torch.Generator().manual_seed(7)
-    q = torch.randn(300, 6, 64, generator=gen)
-
-    def step(start: int, stop: int, neighbour: int = 0):
-        """Rows start..stop-1 of the sequence (all prompt rows), after `neighbour` rows of
-        another one."""
-        other = torch.randn(neighbour, 6, 64, generator=gen)
-        n = stop - start
-        meta = AttentionMetadata(
-            slot_mapping=torch.cat([slots[:neighbour], slots[start:stop]]), num_decodes=0,
-            decode_block_tables=None, decode_seq_lens=None, sliding_window=48,
-            prefill_block_tables=tables.expand(2, -1).contiguous(),
-            prefill_query_start=torch.tensor([0, neighbour, neighbour + n]),
-            prefill_seq_lens=torch.tensor([max(neighbour, 1), stop]))
-        with prompt_rows.step_scope(PromptRows(neighbour + n)):
-            out = backend.forward(torch.cat([other, q[start:stop]]),
-                                  torch.cat([k_new[:neighbour], k_new[start:stop]]),
-                                  torch.cat([v_new[:neighbour], v_new[start:stop]]),
-                                  LayerKVCache(pools[0], pools[1]), meta, 0.125)
-        return out.view(neighbour + n, 6, 64)[neighbour:]
-
+    off the tiles' 128-key grid with another sequence in front (batch invariance)."""
     with prompt_tiles(ops, mode):
-        one = step(0, 300)
-        two = torch.cat([step(0, 137), step(137, 300, neighbour=29)])
+        one, two = chunked_rows(lambda rows: prompt_rows.step_scope(PromptRows(rows)))
     assert torch.equal(one, two)
 
 
