@@ -1,7 +1,32 @@
-// fp32 -> bf16 for AMX-bf16 tile operands, shared by the GGUF panels' prompt rows
-// (prompt_tiles_cpu.cpp) and the prompt rows' attention (varlen_tiles_cpu.h).
-// Included inside the kernel file's anonymous namespace, after simd_cpu.h (AVX-512 builds).
+// fp32 -> bf16 for AMX-bf16 tile operands and the aligned buffer they live in, shared by the
+// GGUF panels' prompt rows (prompt_tiles_cpu.cpp) and the prompt rows' attention
+// (varlen_tiles_cpu.h).
+// Included inside the kernel file's anonymous namespace, after simd_cpu.h (AVX-512 builds)
+// and torch_lite_cpu.h (TORCH_CHECK), <cstdlib> (std::aligned_alloc).
 #pragma once
+
+// bf16 values on 64-byte boundaries, so each 64-byte row of a tile is one cache line; grows,
+// never shrinks (a thread's panel buffer is reused across calls).
+class Bf16Buffer {
+ public:
+  Bf16Buffer() = default;
+  Bf16Buffer(const Bf16Buffer&) = delete;
+  Bf16Buffer& operator=(const Bf16Buffer&) = delete;
+  ~Bf16Buffer() { std::free(p_); }
+  uint16_t* reserve(int64_t n) {
+    if (n > n_) {
+      std::free(p_);
+      p_ = static_cast<uint16_t*>(std::aligned_alloc(64, (n * 2 + 63) / 64 * 64));
+      TORCH_CHECK(p_ != nullptr, "bf16 tile operands: out of memory for ", n, " bf16 values");
+      n_ = n;
+    }
+    return p_;
+  }
+
+ private:
+  uint16_t* p_ = nullptr;
+  int64_t n_ = 0;
+};
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // bf16 bits of 16 floats (round to nearest even; NaN -> 0x7fc0, as torch rounds) in the low

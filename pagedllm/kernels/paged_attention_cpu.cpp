@@ -862,10 +862,40 @@ void quantize_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor sca
   dispatch_8bit(cache.scalar_type(), "quantize_into_cache", run);
 }
 
+// T rows of `row` fp32 values (x, row stride ldx) stored at slots sp of an fp32 or float16
+// cache of such rows: copied, or rounded to nearest even by F16C's instruction (torch's and
+// c10::Half's bits). The K/V write of every step, prefill (store_into_cache) and decode-only
+// (paged_decode_attention_qkv) alike.
+template <typename C>
+void store_rows(const float* x, int64_t ldx, int64_t T, int64_t row, const int64_t* sp,
+                C* cache) {
+  at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* src = x + t * ldx;
+      C* dst = cache + sp[t] * row;
+      if constexpr (std::is_same_v<C, float>) {
+        std::copy(src, src + row, dst);
+      } else {
+        uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+        int64_t c = 0;
+#if defined(__AVX512F__)
+        for (; c + 16 <= row; c += 16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c),
+                              _mm512_cvtps_ph(_mm512_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
+#elif defined(__F16C__)
+        for (; c + 8 <= row; c += 8)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c),
+                           _mm256_cvtps_ph(_mm256_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
+#endif
+        for (; c < row; ++c) dst[c] = c10::Half(src[c]);
+      }
+    }
+  });
+}
+
 // K or V rows x [T, kvh, d] fp32 (rows may be strided: a view of the fused qkv rows) stored
 // at their slots of an fp32 or float16 cache [slots, kvh, d]: `cache.index_copy_(0, slots,
 // x.to(cache.dtype))` in one pass, no converted copy (a prefill wrote every K / V row twice).
-// float16 rounds to nearest even with F16C's instruction, as torch's conversion does.
 void store_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor slots) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 3 && x.stride(2) == 1 &&
               x.stride(1) == x.size(2), "store_into_cache: x must be fp32 [T, kv_heads, d] "
@@ -874,37 +904,15 @@ void store_into_cache(torch::Tensor x, torch::Tensor cache, torch::Tensor slots)
               cache.dtype() == torch::kFloat16) && slots.dtype() == torch::kInt64 &&
               slots.is_contiguous(), "store_into_cache: an fp32 or float16 contiguous cache "
               "and int64 slots");
-  const int64_t T = x.size(0), row = x.size(1) * x.size(2), ldx = x.stride(0);
+  const int64_t T = x.size(0), row = x.size(1) * x.size(2);
   TORCH_CHECK(slots.numel() == T && cache.numel() % row == 0 &&
               cache.size(-1) * cache.size(-2) == row, "store_into_cache: ", T, " rows of ",
               row, " values, ", slots.numel(), " slots");
   const int64_t* sp = slots.data_ptr<int64_t>();
   check_slots(sp, T, cache.numel() / row);
-  const float* xp = x.data_ptr<float>();
-  if (cache.dtype() == torch::kFloat32) {
-    float* cp = cache.data_ptr<float>();
-    at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) std::copy(xp + t * ldx, xp + t * ldx + row, cp + sp[t] * row);
-    });
-    return;
-  }
-  uint16_t* cp = static_cast<uint16_t*>(cache.data_ptr());
-  at::parallel_for(0, T, 64, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const float* src = xp + t * ldx;
-      uint16_t* dst = cp + sp[t] * row;
-      int64_t c = 0;
-#if defined(__AVX512F__)
-      for (; c + 16 <= row; c += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + c),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
-#elif defined(__F16C__)
-      for (; c + 8 <= row; c += 8)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
-#endif
-      for (; c < row; ++c) dst[c] = c10::Half(src[c]).x;
-    }
+  dispatch_16_32(cache.scalar_type(), "store_into_cache", [&](auto tag) {
+    using C = decltype(tag);
+    store_rows<C>(x.data_ptr<float>(), x.stride(0), T, row, sp, static_cast<C*>(cache.data_ptr()));
   });
 }
 
@@ -947,10 +955,8 @@ torch::Tensor paged_decode_attention_qkv(torch::Tensor qkv, torch::Tensor k_cach
       using C = decltype(tag);
       C* kc = static_cast<C*>(k_cache.data_ptr());
       C* vc = static_cast<C*>(v_cache.data_ptr());
-      for (int64_t t = 0; t < T; ++t) {  // std::copy converts fp32 to float16 (nearest)
-        std::copy(base + t * stride + H * d, base + t * stride + H * d + row_len, kc + sp[t] * row_len);
-        std::copy(base + t * stride + H * d + row_len, base + (t + 1) * stride, vc + sp[t] * row_len);
-      }
+      store_rows<C>(base + H * d, stride, T, row_len, sp, kc);
+      store_rows<C>(base + H * d + row_len, stride, T, row_len, sp, vc);
       decode<C>(out.data_ptr<float>(), base, kc, vc, nullptr, nullptr,
                 block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(), T, H, d, bs,
                 kvh, block_tables.size(1), static_cast<float>(scale), window, stride);

@@ -65,29 +65,6 @@ constexpr TileConfig kBf16Tiles = bf16_tile_config();
 // 4-byte lanes per block in a panel: Q8_0's 32 codes, or a 4-bit block's two nibbles a byte.
 template <int F> constexpr int kLanes = F == kQ8_0 ? 8 : 4;
 
-// bf16 values on 64-byte boundaries, so each 64-byte row of a tile is one cache line; grows,
-// never shrinks (a thread's panel buffer is reused across calls).
-class Bf16Buffer {
- public:
-  Bf16Buffer() = default;
-  Bf16Buffer(const Bf16Buffer&) = delete;
-  Bf16Buffer& operator=(const Bf16Buffer&) = delete;
-  ~Bf16Buffer() { std::free(p_); }
-  uint16_t* reserve(int64_t n) {
-    if (n > n_) {
-      std::free(p_);
-      p_ = static_cast<uint16_t*>(std::aligned_alloc(64, (n * 2 + 63) / 64 * 64));
-      TORCH_CHECK(p_ != nullptr, "prompt tiles: out of memory for ", n, " bf16 values");
-      n_ = n;
-    }
-    return p_;
-  }
-
- private:
-  uint16_t* p_ = nullptr;
-  int64_t n_ = 0;
-};
-
 // Weights of one column half from 16 integer codes: d * (code - z), or d * code + m (Q4_1).
 template <int F>
 inline V weights(VI codes, V dv, V mv) {

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -204,13 +205,14 @@ std::vector<Tile> tiles_by_cost(const int64_t* lens, const int64_t* qstart, int6
 
 #if PAGEDLLM_VARLEN_TILES
 // Every (sequence, KV head) with prompt rows packed for the tiles: keys from the first its
-// prompt rows see (a multiple of kTK) to past the last, into `store`.
+// prompt rows see (a multiple of kTK) to past the last, into `store` (each packing starts on a
+// 64-byte line: its row strides are multiples of 64 bytes).
 template <typename T>
 std::vector<PackedKV> pack_prompt_keys(const T* kc, const T* vc, const uint16_t* ks,
                                        const uint16_t* vs, const int64_t* bt,
                                        const int64_t* lens, const int64_t* qstart,
                                        const int64_t* prompt, int64_t P, const Layout& lo,
-                                       std::vector<uint16_t>& store) {
+                                       Bf16Buffer& store) {
   std::vector<PackedKV> packed(P * lo.kvh);
   std::vector<int64_t> at(P * lo.kvh + 1, 0);
   for (int64_t p = 0; p < P; ++p) {
@@ -226,8 +228,7 @@ std::vector<PackedKV> pack_prompt_keys(const T* kc, const T* vc, const uint16_t*
       at[p * lo.kvh + hk + 1] = at[p * lo.kvh + hk] + (pk.n + pk.ldv) * lo.d;
     }
   }
-  store.resize(at.back() + 32);  // + room to start on a cache line: a tile row is one line
-  uint16_t* base = store.data() + (64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64 / 2;
+  uint16_t* base = store.reserve(at.back());  // on a cache line: a tile row is one line
 #pragma omp parallel
   {
     std::vector<float> kb(kKC * lo.d), vb(kKC * lo.d);
@@ -261,7 +262,7 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
   const int64_t items = static_cast<int64_t>(tiles.size()) * lo.kvh;
   const int64_t max_blocks = (kQT * G + kVW - 1) / kVW;
 #if PAGEDLLM_VARLEN_TILES
-  std::vector<uint16_t> store;
+  Bf16Buffer store;
   const std::vector<PackedKV> packed =
       use_tiles ? pack_prompt_keys<T>(kc, vc, ks, vs, bt, lens, qstart, prompt, P, lo, store)
                 : std::vector<PackedKV>();
@@ -300,10 +301,6 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
       const bool on_tiles = tiles[ti].tiles;
 #if PAGEDLLM_VARLEN_TILES
       const int64_t chunk = on_tiles ? kTK : kKC;
-#else
-      const int64_t chunk = kKC;
-#endif
-#if PAGEDLLM_VARLEN_TILES
       if (on_tiles)
         for (int64_t bi = 0; bi < nb; ++bi)
           pack_queries(qt.data() + bi * d * kVW, d, qb.data() + bi * d / 2 * 16);
@@ -312,17 +309,20 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
       auto attend_pair = [&](const BlockState* bs, const uint32_t* const* qbs, int64_t c0,
                              int64_t nk, const bool* masks, int n) {
         const PackedKV& kv = packed[p * lo.kvh + hk];
+        auto run = [&](auto tiles) {  // HwTiles or EmuTiles
+          using Tl = decltype(tiles);
+          if (n == 2)
+            attend_tiles<Tl, true>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
+          else
+            attend_tiles<Tl, false>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
+        };
 #if PAGEDLLM_HAVE_AMX_BF16
-        if (mode == TileMode::kAmx) {
-          if (n == 2) attend_tiles<HwTiles, true>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
-          else attend_tiles<HwTiles, false>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
-          return;
-        }
+        if (mode == TileMode::kAmx) return run(HwTiles{});
 #endif
-        if (n == 2) attend_tiles<EmuTiles, true>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
-        else attend_tiles<EmuTiles, false>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
+        run(EmuTiles{});
       };
 #else
+      const int64_t chunk = kKC;
       auto qb_at = [](int64_t) -> const uint32_t* { return nullptr; };
       auto attend_pair = [](const BlockState*, const uint32_t* const*, int64_t, int64_t,
                             const bool*, int) {};
