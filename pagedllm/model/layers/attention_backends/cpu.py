@@ -76,32 +76,13 @@ class CPUBackend(TorchBackend):
         return super().forward_qkv(qkv, num_heads, num_kv_heads, head_dim, kv_cache, meta,
                                    scale, softcap)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: LayerKVCache, meta: AttentionMetadata, scale: float,
-                softcap: float | None = None) -> torch.Tensor:
-        """As the torch backend, but while a step's prompt rows run on the bf16 tiles
-        (quant/prompt_rows.py) their attention does too, by row: a prompt position, never
-        the size of its chunk (a one-token prompt chunk counts among the decodes)."""
-        t, h, d = q.shape
-        step = prompt_rows.current(t)
-        if step is None or not self.varlen_kernel(d):
-            return super().forward(q, k, v, kv_cache, meta, scale, softcap)
-        self.write(kv_cache.k, kv_cache.k_scale, meta.slot_mapping, k)
-        self.write(kv_cache.v, kv_cache.v_scale, meta.slot_mapping, v)
-        out = q.new_empty(t, h, d)
-        nd = meta.num_decodes
-        if nd:
-            prompt = step.mask(0, nd)
-            if prompt.any():
-                self._decodes_by_kind(out, q, kv_cache, meta, scale, softcap, prompt)
-            else:
-                self.decode(out[:nd], q[:nd], kv_cache, meta, scale, softcap)
-        if meta.prefill_block_tables is not None:
-            self._varlen(out[nd:], q[nd:], kv_cache, meta.prefill_block_tables,
-                         meta.prefill_seq_lens, meta.prefill_query_start, scale,
-                         meta.sliding_window, softcap,
-                         step.counts(meta.prefill_query_start + nd))
-        return out.view(t, h * d)
+    def _prompt_step(self, meta: AttentionMetadata, head_size: int):
+        """The step's prompt rows while they run on the bf16 tiles (quant/prompt_rows.py) and
+        this head size has the varlen kernel: their attention goes there too, by row (a prompt
+        position, never the size of its chunk); None otherwise. The step is the metadata's
+        rows (one slot each), decodes first."""
+        step = prompt_rows.current(meta.slot_mapping.numel())
+        return step if step is not None and self.varlen_kernel(head_size) else None
 
     def _decodes_by_kind(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
                          meta: AttentionMetadata, scale: float, softcap: float | None,
@@ -113,11 +94,9 @@ class CPUBackend(TorchBackend):
         rest = (~prompt).nonzero().flatten()
         if len(rest):
             o = q.new_empty(len(rest), *q.shape[1:])
-            self.decode(o, q[rest], kv, replace(meta, num_decodes=len(rest),
-                                                decode_block_tables=tables[rest],
-                                                decode_seq_lens=lens[rest], decode_key_mask=None,
-                                                _windowed={}),
-                        scale, softcap)
+            only = replace(meta, num_decodes=len(rest), decode_block_tables=tables[rest],
+                           decode_seq_lens=lens[rest], decode_key_mask=None, _windowed={})
+            self._decode_kernel(o, q[rest], kv, only, scale, softcap)
             out[rest] = o
         o = q.new_empty(len(rows), *q.shape[1:])
         self._varlen(o, q[rows], kv, tables[rows], lens[rows],
@@ -154,6 +133,14 @@ class CPUBackend(TorchBackend):
 
     def decode(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
                meta: AttentionMetadata, scale: float, softcap: float | None) -> None:
+        step = self._prompt_step(meta, q.shape[-1])
+        if step is not None and (prompt := step.mask(0, q.shape[0])).any():
+            self._decodes_by_kind(out, q, kv, meta, scale, softcap, prompt)
+        else:
+            self._decode_kernel(out, q, kv, meta, scale, softcap)
+
+    def _decode_kernel(self, out: torch.Tensor, q: torch.Tensor, kv: LayerKVCache,
+                       meta: AttentionMetadata, scale: float, softcap: float | None) -> None:
         if softcap:
             super().decode(out, q, kv, meta, scale, softcap)
         elif kv.k_scale is None:
@@ -171,5 +158,8 @@ class CPUBackend(TorchBackend):
         if not self.varlen_kernel(q.shape[-1]):
             super().prefill(out, q, kv, meta, scale, softcap)
             return
+        step = self._prompt_step(meta, q.shape[-1])
+        prompt = None if step is None else step.counts(meta.prefill_query_start +
+                                                       meta.num_decodes)
         self._varlen(out, q, kv, meta.prefill_block_tables, meta.prefill_seq_lens,
-                     meta.prefill_query_start, scale, meta.sliding_window, softcap, None)
+                     meta.prefill_query_start, scale, meta.sliding_window, softcap, prompt)
