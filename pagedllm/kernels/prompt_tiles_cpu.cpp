@@ -34,6 +34,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #pragma GCC push_options
@@ -48,6 +49,7 @@ namespace {
 #include "int8_dot_cpu.h"  // kXOffset: Q8_0 codes stored + 128 under VNNI
 #include "amx_tiles_cpu.h"
 #include "bf16_rows_cpu.h"
+#include "a8_panel_ptrs_cpu.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define PAGEDLLM_PROMPT_TILES 1
@@ -257,13 +259,11 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
   Bf16Buffer rows;
   uint16_t* xa = rows.reserve(Mp * K);
   rows_to_bf16(x.data_ptr<float>(), M, Mp, K, xa);
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const uint16_t* dp = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
-  const uint16_t* mp = fmt == kQ4_1 ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  const PanelPtrs w(fmt, codes, d, m);
   float* yp = y.data_ptr<float>();
-  if (fmt == kQ8_0) linear_impl<kQ8_0>(xa, Mp, K, cp, dp, mp, N, yp, mode);
-  else if (fmt == kQ4_0) linear_impl<kQ4_0>(xa, Mp, K, cp, dp, mp, N, yp, mode);
-  else linear_impl<kQ4_1>(xa, Mp, K, cp, dp, mp, N, yp, mode);
+  with_format(fmt, [&](auto f) {
+    linear_impl<decltype(f)::value>(xa, Mp, K, w.codes, w.d, w.m, N, yp, mode);
+  });
 #endif
   return y.narrow(0, 0, M);
 }

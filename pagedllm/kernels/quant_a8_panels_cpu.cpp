@@ -178,6 +178,7 @@ void micro_tail(int rows, const int8_t* xq, int64_t K, const float* dx, const in
 }
 
 #include "a8_panel_tiles_cpu.h"
+#include "a8_panel_ptrs_cpu.h"
 
 // Quantized rows [m0, m0 + M) of qx against panel p into y (row m0's kNB outputs, row stride
 // ldy); whole 16-row tiles on the matrix tiles when `tiles` is on (the caller's thread has
@@ -333,29 +334,6 @@ int64_t code_bytes(int64_t fmt) {
   TORCH_CHECK(fmt == kQ8_0 || fmt == kQ4_0 || fmt == kQ4_1, "a8_panel_linear: format ", fmt,
               " has no panel kernel (Q8_0, Q4_0 and Q4_1 do)");
   return fmt == kQ8_0 ? 32 : 16;
-}
-
-// A panel matrix's storage as the kernels read it: codes, the fp16 scales d and Q4_1's fp16
-// offsets m (null for the other formats).
-struct PanelPtrs {
-  const uint8_t* codes;
-  const uint16_t *d, *m;
-  PanelPtrs(int64_t fmt, const torch::Tensor& codes_, const torch::Tensor& d_,
-            const torch::Tensor& m_)
-      : codes(codes_.data_ptr<uint8_t>()), d(half_bits(d_)),
-        m(fmt == kQ4_1 ? half_bits(m_) : nullptr) {}
-  static const uint16_t* half_bits(const torch::Tensor& t) {
-    return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>());
-  }
-};
-
-// f(std::integral_constant<int, F>{}) for the panel format fmt (Q8_0, Q4_0, else Q4_1): the
-// kernels' one dispatch from a run-time format to their template.
-template <typename Fn>
-void with_format(int64_t fmt, Fn&& f) {
-  if (fmt == kQ8_0) f(std::integral_constant<int, kQ8_0>{});
-  else if (fmt == kQ4_0) f(std::integral_constant<int, kQ4_0>{});
-  else f(std::integral_constant<int, kQ4_1>{});
 }
 
 }  // namespace
