@@ -142,6 +142,23 @@ def test_prompt_rows_of_a_step():
     x = torch.arange(11.0)[:, None].repeat(1, 3)
     y = rows.apply(x, lambda r: r * 10, lambda r: -r)
     assert y[:, 0].tolist() == [0, 10, 20, 30, 40, 50, 60, -7, -8, -9, -10]
+    assert rows.span is None  # decodes on both sides: gathers
+
+
+@pytest.mark.parametrize("q_lens, starts, prompt_lens, span, signs", [
+    ([1, 1, 4, 3], [9, 7, 0, 2], [5, 3, 4, 9], (2, 9), "--+++++++"),  # decodes, then chunks
+    ([4, 3], [0, 5], [4, 6], (0, 5), "+++++--"),  # a chunk crossing its prompt's end last
+])
+def test_prompt_rows_in_one_run_split_by_slices(q_lens, starts, prompt_lens, span, signs):
+    """Prompt rows in one run at an end of the step: `apply` slices (no gather / scatter) and
+    puts every row where the gathering path puts it."""
+    rows = PromptRows.build(np.array(q_lens), np.array(starts), np.array(prompt_lens))
+    assert rows.span == span
+    x = torch.arange(float(rows.total))[:, None].repeat(1, 3)
+    want = [i * 10 if s == "+" else -i for i, s in enumerate(signs)]
+    assert rows.apply(x, lambda r: r * 10, lambda r: -r)[:, 0].tolist() == want
+    gathered = PromptRows(rows.total, rows.rows, rows.rest)
+    assert gathered.apply(x, lambda r: r * 10, lambda r: -r)[:, 0].tolist() == want
 
 
 PROMPTS = [list(range(3, 3 + n)) for n in (37, 5, 70, 17, 33)]

@@ -34,11 +34,14 @@ _STEP: ContextVar[PromptRows | None] = ContextVar("prompt_rows", default=None)
 @dataclass(frozen=True)
 class PromptRows:
     """The prompt rows of one step of `total` rows: every row (`rows` None) or the sorted
-    indices `rows`, the others in `rest`."""
+    indices `rows`, the others in `rest`; `span` (start, stop) when the prompt rows are one
+    run of rows at either end of the step (the usual mix: decodes, then prompt chunks), so
+    `apply` splits and joins by slices instead of gathers and scatters."""
 
     total: int
     rows: torch.Tensor | None = None
     rest: torch.Tensor | None = None
+    span: tuple[int, int] | None = None
 
     @classmethod
     def build(cls, q_lens: np.ndarray, starts: np.ndarray,
@@ -54,8 +57,12 @@ class PromptRows:
         request = np.repeat(np.arange(len(q_lens)), q_lens)
         first = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
         prompt = np.arange(total) - first[request] < counts[request]
-        return cls(total, torch.from_numpy(np.flatnonzero(prompt)),
-                   torch.from_numpy(np.flatnonzero(~prompt)))
+        rows = np.flatnonzero(prompt)
+        start, stop = int(rows[0]), int(rows[-1]) + 1
+        span = (start, stop) if stop - start == len(rows) and (start == 0 or stop == total) \
+            else None
+        return cls(total, torch.from_numpy(rows), torch.from_numpy(np.flatnonzero(~prompt)),
+                   span)
 
     def mask(self, start: int, stop: int) -> torch.Tensor:
         """[stop - start] bool: which of rows start .. stop - 1 are prompt rows."""
@@ -79,6 +86,11 @@ class PromptRows:
         """`prompt` on the prompt rows of x [total, K], `rest` on the others, in row order."""
         if self.rows is None:
             return prompt(x)
+        if self.span is not None:
+            start, stop = self.span
+            if start == 0:
+                return torch.cat([prompt(x[:stop]), rest(x[stop:])])
+            return torch.cat([rest(x[:start]), prompt(x[start:])])
         yp = prompt(x.index_select(0, self.rows))
         yr = rest(x.index_select(0, self.rest))
         y = yp.new_empty(self.total, yp.shape[1])
