@@ -89,6 +89,31 @@ def test_rows_do_not_depend_on_the_call(ops, mode, qtype):
             assert torch.equal(alone[0], whole[r]), f"row {r}"
 
 
+@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("gu_type, down_type", [("Q4_1", "Q4_1"), ("Q8_0", "Q4_0")])
+def test_mlp_is_the_three_calls(ops, mode, gu_type, down_type):
+    """a8_panel_bf16_mlp gives the bits of bf16 linear, silu_mul, bf16 linear, for row
+    counts inside a tile, at a tile and past one; N past a whole panel."""
+    gt, dt = (gguf.GGMLQuantizationType[t] for t in (gu_type, down_type))
+    inter, k, n = 96, 128, 70
+    gu = GGUFA8PanelWeight.from_blocks(gt, random_blocks(gt, 2 * inter, k, seed=7),
+                                       (2 * inter, k))
+    down = GGUFA8PanelWeight.from_blocks(dt, random_blocks(dt, n, inter, seed=8), (n, inter))
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(9))
+    with prompt_tiles(ops, mode):
+        for m in (1, 16, 37):
+            xm = x[:m].contiguous()
+            h = ops.silu_mul(ops.a8_panel_bf16_linear(xm, gu.code, gu.codes, gu.d, gu.m,
+                                                      2 * inter).contiguous())
+            want = ops.a8_panel_bf16_linear(h, down.code, down.codes, down.d, down.m, n)
+            got = ops.a8_panel_bf16_mlp(xm, gu.code, gu.codes, gu.d, gu.m, down.code,
+                                        down.codes, down.d, down.m, inter, n)
+            assert got.shape == (m, n) and torch.equal(got, want), f"M={m}"
+        with pytest.raises(RuntimeError, match="not whole 32-value blocks"):
+            ops.a8_panel_bf16_mlp(x, gu.code, gu.codes, gu.d, gu.m, down.code, down.codes,
+                                  down.d, down.m, 40, n)
+
+
 def test_amx_equals_the_software_model_closely(ops):
     """Where the CPU has AMX-bf16: the instructions against the model (the hardware may
     flush denormals and sum a pair at once: close, not necessarily equal)."""

@@ -146,17 +146,22 @@ class GGUFA8PanelWeight(QuantizedWeight):
         """One `a8_panel_mlp` call (the bits of `linear`, `silu_mul`, `down.linear`, without
         the fp32 [M, 2 I] product in between: kernels/quant_a8_panels_cpu.cpp) when `down` is
         panels too, taking the intermediate size I (then whole 32-value blocks, as every panel
-        matrix's input); None for anything else and while a step's prompt rows run on the bf16
-        tiles (prompt_rows.py)."""
+        matrix's input); a step's prompt rows in one `a8_panel_bf16_mlp` call on the bf16
+        tiles (prompt_rows.py; the bits of the three calls there); None for anything else."""
         inter = self.out_features // 2
         if (type(down) is not GGUFA8PanelWeight or x.device.type != "cpu"
                 or x.dtype != torch.float32 or x.dim() != 2
-                or self.out_features != 2 * down.in_features
-                or prompt_rows.current(x.shape[0]) is not None):
+                or self.out_features != 2 * down.in_features):
             return None
-        return kernels().a8_panel_mlp(x.contiguous(), self.code, self.codes, self.d, self.m,
-                                      down.code, down.codes, down.d, down.m, inter,
-                                      down.out_features)
+        ops = kernels()
+        args = (self.code, self.codes, self.d, self.m, down.code, down.codes, down.d, down.m,
+                inter, down.out_features)
+        x = x.contiguous()
+        step = prompt_rows.current(x.shape[0])
+        if step is None:
+            return ops.a8_panel_mlp(x, *args)
+        return step.apply(x, lambda rows: ops.a8_panel_bf16_mlp(rows, *args),
+                          lambda rows: ops.a8_panel_mlp(rows, *args))
 
     def fused_ref(self, ops, bias: torch.Tensor | None):
         return ops.LinearRef(FUSED_KIND, self.code, self.out_features, self.in_features, 0,
