@@ -122,16 +122,34 @@ void dequantize_panel(const uint8_t* pc, const uint16_t* pd, const uint16_t* pm,
     }
 }
 
-// x [M, K] fp32 -> bf16 [Mp, K], rows M .. Mp - 1 zero.
+// Rows as A tiles: bf16 [Mp / 16][K / 32][16 rows][32 values], each tile's 1 KB contiguous
+// (tile loads of one stride-64 run, not 16 rows K apart). Row tile t starts at t * 16 K, so
+// rows m.. of the layout (m a multiple of 16) start at m * K as in a row-major matrix.
+inline uint16_t* tile_row(uint16_t* base, int64_t m, int64_t K) {
+  return base + (m / 16) * 16 * K + (m % 16) * 32;
+}
+
+// Row `src` (K fp32 values) into the A tiles' row at dst (tile_row), rounded to nearest even.
+inline void put_row(uint16_t* dst, const float* src, int64_t K) {
+  for (int64_t k = 0; k < K; k += 32) {
+    store_bf16(dst + 16 * k, vload(src + k));
+    store_bf16(dst + 16 * k + 16, vload(src + k + 16));
+  }
+}
+
+// Zeroes the A tiles' row at dst (a padding row past M).
+inline void zero_row(uint16_t* dst, int64_t K) {
+  for (int64_t k = 0; k < K; k += 32) std::memset(dst + 16 * k, 0, 32 * sizeof(uint16_t));
+}
+
+// x [M, K] fp32 -> A tiles of Mp rows (tile_row), rows M .. Mp - 1 zero.
 void rows_to_bf16(const float* x, int64_t M, int64_t Mp, int64_t K, uint16_t* out) {
   at::parallel_for(0, Mp, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
-      uint16_t* dst = out + m * K;
-      if (m >= M) {
-        std::memset(dst, 0, K * sizeof(uint16_t));
-        continue;
-      }
-      for (int64_t k = 0; k < K; k += 16) store_bf16(dst + k, vload(x + m * K + k));
+      if (m >= M)
+        zero_row(tile_row(out, m, K), K);
+      else
+        put_row(tile_row(out, m, K), x + m * K, K);
     }
   });
 }
@@ -147,15 +165,14 @@ void tile_pass(const uint16_t* xa, int64_t K, const uint16_t* bt, int64_t nb, fl
     T::template zero<2>();
     T::template zero<3>();
   }
-  const int64_t sa = K * 2;  // bytes from one bf16 row of x to the next
   for (int64_t j = 0; j < nb; ++j) {
-    T::template load<4>(xa + 32 * j, sa);
+    T::template load<4>(xa + 512 * j, 64);
     T::template load<6>(bt + (2 * j) * 512, 64);
     T::template load<7>(bt + (2 * j + 1) * 512, 64);
     T::template dpbf16ps<0, 4, 6>();
     T::template dpbf16ps<1, 4, 7>();
     if constexpr (RT == 2) {
-      T::template load<5>(xa + 16 * K + 32 * j, sa);
+      T::template load<5>(xa + 16 * K + 512 * j, 64);
       T::template dpbf16ps<2, 5, 6>();
       T::template dpbf16ps<3, 5, 7>();
     }
@@ -184,47 +201,113 @@ void panel_rows(const uint16_t* xa, int64_t Mp, int64_t K, const uint16_t* bt, i
   if (m < Mp) tile_pass<T, 1>(xa + m * K, K, bt, nb, y + m * ldy, ldy, ncols);
 }
 
-// Every panel of the matrix over the rows of xa (Mp, a multiple of 16), panels split among
-// the threads; y [Mp, N].
+// f(tiles) with the mode's tile type: HwTiles{} (AMX) or EmuTiles{} (the software model).
+template <typename Fn>
+void with_tiles(TileMode mode, Fn&& f) {
+#if PAGEDLLM_HAVE_AMX_BF16
+  if (mode == TileMode::kAmx) return f(HwTiles{});
+#endif
+  f(EmuTiles{});
+}
+
+// A panel-layout matrix of format F whose panels dequantize into B tiles (nb blocks each).
 template <int F>
-void linear_impl(const uint16_t* xa, int64_t Mp, int64_t K, const uint8_t* codes,
-                 const uint16_t* d, const uint16_t* mo, int64_t N, float* y, TileMode mode) {
-  const int64_t nb = K / 32, P = (N + kNB - 1) / kNB;
-  const int64_t codes_per_panel = nb * kLanes<F> * kNB * 4;
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+struct Panels {
+  const uint8_t* codes;
+  const uint16_t* d;
+  const uint16_t* m;  // Q4_1's offsets, else null
+  int64_t nb;
+  int64_t values() const { return nb * 1024; }  // bf16 values of one dequantized panel
+  void dequantize(int64_t p, uint16_t* buf) const {
+    dequantize_panel<F>(codes + p * nb * kLanes<F> * kNB * 4, d + p * nb * kNB,
+                        m ? m + p * nb * kNB : nullptr, nb, buf);
+  }
+};
+
+// Bytes of x rows (bf16) one pass over a thread's panels keeps in its L2 (2 MB a core on a
+// Sapphire Rapids class Xeon), and bytes of dequantized panels a thread holds at once.
+constexpr int64_t kChunkBytes = 1 << 20;
+constexpr int64_t kGroupBytes = 4 << 20;
+
+// The loop of both tile GEMMs: `items` (each W panels: panel_of(i, w)) split among the
+// threads over Mp rows of K values. A thread dequantizes a group of its items (all of them
+// unless they pass kGroupBytes), then runs the rows through them a chunk at a time:
+// body(tiles, i, item's W panels, m0, rows) for each item of the group and chunk of rows
+// (at most kChunkBytes, kept in L2 while the group passes over it; each panel stays in L1
+// over the chunk's rows). Streaming all rows past each panel in turn read them from L3 once
+// per panel as soon as they outgrew L2 (a 512-token prompt at K = 1,536, 2,048 rows at
+// K = 576): 0.5-0.7x oneDNN's bf16 matmul there, 0.8-0.9x the chunked loop's time. A row's
+// sums are the same tile products in the same order whatever the chunk and group sizes.
+template <int W, int F, typename PanelOf, typename Body>
+void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp, int64_t K,
+                TileMode mode, Body body) {
+  const int64_t pv = w.values();
+  const int64_t chunk = std::max<int64_t>(32, kChunkBytes / (K * 2) / 32 * 32);
+  // one chunk: each item straight from its dequantization (in L1) over every row
+  const int64_t group = Mp <= chunk ? 1 : std::max<int64_t>(1, kGroupBytes / (W * pv * 2));
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     const TileScope scope(mode, kBf16Tiles);
     thread_local Bf16Buffer buffer;
-    uint16_t* bt = buffer.reserve(nb * 1024);
-    for (int64_t p = begin; p < end; ++p) {
-      dequantize_panel<F>(codes + p * codes_per_panel, d + p * nb * kNB,
-                          mo ? mo + p * nb * kNB : nullptr, nb, bt);
-      const int64_t ncols = std::min<int64_t>(kNB, N - p * kNB);
-#if PAGEDLLM_HAVE_AMX_BF16
-      if (mode == TileMode::kAmx) {
-        panel_rows<HwTiles>(xa, Mp, K, bt, nb, y + p * kNB, N, ncols);
-        continue;
+    with_tiles(mode, [&](auto tiles) {
+      for (int64_t g0 = begin; g0 < end; g0 += group) {
+        const int64_t g1 = std::min(end, g0 + group);
+        uint16_t* bt = buffer.reserve(W * (g1 - g0) * pv);
+        for (int64_t i = g0; i < g1; ++i)
+          for (int k = 0; k < W; ++k) w.dequantize(panel_of(i, k), bt + (W * (i - g0) + k) * pv);
+        for (int64_t m0 = 0; m0 < Mp; m0 += chunk)
+          for (int64_t i = g0; i < g1; ++i)
+            body(tiles, i, bt + W * (i - g0) * pv, m0, std::min(chunk, Mp - m0));
       }
-#endif
-      panel_rows<EmuTiles>(xa, Mp, K, bt, nb, y + p * kNB, N, ncols);
-    }
+    });
   });
 }
 
-// h [Mp, I] bf16 = silu(gate) * up of gu's rows ([Mp, 2 I] fp32, [gate | up]), the fp32
-// products silu_mul computes (one out-of-line silu_mul_span) rounded as rows_to_bf16 rounds:
-// rows M .. Mp - 1 zero.
-void silu_rows_to_bf16(const float* gu, int64_t M, int64_t Mp, int64_t I, uint16_t* h) {
-  at::parallel_for(0, Mp, 16, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> row;
-    row.resize(I);
-    for (int64_t m = begin; m < end; ++m) {
-      uint16_t* dst = h + m * I;
-      if (m >= M) {
-        std::memset(dst, 0, I * sizeof(uint16_t));
-        continue;
+// Every panel of the matrix over the rows of xa (A tiles of Mp rows, Mp a multiple of 16);
+// y [Mp, N].
+template <int F>
+void linear_impl(const uint16_t* xa, int64_t Mp, int64_t K, const Panels<F>& w, int64_t N,
+                 float* y, TileMode mode) {
+  const int64_t nb = K / 32;
+  tile_items<1>(w, (N + kNB - 1) / kNB, [](int64_t p, int) { return p; }, Mp, K, mode,
+                [&](auto tiles, int64_t p, const uint16_t* panel, int64_t m0, int64_t rows) {
+                  using T = decltype(tiles);
+                  panel_rows<T>(xa + m0 * K, rows, K, panel, nb, y + m0 * N + p * kNB, N,
+                                std::min<int64_t>(kNB, N - p * kNB));
+                });
+}
+
+// h (A tiles of Mp rows of I) = silu(x Wg^T) * (x Wu^T) for the fused [gate | up] panels
+// (2 I rows, I a multiple of 32): gate panel q and up panel I / 32 + q together, their 32 x
+// 32 tile sums through SiLU in L1 and straight into h's block q as bf16, rows M .. Mp - 1
+// zero. The values of linear_impl's fp32 [Mp, 2 I], silu_mul and the rounding rows_to_bf16
+// does, without writing and reading the fp32 product (25 MB at 2,048 rows of SmolLM2).
+template <int F>
+void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Panels<F>& w,
+                  int64_t I, uint16_t* h, TileMode mode) {
+  const int64_t nb = K / 32, Q = I / kNB;
+  tile_items<2>(w, Q, [Q](int64_t q, int k) { return q + k * Q; }, Mp, K, mode,
+                [&](auto tiles, int64_t q, const uint16_t* pair, int64_t m0, int64_t rows) {
+    using T = decltype(tiles);
+    alignas(64) float g[32][32], u[32][32], o[32];
+    for (int64_t m = m0; m < m0 + rows; m += 32) {
+      const int64_t n = std::min<int64_t>(32, m0 + rows - m);
+      if (n == 32) {
+        tile_pass<T, 2>(xa + m * K, K, pair, nb, &g[0][0], 32, kNB);
+        tile_pass<T, 2>(xa + m * K, K, pair + w.values(), nb, &u[0][0], 32, kNB);
+      } else {
+        tile_pass<T, 1>(xa + m * K, K, pair, nb, &g[0][0], 32, kNB);
+        tile_pass<T, 1>(xa + m * K, K, pair + w.values(), nb, &u[0][0], 32, kNB);
       }
-      silu_mul_span(gu + m * 2 * I, gu + m * 2 * I + I, row.data(), I);
-      for (int64_t k = 0; k < I; k += 16) store_bf16(dst + k, vload(row.data() + k));
+      for (int64_t r = 0; r < n; ++r) {
+        uint16_t* dst = tile_row(h, m + r, I) + 16 * kNB * q;
+        if (m + r >= M) {
+          std::memset(dst, 0, kNB * sizeof(uint16_t));
+          continue;
+        }
+        silu_mul_span(g[r], u[r], o, kNB);
+        store_bf16(dst, vload(o));
+        store_bf16(dst + 16, vload(o + 16));
+      }
     }
   });
 }
@@ -281,7 +364,8 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
   const PanelPtrs w(fmt, codes, d, m);
   float* yp = y.data_ptr<float>();
   with_format(fmt, [&](auto f) {
-    linear_impl<decltype(f)::value>(xa, Mp, K, w.codes, w.d, w.m, N, yp, mode);
+    constexpr int F = decltype(f)::value;
+    linear_impl<F>(xa, Mp, K, Panels<F>{w.codes, w.d, w.m, K / 32}, N, yp, mode);
   });
 #endif
   return y.narrow(0, 0, M);
@@ -312,17 +396,16 @@ torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor g
   Bf16Buffer rows, hidden;
   uint16_t* xa = rows.reserve(Mp * K);
   rows_to_bf16(x.data_ptr<float>(), M, Mp, K, xa);
-  auto gu = torch::empty({Mp, 2 * I}, x.options());
   const PanelPtrs wg(gu_fmt, gu_codes, gu_d, gu_m), wd(down_fmt, down_codes, down_d, down_m);
-  with_format(gu_fmt, [&](auto f) {
-    linear_impl<decltype(f)::value>(xa, Mp, K, wg.codes, wg.d, wg.m, 2 * I,
-                                    gu.data_ptr<float>(), mode);
-  });
   uint16_t* ha = hidden.reserve(Mp * I);
-  silu_rows_to_bf16(gu.data_ptr<float>(), M, Mp, I, ha);
+  with_format(gu_fmt, [&](auto f) {
+    constexpr int F = decltype(f)::value;
+    gate_up_silu<F>(xa, M, Mp, K, Panels<F>{wg.codes, wg.d, wg.m, K / 32}, I, ha, mode);
+  });
   with_format(down_fmt, [&](auto f) {
-    linear_impl<decltype(f)::value>(ha, Mp, I, wd.codes, wd.d, wd.m, N, y.data_ptr<float>(),
-                                    mode);
+    constexpr int F = decltype(f)::value;
+    linear_impl<F>(ha, Mp, I, Panels<F>{wd.codes, wd.d, wd.m, I / 32}, N, y.data_ptr<float>(),
+                   mode);
   });
 #endif
   return y.narrow(0, 0, M);
