@@ -210,53 +210,70 @@ void with_tiles(TileMode mode, Fn&& f) {
   f(EmuTiles{});
 }
 
-// A panel-layout matrix of format F whose panels dequantize into B tiles (nb blocks each).
+// A panel-layout matrix of format F whose panels are B tiles of nb blocks: kept (`tiles`, every
+// panel's, a8_panel_bf16_tiles) or dequantized when a call needs them.
 template <int F>
 struct Panels {
   const uint8_t* codes;
   const uint16_t* d;
   const uint16_t* m;  // Q4_1's offsets, else null
   int64_t nb;
-  int64_t values() const { return nb * 1024; }  // bf16 values of one dequantized panel
+  const uint16_t* tiles;  // null: dequantize per call
+  int64_t values() const { return nb * 1024; }  // bf16 values of one panel's B tiles
   void dequantize(int64_t p, uint16_t* buf) const {
     dequantize_panel<F>(codes + p * nb * kLanes<F> * kNB * 4, d + p * nb * kNB,
                         m ? m + p * nb * kNB : nullptr, nb, buf);
+  }
+  // Panel p's B tiles: the kept ones, or dequantized into buf.
+  const uint16_t* panel(int64_t p, uint16_t* buf) const {
+    if (tiles) return tiles + p * values();
+    dequantize(p, buf);
+    return buf;
   }
 };
 
 // Bytes of x rows (bf16) one pass over a thread's panels keeps in its L2 (2 MB a core on a
 // Sapphire Rapids class Xeon), and bytes of dequantized panels a thread holds at once.
-constexpr int64_t kChunkBytes = 1 << 20;
+constexpr int64_t kChunkBytes = 384 << 10;
 constexpr int64_t kGroupBytes = 4 << 20;
 
 // The loop of both tile GEMMs: `items` (each W panels: panel_of(i, w)) split among the
-// threads over Mp rows of K values. A thread dequantizes a group of its items (all of them
-// unless they pass kGroupBytes), then runs the rows through them a chunk at a time:
-// body(tiles, i, item's W panels, m0, rows) for each item of the group and chunk of rows
-// (at most kChunkBytes, kept in L2 while the group passes over it; each panel stays in L1
-// over the chunk's rows). Streaming all rows past each panel in turn read them from L3 once
-// per panel as soon as they outgrew L2 (a 512-token prompt at K = 1,536, 2,048 rows at
-// K = 576): 0.5-0.7x oneDNN's bf16 matmul there, 0.8-0.9x the chunked loop's time. A row's
-// sums are the same tile products in the same order whatever the chunk and group sizes.
+// threads over Mp rows of K values. A thread takes a group of its items' B tiles (all of its
+// items when the matrix keeps its tiles; else as many as kGroupBytes holds, dequantized),
+// then runs the rows through them a chunk at a time: body(tiles, i, the item's W panels, m0,
+// rows) for each item of the group and chunk of rows (at most kChunkBytes, kept in L2 while
+// the group passes over it; each panel stays in L1 over the chunk's rows). Streaming all
+// rows past each panel in turn read them from L3 once per panel as soon as they outgrew L2
+// (a 512-token prompt at K = 1,536, 2,048 rows at K = 576): 0.5-0.7x oneDNN's bf16 matmul
+// there, 0.8-0.9x the chunked loop's time; chunks of 1 MB ran as fast as 384 KB through the
+// engine and up to 2x slower alone while the machine's other tenants were busy. A row's sums
+// are the same tile products in the same order whatever the chunk and group sizes.
 template <int W, int F, typename PanelOf, typename Body>
 void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp, int64_t K,
                 TileMode mode, Body body) {
   const int64_t pv = w.values();
   const int64_t chunk = std::max<int64_t>(32, kChunkBytes / (K * 2) / 32 * 32);
-  // one chunk: each item straight from its dequantization (in L1) over every row
-  const int64_t group = Mp <= chunk ? 1 : std::max<int64_t>(1, kGroupBytes / (W * pv * 2));
+  // dequantized, one chunk: each item straight from its dequantization (in L1) over every row
+  const int64_t group = w.tiles ? items
+                        : Mp <= chunk ? 1
+                                      : std::max<int64_t>(1, kGroupBytes / (W * pv * 2));
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     const TileScope scope(mode, kBf16Tiles);
     thread_local Bf16Buffer buffer;
+    thread_local std::vector<const uint16_t*> panels;
     with_tiles(mode, [&](auto tiles) {
       for (int64_t g0 = begin; g0 < end; g0 += group) {
         const int64_t g1 = std::min(end, g0 + group);
-        uint16_t* bt = buffer.reserve(W * (g1 - g0) * pv);
+        uint16_t* bt = w.tiles ? nullptr : buffer.reserve(W * (g1 - g0) * pv);
+        panels.resize(W * (g1 - g0));
         for (int64_t i = g0; i < g1; ++i)
-          for (int k = 0; k < W; ++k) w.dequantize(panel_of(i, k), bt + (W * (i - g0) + k) * pv);
+          for (int k = 0; k < W; ++k) {
+            const int64_t at = W * (i - g0) + k;
+            panels[at] = w.panel(panel_of(i, k), bt ? bt + at * pv : nullptr);
+          }
         for (int64_t m0 = 0; m0 < Mp; m0 += chunk)
           for (int64_t i = g0; i < g1; ++i)
-            body(tiles, i, bt + W * (i - g0) * pv, m0, std::min(chunk, Mp - m0));
+            body(tiles, i, panels.data() + W * (i - g0), m0, std::min(chunk, Mp - m0));
       }
     });
   });
@@ -269,9 +286,10 @@ void linear_impl(const uint16_t* xa, int64_t Mp, int64_t K, const Panels<F>& w, 
                  float* y, TileMode mode) {
   const int64_t nb = K / 32;
   tile_items<1>(w, (N + kNB - 1) / kNB, [](int64_t p, int) { return p; }, Mp, K, mode,
-                [&](auto tiles, int64_t p, const uint16_t* panel, int64_t m0, int64_t rows) {
+                [&](auto tiles, int64_t p, const uint16_t* const* panel, int64_t m0,
+                    int64_t rows) {
                   using T = decltype(tiles);
-                  panel_rows<T>(xa + m0 * K, rows, K, panel, nb, y + m0 * N + p * kNB, N,
+                  panel_rows<T>(xa + m0 * K, rows, K, panel[0], nb, y + m0 * N + p * kNB, N,
                                 std::min<int64_t>(kNB, N - p * kNB));
                 });
 }
@@ -286,17 +304,18 @@ void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Pa
                   int64_t I, uint16_t* h, TileMode mode) {
   const int64_t nb = K / 32, Q = I / kNB;
   tile_items<2>(w, Q, [Q](int64_t q, int k) { return q + k * Q; }, Mp, K, mode,
-                [&](auto tiles, int64_t q, const uint16_t* pair, int64_t m0, int64_t rows) {
+                [&](auto tiles, int64_t q, const uint16_t* const* pair, int64_t m0,
+                    int64_t rows) {
     using T = decltype(tiles);
     alignas(64) float g[32][32], u[32][32], o[32];
     for (int64_t m = m0; m < m0 + rows; m += 32) {
       const int64_t n = std::min<int64_t>(32, m0 + rows - m);
       if (n == 32) {
-        tile_pass<T, 2>(xa + m * K, K, pair, nb, &g[0][0], 32, kNB);
-        tile_pass<T, 2>(xa + m * K, K, pair + w.values(), nb, &u[0][0], 32, kNB);
+        tile_pass<T, 2>(xa + m * K, K, pair[0], nb, &g[0][0], 32, kNB);
+        tile_pass<T, 2>(xa + m * K, K, pair[1], nb, &u[0][0], 32, kNB);
       } else {
-        tile_pass<T, 1>(xa + m * K, K, pair, nb, &g[0][0], 32, kNB);
-        tile_pass<T, 1>(xa + m * K, K, pair + w.values(), nb, &u[0][0], 32, kNB);
+        tile_pass<T, 1>(xa + m * K, K, pair[0], nb, &g[0][0], 32, kNB);
+        tile_pass<T, 1>(xa + m * K, K, pair[1], nb, &u[0][0], 32, kNB);
       }
       for (int64_t r = 0; r < n; ++r) {
         uint16_t* dst = tile_row(h, m + r, I) + 16 * kNB * q;
@@ -344,14 +363,53 @@ std::string set_prompt_tiles(const std::string& name) {
   return prompt_tiles();
 }
 
+// The B tiles a matrix of N x K keeps (a8_panel_bf16_tiles' tensor), or null for an empty
+// tensor: the call dequantizes its panels.
+static const uint16_t* kept_tiles(const char* fn, const torch::Tensor& tiles, int64_t N,
+                                  int64_t K) {
+  if (tiles.numel() == 0) return nullptr;
+  const int64_t want = (N + 31) / 32 * (K / 32) * 1024;
+  TORCH_CHECK(tiles.dtype() == torch::kInt16 && tiles.is_contiguous() && tiles.numel() == want,
+              fn, ": tiles must be a8_panel_bf16_tiles' contiguous int16 tensor of ", want,
+              " values for this matrix (or empty)");
+  return reinterpret_cast<const uint16_t*>(tiles.data_ptr<int16_t>());
+}
+
+// Every panel of a panel-layout matrix (a8_panel_linear's arguments) as the prompt tiles' B
+// tiles, int16 [P * K / 32 * 1024] of bf16 bits: the values a call dequantizes, kept so that
+// calls skip the dequantization (2 bytes a weight; model/layers/quant/prompt_tile_weights.py).
+torch::Tensor a8_panel_bf16_tiles(int64_t fmt, torch::Tensor codes, torch::Tensor d,
+                                  torch::Tensor m, int64_t N, int64_t K) {
+  check_a8_panel_weight("a8_panel_bf16_tiles", fmt, codes, d, m, N, K);
+  const int64_t P = (N + 31) / 32, pv = K / 32 * 1024;
+  auto tiles = torch::empty({P * pv}, torch::dtype(torch::kInt16));
+#if PAGEDLLM_PROMPT_TILES
+  const PanelPtrs w(fmt, codes, d, m);
+  auto* out = reinterpret_cast<uint16_t*>(tiles.data_ptr<int16_t>());
+  with_format(fmt, [&](auto f) {
+    constexpr int F = decltype(f)::value;
+    const Panels<F> panels{w.codes, w.d, w.m, K / 32, nullptr};
+    at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) panels.dequantize(p, out + p * pv);
+    });
+  });
+#else
+  TORCH_CHECK(false, "a8_panel_bf16_tiles: the kernel needs an AVX-512 BW build");
+#endif
+  return tiles;
+}
+
 // y [M, N] = bf16(x) @ bf16(W)^T in fp32 sums on the chosen tiles, W the panel-layout matrix
-// (a8_panel_linear's arguments) dequantized exactly and rounded to bf16.
+// (a8_panel_linear's arguments) dequantized exactly and rounded to bf16; `tiles` its kept B
+// tiles (a8_panel_bf16_tiles) or empty.
 torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
-                                   torch::Tensor d, torch::Tensor m, int64_t N) {
+                                   torch::Tensor d, torch::Tensor m, int64_t N,
+                                   torch::Tensor tiles) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
               "a8_panel_bf16_linear: x must be contiguous fp32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
   check_a8_panel_weight("a8_panel_bf16_linear", fmt, codes, d, m, N, K);
+  const uint16_t* kept = kept_tiles("a8_panel_bf16_linear", tiles, N, K);
   const TileMode mode = prompt_mode();
   TORCH_CHECK(mode != TileMode::kOff, "a8_panel_bf16_linear: no prompt tiles chosen "
               "(set_prompt_tiles: amx or emulated)");
@@ -365,12 +423,11 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
   float* yp = y.data_ptr<float>();
   with_format(fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
-    linear_impl<F>(xa, Mp, K, Panels<F>{w.codes, w.d, w.m, K / 32}, N, yp, mode);
+    linear_impl<F>(xa, Mp, K, Panels<F>{w.codes, w.d, w.m, K / 32, kept}, N, yp, mode);
   });
 #endif
   return y.narrow(0, 0, M);
 }
-
 
 // y = silu(x Wg^T) * (x Wu^T) @ Wd^T for a Llama MLP of panel matrices ([2 I, K] fused
 // [gate | up], [N, I] down) on the prompt tiles: the bits of a8_panel_bf16_linear, silu_mul,
@@ -379,7 +436,8 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
 torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_codes,
                                 torch::Tensor gu_d, torch::Tensor gu_m, int64_t down_fmt,
                                 torch::Tensor down_codes, torch::Tensor down_d,
-                                torch::Tensor down_m, int64_t I, int64_t N) {
+                                torch::Tensor down_m, int64_t I, int64_t N,
+                                torch::Tensor gu_tiles, torch::Tensor down_tiles) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
               "a8_panel_bf16_mlp: x must be contiguous fp32 [M, K]");
   TORCH_CHECK(I > 0 && I % 32 == 0, "a8_panel_bf16_mlp: the intermediate size ", I,
@@ -387,6 +445,8 @@ torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor g
   const int64_t M = x.size(0), K = x.size(1);
   check_a8_panel_weight("a8_panel_bf16_mlp (gate_up)", gu_fmt, gu_codes, gu_d, gu_m, 2 * I, K);
   check_a8_panel_weight("a8_panel_bf16_mlp (down)", down_fmt, down_codes, down_d, down_m, N, I);
+  const uint16_t* gu_kept = kept_tiles("a8_panel_bf16_mlp (gate_up)", gu_tiles, 2 * I, K);
+  const uint16_t* down_kept = kept_tiles("a8_panel_bf16_mlp (down)", down_tiles, N, I);
   const TileMode mode = prompt_mode();
   TORCH_CHECK(mode != TileMode::kOff, "a8_panel_bf16_mlp: no prompt tiles chosen "
               "(set_prompt_tiles: amx or emulated)");
@@ -400,12 +460,13 @@ torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor g
   uint16_t* ha = hidden.reserve(Mp * I);
   with_format(gu_fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
-    gate_up_silu<F>(xa, M, Mp, K, Panels<F>{wg.codes, wg.d, wg.m, K / 32}, I, ha, mode);
+    gate_up_silu<F>(xa, M, Mp, K, Panels<F>{wg.codes, wg.d, wg.m, K / 32, gu_kept}, I, ha,
+                    mode);
   });
   with_format(down_fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
-    linear_impl<F>(ha, Mp, I, Panels<F>{wd.codes, wd.d, wd.m, I / 32}, N, y.data_ptr<float>(),
-                   mode);
+    linear_impl<F>(ha, Mp, I, Panels<F>{wd.codes, wd.d, wd.m, I / 32, down_kept}, N,
+                   y.data_ptr<float>(), mode);
   });
 #endif
   return y.narrow(0, 0, M);
@@ -420,6 +481,9 @@ void register_prompt_tiles(pybind11::module_& m) {
   m.def("set_prompt_tiles", &set_prompt_tiles,
         "choose the prompt rows' tiles (auto, amx, emulated: the software model for tests, "
         "off); returns the tiles now in use");
+  m.def("a8_panel_bf16_tiles", &a8_panel_bf16_tiles, nogil,
+        "every panel of a GGUF panel matrix as the prompt tiles' bf16 B tiles (int16 bits), "
+        "for a8_panel_bf16_linear / _mlp to skip their dequantization");
   m.def("a8_panel_bf16_mlp", &a8_panel_bf16_mlp, nogil,
         "a Llama MLP of GGUF panel matrices on the prompt tiles: the bits of "
         "a8_panel_bf16_linear, silu_mul, a8_panel_bf16_linear in one call");

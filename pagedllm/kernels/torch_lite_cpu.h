@@ -20,6 +20,7 @@
 namespace pagedllm_torch_names {
 constexpr auto kUInt8 = at::kByte;
 constexpr auto kInt8 = at::kChar;
+constexpr auto kInt16 = at::kShort;
 constexpr auto kInt32 = at::kInt;
 constexpr auto kInt64 = at::kLong;
 constexpr auto kFloat16 = at::kHalf;

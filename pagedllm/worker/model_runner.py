@@ -24,8 +24,7 @@ from pagedllm.kernels import cpu_features
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.decode_steps import AheadDraws, DecodeSteps
 from pagedllm.model.layers.attention_backends import PagedAttentionBackend
-from pagedllm.model.layers.quant import prompt_rows
-from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight
+from pagedllm.model.layers.quant import prompt_rows, prompt_tile_weights
 from pagedllm.model.layers.sampler import Sampler, SamplingMetadata, make_generator
 from pagedllm.model.layers.token_constraints import TokenConstraints
 from pagedllm.worker.cache_engine import CacheEngine
@@ -77,8 +76,7 @@ class ModelRunner:
         self.decode_steps = decode_steps  # several greedy decode steps per call (CPU)
         # The prompt rows' bf16 tiles serve the GGUF panels' matrices (and then their
         # attention); a model without them keeps every row as it was.
-        self.prompt_tiles_apply = any(isinstance(getattr(m, "quant", None), GGUFA8PanelWeight)
-                                      for m in model.modules())
+        self.prompt_tiles_apply = bool(prompt_tile_weights.prompt_linears(model))
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:

@@ -18,7 +18,10 @@ import pytest
 import torch
 
 from pagedllm import SamplingParams
+from pagedllm.errors import InvalidInputError
 from pagedllm.kernels import cpu_features, cpu_ops
+from pagedllm.model.layers.linear import Linear
+from pagedllm.model.layers.quant import prompt_tile_weights
 from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
 from pagedllm.model.layers.quant.prompt_rows import PromptRows
 from tests.conftest import make_tiny_checkpoint
@@ -45,6 +48,19 @@ def prompt_tiles(ops, mode: str):
     return chosen(ops.prompt_tiles, ops.set_prompt_tiles, mode, _why_not(mode))
 
 
+def bf16_linear(ops, x: torch.Tensor, w: GGUFA8PanelWeight) -> torch.Tensor:
+    """a8_panel_bf16_linear over w (its kept bf16 tiles when it keeps them)."""
+    return ops.a8_panel_bf16_linear(x, w.code, w.codes, w.d, w.m, w.out_features, w.tiles)
+
+
+def bf16_mlp(ops, x: torch.Tensor, gu: GGUFA8PanelWeight, down: GGUFA8PanelWeight,
+             inter: int | None = None) -> torch.Tensor:
+    """a8_panel_bf16_mlp over fused [gate | up] gu and down."""
+    return ops.a8_panel_bf16_mlp(x, gu.code, gu.codes, gu.d, gu.m, down.code, down.codes,
+                                 down.d, down.m, inter or down.in_features, down.out_features,
+                                 gu.tiles, down.tiles)
+
+
 def _bf16_reference(x: torch.Tensor, w: GGUFA8PanelWeight) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16(x) @ bf16(W)^T in float64, and the scale of its terms (sum |x| |w|) per entry."""
     wb = w.dequantize().to(torch.bfloat16).double()
@@ -57,16 +73,20 @@ def _bf16_reference(x: torch.Tensor, w: GGUFA8PanelWeight) -> tuple[torch.Tensor
 @pytest.mark.parametrize("n,k", [(70, 256), (33, 96), (64, 64), (32, 1536)])
 def test_kernel_equals_bf16_product(ops, mode, qtype, n, k):
     """Partial panels (70, 33: the last panel's columns past N never written), K of 2 to 48
-    blocks; rows 1, 16 (one tile), 17, 37 (a 32-row pass and a 16-row one), 64. The sums are
-    fp32 over exact bf16 products: within 1e-6 of the fp64 product of the rounded operands
-    (the bf16 rounding itself moves results by ~1e-3 of that scale)."""
+    blocks; rows 1, 16 (one tile), 17, 37 (a 32-row pass and a 16-row one), 64, 416 (past
+    one chunk of rows at K = 1,536). The sums are fp32 over exact bf16 products: within 1e-6
+    of the fp64 product of the rounded operands (the bf16 rounding itself moves results by
+    ~1e-3 of that scale). With the matrix's bf16 tiles kept, the same bits."""
     raw = random_blocks(qtype, n, k, seed=n + k)
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
-    x = torch.randn(64, k, generator=torch.Generator().manual_seed(k)) * 3
+    kept = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
+    assert kept.keep_bf16_tiles() == 2 * -(-n // 32) * 32 * k == kept.tiles.numel() * 2
+    x = torch.randn(416, k, generator=torch.Generator().manual_seed(k)) * 3
     x[1, : k // 2] = 0
     with prompt_tiles(ops, mode):
-        for m in (1, 16, 17, 37, 64):
-            got = ops.a8_panel_bf16_linear(x[:m].contiguous(), w.code, w.codes, w.d, w.m, n)
+        for m in (1, 16, 17, 37, 64, 416):
+            got = bf16_linear(ops, x[:m].contiguous(), w)
+            assert torch.equal(bf16_linear(ops, x[:m].contiguous(), kept), got)
             want, scale = _bf16_reference(x[:m], w)
             assert got.shape == (m, n) and got.is_contiguous()
             err = ((got.double() - want).abs() / scale.clamp_min(1e-30)).max().item()
@@ -82,10 +102,9 @@ def test_rows_do_not_depend_on_the_call(ops, mode, qtype):
     w = GGUFA8PanelWeight.from_blocks(qt, raw, (96, 128))
     x = torch.randn(40, 128, generator=torch.Generator().manual_seed(4))
     with prompt_tiles(ops, mode):
-        whole = ops.a8_panel_bf16_linear(x, w.code, w.codes, w.d, w.m, 96)
+        whole = bf16_linear(ops, x, w)
         for r in (0, 15, 17, 39):
-            alone = ops.a8_panel_bf16_linear(x[r:r + 1].contiguous(), w.code, w.codes, w.d,
-                                             w.m, 96)
+            alone = bf16_linear(ops, x[r:r + 1].contiguous(), w)
             assert torch.equal(alone[0], whole[r]), f"row {r}"
 
 
@@ -93,25 +112,27 @@ def test_rows_do_not_depend_on_the_call(ops, mode, qtype):
 @pytest.mark.parametrize("gu_type, down_type", [("Q4_1", "Q4_1"), ("Q8_0", "Q4_0")])
 def test_mlp_is_the_three_calls(ops, mode, gu_type, down_type):
     """a8_panel_bf16_mlp gives the bits of bf16 linear, silu_mul, bf16 linear, for row
-    counts inside a tile, at a tile and past one; N past a whole panel."""
+    counts inside a tile, at a tile, past one and past a chunk of rows; N past a whole
+    panel; with the bf16 tiles kept or not."""
     gt, dt = (gguf.GGMLQuantizationType[t] for t in (gu_type, down_type))
     inter, k, n = 96, 128, 70
     gu = GGUFA8PanelWeight.from_blocks(gt, random_blocks(gt, 2 * inter, k, seed=7),
                                        (2 * inter, k))
     down = GGUFA8PanelWeight.from_blocks(dt, random_blocks(dt, n, inter, seed=8), (n, inter))
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(9))
+    x = torch.randn(3100, k, generator=torch.Generator().manual_seed(9))
     with prompt_tiles(ops, mode):
-        for m in (1, 16, 37):
+        for m in (1, 16, 37, 3100):
             xm = x[:m].contiguous()
-            h = ops.silu_mul(ops.a8_panel_bf16_linear(xm, gu.code, gu.codes, gu.d, gu.m,
-                                                      2 * inter).contiguous())
-            want = ops.a8_panel_bf16_linear(h, down.code, down.codes, down.d, down.m, n)
-            got = ops.a8_panel_bf16_mlp(xm, gu.code, gu.codes, gu.d, gu.m, down.code,
-                                        down.codes, down.d, down.m, inter, n)
+            h = ops.silu_mul(bf16_linear(ops, xm, gu).contiguous())
+            want = bf16_linear(ops, h, down)
+            got = bf16_mlp(ops, xm, gu, down)
             assert got.shape == (m, n) and torch.equal(got, want), f"M={m}"
+            gu.keep_bf16_tiles()
+            down.keep_bf16_tiles()
+            assert torch.equal(bf16_mlp(ops, xm, gu, down), want), f"M={m}, tiles kept"
+            gu.tiles = down.tiles = torch.empty(0, dtype=torch.int16)
         with pytest.raises(RuntimeError, match="not whole 32-value blocks"):
-            ops.a8_panel_bf16_mlp(x, gu.code, gu.codes, gu.d, gu.m, down.code, down.codes,
-                                  down.d, down.m, 40, n)
+            bf16_mlp(ops, x, gu, down, inter=40)
 
 
 def test_amx_equals_the_software_model_closely(ops):
@@ -121,9 +142,9 @@ def test_amx_equals_the_software_model_closely(ops):
     w = GGUFA8PanelWeight.from_blocks(gguf.GGMLQuantizationType.Q4_1, raw, (96, 576))
     x = torch.randn(50, 576, generator=torch.Generator().manual_seed(6))
     with prompt_tiles(ops, "emulated"):
-        model = ops.a8_panel_bf16_linear(x, w.code, w.codes, w.d, w.m, 96)
+        model = bf16_linear(ops, x, w)
     with prompt_tiles(ops, "amx"):
-        hw = ops.a8_panel_bf16_linear(x, w.code, w.codes, w.d, w.m, 96)
+        hw = bf16_linear(ops, x, w)
     torch.testing.assert_close(hw, model, rtol=1e-5, atol=1e-4)
 
 
@@ -145,9 +166,12 @@ def test_choices_and_errors(ops):
         raw = random_blocks(gguf.GGMLQuantizationType.Q8_0, 32, 64, seed=1)
         w = GGUFA8PanelWeight.from_blocks(gguf.GGMLQuantizationType.Q8_0, raw, (32, 64))
         with pytest.raises(RuntimeError, match="no prompt tiles chosen"):
-            ops.a8_panel_bf16_linear(torch.ones(2, 64), w.code, w.codes, w.d, w.m, 32)
+            bf16_linear(ops, torch.ones(2, 64), w)
         with pytest.raises(RuntimeError, match="x must be contiguous fp32"):
-            ops.a8_panel_bf16_linear(torch.ones(2, 64).double(), w.code, w.codes, w.d, w.m, 32)
+            bf16_linear(ops, torch.ones(2, 64).double(), w)
+        w.tiles = torch.zeros(10, dtype=torch.int16)
+        with prompt_tiles(ops, "emulated"), pytest.raises(RuntimeError, match="tiles must be"):
+            bf16_linear(ops, torch.ones(2, 64), w)
 
 
 def test_prompt_rows_of_a_step():
@@ -248,3 +272,51 @@ def test_tensor_parallel_ranks_keep_prompt_rows_on_int8(ops, q4_1_gguf, make_llm
             finally:
                 llm.llm_engine.shutdown()
     assert runs["emulated"] == runs["off"]
+
+
+def _kept(llm) -> list[int]:
+    """Bytes of bf16 tiles each panel linear of the engine's model keeps, lm_head last."""
+    model = llm.llm_engine.model
+    return [m.quant.tiles.numel() * 2 for m in prompt_tile_weights.prompt_linears(model)] + [
+        model.lm_head.quant.tiles.numel() * 2]
+
+
+def test_kept_tiles_policy_and_bits(ops, q4_1_gguf, make_llm, monkeypatch):
+    """PAGEDLLM_PROMPT_TILE_WEIGHTS: keep (and auto, for a tiny model) keeps every prompt
+    linear's bf16 tiles and none for the lm_head (logits never run as prompt rows), with the
+    same tokens and logprobs, to the bit, as dequantize; an unknown value is one clear
+    error before anything loads."""
+    runs = {}
+    with prompt_tiles(ops, "emulated"):
+        for policy in ("dequantize", "keep", "auto"):
+            monkeypatch.setenv(prompt_tile_weights.VARIABLE, policy)
+            llm = make_llm(q4_1_gguf, enable_prefix_caching=False)
+            kept = _kept(llm)
+            assert kept[-1] == 0 and len(kept) > 1
+            assert all(kept[:-1]) if policy != "dequantize" else not any(kept)
+            runs[policy] = _bits(_generate(llm, PROMPTS))
+        monkeypatch.setenv(prompt_tile_weights.VARIABLE, "always")
+        with pytest.raises(InvalidInputError, match="PAGEDLLM_PROMPT_TILE_WEIGHTS must be"):
+            make_llm(q4_1_gguf)
+    assert runs["keep"] == runs["dequantize"] == runs["auto"]
+    monkeypatch.setenv(prompt_tile_weights.VARIABLE, "keep")
+    with prompt_tiles(ops, "off"):  # no prompt rows on the tiles: nothing kept
+        assert not any(_kept(make_llm(q4_1_gguf)))
+
+
+def test_auto_keeps_tiles_only_within_the_limits(monkeypatch):
+    """auto: at most AUTO_LIMIT bytes and a quarter of the memory available."""
+    w = GGUFA8PanelWeight.from_blocks(gguf.GGMLQuantizationType.Q4_0,
+                                      random_blocks(gguf.GGMLQuantizationType.Q4_0, 64, 64,
+                                                    seed=2), (64, 64))
+    model = torch.nn.Module()
+    model.proj = Linear(64, 64)
+    model.proj.set_quantized(w)
+    monkeypatch.setenv(prompt_tile_weights.VARIABLE, "auto")
+    monkeypatch.setattr(prompt_tile_weights, "available_bytes", lambda: 4 * 8192 - 4)
+    assert prompt_tile_weights.keep_tiles(model) == 0  # 8 KiB > a quarter of the memory
+    monkeypatch.setattr(prompt_tile_weights, "available_bytes", lambda: 4 * 8192)
+    monkeypatch.setattr(prompt_tile_weights, "AUTO_LIMIT", 8191)
+    assert prompt_tile_weights.keep_tiles(model) == 0
+    monkeypatch.setattr(prompt_tile_weights, "AUTO_LIMIT", 8192)
+    assert prompt_tile_weights.keep_tiles(model) == 8192 == w.tiles.numel() * 2

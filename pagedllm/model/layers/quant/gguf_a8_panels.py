@@ -11,9 +11,11 @@ per-row kernel's instructions, and large batches and prefill get past the fp32 p
 ceiling (the issue's W8A8 for Q8_0).
 
 On a CPU with AMX-bf16, a step's prompt rows can run as bf16 over the panels dequantized per
-call instead (prompt_rows.py, kernels/prompt_tiles_cpu.cpp; PAGEDLLM_PROMPT_TILES).
+call instead (prompt_rows.py, kernels/prompt_tiles_cpu.cpp; PAGEDLLM_PROMPT_TILES), or over
+the same bf16 values kept once (`keep_bf16_tiles`; prompt_tile_weights.py decides).
 
-Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block). Not exact: the
+Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block), plus 2 bytes
+a weight where the bf16 tiles are kept. Not exact: the
 activation rounding moves logits slightly (docs/benchmarks.md). Embedding rows and
 `dequantize()` are exact (gguf-py's values).
 """
@@ -60,7 +62,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
     """A Q8_0 / Q4_0 / Q4_1 matrix in the int8-activation panels (module docstring).
 
     codes uint8 [P, K / 32, 8 (Q8_0) or 4 (Q4_x), NB, 4], d and m fp16 [P, K / 32, NB]
-    (m: Q4_1 only, else empty).
+    (m: Q4_1 only, else empty); tiles: the prompt tiles' bf16 B tiles of every panel (int16
+    bits) once `keep_bf16_tiles` ran, else empty.
     """
 
     def __init__(self, qtype: T, out_features: int, in_features: int, codes: torch.Tensor,
@@ -69,6 +72,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
         self.qtype, self.code = qtype, SPECS[qtype].code
         self.codes, self.d, self.m = codes, d, m
         self.offset = int(kernels().q8_0_code_offset()) if qtype == T.Q8_0 else 0
+        self.tiles = torch.empty(0, dtype=torch.int16)
 
     @property
     def format(self) -> str:  # type: ignore[override]
@@ -131,6 +135,14 @@ class GGUFA8PanelWeight(QuantizedWeight):
         m = self.m[p, :, c] if self.qtype == T.Q4_1 else None
         return codes.reshape(len(ids), self.in_features), self.d[p, :, c], m
 
+    def keep_bf16_tiles(self) -> int:
+        """Keeps the prompt tiles' bf16 B tiles of every panel (the values their calls
+        dequantize, the same bits), so those calls skip the dequantization; returns the
+        bytes kept."""
+        self.tiles = kernels().a8_panel_bf16_tiles(self.code, self.codes, self.d, self.m,
+                                                   self.out_features, self.in_features)
+        return self.tiles.numel() * self.tiles.element_size()
+
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """int8 activations; a step's prompt rows on the bf16 tiles when they are chosen
         (prompt_rows.py: the runner scopes them only then)."""
@@ -139,7 +151,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
         step = prompt_rows.current(x.shape[0])
         if step is None:
             return ops.a8_panel_linear(x, *args)
-        return step.apply(x, lambda rows: ops.a8_panel_bf16_linear(rows, *args),
+        return step.apply(x, lambda rows: ops.a8_panel_bf16_linear(rows, *args, self.tiles),
                           lambda rows: ops.a8_panel_linear(rows, *args))
 
     def gated_mlp(self, down: LinearMethod, x: torch.Tensor) -> torch.Tensor | None:
@@ -160,7 +172,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
         step = prompt_rows.current(x.shape[0])
         if step is None:
             return ops.a8_panel_mlp(x, *args)
-        return step.apply(x, lambda rows: ops.a8_panel_bf16_mlp(rows, *args),
+        return step.apply(x, lambda rows: ops.a8_panel_bf16_mlp(rows, *args, self.tiles,
+                                                                down.tiles),
                           lambda rows: ops.a8_panel_mlp(rows, *args))
 
     def fused_ref(self, ops, bias: torch.Tensor | None):
@@ -199,7 +212,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
 
     @property
     def nbytes(self) -> int:
-        return self.codes.numel() + 2 * (self.d.numel() + self.m.numel())
+        return self.codes.numel() + 2 * (self.d.numel() + self.m.numel() + self.tiles.numel())
 
     @classmethod
     def concat(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
