@@ -283,14 +283,22 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
       const int64_t p = tiles[ti].seq, row0 = tiles[ti].row0, nq = tiles[ti].rows;
       const int64_t R = nq * G, nb = (R + kVW - 1) / kVW;
       const int64_t pos0 = lens[p] - (qstart[p + 1] - qstart[p]) + (row0 - qstart[p]);
+      const bool on_tiles = tiles[ti].tiles;
       // Row r = qi * G + g (position pos0 + qi, head hk * G + g) sits in lane r % kVW of block
-      // r / kVW; lanes past the last row repeat it (computed, never written out).
+      // r / kVW; lanes past the last row repeat it (computed, never written out). Tile rows go
+      // straight into their blocks' Q^T pairs (write_query_pairs), the others into qt.
       for (int64_t r = 0; r < nb * kVW; ++r) {
         const int64_t rr = std::min(r, R - 1);
         const float* src = q + (row0 + rr / G) * lo.q_stride + (hk * G + rr % G) * d;
+        qpos[r] = static_cast<float>(pos0 + rr / G);
+#if PAGEDLLM_VARLEN_TILES
+        if (on_tiles) {
+          write_query_pairs(src, d, lo.scale, qb.data() + (r / kVW) * d / 2 * 16 + r % kVW);
+          continue;
+        }
+#endif
         float* dst = qt.data() + (r / kVW) * d * kVW + r % kVW;
         for (int64_t c = 0; c < d; ++c) dst[c * kVW] = src[c] * lo.scale;
-        qpos[r] = static_cast<float>(pos0 + rr / G);
       }
       std::fill(ot.begin(), ot.begin() + nb * d * kVW, 0.f);
       std::fill(m.begin(), m.begin() + nb * kVW, -1e30f);
@@ -298,12 +306,8 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
       const int64_t k_end = pos0 + nq;  // one past the last key any row sees
       const int64_t k_first = lo.window > 0 ? std::max<int64_t>(0, pos0 - lo.window + 1) : 0;
       const int64_t* table = bt + p * lo.max_blocks;
-      const bool on_tiles = tiles[ti].tiles;
 #if PAGEDLLM_VARLEN_TILES
       const int64_t chunk = on_tiles ? kTK : kKC;
-      if (on_tiles)
-        for (int64_t bi = 0; bi < nb; ++bi)
-          pack_queries(qt.data() + bi * d * kVW, d, qb.data() + bi * d / 2 * 16);
       auto qb_at = [&](int64_t bi) -> const uint32_t* { return qb.data() + bi * d / 2 * 16; };
       // one or two blocks of the chunk on the tiles (varlen_tiles_cpu.h)
       auto attend_pair = [&](const BlockState* bs, const uint32_t* const* qbs, int64_t c0,

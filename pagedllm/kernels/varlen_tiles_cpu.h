@@ -14,7 +14,8 @@
 //   s[j] = row j of S^T: every row's score for key j in its lane; mask, max, e^x as fp32
 //   O^T [d][16 rows] += V^T [d][32] . P^T          A: V^T rows (packed), B: P^T pairs
 //
-// so no horizontal reduction and no transposition in the loop: K and V^T are packed once per
+// so no horizontal reduction and no transposition in the loop: each query row goes into its
+// lane of Q^T once per item (write_query_pairs); K and V^T are packed once per
 // call for each (sequence, KV head), bf16, keys from the first any prompt row sees (a multiple
 // of 32) to past the last, zero beyond the sequence. Q x scale, K, V and p are rounded to bf16;
 // sums and the softmax are fp32. Two blocks go through a chunk together (attend_tiles). HwTiles on an AMX-bf16 build, EmuTiles (the software model) for tests elsewhere.
@@ -66,11 +67,14 @@ void pack_keys(const T* kc, const T* vc, const uint16_t* ks, const uint16_t* vs,
   }
 }
 
-// Q^T pairs of one block of rows, qt [d][16] (x scale), as d / 32 B tiles [16][16] of 32-bit
-// pairs: tile s, row i holds every row's (q[32 s + 2 i], q[32 s + 2 i + 1]).
-inline void pack_queries(const float* qt, int64_t d, uint32_t* qb) {
-  for (int64_t i = 0; i < d / 2; ++i)
-    _mm512_storeu_si512(qb + i * 16, pair_row(vload(qt + 2 * i * kVW), vload(qt + (2 * i + 1) * kVW)));
+// One query row (d values at src, times scale) into its lane of a block's Q^T pairs (dst: the
+// block's pairs [d / 2][16] 32-bit words, offset by the row's lane): word i holds the row's
+// (q[2 i], q[2 i + 1]) in bf16, rounded to nearest even. The B tiles of S^T = K . Q^T.
+inline void write_query_pairs(const float* src, int64_t d, float scale, uint32_t* dst) {
+  alignas(64) uint16_t row[256];
+  for (int64_t c = 0; c < d; c += 16) store_bf16(row + c, vmul(vload(src + c), vset(scale)));
+  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row);
+  for (int64_t i = 0; i < d / 2; ++i) dst[i * 16] = pairs[i];
 }
 
 // e^x for the x <= 0 of the softmax, to ~4e-5 relative: the probabilities are rounded to bf16
