@@ -39,11 +39,9 @@ from pagedllm.engine.intake import RequestIntake
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.plan import EnginePlan, resolve_plan, split_kv_budget
 from pagedllm.engine.stats import EngineStats
-from pagedllm.kernels import cpu_features
 from pagedllm.loader import Checkpoint
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.decode_steps import DecodeSteps
-from pagedllm.model.layers.quant import prompt_tile_weights
 from pagedllm.pooling.setup import PoolingSetup, resolve_pooling
 from pagedllm.pooling.step_pooler import StepPooler
 from pagedllm.speculative.speculator import Speculator
@@ -123,10 +121,6 @@ def build_engine(config: EngineConfig, owner: object) -> EngineParts:
     if executor is not None:  # also when the rest of start-up raises
         weakref.finalize(owner, executor.shutdown)
     rank = build_rank(config, ckpt, tp=executor.shard if executor is not None else None)
-    if (executor is None and config.torch_device.type == "cpu"
-            and cpu_features.prompt_tiles_on()):  # one rank: prompt rows run on the tiles
-        with startup.step("prompt tiles' weights"):
-            prompt_tile_weights.keep_tiles(rank.model)
     plan = resolve_plan(config, hf, rank.kv_spec.groups, pooling)
     eos = eos_token_id_of(ckpt)
     lora = (LoRAManager(rank.model, config.lora_config, config.torch_device, config.torch_dtype)

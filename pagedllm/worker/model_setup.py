@@ -12,13 +12,14 @@ from torch import nn
 from pagedllm.config import EngineConfig, KVCacheSpec
 from pagedllm.core.kv_groups import KVGroupLayout
 from pagedllm.errors import ModelLoadError
+from pagedllm.kernels import cpu_features
 from pagedllm.loader import Checkpoint
 from pagedllm.loader.default_model import resolve_model
 from pagedllm.loader.gguf_reader import block_quantized, open_gguf
 from pagedllm.model.layers import kv_quant
 from pagedllm.model.layers.mla import latent_kv_dims
 from pagedllm.model.layers.parallel import tensor_parallel_layers
-from pagedllm.model.layers.quant import hf_checkpoint
+from pagedllm.model.layers.quant import hf_checkpoint, prompt_tile_weights
 from pagedllm.model.layers.quant.dense import linear_weights
 from pagedllm.model.models.llama import model_dims
 from pagedllm.model.registry import get_model_class
@@ -98,8 +99,10 @@ def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
         weights = tp[0].shard_weights(weights)
     model.load_weights(weights)
     model.eval()
+    if tp is None and config.torch_device.type == "cpu" and cpu_features.prompt_tiles_on():
+        prompt_tile_weights.keep_tiles(model)  # one rank: its prompt rows run on the tiles
     if config.torch_device.type == "cpu":
-        weight_arena.into_huge_pages(model)
+        weight_arena.into_huge_pages(model)  # the kept tiles too
     logger.info("loaded %s (%s, %.1fM parameters, %s on %s, weights %s) in %.1f s: "
                 "%.1f MiB of weights resident", ckpt.source.name, cls.__name__, n_params / 1e6,
                 config.torch_dtype, config.torch_device, weight_format(ckpt, config),
