@@ -73,6 +73,13 @@ torch::Tensor a8_panel_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_cod
 // Checks an [N, K] matrix in the int8-activation panel layout (codes, d, Q4_1's m) for `fn`.
 void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
                            const torch::Tensor& d, const torch::Tensor& m, int64_t N, int64_t K);
+// Checks a Llama MLP call of panel matrices for `fn`: x contiguous fp32 [M, K], the fused
+// [gate | up] matrix [2 I, K], the down matrix [N, I], I whole 32-value blocks.
+void check_a8_panel_mlp(const char* fn, const torch::Tensor& x, int64_t gu_fmt,
+                        const torch::Tensor& gu_codes, const torch::Tensor& gu_d,
+                        const torch::Tensor& gu_m, int64_t down_fmt,
+                        const torch::Tensor& down_codes, const torch::Tensor& down_d,
+                        const torch::Tensor& down_m, int64_t I, int64_t N);
 // a8_panel_linear while `plan` (or none) asks for its lines between the weight panels
 torch::Tensor a8_panel_linear_prefetching(torch::Tensor x, int64_t fmt, torch::Tensor codes,
                                           torch::Tensor d, torch::Tensor m, int64_t N,

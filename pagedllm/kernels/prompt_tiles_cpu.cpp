@@ -375,6 +375,24 @@ static const uint16_t* kept_tiles(const char* fn, const torch::Tensor& tiles, in
   return reinterpret_cast<const uint16_t*>(tiles.data_ptr<int16_t>());
 }
 
+// A call's rows x [M, K] (fp32, contiguous) as bf16 A tiles of Mp = M rounded up to a tile
+// (rows past M zero), on the prompt tiles chosen now (none chosen: an error naming `fn`).
+struct TileRows {
+  TileMode mode;
+  int64_t M, K, Mp;
+  Bf16Buffer buffer;
+  uint16_t* xa = nullptr;
+  TileRows(const char* fn, const torch::Tensor& x)
+      : mode(prompt_mode()), M(x.size(0)), K(x.size(1)), Mp((M + 15) / 16 * 16) {
+    TORCH_CHECK(mode != TileMode::kOff, fn, ": no prompt tiles chosen (set_prompt_tiles: amx "
+                "or emulated)");
+#if PAGEDLLM_PROMPT_TILES
+    xa = buffer.reserve(Mp * K);
+    rows_to_bf16(x.data_ptr<float>(), M, Mp, K, xa);
+#endif
+  }
+};
+
 // Every panel of a panel-layout matrix (a8_panel_linear's arguments) as the prompt tiles' B
 // tiles, int16 [P * K / 32 * 1024] of bf16 bits: the values a call dequantizes, kept so that
 // calls skip the dequantization (2 bytes a weight; model/layers/quant/prompt_tile_weights.py).
@@ -407,26 +425,20 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
                                    torch::Tensor tiles) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
               "a8_panel_bf16_linear: x must be contiguous fp32 [M, K]");
-  const int64_t M = x.size(0), K = x.size(1);
-  check_a8_panel_weight("a8_panel_bf16_linear", fmt, codes, d, m, N, K);
-  const uint16_t* kept = kept_tiles("a8_panel_bf16_linear", tiles, N, K);
-  const TileMode mode = prompt_mode();
-  TORCH_CHECK(mode != TileMode::kOff, "a8_panel_bf16_linear: no prompt tiles chosen "
-              "(set_prompt_tiles: amx or emulated)");
-  const int64_t Mp = (M + 15) / 16 * 16;
-  auto y = torch::empty({Mp, N}, x.options());
+  check_a8_panel_weight("a8_panel_bf16_linear", fmt, codes, d, m, N, x.size(1));
+  const uint16_t* kept = kept_tiles("a8_panel_bf16_linear", tiles, N, x.size(1));
+  TileRows rows("a8_panel_bf16_linear", x);
+  auto y = torch::empty({rows.Mp, N}, x.options());
 #if PAGEDLLM_PROMPT_TILES
-  Bf16Buffer rows;
-  uint16_t* xa = rows.reserve(Mp * K);
-  rows_to_bf16(x.data_ptr<float>(), M, Mp, K, xa);
   const PanelPtrs w(fmt, codes, d, m);
   float* yp = y.data_ptr<float>();
   with_format(fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
-    linear_impl<F>(xa, Mp, K, Panels<F>{w.codes, w.d, w.m, K / 32, kept}, N, yp, mode);
+    linear_impl<F>(rows.xa, rows.Mp, rows.K, Panels<F>{w.codes, w.d, w.m, rows.K / 32, kept},
+                   N, yp, rows.mode);
   });
 #endif
-  return y.narrow(0, 0, M);
+  return y.narrow(0, 0, rows.M);
 }
 
 // y = silu(x Wg^T) * (x Wu^T) @ Wd^T for a Llama MLP of panel matrices ([2 I, K] fused
@@ -438,24 +450,18 @@ torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor g
                                 torch::Tensor down_codes, torch::Tensor down_d,
                                 torch::Tensor down_m, int64_t I, int64_t N,
                                 torch::Tensor gu_tiles, torch::Tensor down_tiles) {
-  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
-              "a8_panel_bf16_mlp: x must be contiguous fp32 [M, K]");
-  TORCH_CHECK(I > 0 && I % 32 == 0, "a8_panel_bf16_mlp: the intermediate size ", I,
-              " is not whole 32-value blocks");
-  const int64_t M = x.size(0), K = x.size(1);
-  check_a8_panel_weight("a8_panel_bf16_mlp (gate_up)", gu_fmt, gu_codes, gu_d, gu_m, 2 * I, K);
-  check_a8_panel_weight("a8_panel_bf16_mlp (down)", down_fmt, down_codes, down_d, down_m, N, I);
+  check_a8_panel_mlp("a8_panel_bf16_mlp", x, gu_fmt, gu_codes, gu_d, gu_m, down_fmt, down_codes,
+                     down_d, down_m, I, N);
+  const int64_t K = x.size(1);
   const uint16_t* gu_kept = kept_tiles("a8_panel_bf16_mlp (gate_up)", gu_tiles, 2 * I, K);
   const uint16_t* down_kept = kept_tiles("a8_panel_bf16_mlp (down)", down_tiles, N, I);
-  const TileMode mode = prompt_mode();
-  TORCH_CHECK(mode != TileMode::kOff, "a8_panel_bf16_mlp: no prompt tiles chosen "
-              "(set_prompt_tiles: amx or emulated)");
-  const int64_t Mp = (M + 15) / 16 * 16;
+  TileRows rows("a8_panel_bf16_mlp", x);
+  const int64_t M = rows.M, Mp = rows.Mp;
+  const TileMode mode = rows.mode;
+  const uint16_t* xa = rows.xa;
   auto y = torch::empty({Mp, N}, x.options());
 #if PAGEDLLM_PROMPT_TILES
-  Bf16Buffer rows, hidden;
-  uint16_t* xa = rows.reserve(Mp * K);
-  rows_to_bf16(x.data_ptr<float>(), M, Mp, K, xa);
+  Bf16Buffer hidden;
   const PanelPtrs wg(gu_fmt, gu_codes, gu_d, gu_m), wd(down_fmt, down_codes, down_d, down_m);
   uint16_t* ha = hidden.reserve(Mp * I);
   with_format(gu_fmt, [&](auto f) {

@@ -357,6 +357,20 @@ void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& cod
               fn, ": Q4_1 needs m fp16 [", P, ", ", nb, ", ", kNB, "]");
 }
 
+void check_a8_panel_mlp(const char* fn, const torch::Tensor& x, int64_t gu_fmt,
+                        const torch::Tensor& gu_codes, const torch::Tensor& gu_d,
+                        const torch::Tensor& gu_m, int64_t down_fmt,
+                        const torch::Tensor& down_codes, const torch::Tensor& down_d,
+                        const torch::Tensor& down_m, int64_t I, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
+              fn, ": x must be contiguous fp32 [M, K]");
+  TORCH_CHECK(I > 0 && I % 32 == 0, fn, ": the intermediate size ", I,
+              " is not whole 32-value blocks");
+  const std::string gate_up = std::string(fn) + " (gate_up)", down = std::string(fn) + " (down)";
+  check_a8_panel_weight(gate_up.c_str(), gu_fmt, gu_codes, gu_d, gu_m, 2 * I, x.size(1));
+  check_a8_panel_weight(down.c_str(), down_fmt, down_codes, down_d, down_m, N, I);
+}
+
 bool a8_panels_available() { return PAGEDLLM_A8P_SIMD; }
 // The instructions of this build's int8 dot products (int8_dot_cpu.h): "avx512_vnni" (vpdpbusd),
 // "avx512bw" or "avx2" (maddubs pair sums), "scalar". The engine turns int8 activations on by
@@ -400,13 +414,9 @@ torch::Tensor a8_panel_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_cod
                            torch::Tensor gu_d, torch::Tensor gu_m, int64_t down_fmt,
                            torch::Tensor down_codes, torch::Tensor down_d, torch::Tensor down_m,
                            int64_t I, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
-              "a8_panel_mlp: x must be contiguous fp32 [M, K]");
-  TORCH_CHECK(I > 0 && I % 32 == 0, "a8_panel_mlp: the intermediate size ", I,
-              " is not whole 32-value blocks");
+  check_a8_panel_mlp("a8_panel_mlp", x, gu_fmt, gu_codes, gu_d, gu_m, down_fmt, down_codes,
+                     down_d, down_m, I, N);
   const int64_t M = x.size(0), K = x.size(1);
-  check_a8_panel_weight("a8_panel_mlp (gate_up)", gu_fmt, gu_codes, gu_d, gu_m, 2 * I, K);
-  check_a8_panel_weight("a8_panel_mlp (down)", down_fmt, down_codes, down_d, down_m, N, I);
   auto y = torch::empty({M, N}, x.options());
 #if PAGEDLLM_A8P_SIMD
   const QuantizedX qx = quantize_x(x.data_ptr<float>(), M, K);
