@@ -15,9 +15,9 @@
 //   O^T [d][16 rows] += V^T [d][32] . P^T          A: V^T rows (packed), B: P^T pairs
 //
 // so no horizontal reduction and no transposition in the loop: each query row goes into its
-// lane of Q^T once per item (write_query_pairs); K and V^T are packed once per
-// call for each (sequence, KV head), bf16, keys from the first any prompt row sees (a multiple
-// of 32) to past the last, zero beyond the sequence. Q x scale, K, V and p are rounded to bf16;
+// lane of Q^T once per item (write_query_pairs); K and V^T are packed once per call for each
+// (sequence, KV head), bf16, keys from the first any prompt row sees (a multiple of 32) to
+// past the last, zero beyond the sequence. Q x scale, K, V and p are rounded to bf16;
 // sums and the softmax are fp32. Two blocks go through a chunk together (attend_tiles). HwTiles on an AMX-bf16 build, EmuTiles (the software model) for tests elsewhere.
 // Included inside varlen_attention_cpu.cpp's anonymous namespace, after its Layout,
 // BlockState and load_chunk.
@@ -73,8 +73,7 @@ void pack_keys(const T* kc, const T* vc, const uint16_t* ks, const uint16_t* vs,
 inline void write_query_pairs(const float* src, int64_t d, float scale, uint32_t* dst) {
   alignas(64) uint16_t row[256];
   for (int64_t c = 0; c < d; c += 16) store_bf16(row + c, vmul(vload(src + c), vset(scale)));
-  const uint32_t* pairs = reinterpret_cast<const uint32_t*>(row);
-  for (int64_t i = 0; i < d / 2; ++i) dst[i * 16] = pairs[i];
+  for (int64_t i = 0; i < d / 2; ++i) std::memcpy(dst + i * 16, row + 2 * i, 4);
 }
 
 // e^x for the x <= 0 of the softmax, to ~4e-5 relative: the probabilities are rounded to bf16

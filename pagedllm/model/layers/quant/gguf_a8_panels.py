@@ -15,9 +15,8 @@ call instead (prompt_rows.py, kernels/prompt_tiles_cpu.cpp; PAGEDLLM_PROMPT_TILE
 the same bf16 values kept once (`keep_bf16_tiles`; prompt_tile_weights.py decides).
 
 Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block), plus 2 bytes
-a weight where the bf16 tiles are kept. Not exact: the
-activation rounding moves logits slightly (docs/benchmarks.md). Embedding rows and
-`dequantize()` are exact (gguf-py's values).
+a weight where the bf16 tiles are kept. Not exact: the activation rounding moves logits
+slightly (docs/benchmarks.md). Embedding rows and `dequantize()` are exact (gguf-py's values).
 """
 
 from __future__ import annotations
