@@ -363,12 +363,16 @@ std::string set_prompt_tiles(const std::string& name) {
   return prompt_tiles();
 }
 
+// bf16 values of an N x K matrix's B tiles: its panels of 32 columns, K / 32 blocks of 1,024
+// values each.
+static int64_t tile_values(int64_t N, int64_t K) { return (N + 31) / 32 * (K / 32) * 1024; }
+
 // The B tiles a matrix of N x K keeps (a8_panel_bf16_tiles' tensor), or null for an empty
 // tensor: the call dequantizes its panels.
 static const uint16_t* kept_tiles(const char* fn, const torch::Tensor& tiles, int64_t N,
                                   int64_t K) {
   if (tiles.numel() == 0) return nullptr;
-  const int64_t want = (N + 31) / 32 * (K / 32) * 1024;
+  const int64_t want = tile_values(N, K);
   TORCH_CHECK(tiles.dtype() == torch::kInt16 && tiles.is_contiguous() && tiles.numel() == want,
               fn, ": tiles must be a8_panel_bf16_tiles' contiguous int16 tensor of ", want,
               " values for this matrix (or empty)");
@@ -399,8 +403,8 @@ struct TileRows {
 torch::Tensor a8_panel_bf16_tiles(int64_t fmt, torch::Tensor codes, torch::Tensor d,
                                   torch::Tensor m, int64_t N, int64_t K) {
   check_a8_panel_weight("a8_panel_bf16_tiles", fmt, codes, d, m, N, K);
-  const int64_t P = (N + 31) / 32, pv = K / 32 * 1024;
-  auto tiles = torch::empty({P * pv}, torch::dtype(torch::kInt16));
+  const int64_t P = (N + 31) / 32, pv = tile_values(32, K);  // panels, values a panel
+  auto tiles = torch::empty({tile_values(N, K)}, torch::dtype(torch::kInt16));
 #if PAGEDLLM_PROMPT_TILES
   const PanelPtrs w(fmt, codes, d, m);
   auto* out = reinterpret_cast<uint16_t*>(tiles.data_ptr<int16_t>());
