@@ -94,10 +94,12 @@ void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
 }
 
 // Out of line, so every caller (silu_mul, a8_panel_mlp's epilogue) runs the same instructions
-// and gets the same bits for the same values.
+// and gets the same bits for the same values. e^-g is taken at most at e^88 (finite in fp32):
+// under -ffast-math the vector expf's overflow to inf made every gate below -88 NaN (the MLP's
+// whole row then, through the down projection), where silu is -0 to fp32's precision.
 __attribute__((noinline)) void silu_mul_span(const float* g, const float* u, float* o,
                                              int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + std::exp(std::min(-g[i], 88.f))) * u[i];
 }
 
 torch::Tensor silu_mul(torch::Tensor gate_up) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kv_rows_cpu.h"
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -624,7 +625,8 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
 #endif
   const int64_t per_seq = split ? 1 : H;  // query heads per work item
   const int64_t items_per_seq = H / per_seq;
-  at::parallel_for(0, D * items_per_seq, 1, [&](int64_t begin, int64_t end) {
+  // items [begin, end), or with `turn` (begin, end unused) the items it hands out
+  auto work = [&](int64_t begin, int64_t end, BalancedTurn* turn) {
     std::vector<float> scores, acc(H * d), buf(kQuant ? row_len : 0), row_scale(kvh);
     auto fetch = [&](const T* pool, const uint16_t* scales, int64_t slot, float mul) {
       if constexpr (kQuant) {
@@ -685,8 +687,9 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       float* out = op + b * H * d;
       std::fill(out, out + H * d, 0.f);
       rd.next = {};  // and the V pass's, the K rows of this thread's next sequence (an item
-      if (b + 1 < end)  // is a sequence here: the tiles run unsplit)
-        rd.next = {kp, b + 1, visible_start(lens[b + 1], window), lens[b + 1]};
+      const int64_t nb = turn ? turn->peek() : b + 1;  // is a sequence here: unsplit tiles)
+      if (nb >= 0 && nb < (turn ? D : end))
+        rd.next = {kp, nb, visible_start(lens[nb], window), lens[nb]};
       for (int64_t t_a = 0; t_a < s.n; t_a += kChunk) {
         std::fill(acc.begin(), acc.end(), 0.f);
         values_range<NV, T>(rd, s, 0, H, t_a, std::min(s.n, t_a + kChunk), scores.data(), s.n,
@@ -695,20 +698,29 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       }
     };
 #endif
-    // items [begin, end) as runs of consecutive heads of one sequence
-    for (int64_t it = begin; it < end;) {
-      const int64_t b = it / items_per_seq, first = it % items_per_seq;
-      const int64_t last = std::min(items_per_seq, first + (end - it));
-      const int64_t h0 = first * per_seq, h1 = last * per_seq;
+    auto run = [&](int64_t b, int64_t h0, int64_t h1) {
 #if defined(PAGEDLLM_PA_TILES)
       if (kTiles<T> && d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b);
       else if (kTiles<T> && d == 128) attend_tiles(std::integral_constant<int, 128 / kVW>{}, b);
       else
 #endif
       attend(b, h0, h1);
+    };
+    if (turn) {  // whole sequences
+      for (int64_t b; (b = turn->next()) >= 0;) run(b, 0, H);
+      return;
+    }
+    // items [begin, end) as runs of consecutive heads of one sequence
+    for (int64_t it = begin; it < end;) {
+      const int64_t b = it / items_per_seq, first = it % items_per_seq;
+      const int64_t last = std::min(items_per_seq, first + (end - it));
+      run(b, first * per_seq, last * per_seq);
       it += last - first;
     }
-  });
+  };
+  // a sequence an item: a thread done with its sequences takes a slower thread's last ones
+  if (!split) balanced_for(D, [&](BalancedTurn& turn) { work(0, 0, &turn); });
+  else at::parallel_for(0, D * items_per_seq, 1, [&](int64_t b, int64_t e) { work(b, e, nullptr); });
 }
 
 // Which thread reads what mirrors decode above: with at least as many rows as threads, thread t

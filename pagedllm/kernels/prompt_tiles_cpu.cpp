@@ -24,6 +24,7 @@
 #include <torch/csrc/utils/pybind.h>  // register_prompt_tiles(m): pybind11, Tensor casters
 #include "torch_lite_cpu.h"
 #include "kernels_cpu.h"  // check_a8_panel_weight
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -253,27 +254,44 @@ void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp,
                 TileMode mode, Body body) {
   const int64_t pv = w.values();
   const int64_t chunk = std::max<int64_t>(32, kChunkBytes / (K * 2) / 32 * 32);
+  const int64_t chunks = (Mp + chunk - 1) / chunk;
   // dequantized, one chunk: each item straight from its dequantization (in L1) over every row
   const int64_t group = w.tiles ? items
                         : Mp <= chunk ? 1
                                       : std::max<int64_t>(1, kGroupBytes / (W * pv * 2));
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+  // Units of work: (item, chunk of rows). Thread t owns items [t share, (t + 1) share) and
+  // runs their units group by group, chunk by chunk within a group, item by item within a
+  // chunk; a thread done with its own takes another's units from the back (balanced_for_cpu.h).
+  const int64_t threads = balanced_threads(items), share = (items + threads - 1) / threads;
+  WorkShares units(items * chunks, threads, share * chunks);
+  balanced_for(units, [&](BalancedTurn& turn) {
     const TileScope scope(mode, kBf16Tiles);
-    thread_local Bf16Buffer buffer;
+    thread_local Bf16Buffer buffer, taken;
     thread_local std::vector<const uint16_t*> panels;
+    const uint16_t* other[W];  // an item of another thread's share
     with_tiles(mode, [&](auto tiles) {
-      for (int64_t g0 = begin; g0 < end; g0 += group) {
-        const int64_t g1 = std::min(end, g0 + group);
-        uint16_t* bt = w.tiles ? nullptr : buffer.reserve(W * (g1 - g0) * pv);
-        panels.resize(W * (g1 - g0));
-        for (int64_t i = g0; i < g1; ++i)
-          for (int k = 0; k < W; ++k) {
-            const int64_t at = W * (i - g0) + k;
-            panels[at] = w.panel(panel_of(i, k), bt ? bt + at * pv : nullptr);
+      int64_t ready = -1;  // first item of the group whose panels `panels` holds
+      for (int64_t u; (u = turn.next()) >= 0;) {
+        const int64_t owner = u / (share * chunks), o0 = owner * share;
+        const int64_t o1 = std::min(items, o0 + share), l = u - o0 * chunks;
+        const int64_t gi = l / (group * chunks), g0 = o0 + gi * group;
+        const int64_t gs = std::min(group, o1 - g0), r = l - gi * group * chunks;
+        const int64_t i = g0 + r % gs, m0 = (r / gs) * chunk;
+        const uint16_t* const* pan = other;
+        if (owner == turn.thread()) {
+          if (g0 != ready) {
+            uint16_t* bt = w.tiles ? nullptr : buffer.reserve(W * gs * pv);
+            panels.resize(W * gs);
+            for (int64_t j = 0; j < gs * W; ++j)
+              panels[j] = w.panel(panel_of(g0 + j / W, j % W), bt ? bt + j * pv : nullptr);
+            ready = g0;
           }
-        for (int64_t m0 = 0; m0 < Mp; m0 += chunk)
-          for (int64_t i = g0; i < g1; ++i)
-            body(tiles, i, panels.data() + W * (i - g0), m0, std::min(chunk, Mp - m0));
+          pan = panels.data() + W * (i - g0);
+        } else {
+          uint16_t* bt = w.tiles ? nullptr : taken.reserve(W * pv);
+          for (int k = 0; k < W; ++k) other[k] = w.panel(panel_of(i, k), bt ? bt + k * pv : nullptr);
+        }
+        body(tiles, i, pan, m0, std::min(chunk, Mp - m0));
       }
     });
   });

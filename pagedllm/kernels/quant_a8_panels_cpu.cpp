@@ -26,6 +26,7 @@
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
 #include "kernels_cpu.h"  // PrefetchPlan, and this file's entry points
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -233,14 +234,24 @@ void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const ui
   const TileMode tiles = M >= kTileRows ? tile_mode() : TileMode::kOff;
   const int64_t threads = at::get_num_threads();
   const bool by_rows = threads > 1 && M >= kRowSplitRowsPerThread * threads;
-  // each thread's share: rows [m0, m1) x panels [p0, p1)
-  at::parallel_for(0, by_rows ? M : P, 1, [&](int64_t begin, int64_t end) {
+  if (by_rows) {  // each thread's rows [m0, m1) x every panel
+    at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+      const TileScope scope(tiles, kA8Tiles);
+      for (int64_t p = 0; p < P; ++p) {
+        if (plan) plan->advance(p, P);
+        panel_impl<F>(qx, m0, m1 - m0, codes, d, mo, N, p, y, tiles);
+      }
+    });
+    return;
+  }
+  // every row x the panels, a faster thread taking a slower one's last panels; the plan
+  // advances with the thread's own share
+  balanced_for(P, [&](BalancedTurn& turn) {
     const TileScope scope(tiles, kA8Tiles);
-    const int64_t m0 = by_rows ? begin : 0, m1 = by_rows ? end : M;
-    const int64_t p0 = by_rows ? 0 : begin, p1 = by_rows ? P : end;
-    for (int64_t p = p0; p < p1; ++p) {
-      if (plan) plan->advance(p - p0, p1 - p0);
-      panel_impl<F>(qx, m0, m1 - m0, codes, d, mo, N, p, y, tiles);
+    const int64_t first = turn.first(), own = turn.own();
+    for (int64_t p; (p = turn.next()) >= 0;) {
+      if (plan && p >= first && p < first + own) plan->advance(p - first, own);
+      panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y, tiles);
     }
   });
 }
@@ -295,11 +306,18 @@ void mlp_gate_up(const QuantizedX& qx, int64_t M, const uint8_t* codes, const ui
   const int64_t threads = at::get_num_threads();
   const bool by_rows = threads > 1 && M >= kRowSplitRowsPerThread * threads;
   const QuantizedOut out(act);
-  at::parallel_for(0, by_rows ? M : B, 1, [&, out](int64_t begin, int64_t end) {
+  if (by_rows) {
+    at::parallel_for(0, M, 1, [&, out](int64_t begin, int64_t end) {
+      const TileScope scope(tiles, kA8Tiles);
+      const QuantizedOut o = out;  // this thread's copy (QuantizedOut says why)
+      gate_up_silu<F>(qx, begin, end, 0, B, codes, d, mo, I, o, tiles);
+    });
+    return;
+  }
+  balanced_for(B, [&, out](BalancedTurn& turn) {
     const TileScope scope(tiles, kA8Tiles);
-    const QuantizedOut o = out;  // this thread's copy (QuantizedOut says why)
-    if (by_rows) gate_up_silu<F>(qx, begin, end, 0, B, codes, d, mo, I, o, tiles);
-    else gate_up_silu<F>(qx, 0, M, begin, end, codes, d, mo, I, o, tiles);
+    const QuantizedOut o = out;
+    for (int64_t b; (b = turn.next()) >= 0;) gate_up_silu<F>(qx, 0, M, b, b + 1, codes, d, mo, I, o, tiles);
   });
 }
 

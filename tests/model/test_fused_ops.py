@@ -52,6 +52,17 @@ def test_silu_and_mul(rows, monkeypatch):
     torch.testing.assert_close(silu_and_mul(gu), want, rtol=0, atol=0)
 
 
+def test_silu_and_mul_of_large_gates():
+    """Gates far past e^x's fp32 range (|g| up to 1e4: outlier channels) give silu's values,
+    never NaN (the kernel's e^-g overflowed to inf under -ffast-math below -88)."""
+    gates = torch.cat([torch.linspace(-1e4, 1e4, 2001), torch.tensor([-89.0, -88.0, -87.0])])
+    gu = torch.cat([gates, torch.linspace(-3, 3, gates.numel())]).reshape(1, -1)
+    got = silu_and_mul(gu)
+    assert not got.isnan().any()
+    want = F.silu(gates.double()) * gu[0, gates.numel():].double()
+    torch.testing.assert_close(got[0].double(), want, rtol=1e-5, atol=1e-30)
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim", "rot"),
                          [(9, 3, 64, 64), (4, 4, 32, 32), (4, 2, 64, 32)])
 def test_rotary_matches_torch_rotation(heads, kv_heads, head_dim, rot):
