@@ -7,14 +7,17 @@
 // work), and every parallel region then waited on the slower one.
 //
 // balanced_for keeps at::parallel_for's shares (the same ceil(n / T) contiguous items a
-// thread, so a kernel's rows and prefetch plans stay with the thread that reads them next) and
-// lets a thread that has finished its own share take the other threads' remaining items, one
-// at a time from the back of their shares. Which thread runs an item never changes its
-// result: the items write disjoint outputs with the same instructions.
+// thread, so a kernel's rows and prefetch plans stay with the thread that reads them next): a
+// thread takes runs of its own share from the front, and once done takes the other threads'
+// remaining items one at a time from the back of their shares. Which thread runs an item
+// never changes its result: the items write disjoint outputs with the same instructions.
 //
-// SmolLM2 Q4_1, 2 threads, that VM, one process alternating stealing on / off (ABBA):
-// offline 64 x 128/128 1.005-1.52x faster (median of 10 rounds ~1.25x; the gain is the
-// vCPUs' speed gap at the time), a 2,000-token prefill 1.04x, 512 tokens 1.00x.
+// SmolLM2 Q4_1, 2 threads, that VM, one process alternating the variants (ABBA): offline 64 x
+// 128/128 1.005-1.52x faster than the fixed shares with items taken one by one (median of 10
+// rounds ~1.25x; the gain is the vCPUs' speed gap at the time), and 1.10x against 1.03x for
+// one by one in a later run of 4 rounds (runs from the front: fewer cache lines crossing);
+// a 2,000-token prefill 1.04x, 512 tokens 1.00x. One stream keeps the fixed shares
+// (kStealRows).
 #pragma once
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -26,10 +29,12 @@
 // takes from the front, the others from the back, each with one compare-and-swap.
 class WorkShares {
  public:
-  WorkShares(int64_t n, int64_t threads) : WorkShares(n, threads, (n + threads - 1) / threads) {}
-  // thread t owning items [t chunk, (t + 1) chunk) (threads x chunk >= n)
-  WorkShares(int64_t n, int64_t threads, int64_t chunk)
-      : n_(n), threads_(threads), chunk_(chunk), shares_(new Share[threads]) {
+  WorkShares(int64_t n, int64_t threads, bool steal = true)
+      : WorkShares(n, threads, (n + threads - 1) / threads, steal) {}
+  // thread t owning items [t chunk, (t + 1) chunk) (threads x chunk >= n); without `steal` a
+  // thread takes its whole share at once and nothing else (at::parallel_for's split)
+  WorkShares(int64_t n, int64_t threads, int64_t chunk, bool steal)
+      : n_(n), threads_(threads), chunk_(chunk), steal_(steal), shares_(new Share[threads]) {
     for (int64_t t = 0; t < threads; ++t) {
       const int64_t front = std::min(n, t * chunk_), back = std::min(n, front + chunk_);
       shares_[t].word.store(pack(front, back), std::memory_order_relaxed);
@@ -41,14 +46,16 @@ class WorkShares {
   int64_t first(int64_t t) const { return std::min(n_, t * chunk_); }
   int64_t own(int64_t t) const { return std::min(n_, first(t) + chunk_) - first(t); }
 
-  // The next item for thread t: its own share's front, else another share's back; -1 when
-  // none is left.
-  int64_t take(int64_t t) {
-    const int64_t own = take_front(shares_[t].word);
-    if (own >= 0) return own;
+  // The next items for thread t: a run [first, *end) from its own share's front (a quarter
+  // of what is left there, at least one: a few compare-and-swaps a share, however small its
+  // items, while its last items still go one by one), else one item from another share's
+  // back; -1 when none is left.
+  int64_t take(int64_t t, int64_t* end) {
+    const int64_t own = take_front(shares_[t].word, end, steal_);
+    if (own >= 0 || !steal_) return own;
     for (int64_t i = 1; i < threads_; ++i) {
       const int64_t other = take_back(shares_[(t + i) % threads_].word);
-      if (other >= 0) return other;
+      if (other >= 0) return *end = other + 1, other;
     }
     return -1;
   }
@@ -68,11 +75,15 @@ class WorkShares {
   }
   static uint32_t lo(uint64_t w) { return static_cast<uint32_t>(w); }
   static uint32_t hi(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
-  static int64_t take_front(std::atomic<uint64_t>& word) {
+  static int64_t take_front(std::atomic<uint64_t>& word, int64_t* end, bool steal) {
     uint64_t w = word.load(std::memory_order_relaxed);
-    while (lo(w) < hi(w))
-      if (word.compare_exchange_weak(w, pack(lo(w) + 1, hi(w)), std::memory_order_relaxed))
+    while (lo(w) < hi(w)) {
+      const uint32_t left = hi(w) - lo(w), run = steal ? std::max<uint32_t>(1, left / 4) : left;
+      if (word.compare_exchange_weak(w, pack(lo(w) + run, hi(w)), std::memory_order_relaxed)) {
+        *end = lo(w) + run;
         return lo(w);
+      }
+    }
     return -1;
   }
   static int64_t take_back(std::atomic<uint64_t>& word) {
@@ -84,6 +95,7 @@ class WorkShares {
   }
 
   int64_t n_, threads_, chunk_;
+  bool steal_;
   std::unique_ptr<Share[]> shares_;
 };
 
@@ -92,9 +104,15 @@ class BalancedTurn {
  public:
   BalancedTurn(WorkShares& shares, int64_t t) : shares_(shares), t_(t) {}
   // the next item this thread runs, -1 when all are taken
-  int64_t next() { return shares_.take(t_); }
+  int64_t next() {
+    if (at_ < end_) return at_++;
+    const int64_t first = shares_.take(t_, &end_);
+    if (first < 0) return at_ = end_ = 0, -1;
+    at_ = first + 1;
+    return first;
+  }
   // this thread's next own item while it is still there, else -1 (a prefetch hint)
-  int64_t peek() const { return shares_.peek(t_); }
+  int64_t peek() const { return at_ < end_ ? at_ : shares_.peek(t_); }
   int64_t thread() const { return t_; }
   // this thread's own items [first(), first() + own()) (what at::parallel_for would give it)
   int64_t first() const { return shares_.first(t_); }
@@ -103,7 +121,14 @@ class BalancedTurn {
  private:
   WorkShares& shares_;
   int64_t t_;
+  int64_t at_ = 0, end_ = 0;  // the run taken last: items [at_, end_) still to run
 };
+
+// Rows of a batch from which its kernels' threads take each other's items. Below, a region is a
+// few microseconds and a taken item's cache lines crossing between the vCPUs (220-600 ns
+// there and back on the VM above) cost more than the wait they save: one stream's decode
+// (one row) ran 1.02x slower stealing, 1.04x taking items one by one.
+constexpr int64_t kStealRows = 8;
 
 // The threads balanced_for runs n items on: at most one an item.
 inline int64_t balanced_threads(int64_t n) {
@@ -125,9 +150,10 @@ void balanced_for(WorkShares& shares, Body&& body) {
 // body(BalancedTurn&) once per thread, in one parallel region over items [0, n): the body sets
 // up its buffers once, then runs `for (int64_t i; (i = turn.next()) >= 0;)`. Runs on the
 // calling thread alone (taking every item) inside another parallel region or with one thread.
+// Without `steal`, at::parallel_for's split (callers pass rows >= kStealRows).
 template <typename Body>
-void balanced_for(int64_t n, Body&& body) {
+void balanced_for(int64_t n, Body&& body, bool steal = true) {
   if (n <= 0) return;
-  WorkShares shares(n, balanced_threads(n));
+  WorkShares shares(n, balanced_threads(n), steal);
   balanced_for(shares, body);
 }

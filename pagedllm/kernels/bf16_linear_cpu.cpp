@@ -19,6 +19,7 @@
 // ISA paths (chosen at compile time for the build's -march; cpu_ops builds per CPU target):
 // AVX-512F (16 lanes, MR 6), AVX2 + FMA (8 lanes, MR 2), scalar.
 #include "torch_lite_cpu.h"
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 #include <ATen/ops/linear.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -158,8 +159,8 @@ void rows_block(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t
 void bf16_kernel(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* y,
                  const float* bias) {
   const int64_t blocks = (N + kNR - 1) / kNR;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
+  balanced_for(blocks, [&](BalancedTurn& turn) {
+    for (int64_t b; (b = turn.next()) >= 0;) {
       const int64_t n = b * kNR, nr = std::min<int64_t>(kNR, N - n);
       switch (nr) {
         case 4: rows_block<4>(x, M, K, w, n, y, N, bias); break;
@@ -168,7 +169,7 @@ void bf16_kernel(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_
         default: rows_block<1>(x, M, K, w, n, y, N, bias); break;
       }
     }
-  });
+  }, M >= kStealRows);
 }
 
 }  // namespace

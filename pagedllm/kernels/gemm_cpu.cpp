@@ -14,6 +14,7 @@
 // -ffast-math.
 #include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 #include <algorithm>
 #include <cstdint>
 
@@ -111,9 +112,9 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
   const float* w = packed.data_ptr<float>();
   const float* bp = bias ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) panel_rows(xp, M, K, w, p, N, yp, bp);
-  });
+  balanced_for(P, [&](BalancedTurn& turn) {
+    for (int64_t p; (p = turn.next()) >= 0;) panel_rows(xp, M, K, w, p, N, yp, bp);
+  }, M >= kStealRows);
   return y;
 }
 

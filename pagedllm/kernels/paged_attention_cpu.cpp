@@ -719,7 +719,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
     }
   };
   // a sequence an item: a thread done with its sequences takes a slower thread's last ones
-  if (!split) balanced_for(D, [&](BalancedTurn& turn) { work(0, 0, &turn); });
+  if (!split) balanced_for(D, [&](BalancedTurn& turn) { work(0, 0, &turn); }, D >= kStealRows);
   else at::parallel_for(0, D * items_per_seq, 1, [&](int64_t b, int64_t e) { work(b, e, nullptr); });
 }
 

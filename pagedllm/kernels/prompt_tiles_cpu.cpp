@@ -263,7 +263,7 @@ void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp,
   // runs their units group by group, chunk by chunk within a group, item by item within a
   // chunk; a thread done with its own takes another's units from the back (balanced_for_cpu.h).
   const int64_t threads = balanced_threads(items), share = (items + threads - 1) / threads;
-  WorkShares units(items * chunks, threads, share * chunks);
+  WorkShares units(items * chunks, threads, share * chunks, true);
   balanced_for(units, [&](BalancedTurn& turn) {
     const TileScope scope(mode, kBf16Tiles);
     thread_local Bf16Buffer buffer, taken;

@@ -253,7 +253,7 @@ void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const ui
       if (plan && p >= first && p < first + own) plan->advance(p - first, own);
       panel_impl<F>(qx, 0, M, codes, d, mo, N, p, y, tiles);
     }
-  });
+  }, M >= kStealRows);
 }
 
 // A Llama MLP's first half, down(silu(gate) * up)'s input, without its fp32 tensors: each
@@ -317,8 +317,9 @@ void mlp_gate_up(const QuantizedX& qx, int64_t M, const uint8_t* codes, const ui
   balanced_for(B, [&, out](BalancedTurn& turn) {
     const TileScope scope(tiles, kA8Tiles);
     const QuantizedOut o = out;
-    for (int64_t b; (b = turn.next()) >= 0;) gate_up_silu<F>(qx, 0, M, b, b + 1, codes, d, mo, I, o, tiles);
-  });
+    for (int64_t b; (b = turn.next()) >= 0;)
+      gate_up_silu<F>(qx, 0, M, b, b + 1, codes, d, mo, I, o, tiles);
+  }, M >= kStealRows);
 }
 
 // rows of one expert per work item of a8_panel_grouped_linear

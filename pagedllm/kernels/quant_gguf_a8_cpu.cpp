@@ -22,6 +22,7 @@
 #include "torch_lite_cpu.h"
 #include "kernels_cpu.h"  // PrefetchPlan, and this file's entry points
 #include <ATen/Parallel.h>
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 #include <immintrin.h>
 #include <algorithm>
 #include <cstdint>
@@ -277,23 +278,22 @@ void linear_impl(const uint8_t* w, int64_t row_bytes, int64_t N, int64_t K, cons
                  int64_t M, float* y, int64_t int_rows, PrefetchPlan* plan) {
   if (M <= int_rows) {
     const QuantizedX qx = quantize_x(x, M, K);
-    at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-      if (!plan) return int_rows_impl<F>(w, row_bytes, begin, end, N, qx, 0, M, y);
-      const int64_t tiles = (end - begin + 15) / 16;
-      for (int64_t i = 0; i < tiles; ++i) {
-        plan->advance(i, tiles);
-        int_rows_impl<F>(w, row_bytes, begin + 16 * i, std::min(end, begin + 16 * (i + 1)), N, qx,
-                         0, M, y);
+    // 16 weight rows an item; the plan advances with the thread's own share
+    balanced_for((N + 15) / 16, [&](BalancedTurn& turn) {
+      const int64_t first = turn.first(), own = turn.own();
+      for (int64_t i; (i = turn.next()) >= 0;) {
+        if (plan && i >= first && i < first + own) plan->advance(i - first, own);
+        int_rows_impl<F>(w, row_bytes, 16 * i, std::min(N, 16 * (i + 1)), N, qx, 0, M, y);
       }
-    });
+    }, M >= kStealRows);
     return;
   }
   const int64_t P = (N + kNB - 1) / kNB;
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
+  balanced_for(P, [&](BalancedTurn& turn) {
     std::vector<float> panel(K * kNB), rows(8 * K);
-    for (int64_t p = begin; p < end; ++p)
+    for (int64_t p; (p = turn.next()) >= 0;)
       panel_impl<F>(w, row_bytes, N, K, p, x, M, y, panel.data(), rows.data());
-  });
+  }, M >= kStealRows);
 }
 
 // Weight rows per work item of the grouped int8-activation path (linear_impl's grain).

@@ -24,6 +24,7 @@
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 #include <immintrin.h>
 #include <algorithm>
 #include <cstdint>
@@ -223,12 +224,12 @@ void panel_impl(const Packed& w, int64_t p, const float* x, int64_t M, float* y,
 
 template <int F>
 void linear_impl(const Packed& w, const float* x, int64_t M, float* y, int64_t in_register_rows) {
-  at::parallel_for(0, w.P, 1, [&](int64_t begin, int64_t end) {
+  balanced_for(w.P, [&](BalancedTurn& turn) {
     std::vector<float> scratch;
     std::vector<V> gp(4 * (w.K / Traits<F>::group));
-    for (int64_t p = begin; p < end; ++p)
+    for (int64_t p; (p = turn.next()) >= 0;)
       panel_impl<F>(w, p, x, M, y, M <= in_register_rows, gp.data(), scratch);
-  });
+  }, M >= kStealRows);
 }
 
 // Every expert's rows in one parallel region (grouped_cpu.h): ws[e] is expert e's weight; an

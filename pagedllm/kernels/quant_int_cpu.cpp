@@ -18,6 +18,7 @@
 #include <torch/csrc/utils/pybind.h>  // PYBIND11_MODULE, torch's Tensor casters
 #include "torch_lite_cpu.h"
 #include <ATen/Parallel.h>
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -340,8 +341,8 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor zp, t
   const uint8_t* z = zp.data_ptr<uint8_t>();
   const _Float16* s = reinterpret_cast<const _Float16*>(sp.data_ptr<at::Half>());
   const int64_t min_m = scratch_min_m < 0 ? kScratchMinM : scratch_min_m;
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
+  balanced_for(P, [&](BalancedTurn& turn) {
+    for (int64_t p; (p = turn.next()) >= 0;) {
       const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
       const Int4Panel panel{q + p * K * (kNB / 2), z + p * G * kNB, s + p * G * kNB, group_size};
       const float* bn = bp ? bp + n : nullptr;
@@ -352,7 +353,7 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor zp, t
         rows_direct<Int4Op>(M, xp, K, yp + n, N, panel, K, ncols, bn);
       }
     }
-  });
+  }, M >= kStealRows);
   return y;
 }
 
@@ -372,8 +373,8 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale
   const int8_t* q = qp.data_ptr<int8_t>();
   const float* sc = scale.data_ptr<float>();
   const int64_t min_m = scratch_min_m < 0 ? kScratchMinM : scratch_min_m;
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
+  balanced_for(P, [&](BalancedTurn& turn) {
+    for (int64_t p; (p = turn.next()) >= 0;) {
       const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
       const int8_t* pq = q + p * K * kNB;
       const float* bn = bp ? bp + n : nullptr;
@@ -384,7 +385,7 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale
         rows_direct<Int8Op>(M, xp, K, yp + n, N, pq, K, ncols, sc + n, bn);
       }
     }
-  });
+  }, M >= kStealRows);
   return y;
 }
 

@@ -26,6 +26,7 @@
 // its batch (batch-invariant); the ISA branches differ only in how they get the same integers.
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
 #include "torch_lite_cpu.h"
+#include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 #include "grouped_cpu.h"
 #include <ATen/Parallel.h>
 #if defined(__x86_64__)
@@ -279,8 +280,8 @@ torch::Tensor w8a8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale
   float* yp = y.data_ptr<float>();
   const uint8_t* q = qp.data_ptr<uint8_t>();
   const float* sw = scale.data_ptr<float>();
-  at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
+  balanced_for(P, [&](BalancedTurn& turn) {
+    for (int64_t p; (p = turn.next()) >= 0;) {
       const int64_t n = p * kNB, ncols = std::min<int64_t>(kNB, N - n);
       const uint8_t* pw = q + p * K4 * kNB * 4;
       const float* bn = bp ? bp + n : nullptr;
@@ -291,7 +292,7 @@ torch::Tensor w8a8_linear(torch::Tensor x, torch::Tensor qp, torch::Tensor scale
         RowTail<kMRW - 1>::run(static_cast<int>(M - m), qx, m, nblk, pw, yp + m * N + n, N,
                                ncols, sw + n, bn);
     }
-  });
+  }, M >= kStealRows);
   return y;
 }
 

@@ -1,7 +1,8 @@
-"""Kernels whose threads take each other's remaining work (kernels/balanced_for_cpu.h): the
-int8 panels' decode GEMMs and fused MLP, the prompt tiles' GEMM and MLP, and the decode
-attention give the bits of one thread whatever the threads and however the items end up
-among them. 3 threads split the items unevenly; 4 threads on this machine's 2 cores run in
+"""Kernels whose threads take each other's remaining work (kernels/balanced_for_cpu.h): every
+weight format's linear (fp32 panels, bf16, exact GGUF, GGUF rows with int8 activations, the
+int8 panels and their fused MLP, int8 / int4 / W8A8), the prompt tiles' GEMM and MLP, and the
+decode attention give the bits of one thread whatever the threads and however the items end
+up among them. 3 threads split the items unevenly; 4 threads on this machine's 2 cores run in
 turns, so a thread finishes its share while another is off its core and takes that one's
 remaining items (the case the stealing is for)."""
 
@@ -14,7 +15,13 @@ import torch
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.attention_backends.cpu import CPUBackend
+from pagedllm.model.layers.quant import gguf as gguf_weights
+from pagedllm.model.layers.quant.bf16 import Bf16Weight
+from pagedllm.model.layers.quant.dense import dense_method
+from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
 from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight
+from pagedllm.model.layers.quant.int4 import Int4GroupWeight
+from pagedllm.model.layers.quant.int8 import Int8Weight
 from tests.model.quant.test_gguf_formats import random_blocks
 from tests.model.quant.test_prompt_tiles import bf16_linear, bf16_mlp, prompt_tiles
 from tests.model.test_attention import _tables
@@ -40,6 +47,35 @@ def _same_on_any_threads(run) -> None:
 
 def _panels(qtype, n: int, k: int, seed: int) -> GGUFA8PanelWeight:
     return GGUFA8PanelWeight.from_blocks(qtype, random_blocks(qtype, n, k, seed=seed), (n, k))
+
+
+def _formats(n: int, k: int) -> dict:
+    """Each format's [n, k] weight as its LinearMethod (each split over its panels / blocks of
+    output columns, or the GGUF row kernel's 16-row tiles)."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(10))
+    g = torch.Generator().manual_seed(11)
+    q4, z4 = torch.randint(0, 16, (n, k), generator=g), torch.randint(0, 16, (n, 2), generator=g)
+    s4 = torch.rand(n, 2, generator=g) * 0.1
+    kernels = cpu_ops.load()
+    if kernels is None or not gguf_weights.available() or cpu_ops.load_with("gguf_a8") is None:
+        pytest.fail("the CPU kernels did not build")
+    q4_k = gguf.GGMLQuantizationType.Q4_K
+    return {"fp32": dense_method(w, keep_dense=False), "bf16": Bf16Weight(kernels, w, 10 ** 6),
+            "int8": Int8Weight.quantize(w), "w8a8": Int8Weight.quantize(w, w8a8=True),
+            "int4": Int4GroupWeight(q4, z4, s4, k // 2),
+            "gguf_q4_k": gguf_weights.GGUFWeight.from_blocks(q4_k, random_blocks(q4_k, n, k), (n, k)),
+            "gguf_a8_q4_k": GGUFA8Weight.from_blocks(q4_k, random_blocks(q4_k, n, k), (n, k))}
+
+
+@pytest.mark.parametrize("rows", [1, 64, 300])
+def test_every_format(rows):
+    """700 output columns (many panels, a partial last one), 1 / 64 / 300 rows."""
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+    for name, method in _formats(700, 256).items():
+        try:
+            _same_on_any_threads(lambda m=method: m.apply(x, None))
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from e
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
