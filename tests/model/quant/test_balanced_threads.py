@@ -79,13 +79,15 @@ def test_every_format(rows):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
-def test_int8_panels_decode_rows(ops, qtype):
-    """64 rows (a decode batch: the threads split 97 panels, N past a whole panel) through
-    a8_panel_linear, and a fused MLP of 48 blocks through a8_panel_mlp."""
+@pytest.mark.parametrize("rows", [64, 600])
+def test_int8_panels(ops, qtype, rows):
+    """64 rows (a decode batch: the threads split 97 panels, N past a whole panel) and 600
+    (a prompt: on 3 and 4 threads the threads split the rows, 32-row items, the last one
+    partial) through a8_panel_linear, and a fused MLP of 48 blocks through a8_panel_mlp."""
     qt = gguf.GGMLQuantizationType[qtype]
     w = _panels(qt, 3090, 256, seed=1)
     gu, down = _panels(qt, 2 * 1536, 256, seed=2), _panels(qt, 200, 1536, seed=3)
-    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(4)) * 3
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(4)) * 3
     _same_on_any_threads(lambda: w.linear(x))
     _same_on_any_threads(lambda: gu.gated_mlp(down, x))
 
