@@ -139,9 +139,10 @@ class BalancedTurn {
 };
 
 // Rows of a batch from which its kernels' threads take each other's items. Below, a region is a
-// few microseconds and a taken item's cache lines crossing between the vCPUs (220-600 ns
-// there and back on the VM above) cost more than the wait they save: one stream's decode
-// (one row) ran 1.02x slower stealing, 1.04x taking items one by one.
+// few microseconds, about what a taken item's cache lines cost crossing between the vCPUs
+// (200-2,000 ns there and back on the VM above): one stream's decode (one row) ran 1.02x
+// slower stealing and 1.04x taking items one by one, within that VM's noise (two identical
+// builds differed by 2-3%), so one stream keeps the fixed split rather than risk it.
 constexpr int64_t kStealRows = 8;
 
 // The threads balanced_for runs n items on: at most one an item.

@@ -625,9 +625,11 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
 #endif
   const int64_t per_seq = split ? 1 : H;  // query heads per work item
   const int64_t items_per_seq = H / per_seq;
-  // items [begin, end), or with `turn` (begin, end unused) the items it hands out
-  auto work = [&](int64_t begin, int64_t end, BalancedTurn* turn) {
+  // Whole sequences an item, a thread done with its own taking a slower thread's last ones;
+  // (sequence, head) items split as at::parallel_for splits them (no stealing).
+  balanced_for(D * items_per_seq, [&](BalancedTurn& turn) {
     std::vector<float> scores, acc(H * d), buf(kQuant ? row_len : 0), row_scale(kvh);
+    int64_t run_end = 0;  // the end of the run of items this thread is in
     auto fetch = [&](const T* pool, const uint16_t* scales, int64_t slot, float mul) {
       if constexpr (kQuant) {
         Row<T>::load(pool + slot * row_len, buf.data(), row_len);
@@ -687,9 +689,8 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       float* out = op + b * H * d;
       std::fill(out, out + H * d, 0.f);
       rd.next = {};  // and the V pass's, the K rows of this thread's next sequence (an item
-      const int64_t nb = turn ? turn->peek() : b + 1;  // is a sequence here: unsplit tiles)
-      if (nb >= 0 && nb < (turn ? D : end))
-        rd.next = {kp, nb, visible_start(lens[nb], window), lens[nb]};
+      const int64_t nb = b + 1 < run_end ? b + 1 : turn.peek();  // is a sequence here:
+      if (nb >= 0) rd.next = {kp, nb, visible_start(lens[nb], window), lens[nb]};  // unsplit)
       for (int64_t t_a = 0; t_a < s.n; t_a += kChunk) {
         std::fill(acc.begin(), acc.end(), 0.f);
         values_range<NV, T>(rd, s, 0, H, t_a, std::min(s.n, t_a + kChunk), scores.data(), s.n,
@@ -698,29 +699,21 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
       }
     };
 #endif
-    auto run = [&](int64_t b, int64_t h0, int64_t h1) {
+    // each run of items [begin, run_end) as runs of consecutive heads of one sequence
+    for (int64_t begin; (begin = turn.next_run(&run_end)) >= 0;)
+      for (int64_t it = begin; it < run_end;) {
+        const int64_t b = it / items_per_seq, first = it % items_per_seq;
+        const int64_t last = std::min(items_per_seq, first + (run_end - it));
+        const int64_t h0 = first * per_seq, h1 = last * per_seq;
 #if defined(PAGEDLLM_PA_TILES)
-      if (kTiles<T> && d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b);
-      else if (kTiles<T> && d == 128) attend_tiles(std::integral_constant<int, 128 / kVW>{}, b);
-      else
+        if (kTiles<T> && d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b);
+        else if (kTiles<T> && d == 128) attend_tiles(std::integral_constant<int, 128 / kVW>{}, b);
+        else
 #endif
-      attend(b, h0, h1);
-    };
-    if (turn) {  // whole sequences
-      for (int64_t b; (b = turn->next()) >= 0;) run(b, 0, H);
-      return;
-    }
-    // items [begin, end) as runs of consecutive heads of one sequence
-    for (int64_t it = begin; it < end;) {
-      const int64_t b = it / items_per_seq, first = it % items_per_seq;
-      const int64_t last = std::min(items_per_seq, first + (end - it));
-      run(b, first * per_seq, last * per_seq);
-      it += last - first;
-    }
-  };
-  // a sequence an item: a thread done with its sequences takes a slower thread's last ones
-  if (!split) balanced_for(D, [&](BalancedTurn& turn) { work(0, 0, &turn); }, D >= kStealRows);
-  else at::parallel_for(0, D * items_per_seq, 1, [&](int64_t b, int64_t e) { work(b, e, nullptr); });
+        attend(b, h0, h1);
+        it += last - first;
+      }
+  }, !split && D >= kStealRows);
 }
 
 // Which thread reads what mirrors decode above: with at least as many rows as threads, thread t
