@@ -155,46 +155,61 @@ void rows_to_bf16(const float* x, int64_t M, int64_t Mp, int64_t K, uint16_t* ou
   });
 }
 
-// The output lines a later pass will write, asked for (PREFETCHW) a share at each of this
-// pass's nb steps, so they are in L1 by the time that pass stores its tiles. Without it each
+// Lines a later pass will use, asked for a share at each of this pass's nb steps: output lines
+// it will write (PREFETCHW, rows_of / tile_rows_of), so they are in L1 by the time that pass
+// stores its tiles, or a kept panel it will read (read_of). Without the first, each
 // of a pass's 64 line stores waited for its line to be read first (the output outgrows L2
 // beside the rows and panels): on a Sapphire Rapids class Xeon the stores took 35-60% of the
 // loop's time (K 576 x N 960 x 320 rows, one core: 1,055 GF/s with plain stores, 1,722 with
 // the lines asked for, 2,116 with no output at all); a 512-token prefill 1.05x.
-struct OutputLines {
+struct LinesAhead {
   const char* base = nullptr;  // null: nothing to ask for
   int64_t lines = 0, per_group = 1, group_stride = 0, per_step = 0;
 
-  OutputLines() = default;
+  LinesAhead() = default;
   // `rows` rows of a 32-column panel's fp32 output at y (row stride ldy): two lines a row.
-  static OutputLines rows_of(float* y, int64_t ldy, int64_t rows, int64_t nb) {
-    return OutputLines(y, 2 * rows, 2, ldy * 4, nb);
+  static LinesAhead rows_of(float* y, int64_t ldy, int64_t rows, int64_t nb) {
+    return LinesAhead(y, 2 * rows, 2, ldy * 4, nb);
   }
   // Rows m .. m + rows - 1 of one 32-value block of A tiles (tile_row; `at` = the block's
   // row m): a line a row, 16 rows (1 KB) together, a row tile every 16 K values.
-  static OutputLines tile_rows_of(uint16_t* at, int64_t K, int64_t rows, int64_t nb) {
-    return OutputLines(at, rows, 16, 16 * K * 2, nb);
+  static LinesAhead tile_rows_of(uint16_t* at, int64_t K, int64_t rows, int64_t nb) {
+    return LinesAhead(at, rows, 16, 16 * K * 2, nb);
+  }
+  // Lines [first, first + n) of `bytes` contiguous bytes at p to be read (PREFETCHT1: into
+  // L2, the panel's first pass loads its tiles from there).
+  static LinesAhead read_of(const void* p, int64_t bytes, int64_t first, int64_t n, int64_t nb) {
+    LinesAhead o(static_cast<const char*>(p) + first * 64, std::min(n, bytes / 64 - first),
+                  1 << 30, 0, nb);
+    o.read = true;
+    return o;
   }
   // Pass step j's share of the lines.
   void step(int64_t j) const {
     for (int64_t l = j * per_step; base && l < std::min(lines, (j + 1) * per_step); ++l) {
       const char* p = base + (l / per_group) * group_stride + (l % per_group) * 64;
-      asm volatile("prefetchw %0" ::"m"(*p));  // GCC 12 dropped __builtin_prefetch(p, 1) here
+      if (read)
+        asm volatile("prefetcht1 %0" ::"m"(*p));
+      else
+        asm volatile("prefetchw %0" ::"m"(*p));  // GCC 12 dropped __builtin_prefetch(p, 1) here
     }
   }
 
  private:
-  OutputLines(const void* p, int64_t n, int64_t group, int64_t stride, int64_t nb)
-      : base(static_cast<const char*>(p)), lines(n), per_group(group), group_stride(stride),
-        per_step((n + nb - 1) / nb) {}
+  bool read = false;
+  LinesAhead(const void* p, int64_t n, int64_t group, int64_t stride, int64_t nb)
+      : base(static_cast<const char*>(p)), lines(std::max<int64_t>(0, n)), per_group(group),
+        group_stride(stride), per_step((std::max<int64_t>(0, n) + nb - 1) / nb) {}
 };
 
 // Rows m .. m + 16 RT - 1 of xa times one dequantized panel (bt, nb blocks) into y (row
-// stride ldy): the four C tiles stay in their registers over all of K; `next`: the output
-// lines of the pass after this one, asked for as it goes.
+// stride ldy): the four C tiles stay in their registers over all of K; `next` (the output
+// lines of the pass after this one) and `ahead` (a share of the next panel) asked for as it
+// goes.
 template <typename T, int RT>
 void tile_pass(const uint16_t* xa, int64_t K, const uint16_t* bt, int64_t nb, float* y,
-               int64_t ldy, int64_t ncols, const OutputLines& next = OutputLines()) {
+               int64_t ldy, int64_t ncols, const LinesAhead& next = LinesAhead(),
+               const LinesAhead& ahead = LinesAhead()) {
   T::template zero<0>();
   T::template zero<1>();
   if constexpr (RT == 2) {
@@ -203,6 +218,7 @@ void tile_pass(const uint16_t* xa, int64_t K, const uint16_t* bt, int64_t nb, fl
   }
   for (int64_t j = 0; j < nb; ++j) {
     next.step(j);
+    ahead.step(j);
     T::template load<4>(xa + 512 * j, 64);
     T::template load<6>(bt + (2 * j) * 512, 64);
     T::template load<7>(bt + (2 * j + 1) * 512, 64);
@@ -235,17 +251,25 @@ void tile_pass(const uint16_t* xa, int64_t K, const uint16_t* bt, int64_t nb, fl
 // next panel's first pass, or nothing).
 template <typename T>
 void panel_rows(const uint16_t* xa, int64_t Mp, int64_t K, const uint16_t* bt, int64_t nb,
-                float* y, int64_t ldy, int64_t ncols, const OutputLines& after = OutputLines()) {
+                float* y, int64_t ldy, int64_t ncols, const LinesAhead& after = LinesAhead(),
+                const uint16_t* upcoming = nullptr) {
+  // `upcoming`: the next panel's kept B tiles, asked for a share a pass (into L2)
+  const int64_t passes = (Mp + 31) / 32, panel_lines = nb * 32;
+  auto ahead = [&](int64_t m) {
+    if (!upcoming) return LinesAhead();
+    const int64_t k = m / 32, first = k * panel_lines / passes;
+    return LinesAhead::read_of(upcoming, nb * 2048, first, (k + 1) * panel_lines / passes - first, nb);
+  };
   const bool full = ncols == kNB;  // a partial panel stores through a buffer of its own
   auto next = [&](int64_t m) {
-    if (!full) return OutputLines();
+    if (!full) return LinesAhead();
     if (m >= Mp) return after;
-    return OutputLines::rows_of(y + m * ldy, ldy, std::min<int64_t>(32, Mp - m), nb);
+    return LinesAhead::rows_of(y + m * ldy, ldy, std::min<int64_t>(32, Mp - m), nb);
   };
   int64_t m = 0;
   for (; m + 32 <= Mp; m += 32)
-    tile_pass<T, 2>(xa + m * K, K, bt, nb, y + m * ldy, ldy, ncols, next(m + 32));
-  if (m < Mp) tile_pass<T, 1>(xa + m * K, K, bt, nb, y + m * ldy, ldy, ncols, next(Mp));
+    tile_pass<T, 2>(xa + m * K, K, bt, nb, y + m * ldy, ldy, ncols, next(m + 32), ahead(m));
+  if (m < Mp) tile_pass<T, 1>(xa + m * K, K, bt, nb, y + m * ldy, ldy, ncols, next(Mp), ahead(m));
 }
 
 // f(tiles) with the mode's tile type: HwTiles{} (AMX) or EmuTiles{} (the software model).
@@ -337,7 +361,17 @@ void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp,
           uint16_t* bt = w.tiles ? nullptr : taken.reserve(W * pv);
           for (int k = 0; k < W; ++k) other[k] = w.panel(panel_of(i, k), bt ? bt + k * pv : nullptr);
         }
-        body(tiles, i, pan, m0, std::min(chunk, Mp - m0));
+        // Kept tiles: the panels of this thread's next unit (its share is one group), asked
+        // for while this one runs; a panel read from memory at its first pass stalled the
+        // tiles (512-token prefill 1.03-1.04x, 2,000 tokens 1.005x, same bits).
+        const uint16_t* upcoming[W] = {};
+        if (const int64_t v = w.tiles ? turn.peek() : -1; v >= 0) {
+          const int64_t vo = v / (share * chunks), vl = v - vo * share * chunks;
+          const int64_t vi = vo * share + vl % (std::min(items, vo * share + share) - vo * share);
+          if (vi != i)
+            for (int k = 0; k < W; ++k) upcoming[k] = w.tiles + panel_of(vi, k) * pv;
+        }
+        body(tiles, i, pan, m0, std::min(chunk, Mp - m0), upcoming);
       }
     });
   });
@@ -351,16 +385,16 @@ void linear_impl(const uint16_t* xa, int64_t Mp, int64_t K, const Panels<F>& w, 
   const int64_t nb = K / 32;
   tile_items<1>(w, (N + kNB - 1) / kNB, [](int64_t p, int) { return p; }, Mp, K, mode,
                 [&](auto tiles, int64_t p, const uint16_t* const* panel, int64_t m0,
-                    int64_t rows) {
+                    int64_t rows, const uint16_t* const* upcoming) {
                   using T = decltype(tiles);
                   // the next panel's first pass over these rows: usually this thread's next
                   const int64_t q = p + 1;
-                  const OutputLines after =
+                  const LinesAhead after =
                       (q + 1) * kNB <= N
-                          ? OutputLines::rows_of(y + m0 * N + q * kNB, N, std::min<int64_t>(32, rows), nb)
-                          : OutputLines();
+                          ? LinesAhead::rows_of(y + m0 * N + q * kNB, N, std::min<int64_t>(32, rows), nb)
+                          : LinesAhead();
                   panel_rows<T>(xa + m0 * K, rows, K, panel[0], nb, y + m0 * N + p * kNB, N,
-                                std::min<int64_t>(kNB, N - p * kNB), after);
+                                std::min<int64_t>(kNB, N - p * kNB), after, upcoming[0]);
                 });
 }
 
@@ -375,25 +409,33 @@ void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Pa
   const int64_t nb = K / 32, Q = I / kNB;
   tile_items<2>(w, Q, [Q](int64_t q, int k) { return q + k * Q; }, Mp, K, mode,
                 [&](auto tiles, int64_t q, const uint16_t* const* pair, int64_t m0,
-                    int64_t rows) {
+                    int64_t rows, const uint16_t* const* upcoming) {
     using T = decltype(tiles);
     alignas(64) float g[32][32], u[32][32], o[32];
+    const int64_t passes = (rows + 31) / 32, panel_lines = nb * 32;
+    // the next item's gate (during gate passes) and up (during up passes) panels, a share a pass
+    auto ahead = [&](int k, int64_t m) {
+      if (!upcoming[k]) return LinesAhead();
+      const int64_t j = (m - m0) / 32, first = j * panel_lines / passes;
+      return LinesAhead::read_of(upcoming[k], nb * 2048, first,
+                                  (j + 1) * panel_lines / passes - first, nb);
+    };
     for (int64_t m = m0; m < m0 + rows; m += 32) {
       const int64_t n = std::min<int64_t>(32, m0 + rows - m);
       // this pass's h rows (the gate pass) and the next pass's (the up pass) asked for
       const int64_t after = m + 32 < m0 + rows ? std::min<int64_t>(32, m0 + rows - m - 32) : 0;
-      const OutputLines here =
-          m == m0 ? OutputLines::tile_rows_of(tile_row(h, m, I) + 16 * kNB * q, I, n, nb)
-                  : OutputLines();
-      const OutputLines next =
-          after ? OutputLines::tile_rows_of(tile_row(h, m + 32, I) + 16 * kNB * q, I, after, nb)
-                : OutputLines();
+      const LinesAhead here =
+          m == m0 ? LinesAhead::tile_rows_of(tile_row(h, m, I) + 16 * kNB * q, I, n, nb)
+                  : LinesAhead();
+      const LinesAhead next =
+          after ? LinesAhead::tile_rows_of(tile_row(h, m + 32, I) + 16 * kNB * q, I, after, nb)
+                : LinesAhead();
       if (n == 32) {
-        tile_pass<T, 2>(xa + m * K, K, pair[0], nb, &g[0][0], 32, kNB, here);
-        tile_pass<T, 2>(xa + m * K, K, pair[1], nb, &u[0][0], 32, kNB, next);
+        tile_pass<T, 2>(xa + m * K, K, pair[0], nb, &g[0][0], 32, kNB, here, ahead(0, m));
+        tile_pass<T, 2>(xa + m * K, K, pair[1], nb, &u[0][0], 32, kNB, next, ahead(1, m));
       } else {
-        tile_pass<T, 1>(xa + m * K, K, pair[0], nb, &g[0][0], 32, kNB, here);
-        tile_pass<T, 1>(xa + m * K, K, pair[1], nb, &u[0][0], 32, kNB, next);
+        tile_pass<T, 1>(xa + m * K, K, pair[0], nb, &g[0][0], 32, kNB, here, ahead(0, m));
+        tile_pass<T, 1>(xa + m * K, K, pair[1], nb, &u[0][0], 32, kNB, next, ahead(1, m));
       }
       for (int64_t r = 0; r < n; ++r) {
         uint16_t* dst = tile_row(h, m + r, I) + 16 * kNB * q;
