@@ -411,7 +411,7 @@ void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Pa
                 [&](auto tiles, int64_t q, const uint16_t* const* pair, int64_t m0,
                     int64_t rows, const uint16_t* const* upcoming) {
     using T = decltype(tiles);
-    alignas(64) float g[32][32], u[32][32], o[32];
+    alignas(64) float g[32][32], u[32][32], o[32][32];
     const int64_t passes = (rows + 31) / 32, panel_lines = nb * 32;
     // the next item's gate (during gate passes) and up (during up passes) panels, a share a pass
     auto ahead = [&](int k, int64_t m) {
@@ -437,15 +437,18 @@ void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Pa
         tile_pass<T, 1>(xa + m * K, K, pair[0], nb, &g[0][0], 32, kNB, here, ahead(0, m));
         tile_pass<T, 1>(xa + m * K, K, pair[1], nb, &u[0][0], 32, kNB, next, ahead(1, m));
       }
+      // the pass's rows before M in one call (elementwise: the bits of a call a row; 1.01x
+      // the MLP at 512 and 2,000 rows)
+      const int64_t real = std::max<int64_t>(0, std::min(n, M - m));
+      silu_mul_span(&g[0][0], &u[0][0], &o[0][0], real * kNB);
       for (int64_t r = 0; r < n; ++r) {
         uint16_t* dst = tile_row(h, m + r, I) + 16 * kNB * q;
-        if (m + r >= M) {
+        if (r >= real) {
           std::memset(dst, 0, kNB * sizeof(uint16_t));
           continue;
         }
-        silu_mul_span(g[r], u[r], o, kNB);
-        store_bf16(dst, vload(o));
-        store_bf16(dst + 16, vload(o + 16));
+        store_bf16(dst, vload(o[r]));
+        store_bf16(dst + 16, vload(o[r] + 16));
       }
     }
   });
