@@ -58,6 +58,9 @@ inline void store_bf16(uint16_t* dst, V x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
                       reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
 }
+
+// 32 floats (lo, then hi) as 32 bf16 values in order, one vector.
+inline VI bf16_32(V lo, V hi) { return reinterpret_cast<VI>(_mm512_cvtne2ps_pbh(hi, lo)); }
 #else
 // One B tile row: column n's bf16 pair (even k, odd k) in lane n.
 inline VI pair_row(V even, V odd) {
@@ -67,6 +70,12 @@ inline VI pair_row(V even, V odd) {
 // 16 floats as 16 bf16 values at dst.
 inline void store_bf16(uint16_t* dst, V x) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(bf16_bits(x)));
+}
+
+// 32 floats (lo, then hi) as 32 bf16 values in order, one vector.
+inline VI bf16_32(V lo, V hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(bf16_bits(lo))),
+                            _mm512_cvtepi32_epi16(bf16_bits(hi)), 1);
 }
 #endif
 #endif

@@ -286,19 +286,24 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
       const bool on_tiles = tiles[ti].tiles;
       // Row r = qi * G + g (position pos0 + qi, head hk * G + g) sits in lane r % kVW of block
       // r / kVW; lanes past the last row repeat it (computed, never written out). Tile rows go
-      // straight into their blocks' Q^T pairs (write_query_pairs), the others into qt.
-      for (int64_t r = 0; r < nb * kVW; ++r) {
-        const int64_t rr = std::min(r, R - 1);
-        const float* src = q + (row0 + rr / G) * lo.q_stride + (hk * G + rr % G) * d;
-        qpos[r] = static_cast<float>(pos0 + rr / G);
+      // straight into their blocks' Q^T pairs (write_query_block), the others into qt.
+      for (int64_t bi = 0; bi < nb; ++bi) {
+        const float* src[kVW];
+        for (int64_t i = 0; i < kVW; ++i) {
+          const int64_t rr = std::min(bi * kVW + i, R - 1);
+          src[i] = q + (row0 + rr / G) * lo.q_stride + (hk * G + rr % G) * d;
+          qpos[bi * kVW + i] = static_cast<float>(pos0 + rr / G);
+        }
 #if PAGEDLLM_VARLEN_TILES
         if (on_tiles) {
-          write_query_pairs(src, d, lo.scale, qb.data() + (r / kVW) * d / 2 * 16 + r % kVW);
+          write_query_block(src, d, lo.scale, qb.data() + bi * d / 2 * 16);
           continue;
         }
 #endif
-        float* dst = qt.data() + (r / kVW) * d * kVW + r % kVW;
-        for (int64_t c = 0; c < d; ++c) dst[c * kVW] = src[c] * lo.scale;
+        for (int64_t i = 0; i < kVW; ++i) {
+          float* dst = qt.data() + bi * d * kVW + i;
+          for (int64_t c = 0; c < d; ++c) dst[c * kVW] = src[i][c] * lo.scale;
+        }
       }
       std::fill(ot.begin(), ot.begin() + nb * d * kVW, 0.f);
       std::fill(m.begin(), m.begin() + nb * kVW, -1e30f);
@@ -370,6 +375,22 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
         }
         if (pending) attend_pair(pair, pair_qb, c0, nk, pair_mask, 1);
       }
+#if PAGEDLLM_VARLEN_TILES
+      if (d % 16 == 0) {  // AVX-512 (kVW 16): a block's rows by 16 x 16 transposes
+        for (int64_t bi = 0; bi < nb; ++bi) {
+          const int rows = static_cast<int>(std::min<int64_t>(kVW, R - bi * kVW));
+          float* dst[kVW];
+          float inv[kVW];
+          for (int i = 0; i < rows; ++i) {
+            const int64_t r = bi * kVW + i;
+            dst[i] = out + (row0 + r / G) * H * d + (hk * G + r % G) * d;
+            inv[i] = 1.f / l[r];
+          }
+          write_output_rows(ot.data() + bi * d * kVW, d, inv, rows, dst);
+        }
+        continue;
+      }
+#endif
       for (int64_t r = 0; r < R; ++r) {
         float* dst = out + (row0 + r / G) * H * d + (hk * G + r % G) * d;
         const float* src = ot.data() + (r / kVW) * d * kVW + r % kVW;
