@@ -110,6 +110,23 @@ def test_prompt_tiles_rows(ops, mode):
             _same_on_any_threads(lambda: bf16_mlp(ops, x, gu, down))
 
 
+@pytest.mark.parametrize("mode", ["emulated", "amx"])
+def test_prompt_tiles_row_split(ops, mode):
+    """Kept tiles and 1,040 rows: on 3 and 4 threads (at least 256 rows a thread) the
+    threads split the rows, not the panels (kRowSplitRows): 288 rows a thread on 4 threads,
+    the last thread 176, each thread's rows in chunks; the GEMM and the MLP give one
+    thread's bits."""
+    qt = gguf.GGMLQuantizationType.Q4_1
+    w = _panels(qt, 70, 256, seed=15)
+    gu, down = _panels(qt, 2 * 64, 256, seed=16), _panels(qt, 40, 64, seed=17)
+    for m in (w, gu, down):
+        m.keep_bf16_tiles()
+    x = torch.randn(1040, 256, generator=torch.Generator().manual_seed(18))
+    with prompt_tiles(ops, mode):
+        _same_on_any_threads(lambda: bf16_linear(ops, x, w))
+        _same_on_any_threads(lambda: bf16_mlp(ops, x, gu, down))
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 def test_decode_attention_sequences(kv_dtype):
     """A decode step of 40 sequences of 1 to 300 tokens (a sequence an item)."""
