@@ -247,18 +247,18 @@ void tile_pass(const uint16_t* xa, int64_t K, const uint16_t* bt, int64_t nb, fl
 }
 
 // Rows 0 .. Mp - 1 of xa through one panel into y, 32 rows a pass; each pass asks for the next
-// pass's output lines, the last one for those of `after` (`after_rows` rows from y_after: the
-// next panel's first pass, or nothing).
+// pass's output lines (the last one for `after`: the next panel's first pass, or nothing) and
+// for its share of `upcoming`, the next panel's kept B tiles (or null).
 template <typename T>
 void panel_rows(const uint16_t* xa, int64_t Mp, int64_t K, const uint16_t* bt, int64_t nb,
                 float* y, int64_t ldy, int64_t ncols, const LinesAhead& after = LinesAhead(),
                 const uint16_t* upcoming = nullptr) {
-  // `upcoming`: the next panel's kept B tiles, asked for a share a pass (into L2)
   const int64_t passes = (Mp + 31) / 32, panel_lines = nb * 32;
   auto ahead = [&](int64_t m) {
     if (!upcoming) return LinesAhead();
     const int64_t k = m / 32, first = k * panel_lines / passes;
-    return LinesAhead::read_of(upcoming, nb * 2048, first, (k + 1) * panel_lines / passes - first, nb);
+    return LinesAhead::read_of(upcoming, nb * 2048, first,
+                               (k + 1) * panel_lines / passes - first, nb);
   };
   const bool full = ncols == kNB;  // a partial panel stores through a buffer of its own
   auto next = [&](int64_t m) {
@@ -432,9 +432,9 @@ void linear_impl(const uint16_t* xa, int64_t Mp, int64_t K, const Panels<F>& w, 
                   // the next panel's first pass over these rows: usually this thread's next
                   const int64_t q = p + 1;
                   const LinesAhead after =
-                      (q + 1) * kNB <= N
-                          ? LinesAhead::rows_of(y + m0 * N + q * kNB, N, std::min<int64_t>(32, rows), nb)
-                          : LinesAhead();
+                      (q + 1) * kNB <= N ? LinesAhead::rows_of(y + m0 * N + q * kNB, N,
+                                                               std::min<int64_t>(32, rows), nb)
+                                         : LinesAhead();
                   panel_rows<T>(xa + m0 * K, rows, K, panel[0], nb, y + m0 * N + p * kNB, N,
                                 std::min<int64_t>(kNB, N - p * kNB), after, upcoming[0]);
                 });
