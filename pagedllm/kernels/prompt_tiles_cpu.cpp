@@ -312,8 +312,9 @@ constexpr int64_t kGroupBytes = 4 << 20;
 // panels: each thread reads every panel (from L3, asked for ahead) but only its own rows,
 // where split by panels each thread read every row, half of them written by the other core.
 // SmolLM2 Q4_1, 2 threads, Sapphire Rapids class VM, one process alternating the splits:
-// prefill 512 tokens 1.05x, 600 1.03x, 2,000 1.02x; 256 tokens (128 rows a thread) 0.95x.
-constexpr int64_t kRowSplitRows = 256;
+// prefill 384 tokens (192 rows a thread) 1.065x, 448 1.056x, 512 1.05x, 600 1.03x, 2,000
+// 1.02x; 352 (176 a thread) 1.04x, 320 (160) 0.975x, 256 (128) 0.95x.
+constexpr int64_t kRowSplitRows = 192;
 
 // The loop of both tile GEMMs: `items` (each W panels: panel_of(i, w)) split among the
 // threads over Mp rows of K values. A thread takes a group of its items' B tiles (all of its

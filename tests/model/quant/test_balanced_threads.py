@@ -112,7 +112,7 @@ def test_prompt_tiles_rows(ops, mode):
 
 @pytest.mark.parametrize("mode", ["emulated", "amx"])
 def test_prompt_tiles_row_split(ops, mode):
-    """Kept tiles and 1,040 rows: on 3 and 4 threads (at least 256 rows a thread) the
+    """Kept tiles and 1,040 rows: on 3 and 4 threads (at least 192 rows a thread) the
     threads split the rows, not the panels (kRowSplitRows): 288 rows a thread on 4 threads,
     the last thread 176, each thread's rows in chunks; the GEMM and the MLP give one
     thread's bits."""
