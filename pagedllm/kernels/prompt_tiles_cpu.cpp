@@ -179,8 +179,8 @@ struct LinesAhead {
   // Lines [first, first + n) of `bytes` contiguous bytes at p to be read (PREFETCHT1: into
   // L2, the panel's first pass loads its tiles from there).
   static LinesAhead read_of(const void* p, int64_t bytes, int64_t first, int64_t n, int64_t nb) {
-    LinesAhead o(static_cast<const char*>(p) + first * 64, std::min(n, bytes / 64 - first),
-                  1 << 30, 0, nb);
+    LinesAhead o(static_cast<const char*>(p) + first * 64, std::min(n, bytes / 64 - first), 1,
+                 64, nb);  // a line a group: contiguous
     o.read = true;
     return o;
   }
@@ -333,36 +333,45 @@ void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp,
   const int64_t pv = w.values();
   const int64_t chunk = std::max<int64_t>(32, kChunkBytes / (K * 2) / 32 * 32);
   const int64_t chunks = (Mp + chunk - 1) / chunk;
+  struct Unit {
+    int64_t item, m0, rows;
+    int64_t g0 = 0, gs = 0;  // split by panels: the item's group [g0, g0 + gs) of its share
+  };
+  // Kept tiles: the W panels of `item` into out (no dequantization).
+  auto kept = [&](int64_t item, const uint16_t** out) {
+    for (int k = 0; k < W; ++k) out[k] = w.panel(panel_of(item, k), nullptr);
+  };
+  // Kept tiles: the panels of this thread's next unit when it is another item, asked for
+  // while this one runs (null otherwise); a panel read from memory at its first pass stalled
+  // the tiles (512-token prefill 1.03-1.04x, 2,000 tokens 1.005x, same bits).
+  auto upcoming_of = [&](const BalancedTurn& turn, int64_t item, auto unit_of,
+                         const uint16_t** out) {
+    std::fill(out, out + W, nullptr);
+    const int64_t v = w.tiles ? turn.peek() : -1;
+    if (v < 0) return;
+    if (const int64_t next = unit_of(v).item; next != item) kept(next, out);
+  };
   if (const int64_t T = at::get_num_threads(); w.tiles && T > 1 && Mp >= kRowSplitRows * T) {
     // Kept tiles and a long prompt: thread t owns rows [t rpt, (t + 1) rpt) (about
     // rows_to_bf16's split, so it reads the A rows it wrote and writes the output rows the
     // next kernels give it) x every item, a chunk of its rows at a time, items in turn.
     const int64_t rpt = (Mp + 32 * T - 1) / (32 * T) * 32, c = std::min(chunk, rpt);
     const int64_t cpt = (rpt + c - 1) / c;  // chunks a thread
+    auto unit_of = [&](int64_t u) {
+      const int64_t t = u / (cpt * items), l = u % (cpt * items), m0 = t * rpt + (l / items) * c;
+      return Unit{l % items, m0, std::min({c, (t + 1) * rpt - m0, Mp - m0})};
+    };
     WorkShares units(T * cpt * items, T, cpt * items, true);
     balanced_for(units, [&](BalancedTurn& turn) {
       const TileScope scope(mode, kBf16Tiles);
       with_tiles(mode, [&](auto tiles) {
-        auto unit = [&](int64_t u, int64_t* i, int64_t* m0, int64_t* rows) {
-          const int64_t t = u / (cpt * items), l = u % (cpt * items);
-          *i = l % items;
-          *m0 = t * rpt + (l / items) * c;
-          *rows = std::min({c, (t + 1) * rpt - *m0, Mp - *m0});
-        };
         for (int64_t u; (u = turn.next()) >= 0;) {
-          int64_t i, m0, rows;
-          unit(u, &i, &m0, &rows);
-          if (rows <= 0) continue;
-          const uint16_t* pan[W];
-          for (int k = 0; k < W; ++k) pan[k] = w.tiles + panel_of(i, k) * pv;
-          const uint16_t* upcoming[W] = {};
-          if (const int64_t v = turn.peek(); v >= 0) {
-            int64_t vi, vm, vr;
-            unit(v, &vi, &vm, &vr);
-            if (vi != i)
-              for (int k = 0; k < W; ++k) upcoming[k] = w.tiles + panel_of(vi, k) * pv;
-          }
-          body(tiles, i, pan, m0, rows, upcoming);
+          const Unit n = unit_of(u);
+          if (n.rows <= 0) continue;  // past Mp: the last threads' shares may end early
+          const uint16_t *pan[W], *upcoming[W];
+          kept(n.item, pan);
+          upcoming_of(turn, n.item, unit_of, upcoming);
+          body(tiles, n.item, pan, n.m0, n.rows, upcoming);
         }
       });
     });
@@ -376,6 +385,13 @@ void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp,
   // runs their units group by group, chunk by chunk within a group, item by item within a
   // chunk; a thread done with its own takes another's units from the back (balanced_for_cpu.h).
   const int64_t threads = balanced_threads(items), share = (items + threads - 1) / threads;
+  auto unit_of = [&](int64_t u) {
+    const int64_t o0 = u / (share * chunks) * share, l = u - o0 * chunks;
+    const int64_t gi = l / (group * chunks), g0 = o0 + gi * group;
+    const int64_t gs = std::min(group, std::min(items, o0 + share) - g0);
+    const int64_t r = l - gi * group * chunks, m0 = (r / gs) * chunk;
+    return Unit{g0 + r % gs, m0, std::min(chunk, Mp - m0), g0, gs};
+  };
   WorkShares units(items * chunks, threads, share * chunks, true);
   balanced_for(units, [&](BalancedTurn& turn) {
     const TileScope scope(mode, kBf16Tiles);
@@ -385,36 +401,25 @@ void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp,
     with_tiles(mode, [&](auto tiles) {
       int64_t ready = -1;  // first item of the group whose panels `panels` holds
       for (int64_t u; (u = turn.next()) >= 0;) {
-        const int64_t owner = u / (share * chunks), o0 = owner * share;
-        const int64_t o1 = std::min(items, o0 + share), l = u - o0 * chunks;
-        const int64_t gi = l / (group * chunks), g0 = o0 + gi * group;
-        const int64_t gs = std::min(group, o1 - g0), r = l - gi * group * chunks;
-        const int64_t i = g0 + r % gs, m0 = (r / gs) * chunk;
+        const Unit n = unit_of(u);
+        const int64_t i = n.item;
         const uint16_t* const* pan = other;
-        if (owner == turn.thread()) {
-          if (g0 != ready) {
-            uint16_t* bt = w.tiles ? nullptr : buffer.reserve(W * gs * pv);
-            panels.resize(W * gs);
-            for (int64_t j = 0; j < gs * W; ++j)
-              panels[j] = w.panel(panel_of(g0 + j / W, j % W), bt ? bt + j * pv : nullptr);
-            ready = g0;
+        if (u / (share * chunks) == turn.thread()) {
+          if (n.g0 != ready) {
+            uint16_t* bt = w.tiles ? nullptr : buffer.reserve(W * n.gs * pv);
+            panels.resize(W * n.gs);
+            for (int64_t j = 0; j < n.gs * W; ++j)
+              panels[j] = w.panel(panel_of(n.g0 + j / W, j % W), bt ? bt + j * pv : nullptr);
+            ready = n.g0;
           }
-          pan = panels.data() + W * (i - g0);
+          pan = panels.data() + W * (i - n.g0);
         } else {
           uint16_t* bt = w.tiles ? nullptr : taken.reserve(W * pv);
           for (int k = 0; k < W; ++k) other[k] = w.panel(panel_of(i, k), bt ? bt + k * pv : nullptr);
         }
-        // Kept tiles: the panels of this thread's next unit (its share is one group), asked
-        // for while this one runs; a panel read from memory at its first pass stalled the
-        // tiles (512-token prefill 1.03-1.04x, 2,000 tokens 1.005x, same bits).
-        const uint16_t* upcoming[W] = {};
-        if (const int64_t v = w.tiles ? turn.peek() : -1; v >= 0) {
-          const int64_t vo = v / (share * chunks), vl = v - vo * share * chunks;
-          const int64_t vi = vo * share + vl % (std::min(items, vo * share + share) - vo * share);
-          if (vi != i)
-            for (int k = 0; k < W; ++k) upcoming[k] = w.tiles + panel_of(vi, k) * pv;
-        }
-        body(tiles, i, pan, m0, std::min(chunk, Mp - m0), upcoming);
+        const uint16_t* upcoming[W];
+        upcoming_of(turn, i, unit_of, upcoming);
+        body(tiles, i, pan, n.m0, n.rows, upcoming);
       }
     });
   });
