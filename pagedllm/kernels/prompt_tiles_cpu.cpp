@@ -157,7 +157,7 @@ void rows_to_bf16(const float* x, int64_t M, int64_t Mp, int64_t K, uint16_t* ou
 
 // Lines a later pass will use, asked for a share at each of this pass's nb steps: output lines
 // it will write (PREFETCHW, rows_of / tile_rows_of), so they are in L1 by the time that pass
-// stores its tiles, or a kept panel it will read (read_of). Without the first, each
+// stores its tiles, or a kept panel it will read (panel_share). Without the first, each
 // of a pass's 64 line stores waited for its line to be read first (the output outgrows L2
 // beside the rows and panels): on a Sapphire Rapids class Xeon the stores took 35-60% of the
 // loop's time (K 576 x N 960 x 320 rows, one core: 1,055 GF/s with plain stores, 1,722 with
@@ -176,11 +176,13 @@ struct LinesAhead {
   static LinesAhead tile_rows_of(uint16_t* at, int64_t K, int64_t rows, int64_t nb) {
     return LinesAhead(at, rows, 16, 16 * K * 2, nb);
   }
-  // Lines [first, first + n) of `bytes` contiguous bytes at p to be read (PREFETCHT1: into
-  // L2, the panel's first pass loads its tiles from there).
-  static LinesAhead read_of(const void* p, int64_t bytes, int64_t first, int64_t n, int64_t nb) {
-    LinesAhead o(static_cast<const char*>(p) + first * 64, std::min(n, bytes / 64 - first), 1,
-                 64, nb);  // a line a group: contiguous
+  // Pass `pass` of `passes`' share of a kept panel (nb blocks of B tiles at p) to be read
+  // (PREFETCHT1: into L2, the panel's first pass loads its tiles from there); null p: none.
+  static LinesAhead panel_share(const uint16_t* p, int64_t nb, int64_t pass, int64_t passes) {
+    if (!p) return LinesAhead();
+    const int64_t lines = nb * 32, first = pass * lines / passes;
+    LinesAhead o(reinterpret_cast<const char*>(p) + first * 64,
+                 (pass + 1) * lines / passes - first, 1, 64, nb);  // a line a group: contiguous
     o.read = true;
     return o;
   }
@@ -253,13 +255,8 @@ template <typename T>
 void panel_rows(const uint16_t* xa, int64_t Mp, int64_t K, const uint16_t* bt, int64_t nb,
                 float* y, int64_t ldy, int64_t ncols, const LinesAhead& after = LinesAhead(),
                 const uint16_t* upcoming = nullptr) {
-  const int64_t passes = (Mp + 31) / 32, panel_lines = nb * 32;
-  auto ahead = [&](int64_t m) {
-    if (!upcoming) return LinesAhead();
-    const int64_t k = m / 32, first = k * panel_lines / passes;
-    return LinesAhead::read_of(upcoming, nb * 2048, first,
-                               (k + 1) * panel_lines / passes - first, nb);
-  };
+  const int64_t passes = (Mp + 31) / 32;
+  auto ahead = [&](int64_t m) { return LinesAhead::panel_share(upcoming, nb, m / 32, passes); };
   const bool full = ncols == kNB;  // a partial panel stores through a buffer of its own
   auto next = [&](int64_t m) {
     if (!full) return LinesAhead();
@@ -460,13 +457,10 @@ void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Pa
                     int64_t rows, const uint16_t* const* upcoming) {
     using T = decltype(tiles);
     alignas(64) float g[32][32], u[32][32], o[32][32];
-    const int64_t passes = (rows + 31) / 32, panel_lines = nb * 32;
+    const int64_t passes = (rows + 31) / 32;
     // the next item's gate (during gate passes) and up (during up passes) panels, a share a pass
     auto ahead = [&](int k, int64_t m) {
-      if (!upcoming[k]) return LinesAhead();
-      const int64_t j = (m - m0) / 32, first = j * panel_lines / passes;
-      return LinesAhead::read_of(upcoming[k], nb * 2048, first,
-                                  (j + 1) * panel_lines / passes - first, nb);
+      return LinesAhead::panel_share(upcoming[k], nb, (m - m0) / 32, passes);
     };
     for (int64_t m = m0; m < m0 + rows; m += 32) {
       const int64_t n = std::min<int64_t>(32, m0 + rows - m);
