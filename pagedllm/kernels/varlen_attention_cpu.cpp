@@ -9,9 +9,10 @@
 //   seq p:   its n_p rows are positions L_p - n_p .. L_p - 1 (L_p = seq_lens[p], cached + new)
 //            the row at position i sees keys max(0, i - window + 1) .. i
 //
-// Work item = (sequence, KV head, tile of kQT query positions). A tile's rows are its
-// positions x the G query heads of that KV head (GQA: each K/V chunk is loaded once for all G
-// heads), in blocks of kVW rows held in the lanes of a vector ("rows in lanes"):
+// Work item = (sequence, KV head, tile of kQT query positions; kQTT for prompt rows on the
+// AMX tiles). A tile's rows are its positions x the G query heads of that KV head (GQA: each
+// K/V chunk is loaded once for all G heads), in blocks of kVW rows held in the lanes of a
+// vector ("rows in lanes"):
 //
 //   qt [d][kVW]   the block's queries, transposed once per tile (times the scale)
 //   s[j]          one vector per key of the chunk: row r's score in lane r
@@ -47,6 +48,12 @@ namespace {
 #if PAGEDLLM_GGUF_SIMD
 constexpr int64_t kKC = kVW;  // keys per chunk
 constexpr int64_t kQT = 16;   // query positions per tile
+// Query positions per tile of prompt rows on the AMX tiles (varlen_tiles_cpu.h), which take
+// a chunk's blocks two at a time (sharing each K and V^T tile load): with 16 positions and
+// 3 heads a KV head (SmolLM2), every third block went alone. 32 positions (6 blocks): the
+// tiles' attention 1.03-1.05x at 512 and 2,000 tokens and mixed short prompts, 0.99x at one
+// 900-token prompt with nineteen 5-token ones (Sapphire Rapids class, same bits); 64: 1.00x.
+constexpr int64_t kQTT = 32;
 
 struct Layout {
   int64_t H, kvh, d, bs, max_blocks, q_stride;
@@ -190,7 +197,7 @@ std::vector<Tile> tiles_by_cost(const int64_t* lens, const int64_t* qstart, int6
     const int64_t split = qstart[p] + (prompt ? std::min(prompt[p], n) : 0);
     for (int64_t i = qstart[p]; i < qstart[p + 1];) {
       const int64_t end = i < split ? split : qstart[p + 1];
-      const int64_t nq = std::min(kQT, end - i);
+      const int64_t nq = std::min(i < split ? kQTT : kQT, end - i);
       const int64_t pos0 = lens[p] - n + (i - qstart[p]);
       const int64_t k_first = window > 0 ? std::max<int64_t>(0, pos0 - window + 1) : 0;
       const int64_t chunks = (pos0 + nq - k_first / kKC * kKC + kKC - 1) / kKC;
@@ -260,7 +267,7 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
   const std::vector<Tile> tiles =
       tiles_by_cost(lens, qstart, P, G, lo.window, use_tiles ? prompt : nullptr);
   const int64_t items = static_cast<int64_t>(tiles.size()) * lo.kvh;
-  const int64_t max_blocks = (kQT * G + kVW - 1) / kVW;
+  const int64_t max_blocks = (std::max(kQT, kQTT) * G + kVW - 1) / kVW;
 #if PAGEDLLM_VARLEN_TILES
   Bf16Buffer store;
   const std::vector<PackedKV> packed =
