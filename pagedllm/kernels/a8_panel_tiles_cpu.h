@@ -1,25 +1,28 @@
-// The int8-activation panels (quant_a8_panels_cpu.cpp) on AMX-int8 tiles, 32 or 16 rows at a
-// time: per 32-value block, TDPBSUD of 16 rows of s8 activations (tile A, one block wide) by a
-// column half of the panel's u8 codes (tile B, 8 k-quads x 16 columns) into 16 x 16 int32
-// tiles C, stored; then the blocks' epilogue on 16 fp32 accumulator vectors, instruction for
-// instruction the VNNI micro-kernel's (same scales, same order): the two paths give the same
-// bits, so rows may go either way whatever the batch. Q8_0's panel layout already is B tiles
-// (lane rows of 4-byte column quads, u8 = s8 + 128 under VNNI); a 4-bit panel's nibbles are
-// unpacked once per call into B tiles, shared by all of the call's row tiles.
+// The int8-activation panels (quant_a8_panels_cpu.cpp) on AMX-int8 tiles, 16 rows at a time:
+// per 32-value block, TDPBSUD of 16 rows of s8 activations (tile A, one block wide) by the
+// two column halves of the panel's u8 codes (tiles B, 8 k-quads x 16 columns) into 16 x 16
+// int32 tiles C, stored; then the block's epilogue on 32 fp32 accumulator vectors,
+// instruction for instruction the VNNI micro-kernel's (same scales, same order): the two
+// paths give the same bits, so rows may go either way whatever the batch. Q8_0's panel
+// layout already is B tiles (lane rows of 4-byte column quads, u8 = s8 + 128 under VNNI); a
+// 4-bit panel's nibbles are unpacked once per call into B tiles, shared by all of the call's
+// row tiles.
 //
 // Measured, not the default: on a Sapphire Rapids class Xeon (2026-12-04, SmolLM2's layer
-// GEMMs in Q4_1, docs/benchmarks.md) every schedule tried ran at 0.65-0.90x the VNNI path's
-// speed: the file's per-32-value scales need each block's int32 tile stored and converted
-// (one tile product of 8,192 multiply-adds against ~80 vector instructions of epilogue),
-// and the tiles without that epilogue reach only 1.8-3.2x VNNI (a tile load pair per
-// product). "auto" therefore leaves them off; PAGEDLLM_INT8_TILES=amx runs them.
+// GEMMs in Q4_1, docs/benchmarks.md) every two-pass schedule (all blocks' sums stored, then
+// the epilogue) ran at 0.65-0.90x the VNNI path's speed: the file's per-32-value scales need
+// each block's int32 tile stored and converted. The one-pass schedule below (2026-12-06:
+// block j's products while block j - 1's epilogue runs) is 1.2-1.3x faster than those and
+// 0.93-1.18x VNNI by shape at 64 rows (layer 0.80x / 0.86x / 0.96x at 16 / 32 / 64 rows, one
+// thread), offline 64 x 128/128 1.007x: a loop of it alone shows why: a block of 16 rows x 32
+// columns takes ~22 ns of tile work and ~35 ns of epilogue, and they overlap little. "auto"
+// therefore leaves the tiles off; PAGEDLLM_INT8_TILES=amx runs them.
 //
 // Built with AVX-512 VNNI (the epilogue is the VNNI path's, 16 columns a vector); the tiles
 // are AMX's (HwTiles) in an AMX build, or the software model (EmuTiles) for tests anywhere.
 // Included inside quant_a8_panels_cpu.cpp's anonymous namespace, after its micro-kernels.
 #pragma once
 #include <atomic>
-#include <new>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -31,9 +34,10 @@
 #define PAGEDLLM_A8P_TILES 1
 constexpr int64_t kTileRows = 16;
 
-// Tiles 0-3: C (16 x 16 int32), row tile r and column half h in tile 2 r + h; 4 / 5: A (16
-// rows x 32 s8) of row tiles 0 / 1; 6 / 7: B (8 k-quads x 16 columns x 4 u8) of halves 0 / 1.
-// Per block, up to 4 products from 4 tile loads (each A and B tile serves two products).
+// Tiles 0-3: C (16 x 16 int32), set S's column half h in tile 2 S + h; 4 / 5: A (16 rows x
+// 32 s8) of sets 0 / 1; 6 / 7: B (8 k-quads x 16 columns x 4 u8) of halves 0 / 1. Blocks
+// alternate between the two sets, so a block's products need not wait for the previous
+// block's sums to leave their tiles.
 constexpr TileConfig a8_tile_config() {
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
@@ -42,18 +46,6 @@ constexpr TileConfig a8_tile_config() {
   return cfg;
 }
 constexpr TileConfig kA8Tiles = a8_tile_config();  // built once, at compile time
-
-// 64-byte aligned storage for the tile sums (the epilogue's aligned vector loads).
-template <typename U>
-struct AlignedAlloc {
-  using value_type = U;
-  AlignedAlloc() = default;
-  template <typename W> AlignedAlloc(const AlignedAlloc<W>&) {}
-  U* allocate(size_t n) { return static_cast<U*>(::operator new(n * sizeof(U), std::align_val_t(64))); }
-  void deallocate(U* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  template <typename W> bool operator==(const AlignedAlloc<W>&) const { return true; }
-  template <typename W> bool operator!=(const AlignedAlloc<W>&) const { return false; }
-};
 
 // Where block j's B tile of column half h starts, and its row stride.
 struct BTiles {
@@ -84,34 +76,6 @@ BTiles b_tiles(const uint8_t* pc, int64_t nb) {
   }
 }
 
-// sums[j][2 r + h] = block j's 16 x 16 int32 sums of row tile r < RT (x rows 16 r.., stride K)
-// by column half h, for every block: the tile pass of tile_rows.
-template <typename T, int RT>
-inline void tile_sums(const int8_t* xq, int64_t K, const BTiles& bt, int64_t nb, int32_t* sums) {
-  for (int64_t j = 0; j < nb; ++j, sums += RT * 2 * 256) {
-    T::template zero<0>();
-    T::template zero<1>();
-    T::template load<4>(xq + 32 * j, K);
-    T::template load<6>(bt.at(j, 0), bt.stride);
-    T::template load<7>(bt.at(j, 1), bt.stride);
-    T::template dpbsud<0, 4, 6>();
-    T::template dpbsud<1, 4, 7>();
-    if constexpr (RT == 2) {
-      T::template zero<2>();
-      T::template zero<3>();
-      T::template load<5>(xq + 16 * K + 32 * j, K);
-      T::template dpbsud<2, 5, 6>();
-      T::template dpbsud<3, 5, 7>();
-    }
-    T::template store<0>(sums, 64);
-    T::template store<1>(sums + 256, 64);
-    if constexpr (RT == 2) {
-      T::template store<2>(sums + 512, 64);
-      T::template store<3>(sums + 768, 64);
-    }
-  }
-}
-
 // acc[r] += block j's part of row r, as micro<F, MR> adds it.
 template <int F>
 inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int64_t nb,
@@ -125,47 +89,58 @@ inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int6
   }
 }
 
-// 16 RT rows of quantized x over one panel (micro<F, MR>'s arguments, the panel as B tiles),
-// in two passes: every block's tile sums into a per-thread buffer, then per row tile and column
-// half the fp32 epilogue over the buffer with 16 accumulators in registers. The fastest of four
-// schedules measured on the Xeon (docs/benchmarks.md), all of them below VNNI's speed.
-template <int F, typename T, int RT>
-__attribute__((noinline)) void tile_rows(const int8_t* xq, int64_t K, const float* dx,
-                                         const int32_t* sq, const float* fq, int64_t nb,
-                                         const BTiles& bt, const uint16_t* d, const uint16_t* mo,
-                                         float* y, int64_t ldy, int64_t ncols) {
-  thread_local std::vector<int32_t, AlignedAlloc<int32_t>> buf;
-  buf.resize(static_cast<size_t>(nb) * RT * 2 * 256);
-  tile_sums<T, RT>(xq, K, bt, nb, buf.data());
-  for (int r0 = 0; r0 < RT; ++r0)
-    for (int h = 0; h < 2 && 16 * h < ncols; ++h) {
-      const int64_t rows = 16 * r0;
-      V acc[kTileRows];
-#pragma GCC unroll 16
-      for (int r = 0; r < kTileRows; ++r) acc[r] = vzero();
-      for (int64_t b = 0; b < nb; ++b) {
-        const V dv = f16v(d + b * kNB + 16 * h);
-        const V mv = F == kQ4_1 ? f16v(mo + b * kNB + 16 * h) : vzero();
-        tile_epilogue<F>(acc, buf.data() + (b * RT * 2 + 2 * r0 + h) * 256, b, nb,
-                         dx + rows * nb, sq + rows * nb, fq + rows * nb, dv, mv);
-      }
-      const int64_t n = std::min<int64_t>(16, ncols - 16 * h);
-#pragma GCC unroll 16
-      for (int r = 0; r < kTileRows; ++r) {
-        float out[16];
-        vstore(out, acc[r]);
-        std::memcpy(y + (rows + r) * ldy + 16 * h, out, n * sizeof(float));
-      }
-    }
+// One block's sums of 16 rows by both column halves, in tile set S (C tiles 2 S, 2 S + 1, A
+// tile 4 + S; B tiles 6 / 7), stored to c [2 halves][16][16].
+template <typename T, int S>
+inline void block_sums(const int8_t* xa, int64_t K, const BTiles& bt, int64_t j, int32_t* c) {
+  T::template zero<2 * S>();
+  T::template zero<2 * S + 1>();
+  T::template load<4 + S>(xa, K);
+  T::template load<6>(bt.at(j, 0), bt.stride);
+  T::template load<7>(bt.at(j, 1), bt.stride);
+  T::template dpbsud<2 * S, 4 + S, 6>();
+  T::template dpbsud<2 * S + 1, 4 + S, 7>();
+  T::template store<2 * S>(c, 64);
+  T::template store<2 * S + 1>(c + 256, 64);
 }
 
-// tile_rows<F, T, RT> on rows m.. of qx (RT = 2: 32 rows, 1: 16) into y (row m's outputs).
-template <int F, typename T, int RT>
-void tile_rows_at(const QuantizedX& qx, int64_t m, const BTiles& bt, const uint16_t* pd,
-                  const uint16_t* pm, float* y, int64_t ldy, int64_t ncols) {
-  const int64_t K = qx.K, nb = qx.nblk;
-  tile_rows<F, T, RT>(qx.q.data() + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
-                      qx.f32.data() + m * nb, nb, bt, pd, pm, y, ldy, ncols);
+// 16 rows of quantized x over one panel in one pass: block j's sums go through tile set j % 2
+// to an L1 buffer of their own while the epilogue of block j - 1 runs from the other's (the
+// out-of-order core overlaps the two), 32 accumulator vectors in registers.
+template <int F, typename T>
+__attribute__((noinline)) void tile_rows16(const int8_t* xq, int64_t K, const float* dx,
+                                           const int32_t* sq, const float* fq, int64_t nb,
+                                           const BTiles& bt, const uint16_t* d,
+                                           const uint16_t* mo, float* y, int64_t ldy,
+                                           int64_t ncols) {
+  alignas(64) int32_t c[2][512];
+  V acc0[kTileRows], acc1[kTileRows];
+#pragma GCC unroll 16
+  for (int r = 0; r < kTileRows; ++r) acc0[r] = acc1[r] = vzero();
+  auto epilogue = [&](int64_t b, const int32_t* cb) {
+    const V d0 = f16v(d + b * kNB), d1 = f16v(d + b * kNB + 16);
+    const V m0 = F == kQ4_1 ? f16v(mo + b * kNB) : vzero();
+    const V m1 = F == kQ4_1 ? f16v(mo + b * kNB + 16) : vzero();
+    tile_epilogue<F>(acc0, cb, b, nb, dx, sq, fq, d0, m0);
+    tile_epilogue<F>(acc1, cb + 256, b, nb, dx, sq, fq, d1, m1);
+  };
+  for (int64_t j = 0; j < nb; ++j) {
+    if (j % 2 == 0)
+      block_sums<T, 0>(xq + 32 * j, K, bt, j, c[0]);
+    else
+      block_sums<T, 1>(xq + 32 * j, K, bt, j, c[1]);
+    if (j > 0) epilogue(j - 1, c[(j - 1) % 2]);
+  }
+  epilogue(nb - 1, c[(nb - 1) % 2]);
+  const int64_t n0 = std::min<int64_t>(16, ncols), n1 = std::max<int64_t>(0, ncols - 16);
+#pragma GCC unroll 16
+  for (int r = 0; r < kTileRows; ++r) {
+    float out[32];
+    vstore(out, acc0[r]);
+    vstore(out + 16, acc1[r]);
+    std::memcpy(y + r * ldy, out, n0 * sizeof(float));
+    if (n1) std::memcpy(y + r * ldy + 16, out + 16, n1 * sizeof(float));
+  }
 }
 
 // Rows [m, m + 16 k) of a panel call on tiles (y: row m's outputs, row stride ldy): returns
@@ -176,20 +151,21 @@ int64_t tile_rows_of_panel(TileMode mode, const QuantizedX& qx, int64_t m, int64
                            int64_t ldy, int64_t ncols) {
   if (mode == TileMode::kOff || end - m < kTileRows) return m;
   const BTiles bt = b_tiles<F>(pc, qx.nblk);
-  const int64_t first = m;
-  // 16 RT rows from m on the mode's tiles
-  auto rows = [&](auto rt) {
-    constexpr int RT = decltype(rt)::value;
+  const int64_t K = qx.K, nb = qx.nblk;
+  for (const int64_t first = m; m + kTileRows <= end; m += kTileRows) {
     float* ym = y + (m - first) * ldy;
+    auto rows = [&](auto tiles) {
+      tile_rows16<F, decltype(tiles)>(qx.q.data() + m * K, K, qx.d.data() + m * nb,
+                                      qx.sum.data() + m * nb, qx.f32.data() + m * nb, nb, bt,
+                                      pd, pm, ym, ldy, ncols);
+    };
 #if PAGEDLLM_HAVE_AMX
-    if (mode == TileMode::kAmx) return tile_rows_at<F, HwTiles, RT>(qx, m, bt, pd, pm, ym, ldy, ncols);
+    if (mode == TileMode::kAmx) {
+      rows(HwTiles{});
+      continue;
+    }
 #endif
-    tile_rows_at<F, EmuTiles, RT>(qx, m, bt, pd, pm, ym, ldy, ncols);
-  };
-  for (; m + 2 * kTileRows <= end; m += 2 * kTileRows) rows(std::integral_constant<int, 2>{});
-  if (m + kTileRows <= end) {
-    rows(std::integral_constant<int, 1>{});
-    m += kTileRows;
+    rows(EmuTiles{});
   }
   return m;
 }
