@@ -1,21 +1,21 @@
 // The int8-activation panels (quant_a8_panels_cpu.cpp) on AMX-int8 tiles, 16 rows at a time:
-// per 32-value block, TDPBSUD of 16 rows of s8 activations (tile A, one block wide) by the
-// two column halves of the panel's u8 codes (tiles B, 8 k-quads x 16 columns) into 16 x 16
-// int32 tiles C, stored; then the block's epilogue on 32 fp32 accumulator vectors,
-// instruction for instruction the VNNI micro-kernel's (same scales, same order): the two
-// paths give the same bits, so rows may go either way whatever the batch. Q8_0's panel
-// layout already is B tiles (lane rows of 4-byte column quads, u8 = s8 + 128 under VNNI); a
-// 4-bit panel's nibbles are unpacked once per call into B tiles, shared by all of the call's
-// row tiles.
+// per 32-value block, TDPBSUD of 16 rows of s8 activations (tile A, one block wide) by a
+// column half of the panel's u8 codes (tile B, 8 k-quads x 16 columns) into a 16 x 16 int32
+// tile C, stored; then the block's epilogue on 16 fp32 accumulator vectors, instruction for
+// instruction the VNNI micro-kernel's (same scales, same order): the two paths give the same
+// bits, so rows may go either way whatever the batch. Q8_0's panel layout already is B tiles
+// (lane rows of 4-byte column quads, u8 = s8 + 128 under VNNI); a 4-bit panel's nibbles are
+// unpacked once per call into B tiles, shared by all of the call's row tiles.
 //
 // Measured, not the default: on a Sapphire Rapids class Xeon (2026-12-04, SmolLM2's layer
 // GEMMs in Q4_1, docs/benchmarks.md) every two-pass schedule (all blocks' sums stored, then
 // the epilogue) ran at 0.65-0.90x the VNNI path's speed: the file's per-32-value scales need
 // each block's int32 tile stored and converted. The one-pass schedule below (2026-12-06:
-// block j's products while block j - 1's epilogue runs) is 1.2-1.3x faster than those and
-// 0.93-1.18x VNNI by shape at 64 rows (layer 0.80x / 0.86x / 0.96x at 16 / 32 / 64 rows, one
-// thread), offline 64 x 128/128 1.007x: a loop of it alone shows why: a block of 16 rows x 32
-// columns takes ~22 ns of tile work and ~35 ns of epilogue, and they overlap little. "auto"
+// block j + 1's product while block j's epilogue runs, the accumulators in registers, the
+// int8 rows 64-byte aligned) runs 1.02-1.14x VNNI by shape at 64 rows and 0.88-1.03x at 16
+// (one thread), 1.01-1.16x at 64 rows with two threads, and the offline run 0.99x with it on:
+// a loop of it alone reaches ~1.8x VNNI, but its tile stores stall and the epilogue (a
+// conversion, a multiply and two FMAs a vector a block) is most of its work. "auto"
 // therefore leaves the tiles off; PAGEDLLM_INT8_TILES=amx runs them.
 //
 // Built with AVX-512 VNNI (the epilogue is the VNNI path's, 16 columns a vector); the tiles
@@ -34,10 +34,10 @@
 #define PAGEDLLM_A8P_TILES 1
 constexpr int64_t kTileRows = 16;
 
-// Tiles 0-3: C (16 x 16 int32), set S's column half h in tile 2 S + h; 4 / 5: A (16 rows x
-// 32 s8) of sets 0 / 1; 6 / 7: B (8 k-quads x 16 columns x 4 u8) of halves 0 / 1. Blocks
-// alternate between the two sets, so a block's products need not wait for the previous
-// block's sums to leave their tiles.
+// Tiles 0 / 3: C (16 x 16 int32) of sets 0 / 1; 4 / 5: A (16 rows x 32 s8); 6 / 7: B (8
+// k-quads x 16 columns x 4 u8). Blocks alternate between the two sets, so a block's product
+// need not wait for the previous block's sums to leave their tile. (Tiles 1 and 2 are
+// configured, unused.)
 constexpr TileConfig a8_tile_config() {
   TileConfig cfg;
   for (int t = 0; t < 4; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
@@ -62,7 +62,7 @@ BTiles b_tiles(const uint8_t* pc, int64_t nb) {
   if constexpr (F == kQ8_0) {
     return {pc, 8 * kNB * 4, 64, kNB * 4};
   } else {
-    thread_local std::vector<uint8_t> buf;
+    thread_local Filled<uint8_t> buf;  // 64-byte aligned: a tile row a cache line
     buf.resize(static_cast<size_t>(nb) * 1024);
     for (int64_t j = 0; j < nb; ++j)
       for (int h = 0; h < 2; ++h)
@@ -89,57 +89,64 @@ inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int6
   }
 }
 
-// One block's sums of 16 rows by both column halves, in tile set S (C tiles 2 S, 2 S + 1, A
-// tile 4 + S; B tiles 6 / 7), stored to c [2 halves][16][16].
+// One block's sums of 16 rows by one column half in tile set S (C tile 3 S, A tile 4 + S, B
+// tile 6 + S), stored to c [16][16].
 template <typename T, int S>
-inline void block_sums(const int8_t* xa, int64_t K, const BTiles& bt, int64_t j, int32_t* c) {
-  T::template zero<2 * S>();
-  T::template zero<2 * S + 1>();
+inline void block_sums(const int8_t* xa, int64_t K, const uint8_t* b, int64_t stride,
+                       int32_t* c) {
+  T::template zero<3 * S>();
   T::template load<4 + S>(xa, K);
-  T::template load<6>(bt.at(j, 0), bt.stride);
-  T::template load<7>(bt.at(j, 1), bt.stride);
-  T::template dpbsud<2 * S, 4 + S, 6>();
-  T::template dpbsud<2 * S + 1, 4 + S, 7>();
-  T::template store<2 * S>(c, 64);
-  T::template store<2 * S + 1>(c + 256, 64);
+  T::template load<6 + S>(b, stride);
+  T::template dpbsud<3 * S, 4 + S, 6 + S>();
+  T::template store<3 * S>(c, 64);
 }
 
-// 16 rows of quantized x over one panel in one pass: block j's sums go through tile set j % 2
-// to an L1 buffer of their own while the epilogue of block j - 1 runs from the other's (the
-// out-of-order core overlaps the two), 32 accumulator vectors in registers.
+// 16 rows of quantized x over one panel, a column half at a time in one pass over the blocks:
+// block j + 1's sums go through tile set (j + 1) % 2 to an L1 buffer of their own while block
+// j's epilogue runs (the out-of-order core overlaps the two), 16 accumulator vectors kept in
+// registers (the epilogue written out here, not through a reference: with the accumulators in
+// an array passed to a helper GCC kept them in memory, ~1.3x slower).
 template <int F, typename T>
 __attribute__((noinline)) void tile_rows16(const int8_t* xq, int64_t K, const float* dx,
                                            const int32_t* sq, const float* fq, int64_t nb,
                                            const BTiles& bt, const uint16_t* d,
                                            const uint16_t* mo, float* y, int64_t ldy,
                                            int64_t ncols) {
-  alignas(64) int32_t c[2][512];
-  V acc0[kTileRows], acc1[kTileRows];
+  for (int h = 0; h < 2 && 16 * h < ncols; ++h) {
+    alignas(64) int32_t c[2][256];
+    V acc[kTileRows];
 #pragma GCC unroll 16
-  for (int r = 0; r < kTileRows; ++r) acc0[r] = acc1[r] = vzero();
-  auto epilogue = [&](int64_t b, const int32_t* cb) {
-    const V d0 = f16v(d + b * kNB), d1 = f16v(d + b * kNB + 16);
-    const V m0 = F == kQ4_1 ? f16v(mo + b * kNB) : vzero();
-    const V m1 = F == kQ4_1 ? f16v(mo + b * kNB + 16) : vzero();
-    tile_epilogue<F>(acc0, cb, b, nb, dx, sq, fq, d0, m0);
-    tile_epilogue<F>(acc1, cb + 256, b, nb, dx, sq, fq, d1, m1);
-  };
-  for (int64_t j = 0; j < nb; ++j) {
-    if (j % 2 == 0)
-      block_sums<T, 0>(xq + 32 * j, K, bt, j, c[0]);
-    else
-      block_sums<T, 1>(xq + 32 * j, K, bt, j, c[1]);
-    if (j > 0) epilogue(j - 1, c[(j - 1) % 2]);
-  }
-  epilogue(nb - 1, c[(nb - 1) % 2]);
-  const int64_t n0 = std::min<int64_t>(16, ncols), n1 = std::max<int64_t>(0, ncols - 16);
+    for (int r = 0; r < kTileRows; ++r) acc[r] = vzero();
+    block_sums<T, 0>(xq, K, bt.at(0, h), bt.stride, c[0]);
+    for (int64_t j = 0; j < nb; ++j) {
+      if (j + 1 < nb) {
+        if (j % 2)
+          block_sums<T, 0>(xq + 32 * (j + 1), K, bt.at(j + 1, h), bt.stride, c[0]);
+        else
+          block_sums<T, 1>(xq + 32 * (j + 1), K, bt.at(j + 1, h), bt.stride, c[1]);
+      }
+      const int32_t* cb = c[j % 2];
+      const V dv = f16v(d + j * kNB + 16 * h);
+      const V mv = F == kQ4_1 ? f16v(mo + j * kNB + 16 * h) : vzero();
 #pragma GCC unroll 16
-  for (int r = 0; r < kTileRows; ++r) {
-    float out[32];
-    vstore(out, acc0[r]);
-    vstore(out + 16, acc1[r]);
-    std::memcpy(y + r * ldy, out, n0 * sizeof(float));
-    if (n1) std::memcpy(y + r * ldy + 16, out + 16, n1 * sizeof(float));
+      for (int r = 0; r < kTileRows; ++r) {  // micro<F, MR>'s epilogue, instruction for instruction
+        VI a = _mm512_load_si512(cb + 16 * r);
+        if constexpr (kZero<F> != 0) a = isub(a, iset(kZero<F> * sq[r * nb + j]));
+        acc[r] = vfma(vcvt(a), vmul(dv, vset(dx[r * nb + j])), acc[r]);
+        if constexpr (F == kQ4_1) acc[r] = vfma(mv, vset(fq[r * nb + j]), acc[r]);
+      }
+    }
+    const int64_t n = std::min<int64_t>(16, ncols - 16 * h);
+#pragma GCC unroll 16
+    for (int r = 0; r < kTileRows; ++r) {
+      if (n == 16) {
+        vstore(y + r * ldy + 16 * h, acc[r]);
+        continue;
+      }
+      float out[16];
+      vstore(out, acc[r]);
+      std::memcpy(y + r * ldy + 16 * h, out, n * sizeof(float));
+    }
   }
 }
 
