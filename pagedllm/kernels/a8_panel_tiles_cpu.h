@@ -76,19 +76,6 @@ BTiles b_tiles(const uint8_t* pc, int64_t nb) {
   }
 }
 
-// acc[r] += block j's part of row r, as micro<F, MR> adds it.
-template <int F>
-inline void tile_epilogue(V (&acc)[kTileRows], const int32_t* c, int64_t j, int64_t nb,
-                          const float* dx, const int32_t* sq, const float* fq, V dv, V mv) {
-#pragma GCC unroll 16  // acc stays in 16 registers
-  for (int r = 0; r < kTileRows; ++r) {
-    VI a = _mm512_load_si512(c + 16 * r);
-    if constexpr (kZero<F> != 0) a = isub(a, iset(kZero<F> * sq[r * nb + j]));
-    acc[r] = vfma(vcvt(a), vmul(dv, vset(dx[r * nb + j])), acc[r]);
-    if constexpr (F == kQ4_1) acc[r] = vfma(mv, vset(fq[r * nb + j]), acc[r]);
-  }
-}
-
 // One block's sums of 16 rows by one column half in tile set S (C tile 3 S, A tile 4 + S, B
 // tile 6 + S), stored to c [16][16].
 template <typename T, int S>
@@ -104,8 +91,8 @@ inline void block_sums(const int8_t* xa, int64_t K, const uint8_t* b, int64_t st
 // 16 rows of quantized x over one panel, a column half at a time in one pass over the blocks:
 // block j + 1's sums go through tile set (j + 1) % 2 to an L1 buffer of their own while block
 // j's epilogue runs (the out-of-order core overlaps the two), 16 accumulator vectors kept in
-// registers (the epilogue written out here, not through a reference: with the accumulators in
-// an array passed to a helper GCC kept them in memory, ~1.3x slower).
+// registers (the epilogue written out here: with the accumulators in an array passed to a
+// helper by reference, GCC kept them in memory, ~1.3x slower in a loop of it).
 template <int F, typename T>
 __attribute__((noinline)) void tile_rows16(const int8_t* xq, int64_t K, const float* dx,
                                            const int32_t* sq, const float* fq, int64_t nb,
