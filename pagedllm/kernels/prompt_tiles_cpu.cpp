@@ -474,14 +474,14 @@ void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Pa
     auto ahead = [&](int k, int64_t m) {
       return LinesAhead::panel_share(upcoming[k], nb, (m - m0) / 32, passes);
     };
-    // A pass whose sums wait for SiLU: row r of it goes to h during step r of the next pass's
-    // gate and up tile passes (2 nb steps), the vector work beside the tile products.
+    // A pass whose sums wait for SiLU (none: n 0): row r of it goes to h during step r of the
+    // next pass's gate and up tile passes (2 nb steps), the vector work beside the products.
     struct Done {
-      int64_t m = -1, n = 0, real = 0;
+      int64_t m = 0, n = 0, real = 0;
       int b = 0;
     } done;
     auto finish = [&](const Done& p, int64_t r) {
-      if (p.m < 0 || r >= p.n) return;
+      if (r >= p.n) return;
       uint16_t* dst = tile_row(h, p.m + r, I) + 16 * kNB * q;
       if (r >= p.real) {
         std::memset(dst, 0, kNB * sizeof(uint16_t));
@@ -492,9 +492,9 @@ void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Pa
       store_bf16(dst, vload(o));
       store_bf16(dst + 16, vload(o + 16));
     };
-    int b = 0;
-    for (int64_t m = m0; m < m0 + rows; m += 32, b ^= 1) {
+    for (int64_t m = m0; m < m0 + rows; m += 32) {
       const int64_t n = std::min<int64_t>(32, m0 + rows - m);
+      const int b = ((m - m0) / 32) % 2;  // this pass's sums; the previous pass's in 1 - b
       // this pass's h rows (the gate pass) and the next pass's (the up pass) asked for
       const int64_t after = m + 32 < m0 + rows ? std::min<int64_t>(32, m0 + rows - m - 32) : 0;
       const LinesAhead here =
@@ -504,15 +504,17 @@ void gate_up_silu(const uint16_t* xa, int64_t M, int64_t Mp, int64_t K, const Pa
           after ? LinesAhead::tile_rows_of(tile_row(h, m + 32, I) + 16 * kNB * q, I, after, nb)
                 : LinesAhead();
       const Done prev = done;
-      auto gate_steps = [&](int64_t j) { finish(prev, j); };
-      auto up_steps = [&](int64_t j) { finish(prev, nb + j); };
-      if (n == 32) {
-        tile_pass<T, 2>(xa + m * K, K, pair[0], nb, &g[b][0][0], 32, kNB, here, ahead(0, m), gate_steps);
-        tile_pass<T, 2>(xa + m * K, K, pair[1], nb, &u[b][0][0], 32, kNB, next, ahead(1, m), up_steps);
-      } else {
-        tile_pass<T, 1>(xa + m * K, K, pair[0], nb, &g[b][0][0], 32, kNB, here, ahead(0, m), gate_steps);
-        tile_pass<T, 1>(xa + m * K, K, pair[1], nb, &u[b][0][0], 32, kNB, next, ahead(1, m), up_steps);
-      }
+      auto passes_of = [&](auto rt) {  // the gate and up passes of 16 RT rows
+        constexpr int RT = decltype(rt)::value;
+        tile_pass<T, RT>(xa + m * K, K, pair[0], nb, &g[b][0][0], 32, kNB, here, ahead(0, m),
+                         [&](int64_t j) { finish(prev, j); });
+        tile_pass<T, RT>(xa + m * K, K, pair[1], nb, &u[b][0][0], 32, kNB, next, ahead(1, m),
+                         [&](int64_t j) { finish(prev, nb + j); });
+      };
+      if (n == 32)
+        passes_of(std::integral_constant<int, 2>{});
+      else
+        passes_of(std::integral_constant<int, 1>{});
       for (int64_t r = 2 * nb; r < prev.n; ++r) finish(prev, r);  // K under 512: the rest
       done = {m, n, std::max<int64_t>(0, std::min(n, M - m)), b};
     }
