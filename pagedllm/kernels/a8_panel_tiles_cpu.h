@@ -7,16 +7,18 @@
 // (lane rows of 4-byte column quads, u8 = s8 + 128 under VNNI); a 4-bit panel's nibbles are
 // unpacked once per call into B tiles, shared by all of the call's row tiles.
 //
-// Measured, not the default: on a Sapphire Rapids class Xeon (2026-12-04, SmolLM2's layer
-// GEMMs in Q4_1, docs/benchmarks.md) every two-pass schedule (all blocks' sums stored, then
-// the epilogue) ran at 0.65-0.90x the VNNI path's speed: the file's per-32-value scales need
-// each block's int32 tile stored and converted. The one-pass schedule below (2026-12-06:
-// block j + 1's product while block j's epilogue runs, the accumulators in registers, the
-// int8 rows 64-byte aligned) runs 1.02-1.14x VNNI by shape at 64 rows and 0.88-1.03x at 16
-// (one thread), 1.01-1.16x at 64 rows with two threads, and the offline run 0.99x with it on:
-// a loop of it alone reaches ~1.8x VNNI, but its tile stores stall and the epilogue (a
-// conversion, a multiply and two FMAs a vector a block) is most of its work. "auto"
-// therefore leaves the tiles off; PAGEDLLM_INT8_TILES=amx runs them.
+// The file's scale every 32 values makes each block's int32 sums leave the tiles (a store and
+// an epilogue of a conversion, a multiply and two FMAs a vector), so the schedule decides the
+// speed. Measured on a Sapphire Rapids class Xeon (docs/benchmarks.md): all blocks' sums
+// stored, then the epilogues, 0.65-0.90x VNNI; one pass with block j + 1's product beside
+// block j's epilogue, 1.00-1.12x at 64 rows (2026-12-06, session 34), but the store of
+// block j + 1's sums sat right behind its product, so the tile unit waited out the product's
+// latency every block (the samples of a profile sat after TILESTORED). Now (session 35) the
+// products run a block further ahead: block j + 1's product is issued, then block j's store
+// (its product issued a block earlier and done by now), then block j - 1's epilogue: 1.10-
+// 1.25x VNNI at 64 rows by shape and format (2 threads), 1.03-1.18x at 32, 0.91-1.00x at 16;
+// the offline run (64 x 128/128) 1.07x. So "auto" runs the tiles where the CPU has AMX-int8,
+// for calls of kTileCallRows rows or more; PAGEDLLM_INT8_TILES=off keeps VNNI.
 //
 // Built with AVX-512 VNNI (the epilogue is the VNNI path's, 16 columns a vector); the tiles
 // are AMX's (HwTiles) in an AMX build, or the software model (EmuTiles) for tests anywhere.
@@ -33,6 +35,9 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define PAGEDLLM_A8P_TILES 1
 constexpr int64_t kTileRows = 16;
+// Rows from which a call's whole 16-row tiles take the tiles (fewer: all VNNI; at 16 rows
+// the tiles ran 0.91-1.00x VNNI, at 32 1.03-1.18x).
+constexpr int64_t kTileCallRows = 32;
 
 // Tiles 0 / 3: C (16 x 16 int32) of sets 0 / 1; 4 / 5: A (16 rows x 32 s8); 6 / 7: B (8
 // k-quads x 16 columns x 4 u8). Blocks alternate between the two sets, so a block's product
@@ -76,23 +81,29 @@ BTiles b_tiles(const uint8_t* pc, int64_t nb) {
   }
 }
 
-// One block's sums of 16 rows by one column half in tile set S (C tile 3 S, A tile 4 + S, B
-// tile 6 + S), stored to c [16][16].
+// Block j's product of 16 rows by one column half into tile set S (C tile 3 S, A tile 4 + S,
+// B tile 6 + S); its sums stay in C until a later store.
 template <typename T, int S>
-inline void block_sums(const int8_t* xa, int64_t K, const uint8_t* b, int64_t stride,
-                       int32_t* c) {
+inline void block_product(const int8_t* xa, int64_t K, const uint8_t* b, int64_t stride) {
   T::template zero<3 * S>();
   T::template load<4 + S>(xa, K);
   T::template load<6 + S>(b, stride);
   T::template dpbsud<3 * S, 4 + S, 6 + S>();
+}
+
+// Tile set S's sums to c [16][16].
+template <typename T, int S>
+inline void block_store(int32_t* c) {
   T::template store<3 * S>(c, 64);
 }
 
-// 16 rows of quantized x over one panel, a column half at a time in one pass over the blocks:
-// block j + 1's sums go through tile set (j + 1) % 2 to an L1 buffer of their own while block
-// j's epilogue runs (the out-of-order core overlaps the two), 16 accumulator vectors kept in
-// registers (the epilogue written out here: with the accumulators in an array passed to a
-// helper by reference, GCC kept them in memory, ~1.3x slower in a loop of it).
+// 16 rows of quantized x over one panel, a column half at a time in one pass over the blocks,
+// three blocks in flight: step j issues block j + 1's product (tile set (j + 1) % 2), stores
+// block j's sums (set j % 2, issued a step earlier) to an L1 buffer of their own, and runs
+// block j - 1's epilogue from the other buffer, while the out-of-order core overlaps the
+// three. The 16 accumulator vectors stay in registers (the epilogue written out here: with the
+// accumulators in an array passed to a helper by reference, GCC kept them in memory, ~1.3x
+// slower in a loop of it).
 template <int F, typename T>
 __attribute__((noinline)) void tile_rows16(const int8_t* xq, int64_t K, const float* dx,
                                            const int32_t* sq, const float* fq, int64_t nb,
@@ -104,23 +115,28 @@ __attribute__((noinline)) void tile_rows16(const int8_t* xq, int64_t K, const fl
     V acc[kTileRows];
 #pragma GCC unroll 16
     for (int r = 0; r < kTileRows; ++r) acc[r] = vzero();
-    block_sums<T, 0>(xq, K, bt.at(0, h), bt.stride, c[0]);
-    for (int64_t j = 0; j < nb; ++j) {
+    block_product<T, 0>(xq, K, bt.at(0, h), bt.stride);
+    for (int64_t j = 0; j <= nb; ++j) {
       if (j + 1 < nb) {
-        if (j % 2)
-          block_sums<T, 0>(xq + 32 * (j + 1), K, bt.at(j + 1, h), bt.stride, c[0]);
-        else
-          block_sums<T, 1>(xq + 32 * (j + 1), K, bt.at(j + 1, h), bt.stride, c[1]);
+        const int8_t* xa = xq + 32 * (j + 1);
+        if (j % 2) block_product<T, 0>(xa, K, bt.at(j + 1, h), bt.stride);
+        else block_product<T, 1>(xa, K, bt.at(j + 1, h), bt.stride);
       }
-      const int32_t* cb = c[j % 2];
-      const V dv = f16v(d + j * kNB + 16 * h);
-      const V mv = F == kQ4_1 ? f16v(mo + j * kNB + 16 * h) : vzero();
+      if (j < nb) {
+        if (j % 2) block_store<T, 1>(c[1]);
+        else block_store<T, 0>(c[0]);
+      }
+      if (j == 0) continue;
+      const int64_t e = j - 1;  // the block whose epilogue runs now
+      const int32_t* cb = c[e % 2];
+      const V dv = f16v(d + e * kNB + 16 * h);
+      const V mv = F == kQ4_1 ? f16v(mo + e * kNB + 16 * h) : vzero();
 #pragma GCC unroll 16
       for (int r = 0; r < kTileRows; ++r) {  // micro<F, MR>'s epilogue, instruction for instruction
         VI a = _mm512_load_si512(cb + 16 * r);
-        if constexpr (kZero<F> != 0) a = isub(a, iset(kZero<F> * sq[r * nb + j]));
-        acc[r] = vfma(vcvt(a), vmul(dv, vset(dx[r * nb + j])), acc[r]);
-        if constexpr (F == kQ4_1) acc[r] = vfma(mv, vset(fq[r * nb + j]), acc[r]);
+        if constexpr (kZero<F> != 0) a = isub(a, iset(kZero<F> * sq[r * nb + e]));
+        acc[r] = vfma(vcvt(a), vmul(dv, vset(dx[r * nb + e])), acc[r]);
+        if constexpr (F == kQ4_1) acc[r] = vfma(mv, vset(fq[r * nb + e]), acc[r]);
       }
     }
     const int64_t n = std::min<int64_t>(16, ncols - 16 * h);
@@ -166,6 +182,7 @@ int64_t tile_rows_of_panel(TileMode mode, const QuantizedX& qx, int64_t m, int64
 #else
 #define PAGEDLLM_A8P_TILES 0
 constexpr int64_t kTileRows = 16;
+constexpr int64_t kTileCallRows = 32;
 constexpr TileConfig kA8Tiles{};
 template <int F, typename QX>
 int64_t tile_rows_of_panel(TileMode, const QX&, int64_t m, int64_t, const uint8_t*,
@@ -182,15 +199,15 @@ TileMode tile_mode() { return static_cast<TileMode>(g_tile_mode.load(std::memory
 // The tiles' name: "amx", "emulated" or "off".
 std::string int8_tiles() { return tile_mode_name(tile_mode()); }
 
-// Chooses the tiles ("auto": where they were measured faster than VNNI, so far nowhere: off;
-// "amx"; "emulated"; "off"); a choice this build or kernel cannot run is a ValueError naming
-// why. Returns the tiles now in use.
+// Chooses the tiles ("auto": AMX where this build, the CPU and the OS run it, else off; "amx";
+// "emulated"; "off"); a choice this build or kernel cannot run is a ValueError naming why.
+// Returns the tiles now in use.
 std::string set_int8_tiles(const std::string& name) {
   const TileMode mode = choose_tiles(
       "int8 tiles", name, PAGEDLLM_A8P_TILES && PAGEDLLM_HAVE_AMX,
       "these kernels were built without AMX-int8 (the CPU or PAGEDLLM_CPU_MARCH lacks "
       "amx_int8, or the build lacks AVX-512 VNNI)",
-      PAGEDLLM_A8P_TILES, "the tile kernels need an AVX-512 VNNI build");
+      PAGEDLLM_A8P_TILES, "the tile kernels need an AVX-512 VNNI build", /*auto_amx=*/true);
   g_tile_mode.store(static_cast<int>(mode), std::memory_order_relaxed);
   return int8_tiles();
 }

@@ -11,12 +11,12 @@ defaults follow the build:
     scalar (no SIMD build)               off (the exact path; --int8-activations turns it on)
 
 On a CPU with AMX-int8 (Xeon Sapphire Rapids on) the int8-activation panels (GGUF Q8_0 / Q4_0 /
-Q4_1) can run whole 16-row tiles of a call on the matrix tiles and the rest on VNNI, bit for
-bit the same results (kernels/a8_panel_tiles_cpu.h); measured at 0.65-0.90x VNNI's speed on a
-Sapphire Rapids class Xeon (the file's per-32-value scales cost an epilogue per block), so
-they are off unless asked for. PAGEDLLM_INT8_TILES chooses: auto (default: the tiles where
-they pay, none so far), amx (an error where the build or the OS cannot run them), off (VNNI
-only), emulated (a software model of the tiles, for tests on CPUs without AMX; ~1000x slower).
+Q4_1) run the whole 16-row tiles of a call of 32 rows or more on the matrix tiles and the rest
+on VNNI, bit for bit the same results (kernels/a8_panel_tiles_cpu.h): 1.10-1.25x VNNI's speed
+at 64 rows on a Sapphire Rapids class Xeon, 0.91-1.00x at 16 (the file's per-32-value scales
+cost an epilogue per block). PAGEDLLM_INT8_TILES chooses: auto (default: amx where the build,
+CPU and OS run it, else off), amx (an error where they cannot), off (VNNI only), emulated (a
+software model of the tiles, for tests on CPUs without AMX; ~1000x slower).
 
 The same tiles can run the GGUF panels' prompt rows in bf16 (kernels/prompt_tiles_cpu.cpp:
 weights dequantized a panel at a time, no per-block epilogue; a row goes there because it is
@@ -117,8 +117,8 @@ def configure_prompt_tiles(ops) -> str:
 
 
 def int8_tiles() -> str | None:
-    """The matrix tiles the int8-activation panels use for 16-row tiles ("amx", "emulated",
-    "off"), None without the C++ kernels."""
+    """The matrix tiles the int8-activation panels use for the 16-row tiles of calls of 32 rows
+    or more ("amx", "emulated", "off"), None without the C++ kernels."""
     from pagedllm.kernels import cpu_ops
 
     ops = cpu_ops.load()
@@ -147,7 +147,7 @@ def default_int8_activations() -> bool:
     SIMD (FAST_INT8_DOT), not the scalar fallback."""
     isa = int8_dot_isa()
     on = isa in FAST_INT8_DOT
-    logger.info("CPU %s; int8 dot products: %s, tiles from 16 rows: %s, prompt rows on bf16 "
+    logger.info("CPU %s; int8 dot products: %s, tiles from 32 rows: %s, prompt rows on bf16 "
                 "tiles: %s -> int8 activations %s by default",
                 " ".join(cpu_flags()) or "(flags unknown)", isa or "none (no C++ kernels)",
                 int8_tiles() or "none", prompt_tiles() or "none", "on" if on else "off")
