@@ -339,6 +339,7 @@ constexpr int64_t kGroupRowTile = 256;
 
 // Every expert's rows in one parallel region (grouped_cpu.h): codes / d / m of expert e at
 // e times their stride; bit for bit a8_panel_linear once per expert (rows quantize alone).
+// An expert's rows take the tiles as that call would: when it has kTileCallRows or more.
 template <int F>
 void grouped_impl(const QuantizedX& qx, const int64_t* off, int64_t E, const uint8_t* codes,
                   int64_t codes_stride, const uint16_t* d, const uint16_t* mo,
@@ -351,7 +352,8 @@ void grouped_impl(const QuantizedX& qx, const int64_t* off, int64_t E, const uin
     for (; t < end; ++t)
       panel_impl<F>(qx, t->row0, t->rows, codes + t->expert * codes_stride,
                     d + t->expert * scale_stride,
-                    mo ? mo + t->expert * scale_stride : nullptr, N, t->col, y, tiles);
+                    mo ? mo + t->expert * scale_stride : nullptr, N, t->col, y,
+                    t->group_rows >= kTileCallRows ? tiles : TileMode::kOff);
   });
 }
 #else

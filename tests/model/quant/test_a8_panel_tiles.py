@@ -76,7 +76,7 @@ def test_tiles_equal_vnni_bit_for_bit(ops, mode, qtype, n, k):
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 def test_moe_experts_on_tiles_equal_vnni(ops, mode, qtype):
     """The grouped kernel's items (an expert's rows, up to 256 a tile) go through the same
-    panel code: tiles where an item has 16 rows or more."""
+    panel code: tiles where the expert has 32 rows or more, as one call of its rows would."""
     from tests.model.test_moe_grouped import CASES, quantized_experts
 
     experts = quantized_experts(qtype, int8_activations=True)
