@@ -196,6 +196,12 @@ std::atomic<int> g_tile_mode{static_cast<int>(TileMode::kOff)};
 
 TileMode tile_mode() { return static_cast<TileMode>(g_tile_mode.load(std::memory_order_relaxed)); }
 
+// The tiles a call of `rows` rows runs its whole 16-row tiles on: the ones chosen now from
+// kTileCallRows rows, else none (VNNI alone).
+TileMode tiles_for_rows(int64_t rows) {
+  return rows >= kTileCallRows ? tile_mode() : TileMode::kOff;
+}
+
 // The tiles' name: "amx", "emulated" or "off".
 std::string int8_tiles() { return tile_mode_name(tile_mode()); }
 

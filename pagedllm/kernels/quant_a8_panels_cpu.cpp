@@ -238,7 +238,7 @@ template <int F>
 void linear_impl(const QuantizedX& qx, int64_t M, const uint8_t* codes, const uint16_t* d,
                  const uint16_t* mo, int64_t N, float* y, PrefetchPlan* plan) {
   const int64_t P = (N + kNB - 1) / kNB;
-  const TileMode tiles = M >= kTileCallRows ? tile_mode() : TileMode::kOff;
+  const TileMode tiles = tiles_for_rows(M);
   const int64_t threads = at::get_num_threads();
   const bool by_rows = threads > 1 && M >= kRowSplitRowsPerThread * threads;
   if (by_rows) {  // each run of a thread's rows [m0, m1) x every panel
@@ -312,7 +312,7 @@ template <int F>
 void mlp_gate_up(const QuantizedX& qx, int64_t M, const uint8_t* codes, const uint16_t* d,
                  const uint16_t* mo, int64_t I, QuantizedX& act) {
   const int64_t B = I / 32;
-  const TileMode tiles = M >= kTileCallRows ? tile_mode() : TileMode::kOff;
+  const TileMode tiles = tiles_for_rows(M);
   const int64_t threads = at::get_num_threads();
   const bool by_rows = threads > 1 && M >= kRowSplitRowsPerThread * threads;
   const QuantizedOut out(act);
@@ -346,7 +346,7 @@ void grouped_impl(const QuantizedX& qx, const int64_t* off, int64_t E, const uin
                   int64_t scale_stride, int64_t N, float* y) {
   const int64_t P = (N + kNB - 1) / kNB;
   const int64_t R = static_cast<int64_t>(qx.q.size()) / qx.K;  // rows of every expert
-  const TileMode tiles = R >= kTileCallRows ? tile_mode() : TileMode::kOff;
+  const TileMode tiles = tiles_for_rows(R);
   run_tiles(group_tiles(off, E, P, kGroupRowTile), [&](const GroupTile* t, const GroupTile* end) {
     const TileScope scope(tiles, kA8Tiles);
     for (; t < end; ++t)
