@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagedllm.kernels import cpu_ops
+
 TINY_VOCAB = 512
 
-# The C++ CPU kernels build on every Linux x86-64 / arm64 machine with a C++ compiler, so
-# there a build failure must fail the run, not turn the kernel tests into skips (cpu_ops.py).
+# The C++ CPU kernels build on every Linux machine whose target has what they need (x86-64
+# with AVX2, FMA and F16C: cpu_ops.target_lacks) and a C++ compiler, so there a build failure
+# must fail the run, not turn the kernel tests into skips (cpu_ops.py).
 # PAGEDLLM_REQUIRE_CPU_KERNELS=0 or PAGEDLLM_NO_CPU_KERNELS=1 opt out explicitly.
-if platform.system() == "Linux" and platform.machine() in ("x86_64", "aarch64"):
+if platform.system() == "Linux" and cpu_ops.target_lacks() == []:
     os.environ.setdefault("PAGEDLLM_REQUIRE_CPU_KERNELS", "1")
 
 # `--dtype auto` on a CPU with bf16 matrix instructions means bf16 linear weights

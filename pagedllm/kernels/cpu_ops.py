@@ -9,8 +9,8 @@ scales, and `quantize_into_cache` writes new K/V rows into such a cache;
 (gemm_cpu.cpp says why it beats torch.mm here, 1.7-4x); fused_cpu.cpp has the fused
 RMSNorm, RoPE and SiLU-and-mul ops of the fp32 forward pass.
 
-If the build fails (no compiler or ninja, or a compile error), `load()` logs an error and
-returns None, and callers use the much slower pure-torch path; with
+If the build fails (no compiler or ninja, or a compile error) or is not attempted (a target
+without AVX2, FMA and F16C: `target_lacks`), `load()` logs an error and returns None, and callers use the much slower pure-torch path; with
 PAGEDLLM_REQUIRE_CPU_KERNELS=1 (the test suite sets it on machines that can build them) it
 raises `KernelBuildError` instead, so a broken .cpp cannot pass CI by skipping the kernel
 tests. Set PAGEDLLM_NO_CPU_KERNELS=1 to choose the torch path; PAGEDLLM_CPU_MARCH=x86-64-v3
@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import platform
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -154,6 +155,34 @@ class KernelBuildError(EngineError):
     """The C++ CPU kernels did not build and PAGEDLLM_REQUIRE_CPU_KERNELS is set."""
 
 
+# What the kernels' sources need of their build target, by the compiler's predefined macro:
+# x86-64 with AVX2, FMA and F16C. Their scalar fallbacks are not maintained: an x86-64-v2
+# build stops on AVX2-only headers, and with those moved it builds but computes float16
+# caches wrongly (tests/kernels/test_store_into_cache.py), so such a target takes the torch
+# path at once instead of a minute's failing compile and a page of compiler errors.
+_NEEDED = {"__x86_64__": "x86-64", "__AVX2__": "AVX2", "__FMA__": "FMA", "__F16C__": "F16C"}
+
+
+def target_lacks(march: str | None = None) -> list[str] | None:
+    """The features of `_NEEDED` that the build target (-march=`march`, default this
+    process's target) lacks, from the compiler's own predefined macros (~10 ms); None when
+    the compiler cannot be run (the build then reports that). An -march the compiler
+    rejects is a `KernelBuildError` naming it."""
+    march = march or _march()
+    try:
+        out = subprocess.run([os.environ.get("CXX", "c++"), f"-march={march}", "-dM", "-E",
+                              "-x", "c++", os.devnull],
+                             capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        first = next((line for line in out.stderr.splitlines() if line.strip()), "")
+        raise KernelBuildError(f"the compiler rejects -march={march}: {first.strip()}")
+    defined = {line.split()[1] for line in out.stdout.splitlines()
+               if line.startswith("#define ") and len(line.split()) > 1}
+    return [name for macro, name in _NEEDED.items() if macro not in defined]
+
+
 def required() -> bool:
     return os.environ.get("PAGEDLLM_REQUIRE_CPU_KERNELS", "") not in ("", "0")
 
@@ -226,6 +255,13 @@ def _try_build(family: str) -> dict[str, object]:
         logger.warning("PAGEDLLM_NO_CPU_KERNELS is set: using the (slower) torch path")
         return {"module": None}
     try:
+        lacks = target_lacks()
+    except KernelBuildError as exc:
+        return _unbuilt(str(exc))
+    if lacks:
+        return _unbuilt(f"the build target (-march={_march()}) lacks {', '.join(lacks)}, "
+                        "which the C++ CPU kernels need")
+    try:
         module = build(sources(family), module_name(family))
     except Exception as exc:  # noqa: BLE001 - any build failure: torch fallback or error
         if required():
@@ -245,6 +281,17 @@ def _try_build(family: str) -> dict[str, object]:
         except cpu_features.TilesUnavailableError as exc:
             return {"error": exc}
     return {"module": module}
+
+
+def _unbuilt(cause: str) -> dict[str, object]:
+    """The outcome of a build not attempted because of `cause`: a KernelBuildError when the
+    kernels are required, else the torch path with one error line."""
+    if required():
+        return {"error": KernelBuildError(
+            f"C++ CPU kernels not built and PAGEDLLM_REQUIRE_CPU_KERNELS is set: {cause}")}
+    logger.error("C++ CPU kernels not built: %s; using the pure-torch path, which is several "
+                 "times slower (PAGEDLLM_NO_CPU_KERNELS=1 chooses it without this error)", cause)
+    return {"module": None}
 
 
 def build(sources: list[Path], name: str):
