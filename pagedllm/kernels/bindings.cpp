@@ -74,8 +74,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("grouped_packed_linear", &grouped_packed_linear, kNoGil,
         "MoE experts in one call: rows of x sorted by expert (offsets [E + 1]) times their "
         "expert's packed weight [E, P, K, NB]");
-  m.def("add_rms_norm_", &add_rms_norm_, kNoGil, "residual += x; x = rmsnorm(residual) * w (in place)");
-  m.def("rms_norm", &rms_norm, kNoGil, "rmsnorm(x) * w");
+  m.def("add_rms_norm_", &add_rms_norm_, kNoGil,
+        "residual += x; x = rmsnorm(residual) * w, or * (1 + w) if gemma (in place)");
+  m.def("rms_norm", &rms_norm, kNoGil, "rmsnorm(x) * w, or * (1 + w) if gemma");
   m.def("rotary_qk_", &rotary_qk_, kNoGil, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");
   m.def("silu_mul", &silu_mul, kNoGil, "silu(gate) * up over fused [gate | up] rows");
   m.def("release_thread_team", &release_thread_team, kNoGil,

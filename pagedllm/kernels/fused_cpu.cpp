@@ -3,6 +3,7 @@
 // they compute (about 5 ms of a 30 ms single-sequence step for SmolLM2's 30 layers).
 //   add_rms_norm_   residual += x; x = rmsnorm(residual) * w          (in place, both)
 //   rms_norm        rmsnorm(x) * w                                     (new tensor)
+//                   (gemma: * (1 + w), Gemma's norms, which HF stores as the offset from 1)
 //   rotary_qk_      NeoX-style RoPE on the q and k heads of fused qkv rows (in place)
 //   silu_mul        silu(gate) * up over fused [gate | up] rows        (new tensor)
 // Arithmetic follows HF Llama's fp32 formulas; each row is processed the same way whatever
@@ -16,11 +17,16 @@ namespace {
 
 int64_t grain_rows(int64_t row_elems) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(row_elems, 1)); }
 
+// out = rmsnorm(x) * w, or * (1 + w) (Gemma: HF's `normed * (1.0 + weight)`, the same order).
+template <bool Gemma>
 void norm_row(const float* x, const float* w, float* out, int64_t n, float eps) {
   float ss = 0.f;
   for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
   const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (x[i] * inv);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (Gemma) out[i] = (x[i] * inv) * (1.f + w[i]);
+    else out[i] = w[i] * (x[i] * inv);
+  }
 }
 
 void check_rows(const torch::Tensor& x, const torch::Tensor& w, const char* name) {
@@ -32,7 +38,8 @@ void check_rows(const torch::Tensor& x, const torch::Tensor& w, const char* name
 
 }  // namespace
 
-void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps) {
+void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps,
+                   bool gemma) {
   check_rows(x, weight, "add_rms_norm_");
   TORCH_CHECK(residual.sizes() == x.sizes() && residual.is_contiguous() &&
               residual.dtype() == torch::kFloat32, "add_rms_norm_: residual must match x");
@@ -45,12 +52,13 @@ void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight
       float* r = rp + t * n;
       float* xr = xp + t * n;
       for (int64_t i = 0; i < n; ++i) r[i] += xr[i];
-      norm_row(r, wp, xr, n, static_cast<float>(eps));
+      if (gemma) norm_row<true>(r, wp, xr, n, static_cast<float>(eps));
+      else norm_row<false>(r, wp, xr, n, static_cast<float>(eps));
     }
   });
 }
 
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool gemma) {
   check_rows(x, weight, "rms_norm");
   const int64_t T = x.size(0), n = x.size(1);
   auto out = torch::empty_like(x);
@@ -58,7 +66,10 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   const float* wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, T, grain_rows(n), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) norm_row(xp + t * n, wp, op + t * n, n, static_cast<float>(eps));
+    for (int64_t t = begin; t < end; ++t) {
+      if (gemma) norm_row<true>(xp + t * n, wp, op + t * n, n, static_cast<float>(eps));
+      else norm_row<false>(xp + t * n, wp, op + t * n, n, static_cast<float>(eps));
+    }
   });
   return out;
 }

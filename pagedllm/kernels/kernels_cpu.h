@@ -43,8 +43,9 @@ torch::Tensor grouped_packed_linear(torch::Tensor x, torch::Tensor packed, int64
 torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t N,
                                   torch::Tensor offsets, int64_t min_bf16_rows,
                                   const std::string& isa_name);
-void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps,
+                   bool gemma = false);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool gemma = false);
 void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
                 int64_t num_kv_heads, int64_t head_dim);
 torch::Tensor silu_mul(torch::Tensor gate_up);

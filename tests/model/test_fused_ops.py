@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.activation import silu_and_mul
-from pagedllm.model.layers.norm import RMSNorm
+from pagedllm.model.layers.norm import GemmaRMSNorm, RMSNorm
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 
 ops = cpu_ops.load()
@@ -41,6 +41,40 @@ def test_rms_norm_and_fused_residual_add(rows, hidden):
     out, same = norm(x, None)
     assert same is x
     torch.testing.assert_close(out, _torch_norm(norm, x, None)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("hidden", [640, 256])
+def test_gemma_norm_equals_hf_gemma3_norm(rows, hidden):
+    """GemmaRMSNorm's C++ path (times 1 + weight) against transformers' Gemma3RMSNorm."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    weight = torch.randn(hidden, generator=torch.Generator().manual_seed(rows)) * 0.5
+    ours, hf = GemmaRMSNorm(hidden, 1e-6), Gemma3RMSNorm(hidden, 1e-6)
+    ours.weight.data, hf.weight.data = weight.clone(), weight.clone()
+    x, res = torch.randn(rows, hidden), torch.randn(rows, hidden)
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:  # the C++ op must be what ran
+        mp.setattr(cpu_ops, "fp32_ops", lambda t, family="core": _Counting(ops, calls))
+        out, summed = ours(x.clone(), res.clone())
+        alone, same = ours(x, None)
+    assert calls == ["add_rms_norm_", "rms_norm"]
+    with torch.no_grad():
+        torch.testing.assert_close(out, hf(x + res), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(alone, hf(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(summed, x + res, rtol=0, atol=0)
+    assert same is x
+
+
+class _Counting:
+    """The kernels module, recording which norm ops are called."""
+
+    def __init__(self, module, calls: list[str]) -> None:
+        self.module, self.calls = module, calls
+
+    def __getattr__(self, name: str):
+        self.calls.append(name)
+        return getattr(self.module, name)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64])
