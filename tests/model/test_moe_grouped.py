@@ -163,7 +163,8 @@ def test_gguf_grouped_is_bit_identical_to_each_experts_linear(qtype, int8_activa
     products (int8 activations for small groups, exact panels for large ones)."""
     experts = quantized_experts(qtype, int8_activations)
     suffix = "+a8" if int8_activations else ""
-    assert experts.quant.format == f"gguf:{qtype}{suffix}"
+    stored = "Q8_0" if int8_activations and qtype == "Q5_0" else qtype  # in Q8_0's panels
+    assert experts.quant.format == f"gguf:{stored}{suffix}"
     for case, (x, weights, ids) in CASES.items():
         x = x * 0.01  # random K-quant bytes make weights up to ~100: keep the SiLU in range
         got = experts(x, weights, ids)

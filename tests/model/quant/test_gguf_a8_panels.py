@@ -1,4 +1,4 @@
-"""GGUF Q8_0 / Q4_0 / Q4_1 with int8 activations in panels (`GGUFA8PanelWeight`, integer dot
+"""GGUF Q8_0 / Q4_0 / Q4_1 (and Q5_0, as Q8_0) with int8 activations in panels (`GGUFA8PanelWeight`, integer dot
 products at every M): exact values and rows, the product equal to its definition (x rounded
 per 32 values, then the exact weights), batch invariance, fusion, and clear errors."""
 
@@ -30,9 +30,10 @@ def test_values_rows_and_bytes_equal_the_file(qtype):
     raw = random_blocks(qtype, n, k)
     ref = dequantize(raw, qtype).reshape(n, k).astype(np.float32)
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
-    assert w.shape == (n, k) and w.format == f"gguf:{qtype.name}+a8"
+    stored = T.Q8_0 if qtype == T.Q5_0 else qtype  # Q5_0's codes in Q8_0's panels
+    assert w.shape == (n, k) and w.format == f"gguf:{stored.name}+a8"
     panel = w.codes.shape[3]
-    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    block_bytes = GGML_QUANT_SIZES[stored][1]
     assert w.nbytes == -(-n // panel) * panel * (k // 32) * block_bytes  # + padding rows
     np.testing.assert_array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
     ids = torch.tensor([44, 0, 7, 31, 7])

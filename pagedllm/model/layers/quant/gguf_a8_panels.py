@@ -1,4 +1,5 @@
-"""GGUF Q8_0, Q4_0 and Q4_1 weights with int8 activations, in panels: W8A8 at every batch size.
+"""GGUF Q8_0, Q4_0, Q4_1 (and Q5_0, as Q8_0) weights with int8 activations, in panels: W8A8 at
+every batch size.
 
 With `--int8-activations` a GGUF file's matrices of these block types (SmolLM2: Q4_1 layers,
 a Q8_0 embedding and tied lm_head; the common Q4_0 / Q8_0 files) are repacked once at load
@@ -14,8 +15,8 @@ On a CPU with AMX-bf16, a step's prompt rows can run as bf16 over the panels deq
 call instead (prompt_rows.py, kernels/prompt_tiles_cpu.cpp; PAGEDLLM_PROMPT_TILES), or over
 the same bf16 values kept once (`keep_bf16_tiles`; prompt_tile_weights.py decides).
 
-Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block), plus 2 bytes
-a weight where the bf16 tiles are kept. Not exact: the activation rounding moves logits
+Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block; Q5_0's 22-byte
+blocks take Q8_0's 34), plus 2 bytes a weight where the bf16 tiles are kept. Not exact: the activation rounding moves logits
 slightly (docs/benchmarks.md). Embedding rows and `dequantize()` are exact (gguf-py's values).
 """
 
@@ -37,7 +38,8 @@ T = GGMLQuantizationType
 _BLOCK = 32
 # bytes before the codes in a file block: d (and Q4_1's m), fp16 each
 _HEADER = {T.Q8_0: 2, T.Q4_0: 2, T.Q4_1: 4}
-PANEL_TYPES = tuple(_HEADER)
+# File types the panels take: their own, and Q5_0 as Q8_0 panels (`_q5_0_as_q8_0`)
+PANEL_TYPES = (*_HEADER, T.Q5_0)
 #: the panels' kind in the C++ decode loop (LinearKind in kernels/decode_layers_cpu.cpp)
 FUSED_KIND = 3
 
@@ -46,6 +48,23 @@ FUSED_KIND = 3
 def kernels():
     """The compiled module when it has the panel kernels, else None."""
     return cpu_ops.load_with("a8_panels")
+
+
+def _q5_0_as_q8_0(blk: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0 blocks [N, K / 32, 22] (d fp16, 32 high bits, 16 bytes of low nibbles) as Q8_0's
+    (int8 codes [N, K], d [N, K / 32]): code q - 16 (-16..15) under the file's d, so d x code
+    is gguf-py's value to the bit. A code a byte (34 bytes a block for the file's 22) buys the
+    panels' kernels (VNNI, AMX-int8, the prompt tiles) in place of the per-row kernel: Gemma 3
+    270M's Q4_K_M file keeps most of its layers (q, k, v, gate, up: 640 columns, no 256-value
+    super-blocks) in Q5_0."""
+    d = blk[:, :, :2].contiguous().view(torch.float16)[:, :, 0]
+    high = blk[:, :, 2:6].to(torch.int32)
+    bits = high[..., 0] | high[..., 1] << 8 | high[..., 2] << 16 | high[..., 3] << 24
+    hi = (bits.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [N, K / 32, 32]
+    qs = blk[:, :, 6:]
+    low = torch.cat([qs & 15, qs >> 4], dim=2).to(torch.int32)  # values 0..15, 16..31
+    codes = (low | hi << 4) - 16
+    return codes.to(torch.int8).reshape(n, k), d
 
 
 def _codes(qtype: T, raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -118,6 +137,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
         raw = checked_rows(qtype, blocks, shape, row_order, name)
         n, k = shape
         blk = torch.from_numpy(np.require(raw, requirements=["C", "W"])).view(n, k // _BLOCK, -1)
+        if qtype == T.Q5_0:
+            return cls.from_rows(T.Q8_0, *_q5_0_as_q8_0(blk, n, k))
         half = blk[:, :, :_HEADER[qtype]].contiguous().view(torch.float16)
         m = half[:, :, 1] if qtype == T.Q4_1 else None
         return cls.from_rows(qtype, _codes(qtype, blk, n, k), half[:, :, 0], m)
