@@ -79,6 +79,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, kNoGil, "rmsnorm(x) * w, or * (1 + w) if gemma");
   m.def("rotary_qk_", &rotary_qk_, kNoGil, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");
   m.def("silu_mul", &silu_mul, kNoGil, "silu(gate) * up over fused [gate | up] rows");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, kNoGil,
+        "gelu(gate, approximate='tanh') * up over fused [gate | up] rows");
   m.def("release_thread_team", &release_thread_team, kNoGil,
         "the calling thread's OpenMP team: one thread from now on, idle workers released");
   register_gguf_kernels(m);

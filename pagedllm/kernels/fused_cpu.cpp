@@ -6,6 +6,7 @@
 //                   (gemma: * (1 + w), Gemma's norms, which HF stores as the offset from 1)
 //   rotary_qk_      NeoX-style RoPE on the q and k heads of fused qkv rows (in place)
 //   silu_mul        silu(gate) * up over fused [gate | up] rows        (new tensor)
+//   gelu_tanh_mul   gelu_tanh(gate) * up, the same way (Gemma's MLP)    (new tensor)
 // Arithmetic follows HF Llama's fp32 formulas; each row is processed the same way whatever
 // the batch, so results do not depend on batch composition.
 #include "torch_lite_cpu.h"
@@ -113,10 +114,25 @@ __attribute__((noinline)) void silu_mul_span(const float* g, const float* u, flo
   for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.f + std::exp(std::min(-g[i], 88.f))) * u[i];
 }
 
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+// o[i] = gelu_tanh(g[i]) u[i]: torch's gelu(approximate="tanh"), 0.5 g (1 + tanh(sqrt(2 / pi)
+// (g + 0.044715 g^3))), with glibc's vector tanhf. The cube is taken of g clamped to +-20:
+// beyond it tanh is +-1 in fp32 either way, and an overflowing g^3 (inf, which -ffast-math
+// assumes away) cannot reach the tanh.
+__attribute__((noinline)) void gelu_tanh_mul_span(const float* g, const float* u, float* o,
+                                                  int64_t n) {
+  constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i], c = std::min(std::max(x, -20.f), 20.f);
+    o[i] = 0.5f * x * (1.f + std::tanh(kAlpha * (c + 0.044715f * c * c * c))) * u[i];
+  }
+}
+
+// fused [gate | up] rows [T, 2 n] -> span(gate, up) [T, n], a row per task
+template <typename Span>
+torch::Tensor gated(torch::Tensor gate_up, const char* name, Span span) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.dtype() == torch::kFloat32 &&
               gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
-              "silu_mul: gate_up must be contiguous fp32 [T, 2 * inter]");
+              name, ": gate_up must be contiguous fp32 [T, 2 * inter]");
   const int64_t T = gate_up.size(0), n = gate_up.size(1) / 2;
   auto out = torch::empty({T, n}, gate_up.options());
   const float* gp = gate_up.data_ptr<float>();
@@ -124,8 +140,16 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   at::parallel_for(0, T, grain_rows(n), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* g = gp + t * 2 * n;
-      silu_mul_span(g, g + n, op + t * n, n);
+      span(g, g + n, op + t * n, n);
     }
   });
   return out;
+}
+
+torch::Tensor gelu_tanh_mul(torch::Tensor gate_up) {
+  return gated(std::move(gate_up), "gelu_tanh_mul", gelu_tanh_mul_span);
+}
+
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  return gated(std::move(gate_up), "silu_mul", silu_mul_span);
 }

@@ -49,6 +49,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool g
 void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
                 int64_t num_kv_heads, int64_t head_dim);
 torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor gelu_tanh_mul(torch::Tensor gate_up);
 // o[i] = silu(g[i]) u[i], i < n: silu_mul's arithmetic (one body for all its callers)
 void silu_mul_span(const float* g, const float* u, float* o, int64_t n);
 torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q, torch::Tensor d,
