@@ -77,6 +77,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm_", &add_rms_norm_, kNoGil,
         "residual += x; x = rmsnorm(residual) * w, or * (1 + w) if gemma (in place)");
   m.def("rms_norm", &rms_norm, kNoGil, "rmsnorm(x) * w, or * (1 + w) if gemma");
+  m.def("head_rms_norms_", &head_rms_norms_, kNoGil,
+        "rms_norm over each q head (q_w) and k head (k_w) of fused qkv rows, in place");
   m.def("rotary_qk_", &rotary_qk_, kNoGil, "NeoX RoPE on the q and k heads of fused qkv rows (in place)");
   m.def("silu_mul", &silu_mul, kNoGil, "silu(gate) * up over fused [gate | up] rows");
   m.def("gelu_tanh_mul", &gelu_tanh_mul, kNoGil,

@@ -114,15 +114,6 @@ struct DecodeLayer {
   }
 };
 
-// Each q head and each k head of qkv rows [T, (H + 2 KVH) d] RMS-normalized in place, as
-// model/layers/norm.py's head_norms_ does: the same rms_norm over [T * heads, d] rows, copied back.
-void head_norms_(torch::Tensor& qkv, const torch::Tensor& q_norm, const torch::Tensor& k_norm,
-                 int64_t H, int64_t KVH, int64_t d, double eps) {
-  torch::Tensor heads = qkv.view({qkv.size(0), -1, d});
-  torch::Tensor q = heads.narrow(1, 0, H), k = heads.narrow(1, H, KVH);
-  q.copy_(rms_norm(q.reshape({-1, d}).contiguous(), q_norm, eps).view_as(q));
-  k.copy_(rms_norm(k.reshape({-1, d}).contiguous(), k_norm, eps).view_as(k));
-}
 
 // K/V bytes per thread the QKV projection asks for ahead of a layer's attention (the first
 // each thread's attention reads): half a Zen 4 core's L2. One stream of 256 / 1,000 tokens
@@ -163,7 +154,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
       kv.emplace(decode_kv_prefetch(k_caches[i], v_caches[i], block_tables, seq_lens, window,
                                     at::get_num_threads(), kKVPrefetchBytes));
     torch::Tensor qkv = l.qkv(h, kv ? &*kv : nullptr);
-    if (l.q_norm) head_norms_(qkv, *l.q_norm, *l.k_norm, H, KVH, d, eps);
+    if (l.q_norm) head_rms_norms_(qkv, *l.q_norm, *l.k_norm, H, KVH, d, eps);
     rotary_qk_(qkv, halves, H, KVH, d);
     c10::optional<torch::Tensor> ks, vs;
     if (quant) ks = k_scales[i], vs = v_scales[i];

@@ -4,6 +4,7 @@
 //   add_rms_norm_   residual += x; x = rmsnorm(residual) * w          (in place, both)
 //   rms_norm        rmsnorm(x) * w                                     (new tensor)
 //                   (gemma: * (1 + w), Gemma's norms, which HF stores as the offset from 1)
+//   head_rms_norms_ rms_norm over each q and each k head of fused qkv rows (in place)
 //   rotary_qk_      NeoX-style RoPE on the q and k heads of fused qkv rows (in place)
 //   silu_mul        silu(gate) * up over fused [gate | up] rows        (new tensor)
 //   gelu_tanh_mul   gelu_tanh(gate) * up, the same way (Gemma's MLP)    (new tensor)
@@ -73,6 +74,32 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool g
     }
   });
   return out;
+}
+
+// Each q head (weight q_w) and k head (k_w) of qkv rows [T, (H + 2 KVH) d] RMS-normalized in
+// place, a head row as rms_norm does a row (the same bits: Qwen3's and Gemma 3's q / k norms,
+// one call where a copy out, the norm and a copy back per q and k took ~12 torch dispatches).
+void head_rms_norms_(torch::Tensor qkv, torch::Tensor q_w, torch::Tensor k_w, int64_t H,
+                     int64_t KVH, int64_t d, double eps, bool gemma) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.dtype() == torch::kFloat32 && qkv.is_contiguous() &&
+              qkv.size(1) == (H + 2 * KVH) * d,
+              "head_rms_norms_: qkv must be contiguous fp32 [T, (H + 2 KVH) * d]");
+  for (const auto* w : {&q_w, &k_w})
+    TORCH_CHECK(w->dtype() == torch::kFloat32 && w->is_contiguous() && w->numel() == d,
+                "head_rms_norms_: the q / k norm weights must be fp32 [head_dim]");
+  const int64_t T = qkv.size(0), heads = H + KVH, row = (H + 2 * KVH) * d;
+  float* p = qkv.data_ptr<float>();
+  const float *qw = q_w.data_ptr<float>(), *kw = k_w.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, T * heads, grain_rows(d), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / heads, h = i % heads;
+      float* x = p + t * row + h * d;
+      const float* w = h < H ? qw : kw;
+      if (gemma) norm_row<true>(x, w, x, d, e);
+      else norm_row<false>(x, w, x, d, e);
+    }
+  });
 }
 
 // qkv [T, (H + 2 * KVH) * d]; halves [T, rot] = cos | sin of the rot / 2 frequencies.

@@ -46,6 +46,8 @@ torch::Tensor bf16_grouped_linear(torch::Tensor x, torch::Tensor packed, int64_t
 void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps,
                    bool gemma = false);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool gemma = false);
+void head_rms_norms_(torch::Tensor qkv, torch::Tensor q_w, torch::Tensor k_w, int64_t H,
+                     int64_t KVH, int64_t d, double eps, bool gemma = false);
 void rotary_qk_(torch::Tensor qkv, torch::Tensor halves, int64_t num_heads,
                 int64_t num_kv_heads, int64_t head_dim);
 torch::Tensor silu_mul(torch::Tensor gate_up);

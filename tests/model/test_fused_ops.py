@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.activation import gelu_tanh_and_mul, silu_and_mul
-from pagedllm.model.layers.norm import GemmaRMSNorm, RMSNorm
+from pagedllm.model.layers.norm import GemmaRMSNorm, RMSNorm, head_norms_
 from pagedllm.model.layers.rotary import RopeBatch, RotaryEmbedding
 
 ops = cpu_ops.load()
@@ -75,6 +75,28 @@ class _Counting:
     def __getattr__(self, name: str):
         self.calls.append(name)
         return getattr(self.module, name)
+
+
+@pytest.mark.parametrize("kind", [RMSNorm, GemmaRMSNorm])
+@pytest.mark.parametrize(("rows", "heads", "kv_heads", "head_dim"),
+                         [(1, 4, 1, 256), (5, 16, 8, 128), (64, 9, 3, 64)])
+def test_head_norms_in_one_call_equal_the_norm_modules(kind, rows, heads, kv_heads, head_dim):
+    """Qwen3 / Gemma 3 q and k head norms: the one C++ call gives each head row the bits the
+    norm module gives it (its C++ path over the heads' rows), v untouched."""
+    gen = torch.Generator().manual_seed(rows)
+    q_norm, k_norm = kind(head_dim, 1e-6), kind(head_dim, 1e-6)
+    q_norm.weight.data = torch.randn(head_dim, generator=gen)
+    k_norm.weight.data = torch.randn(head_dim, generator=gen)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    got = qkv.clone()
+    head_norms_(got, q_norm, k_norm, heads, kv_heads, head_dim)
+    split = qkv.view(rows, -1, head_dim)
+    want = torch.cat([q_norm(split[:, :heads].reshape(-1, head_dim).contiguous())[0]
+                      .view(rows, heads, head_dim),
+                      k_norm(split[:, heads:heads + kv_heads].reshape(-1, head_dim).contiguous())
+                      [0].view(rows, kv_heads, head_dim),
+                      split[:, heads + kv_heads:]], dim=1).view(rows, -1)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64])

@@ -90,11 +90,19 @@ class GemmaRMSNorm(nn.Module):
 def head_norms_(qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module, num_heads: int,
                 num_kv_heads: int, head_dim: int) -> None:
     """Normalize, in place, each q head and each k head of fused qkv rows
-    [T, (H + 2 KVH) * d] over head_dim (Qwen3 / Gemma 3 q/k norm, applied before RoPE)."""
+    [T, (H + 2 KVH) * d] over head_dim (Qwen3 / Gemma 3 q/k norm, applied before RoPE): on
+    fp32 CPU rows one C++ call (the bits of the norm modules' C++ path, as the C++ decode
+    loop does), else each norm module over the heads' rows."""
+    kind = type(q_norm)
+    if (kind in (RMSNorm, GemmaRMSNorm) and type(k_norm) is kind and q_norm.eps == k_norm.eps
+            and qkv.dim() == 2 and qkv.is_contiguous()
+            and q_norm.weight.dtype == k_norm.weight.dtype == torch.float32
+            and (ops := cpu_ops.fp32_ops(qkv)) is not None):
+        ops.head_rms_norms_(qkv, q_norm.weight, k_norm.weight, num_heads, num_kv_heads, head_dim,
+                            q_norm.eps, kind is GemmaRMSNorm)
+        return
     heads = qkv.view(qkv.shape[0], -1, head_dim)
     q = heads[:, :num_heads]
     k = heads[:, num_heads:num_heads + num_kv_heads]
-    # contiguous rows always (one KV head over several rows reshapes to a strided view): the
-    # C++ norm then takes every step, as the C++ decode loop's head_norms_ does
     q.copy_(q_norm(q.reshape(-1, head_dim).contiguous())[0].view_as(q))
     k.copy_(k_norm(k.reshape(-1, head_dim).contiguous())[0].view_as(k))
