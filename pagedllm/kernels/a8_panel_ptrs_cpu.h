@@ -5,25 +5,39 @@
 // <type_traits> and the torch headers.
 #pragma once
 
-// A panel matrix's storage as the kernels read it: codes, the fp16 scales d and Q4_1's fp16
-// offsets m (null for the other formats).
+// Panel formats whose scales are fp32: Q4_K's sub-block scale d x sc and offset -dmin x m are
+// exact in fp32 (11 x 6 bits), not in the other formats' fp16 (the file's own scales). Scale
+// arrays travel as uint16_t pointers to their bits either way; scale_at steps by whole scales.
+template <int F> constexpr bool kF32Scales = F == kQ4_K;
+// Formats with an offset per block and column (w = d c + m): Q4_1, Q4_K.
+template <int F> constexpr bool kAffine = F == kQ4_1 || F == kQ4_K;
+template <int F>
+inline const uint16_t* scale_at(const uint16_t* s, int64_t i) {
+  return s + (kF32Scales<F> ? 2 : 1) * i;
+}
+inline bool affine_format(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ4_K; }
+
+// A panel matrix's storage as the kernels read it: codes, the scales d and the affine formats'
+// offsets m (null for the others), fp16 or (Q4_K) fp32 bits.
 struct PanelPtrs {
   const uint8_t* codes;
   const uint16_t *d, *m;
   PanelPtrs(int64_t fmt, const torch::Tensor& codes_, const torch::Tensor& d_,
             const torch::Tensor& m_)
-      : codes(codes_.data_ptr<uint8_t>()), d(half_bits(d_)),
-        m(fmt == kQ4_1 ? half_bits(m_) : nullptr) {}
-  static const uint16_t* half_bits(const torch::Tensor& t) {
+      : codes(codes_.data_ptr<uint8_t>()), d(scale_bits(fmt, d_)),
+        m(affine_format(fmt) ? scale_bits(fmt, m_) : nullptr) {}
+  static const uint16_t* scale_bits(int64_t fmt, const torch::Tensor& t) {
+    if (fmt == kQ4_K) return reinterpret_cast<const uint16_t*>(t.data_ptr<float>());
     return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>());
   }
 };
 
-// f(std::integral_constant<int, F>{}) for the panel format fmt (Q8_0, Q4_0, else Q4_1): the
-// kernels' one dispatch from a run-time format to their template.
+// f(std::integral_constant<int, F>{}) for the panel format fmt (Q8_0, Q4_0, Q4_K, else Q4_1):
+// the kernels' one dispatch from a run-time format to their template.
 template <typename Fn>
 void with_format(int64_t fmt, Fn&& f) {
   if (fmt == kQ8_0) f(std::integral_constant<int, kQ8_0>{});
   else if (fmt == kQ4_0) f(std::integral_constant<int, kQ4_0>{});
+  else if (fmt == kQ4_K) f(std::integral_constant<int, kQ4_K>{});
   else f(std::integral_constant<int, kQ4_1>{});
 }

@@ -129,14 +129,14 @@ __attribute__((noinline)) void tile_rows16(const int8_t* xq, int64_t K, const fl
       if (j == 0) continue;
       const int64_t e = j - 1;  // the block whose epilogue runs now
       const int32_t* cb = c[e % 2];
-      const V dv = f16v(d + e * kNB + 16 * h);
-      const V mv = F == kQ4_1 ? f16v(mo + e * kNB + 16 * h) : vzero();
+      const V dv = scale_v<F>(d, e * kNB + 16 * h);
+      const V mv = kAffine<F> ? scale_v<F>(mo, e * kNB + 16 * h) : vzero();
 #pragma GCC unroll 16
       for (int r = 0; r < kTileRows; ++r) {  // micro<F, MR>'s epilogue, instruction for instruction
         VI a = _mm512_load_si512(cb + 16 * r);
         if constexpr (kZero<F> != 0) a = isub(a, iset(kZero<F> * sq[r * nb + e]));
         acc[r] = vfma(vcvt(a), vmul(dv, vset(dx[r * nb + e])), acc[r]);
-        if constexpr (F == kQ4_1) acc[r] = vfma(mv, vset(fq[r * nb + e]), acc[r]);
+        if constexpr (kAffine<F>) acc[r] = vfma(mv, vset(fq[r * nb + e]), acc[r]);
       }
     }
     const int64_t n = std::min<int64_t>(16, ncols - 16 * h);

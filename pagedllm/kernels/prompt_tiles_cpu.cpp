@@ -68,12 +68,20 @@ constexpr TileConfig kBf16Tiles = bf16_tile_config();
 // 4-byte lanes per block in a panel: Q8_0's 32 codes, or a 4-bit block's two nibbles a byte.
 template <int F> constexpr int kLanes = F == kQ8_0 ? 8 : 4;
 
-// Weights of one column half from 16 integer codes: d * (code - z), or d * code + m (Q4_1).
+// Weights of one column half from 16 integer codes: d * (code - z), or d * code + m (Q4_1,
+// Q4_K).
 template <int F>
 inline V weights(VI codes, V dv, V mv) {
   constexpr int z = F == kQ4_0 ? 8 : 0;
   const V w = _mm512_mul_ps(vcvt(_mm512_sub_epi32(codes, iset(z))), dv);
-  return F == kQ4_1 ? _mm512_add_ps(w, mv) : w;
+  return kAffine<F> ? _mm512_add_ps(w, mv) : w;
+}
+
+// 16 scales from index i of a panel's scale array (fp16 bits, or Q4_K's fp32).
+template <int F>
+inline V scales16(const uint16_t* s, int64_t i) {
+  if constexpr (kF32Scales<F>) return _mm512_loadu_ps(reinterpret_cast<const float*>(s) + i);
+  else return f16x(s + i);
 }
 
 // Byte b of each 32-bit lane of w as a code: 4-bit (low or high nibble) or Q8_0's s8 (stored
@@ -100,8 +108,8 @@ void dequantize_panel(const uint8_t* pc, const uint16_t* pd, const uint16_t* pm,
   constexpr int lanes = kLanes<F>;
   for (int64_t j = 0; j < nb; ++j)
     for (int h = 0; h < 2; ++h) {
-      const V dv = f16x(pd + j * kNB + 16 * h);
-      const V mv = F == kQ4_1 ? f16x(pm + j * kNB + 16 * h) : vzero();
+      const V dv = scales16<F>(pd, j * kNB + 16 * h);
+      const V mv = kAffine<F> ? scales16<F>(pm, j * kNB + 16 * h) : vzero();
       uint16_t* tile = buf + (j * 2 + h) * 512;
       for (int g = 0; g < lanes; ++g) {
         const VI w = _mm512_loadu_si512(pc + ((j * lanes + g) * kNB + 16 * h) * 4);
@@ -291,13 +299,13 @@ template <int F>
 struct Panels {
   const uint8_t* codes;
   const uint16_t* d;
-  const uint16_t* m;  // Q4_1's offsets, else null
+  const uint16_t* m;  // Q4_1's / Q4_K's offsets, else null
   int64_t nb;
   const uint16_t* tiles;  // null: dequantize per call
   int64_t values() const { return nb * 1024; }  // bf16 values of one panel's B tiles
   void dequantize(int64_t p, uint16_t* buf) const {
-    dequantize_panel<F>(codes + p * nb * kLanes<F> * kNB * 4, d + p * nb * kNB,
-                        m ? m + p * nb * kNB : nullptr, nb, buf);
+    dequantize_panel<F>(codes + p * nb * kLanes<F> * kNB * 4, scale_at<F>(d, p * nb * kNB),
+                        m ? scale_at<F>(m, p * nb * kNB) : nullptr, nb, buf);
   }
   // Panel p's B tiles: the kept ones, or dequantized into buf.
   const uint16_t* panel(int64_t p, uint16_t* buf) const {

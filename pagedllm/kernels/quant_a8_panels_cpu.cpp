@@ -1,4 +1,4 @@
-// GGUF Q8_0, Q4_0 and Q4_1 weights with int8 activations (`--int8-activations` on a GGUF
+// GGUF Q8_0, Q4_0, Q4_1 and Q4_K weights with int8 activations (`--int8-activations` on a GGUF
 // model): integer dot products at every M, llama.cpp's q8_0 / q4_0 / q4_1 x q8 dot products
 // laid out as a GEMM. An int8 dot product does 4x (AVX2 maddubs) to 8x (AVX-512 VNNI vpdpbusd)
 // the multiply-adds of an fp32 FMA per instruction: a decode step reads the file's bytes with
@@ -14,6 +14,8 @@
 //                                             and code 8u + 4 + b (high nibble), u8 0..15
 //         d     fp16  [P, K / 32, kNB]        the block's scale (0 for rows past N)
 //         m     fp16  [P, K / 32, kNB]        Q4_1's offset (w = d c + m); empty otherwise
+//   Q4_K  Q4_x's codes, d and m fp32          a 32-value sub-block's d x sc and -dmin x m
+//                                             (exact in fp32, not in fp16), w = d c + m
 //
 // x is quantized per 32 values (a8_quantize_cpu.h: x ~ dx q, q in [-127, 127]); per block
 //
@@ -44,6 +46,7 @@ namespace {
 
 #include "gguf_formats_cpu.h"
 #include "int8_dot_cpu.h"
+#include "a8_panel_ptrs_cpu.h"  // kF32Scales, kAffine, scale_at, PanelPtrs, with_format
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define PAGEDLLM_A8P_SIMD 1
@@ -86,6 +89,13 @@ inline VI nib_lo(VI v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
 inline VI nib_hi(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
 inline V f16v(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
+
+// kVW scales from index i of a panel's scale array: fp16 bits converted, or Q4_K's fp32.
+template <int F>
+inline V scale_v(const uint16_t* s, int64_t i) {
+  if constexpr (kF32Scales<F>) return vload(reinterpret_cast<const float*>(s) + i);
+  else return f16v(s + i);
+}
 
 // Keeps v in a register at this point of the schedule (an empty asm the compiler cannot
 // move sums across).
@@ -145,9 +155,9 @@ __attribute__((noinline)) void micro(const int8_t* xq, int64_t K, const float* d
     }
     if constexpr (F != kQ8_0 && !kVNNI)
       for (int i = 0; i < MR; ++i) dot[i][0] = widen16(dot[i][0]), dot[i][1] = widen16(dot[i][1]);
-    const V d0 = f16v(d + j * kNB), d1 = f16v(d + j * kNB + kVW);
+    const V d0 = scale_v<F>(d, j * kNB), d1 = scale_v<F>(d, j * kNB + kVW);
     V m0 = vzero(), m1 = vzero();
-    if constexpr (F == kQ4_1) m0 = f16v(mo + j * kNB), m1 = f16v(mo + j * kNB + kVW);
+    if constexpr (kAffine<F>) m0 = scale_v<F>(mo, j * kNB), m1 = scale_v<F>(mo, j * kNB + kVW);
     for (int i = 0; i < MR; ++i) {
       const V s = vset(dx[i * nb + j]);
       VI a0 = dot[i][0], a1 = dot[i][1];
@@ -158,7 +168,7 @@ __attribute__((noinline)) void micro(const int8_t* xq, int64_t K, const float* d
       }
       acc[i][0] = vfma(vcvt(a0), vmul(d0, s), acc[i][0]);
       acc[i][1] = vfma(vcvt(a1), vmul(d1, s), acc[i][1]);
-      if constexpr (F == kQ4_1) {  // + m dx sum q
+      if constexpr (kAffine<F>) {  // + m dx sum q
         const V f = vset(fq[i * nb + j]);
         acc[i][0] = vfma(m0, f, acc[i][0]);
         acc[i][1] = vfma(m1, f, acc[i][1]);
@@ -179,7 +189,6 @@ void micro_tail(int rows, const int8_t* xq, int64_t K, const float* dx, const in
 }
 
 #include "a8_panel_tiles_cpu.h"
-#include "a8_panel_ptrs_cpu.h"
 
 // Quantized rows [m0, m0 + M) of qx against panel p into y (row m0's kNB outputs, row stride
 // ldy); whole 16-row tiles on the matrix tiles when `tiles` is on (the caller's thread has
@@ -193,7 +202,8 @@ void panel_rows(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* code
   const int8_t* xq = qx.q.data();
   const int64_t ncols = std::min<int64_t>(kNB, N - p * kNB);
   const uint8_t* pc = codes + p * codes_per_panel;
-  const uint16_t *pd = d + p * nb * kNB, *pm = mo ? mo + p * nb * kNB : nullptr;
+  const uint16_t *pd = scale_at<F>(d, p * nb * kNB),
+                 *pm = mo ? scale_at<F>(mo, p * nb * kNB) : nullptr;
   int64_t m = tile_rows_of_panel<F>(tiles, qx, m0, m0 + M, pc, pd, pm, y, ldy, ncols);
   for (; m + kMRQ <= m0 + M; m += kMRQ)
     micro<F, kMRQ>(xq + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
@@ -351,8 +361,8 @@ void grouped_impl(const QuantizedX& qx, const int64_t* off, int64_t E, const uin
     const TileScope scope(tiles, kA8Tiles);
     for (; t < end; ++t)
       panel_impl<F>(qx, t->row0, t->rows, codes + t->expert * codes_stride,
-                    d + t->expert * scale_stride,
-                    mo ? mo + t->expert * scale_stride : nullptr, N, t->col, y,
+                    scale_at<F>(d, t->expert * scale_stride),
+                    mo ? scale_at<F>(mo, t->expert * scale_stride) : nullptr, N, t->col, y,
                     t->group_rows >= kTileCallRows ? tiles : TileMode::kOff);
   });
 }
@@ -362,17 +372,23 @@ constexpr bool kVNNI = false;
 #include "a8_panel_tiles_cpu.h"
 #endif
 
-// Bytes of one block's codes in the panel layout (Q8_0: 32, Q4_x: 16).
+// Bytes of one block's codes in the panel layout (Q8_0: 32, Q4_x and Q4_K: 16).
 int64_t code_bytes(int64_t fmt) {
-  TORCH_CHECK(fmt == kQ8_0 || fmt == kQ4_0 || fmt == kQ4_1, "a8_panel_linear: format ", fmt,
-              " has no panel kernel (Q8_0, Q4_0 and Q4_1 do)");
+  TORCH_CHECK(fmt == kQ8_0 || fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ4_K,
+              "a8_panel_linear: format ", fmt,
+              " has no panel kernel (Q8_0, Q4_0, Q4_1 and Q4_K do)");
   return fmt == kQ8_0 ? 32 : 16;
 }
+
+// The dtype of a format's panel scales (Q4_K fp32, else fp16) and its name.
+torch::ScalarType scale_dtype(int64_t fmt) { return fmt == kQ4_K ? torch::kFloat32 : torch::kFloat16; }
+const char* scale_name(int64_t fmt) { return fmt == kQ4_K ? "fp32" : "fp16"; }
 
 }  // namespace
 
 // One [N, K] matrix in the panel layout (the file header): codes uint8 [P, K / 32, lanes,
-// kNB, 4], d (and Q4_1's m) fp16 [P, K / 32, kNB]; `fn` names the caller in the errors.
+// kNB, 4], d (and Q4_1's / Q4_K's m) [P, K / 32, kNB], fp16 (Q4_K: fp32); `fn` names the
+// caller in the errors.
 void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
                            const torch::Tensor& d, const torch::Tensor& m, int64_t N,
                            int64_t K) {
@@ -382,12 +398,12 @@ void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& cod
                   codes.sizes() == torch::IntArrayRef({P, nb, lanes, kNB, 4}),
               fn, ": codes must be uint8 [", P, ", ", nb, ", ", lanes, ", ", kNB, ", 4]");
   const std::vector<int64_t> scale_shape{P, nb, kNB};
-  TORCH_CHECK(d.dtype() == torch::kFloat16 && d.is_contiguous() &&
-                  d.sizes() == torch::IntArrayRef(scale_shape),
-              fn, ": d must be fp16 [", P, ", ", nb, ", ", kNB, "]");
-  TORCH_CHECK(fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
-                               m.sizes() == torch::IntArrayRef(scale_shape)),
-              fn, ": Q4_1 needs m fp16 [", P, ", ", nb, ", ", kNB, "]");
+  const auto sd = scale_dtype(fmt);
+  TORCH_CHECK(d.dtype() == sd && d.is_contiguous() && d.sizes() == torch::IntArrayRef(scale_shape),
+              fn, ": d must be ", scale_name(fmt), " [", P, ", ", nb, ", ", kNB, "]");
+  TORCH_CHECK(!affine_format(fmt) || (m.dtype() == sd && m.is_contiguous() &&
+                                      m.sizes() == torch::IntArrayRef(scale_shape)),
+              fn, ": Q4_1 / Q4_K need m ", scale_name(fmt), " [", P, ", ", nb, ", ", kNB, "]");
 }
 
 void check_a8_panel_mlp(const char* fn, const torch::Tensor& x, int64_t gu_fmt,
@@ -470,7 +486,7 @@ torch::Tensor a8_panel_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_cod
 
 // Rows `ids` of a panel-layout matrix (the token embedding of a tied GGUF model), exact:
 // d * (code - offset) (Q8_0; offset 128 where the layout stores VNNI's u8 codes), d * (code - 8)
-// (Q4_0), d * code + m (Q4_1), in fp32 as gguf_a8_panels.py's `embedding` computes them. One call
+// (Q4_0), d * code + m (Q4_1, Q4_K), in fp32 as gguf_a8_panels.py's `embedding` computes them. One call
 // instead of ~10 torch ops per decode step; an id outside [0, N) raises IndexError. No fused
 // multiply-add (-ffast-math would contract d * code + m): the same two roundings as torch.
 __attribute__((optimize("fp-contract=off")))
@@ -489,14 +505,18 @@ torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes,
   const PanelPtrs w(fmt, codes, d, m);
   const uint8_t* cp = w.codes;
   const uint16_t *dp = w.d, *mp = w.m;
+  const bool f32 = fmt == kQ4_K;
+  auto scale = [f32](const uint16_t* p, int64_t s) {
+    return f32 ? reinterpret_cast<const float*>(p)[s] : c10::detail::fp16_ieee_to_fp32_value(p[s]);
+  };
   const int offset = fmt == kQ8_0 ? static_cast<int>(q8_0_code_offset()) : fmt == kQ4_0 ? 8 : 0;
   float* op = out.data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = ip[t] / kNB, c = ip[t] % kNB;
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t s = (p * nb + j) * kNB + c;
-      const float dj = c10::detail::fp16_ieee_to_fp32_value(dp[s]);
-      const float mj = mp ? c10::detail::fp16_ieee_to_fp32_value(mp[s]) : 0.f;
+      const float dj = scale(dp, s);
+      const float mj = mp ? scale(mp, s) : 0.f;
       float* row = op + t * K + 32 * j;
       for (int64_t g = 0; g < lanes; ++g) {
         const uint8_t* b = cp + (((p * nb + j) * lanes + g) * kNB + c) * 4;
@@ -535,11 +555,14 @@ torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tenso
               "a8_panel_grouped_linear: codes must be uint8 [", E, ", ", P, ", ", nb, ", ", lanes,
               ", ", kNB, ", 4]");
   const std::vector<int64_t> scale_shape{E, P, nb, kNB};
-  TORCH_CHECK(d.dtype() == torch::kFloat16 && d.is_contiguous() && d.sizes() == torch::IntArrayRef(scale_shape),
-              "a8_panel_grouped_linear: d must be fp16 [", E, ", ", P, ", ", nb, ", ", kNB, "]");
-  TORCH_CHECK(fmt != kQ4_1 || (m.dtype() == torch::kFloat16 && m.is_contiguous() &&
-                               m.sizes() == torch::IntArrayRef(scale_shape)),
-              "a8_panel_grouped_linear: Q4_1 needs m fp16 [", E, ", ", P, ", ", nb, ", ", kNB, "]");
+  const auto sd = scale_dtype(fmt);
+  TORCH_CHECK(d.dtype() == sd && d.is_contiguous() && d.sizes() == torch::IntArrayRef(scale_shape),
+              "a8_panel_grouped_linear: d must be ", scale_name(fmt), " [", E, ", ", P, ", ", nb,
+              ", ", kNB, "]");
+  TORCH_CHECK(!affine_format(fmt) || (m.dtype() == sd && m.is_contiguous() &&
+                                      m.sizes() == torch::IntArrayRef(scale_shape)),
+              "a8_panel_grouped_linear: Q4_1 / Q4_K need m ", scale_name(fmt), " [", E, ", ", P,
+              ", ", nb, ", ", kNB, "]");
   const int64_t* off = checked_offsets(offsets, E, R);
   auto y = torch::empty({R, N}, x.options());
 #if PAGEDLLM_A8P_SIMD
@@ -561,7 +584,7 @@ torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tenso
 void register_a8_panel_kernels(pybind11::module_& m) {
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("a8_panels_available", &a8_panels_available, nogil,
-        "whether the int8-activation panel kernels (Q8_0, Q4_0, Q4_1) are built (AVX2 + FMA + F16C)");
+        "whether the int8-activation panel kernels (Q8_0, Q4_0, Q4_1, Q4_K) are built (AVX2 + FMA + F16C)");
   m.def("int8_dot_isa", &int8_dot_isa,
         "instructions of the int8 dot products: avx512_vnni, avx512bw, avx2 or scalar");
   m.def("a8_panel_width", &a8_panel_width, nogil, "output rows per int8-activation panel");
@@ -571,7 +594,7 @@ void register_a8_panel_kernels(pybind11::module_& m) {
         "choose the int8-activation panels' tiles (auto, amx, emulated: the software model "
         "for tests, off); returns the tiles now in use");
   m.def("a8_panel_rows", &a8_panel_rows, nogil,
-        "rows ids of a panel-layout Q8_0 / Q4_0 / Q4_1 matrix, dequantized exactly (fp32)");
+        "rows ids of a panel-layout Q8_0 / Q4_0 / Q4_1 / Q4_K matrix, dequantized exactly (fp32)");
   m.def("q8_0_code_offset", &q8_0_code_offset, nogil,
         "what the panel layout adds to each Q8_0 code (128 for VNNI's u8 codes, else 0)");
   m.def("a8_panel_grouped_linear", &a8_panel_grouped_linear, nogil,
@@ -582,6 +605,6 @@ void register_a8_panel_kernels(pybind11::module_& m) {
         "[gate | up] [2 I, K] and down [N, I]) in two parallel regions: the bits of "
         "a8_panel_linear, silu_mul, a8_panel_linear");
   m.def("a8_panel_linear", &a8_panel_linear, nogil,
-        "y = x @ W^T, W GGUF Q8_0 / Q4_0 / Q4_1 repacked into panels, x quantized per 32 "
+        "y = x @ W^T, W GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K repacked into panels, x quantized per 32 "
         "values, integer dot products");
 }

@@ -19,7 +19,7 @@ import torch
 
 from pagedllm.kernels import cpu_features, cpu_ops
 from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
-from tests.model.quant.test_gguf_formats import random_blocks
+from tests.model.quant.test_gguf_formats import random_blocks, whole_k
 
 
 @contextlib.contextmanager
@@ -59,6 +59,7 @@ def test_tiles_equal_vnni_bit_for_bit(ops, mode, qtype, n, k):
     """Partial panels (n = 70, 33: d = 0 past N, the second column half absent at 16), odd
     block counts (K / 32 = 3, 5), rows 16 and 17 (below the 32 rows from which a call takes
     the tiles: all VNNI), 32 (two 16-row tiles), 33 and 35 (tiles + VNNI rows), 48, 64."""
+    k = whole_k(qtype, k)  # Q4_K: whole 256-value super-blocks
     raw = random_blocks(qtype, n, k, seed=n + k)
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
     x = torch.randn(64, k, generator=torch.Generator().manual_seed(k)) * 3
@@ -130,7 +131,7 @@ def test_environment_choice_is_applied_and_checked_at_load(variable, getter):
 def test_mlp_in_one_call_on_tiles_equals_vnni(ops, mode, qtype):
     """`a8_panel_mlp` runs its gate / up rows through the same panel code (16-row tiles into
     its per-thread buffers, row chunks of 64): the bits of the VNNI path, 17-300 rows."""
-    hidden, inter = 96, 128
+    hidden, inter = whole_k(qtype, 96), whole_k(qtype, 128)
     gate_up = GGUFA8PanelWeight.from_blocks(
         qtype, random_blocks(qtype, 2 * inter, hidden, seed=3), (2 * inter, hidden))
     down = GGUFA8PanelWeight.from_blocks(

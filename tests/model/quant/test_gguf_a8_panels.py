@@ -1,4 +1,4 @@
-"""GGUF Q8_0 / Q4_0 / Q4_1 (and Q5_0, as Q8_0) with int8 activations in panels (`GGUFA8PanelWeight`, integer dot
+"""GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K (and Q5_0, as Q8_0) with int8 activations in panels (`GGUFA8PanelWeight`, integer dot
 products at every M): exact values and rows, the product equal to its definition (x rounded
 per 32 values, then the exact weights), batch invariance, fusion, and clear errors."""
 
@@ -15,7 +15,7 @@ from pagedllm.model.layers.quant import concat_quantized, gguf_a8_panels
 from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
 from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
 from tests.model.quant.test_gguf_a8 import quantized_x
-from tests.model.quant.test_gguf_formats import random_blocks
+from tests.model.quant.test_gguf_formats import random_blocks, whole_k
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,7 +33,8 @@ def test_values_rows_and_bytes_equal_the_file(qtype):
     stored = T.Q8_0 if qtype == T.Q5_0 else qtype  # Q5_0's codes in Q8_0's panels
     assert w.shape == (n, k) and w.format == f"gguf:{stored.name}+a8"
     panel = w.codes.shape[3]
-    block_bytes = GGML_QUANT_SIZES[stored][1]
+    # a 32-value block's bytes: the file's; Q4_K's sub-block 16 code bytes and fp32 d, m
+    block_bytes = 24 if qtype == T.Q4_K else GGML_QUANT_SIZES[stored][1]
     assert w.nbytes == -(-n // panel) * panel * (k // 32) * block_bytes  # + padding rows
     np.testing.assert_array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
     ids = torch.tensor([44, 0, 7, 31, 7])
@@ -56,6 +57,7 @@ def test_product_equals_its_definition(qtype, m, n, k):
     """y = quantized(x) @ W^T to fp32 rounding (integer sums exact, the per-block scale products
     and the sum over blocks round) for partial panels and K of a few blocks, and close to the
     exact product (the activation rounding is the only error)."""
+    k = whole_k(qtype, k)
     raw = random_blocks(qtype, n, k, seed=m + n)
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 3
@@ -95,13 +97,14 @@ def test_rows_do_not_depend_on_the_batch(qtype, threads):
 
 @pytest.mark.parametrize("qtype", PANEL_TYPES)
 def test_concat_and_mixed_fusion(qtype):
-    raw = random_blocks(qtype, 90, 128, seed=5)
-    parts = [GGUFA8PanelWeight.from_blocks(qtype, raw[a:b], (b - a, 128))
+    k = whole_k(qtype, 128)
+    raw = random_blocks(qtype, 90, k, seed=5)
+    parts = [GGUFA8PanelWeight.from_blocks(qtype, raw[a:b], (b - a, k))
              for a, b in [(0, 37), (37, 90)]]
     fused = concat_quantized(parts)
-    whole = GGUFA8PanelWeight.from_blocks(qtype, raw, (90, 128))
+    whole = GGUFA8PanelWeight.from_blocks(qtype, raw, (90, k))
     assert type(fused) is GGUFA8PanelWeight and fused.nbytes == whole.nbytes
-    x = torch.randn(5, 128)
+    x = torch.randn(5, k)
     assert torch.equal(fused.linear(x), whole.linear(x))
     other = GGUFA8Weight.from_blocks(T.Q6_K, random_blocks(T.Q6_K, 16, 256), (16, 256))
     x = torch.randn(5, 256)

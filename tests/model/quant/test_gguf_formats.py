@@ -34,6 +34,13 @@ def random_blocks(qtype: T, n: int, k: int, seed: int = 0) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
+def whole_k(qtype: T, k: int) -> int:
+    """k rounded up to the format's whole blocks (Q4_K / Q6_K: 256-value super-blocks), so a
+    test's shapes fit every format it runs over."""
+    block = GGML_QUANT_SIZES[qtype][0]
+    return -(-k // block) * block
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _kernels():
     if not qg.available():

@@ -27,7 +27,7 @@ from pagedllm.model.layers.quant.prompt_rows import PromptRows
 from tests.conftest import make_tiny_checkpoint
 from tests.loader.gguf_writer import write_gguf
 from tests.model.quant.test_a8_panel_tiles import chosen
-from tests.model.quant.test_gguf_formats import random_blocks
+from tests.model.quant.test_gguf_formats import random_blocks, whole_k
 from tests.model.quant.test_int8_engine import check_logprobs_close
 
 
@@ -77,6 +77,7 @@ def test_kernel_equals_bf16_product(ops, mode, qtype, n, k):
     one chunk of rows at K = 1,536). The sums are fp32 over exact bf16 products: within 1e-6
     of the fp64 product of the rounded operands (the bf16 rounding itself moves results by
     ~1e-3 of that scale). With the matrix's bf16 tiles kept, the same bits."""
+    k = whole_k(qtype, k)  # Q4_K: whole 256-value super-blocks
     raw = random_blocks(qtype, n, k, seed=n + k)
     w = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
     kept = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))

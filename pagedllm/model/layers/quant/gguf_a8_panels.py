@@ -1,5 +1,5 @@
-"""GGUF Q8_0, Q4_0, Q4_1 (and Q5_0, as Q8_0) weights with int8 activations, in panels: W8A8 at
-every batch size.
+"""GGUF Q8_0, Q4_0, Q4_1, Q4_K (and Q5_0, as Q8_0) weights with int8 activations, in panels:
+W8A8 at every batch size.
 
 With `--int8-activations` a GGUF file's matrices of these block types (SmolLM2: Q4_1 layers,
 a Q8_0 embedding and tied lm_head; the common Q4_0 / Q8_0 files) are repacked once at load
@@ -16,7 +16,9 @@ call instead (prompt_rows.py, kernels/prompt_tiles_cpu.cpp; PAGEDLLM_PROMPT_TILE
 the same bf16 values kept once (`keep_bf16_tiles`; prompt_tile_weights.py decides).
 
 Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block; Q5_0's 22-byte
-blocks take Q8_0's 34), plus 2 bytes a weight where the bf16 tiles are kept. Not exact: the activation rounding moves logits
+blocks take Q8_0's 34, and Q4_K's 18 bytes a 32-value sub-block take 24: its scale d x sc and
+offset -dmin x m in fp32, where they are exact), plus 2 bytes a weight where the bf16 tiles
+are kept. Not exact: the activation rounding moves logits
 slightly (docs/benchmarks.md). Embedding rows and `dequantize()` are exact (gguf-py's values).
 """
 
@@ -28,6 +30,7 @@ from functools import cache
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
+from gguf.quants import Q4_K
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant import prompt_rows
@@ -38,8 +41,11 @@ T = GGMLQuantizationType
 _BLOCK = 32
 # bytes before the codes in a file block: d (and Q4_1's m), fp16 each
 _HEADER = {T.Q8_0: 2, T.Q4_0: 2, T.Q4_1: 4}
-# File types the panels take: their own, and Q5_0 as Q8_0 panels (`_q5_0_as_q8_0`)
-PANEL_TYPES = (*_HEADER, T.Q5_0)
+# File types the panels take: their own, Q4_K (`_q4_k_blocks`) and Q5_0 as Q8_0 panels
+# (`_q5_0_as_q8_0`)
+PANEL_TYPES = (*_HEADER, T.Q4_K, T.Q5_0)
+# Formats with an offset per block (w = d c + m)
+_AFFINE = (T.Q4_1, T.Q4_K)
 #: the panels' kind in the C++ decode loop (LinearKind in kernels/decode_layers_cpu.cpp)
 FUSED_KIND = 3
 
@@ -67,6 +73,26 @@ def _q5_0_as_q8_0(blk: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torc
     return codes.to(torch.int8).reshape(n, k), d
 
 
+def _q4_k_blocks(raw: np.ndarray, n: int, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K super-blocks [N, K / 256 x 144] as the panels' 32-value blocks: codes 0..15 [N, K]
+    and each sub-block's S = d x sc and B = -(dmin x m) fp32 [N, K / 32], products of an fp16
+    and a 6-bit integer, exact in fp32; S c + B is then gguf-py's d x sc x c - dmin x m to the
+    bit."""
+    blocks = raw.reshape(n, k // 256, 144)
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)
+    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
+    sc, mi = Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12))
+    scale = d * sc.reshape(n, -1, 8).astype(np.float32)
+    offset = -(dmin * mi.reshape(n, -1, 8).astype(np.float32))
+    # 32 bytes hold sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
+    qs = blocks[..., 16:144].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(
+        1, 1, 1, 2, 1)
+    codes = torch.from_numpy((qs & 15).reshape(n, k).astype(np.uint8))
+    return (codes, torch.from_numpy(scale.reshape(n, -1)),
+            torch.from_numpy(offset.reshape(n, -1)))
+
+
 def _codes(qtype: T, raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """Per-value codes [N, K] of the file's blocks (int8 for Q8_0, 0..15 for Q4_x)."""
     body = raw[:, :, _HEADER[qtype]:]
@@ -77,11 +103,11 @@ def _codes(qtype: T, raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 class GGUFA8PanelWeight(QuantizedWeight):
-    """A Q8_0 / Q4_0 / Q4_1 matrix in the int8-activation panels (module docstring).
+    """A Q8_0 / Q4_0 / Q4_1 / Q4_K matrix in the int8-activation panels (module docstring).
 
-    codes uint8 [P, K / 32, 8 (Q8_0) or 4 (Q4_x), NB, 4], d and m fp16 [P, K / 32, NB]
-    (m: Q4_1 only, else empty); tiles: the prompt tiles' bf16 B tiles of every panel (int16
-    bits) once `keep_bf16_tiles` ran, else empty.
+    codes uint8 [P, K / 32, 8 (Q8_0) or 4 (Q4_x, Q4_K), NB, 4], d and m [P, K / 32, NB], fp16
+    (Q4_K: fp32) (m: Q4_1 and Q4_K only, else empty); tiles: the prompt tiles' bf16 B tiles of
+    every panel (int16 bits) once `keep_bf16_tiles` ran, else empty.
     """
 
     def __init__(self, qtype: T, out_features: int, in_features: int, codes: torch.Tensor,
@@ -99,8 +125,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
     @classmethod
     def from_rows(cls, qtype: T, codes: torch.Tensor, d: torch.Tensor,
                   m: torch.Tensor | None = None) -> GGUFA8PanelWeight:
-        """From codes [N, K] (int8 for Q8_0, 0..15 for Q4_x) and fp16 d (and Q4_1's m)
-        [N, K / 32] in row order."""
+        """From codes [N, K] (int8 for Q8_0, 0..15 for Q4_x and Q4_K) and d (and Q4_1's /
+        Q4_K's m) [N, K / 32] in row order, fp16 (Q4_K: fp32)."""
         ops = kernels()
         if ops is None:
             raise RuntimeError("GGUF int8-activation panel kernels are not built on this machine")
@@ -123,7 +149,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
             lanes = pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)
         empty = torch.empty(0, dtype=torch.float16)
         return cls(qtype, n, k, panels(lanes), panels(d),
-                   panels(m) if qtype == T.Q4_1 else empty)
+                   panels(m) if qtype in _AFFINE else empty)
 
     @classmethod
     def from_blocks(cls, qtype: T, blocks: np.ndarray, shape: tuple[int, int],
@@ -136,6 +162,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
                              f"(supported: {', '.join(t.name for t in PANEL_TYPES)})")
         raw = checked_rows(qtype, blocks, shape, row_order, name)
         n, k = shape
+        if qtype == T.Q4_K:
+            return cls.from_rows(T.Q4_K, *_q4_k_blocks(np.asarray(raw), n, k))
         blk = torch.from_numpy(np.require(raw, requirements=["C", "W"])).view(n, k // _BLOCK, -1)
         if qtype == T.Q5_0:
             return cls.from_rows(T.Q8_0, *_q5_0_as_q8_0(blk, n, k))
@@ -152,7 +180,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
             codes = (lanes.to(torch.int16) - self.offset).to(torch.int8)
         else:
             codes = torch.stack([lanes & 15, lanes >> 4], dim=3)  # [T, K / 32, 4, 2, 4]
-        m = self.m[p, :, c] if self.qtype == T.Q4_1 else None
+        m = self.m[p, :, c] if self.qtype in _AFFINE else None
         return codes.reshape(len(ids), self.in_features), self.d[p, :, c], m
 
     def keep_bf16_tiles(self) -> int:
@@ -205,8 +233,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
                             [self.codes, self.d, self.m])
 
     def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Exact rows: d * code (Q8_0), d * (code - 8) (Q4_0), d * code + m (Q4_1), gguf-py's
-        roundings; one C++ call (a decode step's embedding took ~10 torch ops, ~0.2 ms
+        """Exact rows: d * code (Q8_0), d * (code - 8) (Q4_0), d * code + m (Q4_1, Q4_K),
+        gguf-py's roundings; one C++ call (a decode step's embedding took ~10 torch ops, ~0.2 ms
         after the layers had streamed the weights through the caches)."""
         ids = token_ids.reshape(-1).to(torch.long)
         if ids.device.type == "cpu" and (ops := kernels()) is not None:
@@ -232,12 +260,12 @@ class GGUFA8PanelWeight(QuantizedWeight):
 
     @property
     def nbytes(self) -> int:
-        return self.codes.numel() + 2 * (self.d.numel() + self.m.numel() + self.tiles.numel())
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.d, self.m, self.tiles))
 
     @classmethod
     def concat(cls, parts: Sequence[QuantizedWeight]) -> QuantizedWeight:
         rows = [p.rows(torch.arange(p.out_features)) for p in parts]  # type: ignore[attr-defined]
         qtype = parts[0].qtype  # type: ignore[attr-defined]
-        m = torch.cat([r[2] for r in rows]) if qtype == T.Q4_1 else None
+        m = torch.cat([r[2] for r in rows]) if qtype in _AFFINE else None
         return cls.from_rows(qtype, torch.cat([r[0] for r in rows]),
                              torch.cat([r[1] for r in rows]), m)
