@@ -1,8 +1,8 @@
 // A GGUF panel matrix's tensors as plain pointers, and the one dispatch from a run-time panel
 // format to the kernels' templates: shared by the int8-activation panels
 // (quant_a8_panels_cpu.cpp) and their prompt rows' bf16 tiles (prompt_tiles_cpu.cpp).
-// Included inside the kernel file's anonymous namespace, after gguf_formats_cpu.h (kQ8_0 ...),
-// <type_traits> and the torch headers.
+// Included inside the kernel file's anonymous namespace, after simd_cpu.h (V, vload, f16x),
+// gguf_formats_cpu.h (kQ8_0 ...), <type_traits> and the torch headers.
 #pragma once
 
 // Panel formats whose scales are fp32: Q4_K's sub-block scale d x sc and offset -dmin x m are
@@ -16,6 +16,16 @@ inline const uint16_t* scale_at(const uint16_t* s, int64_t i) {
   return s + (kF32Scales<F> ? 2 : 1) * i;
 }
 inline bool affine_format(int64_t fmt) { return fmt == kQ4_1 || fmt == kQ4_K; }
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// A vector of scales (simd_cpu.h's V) from index i of a panel's scale array: fp16 bits
+// converted, or Q4_K's fp32.
+template <int F>
+inline V scale_v(const uint16_t* s, int64_t i) {
+  if constexpr (kF32Scales<F>) return vload(reinterpret_cast<const float*>(s) + i);
+  else return f16x(s + i);
+}
+#endif
 
 // A panel matrix's storage as the kernels read it: codes, the scales d and the affine formats'
 // offsets m (null for the others), fp16 or (Q4_K) fp32 bits.

@@ -31,6 +31,12 @@ void norm_row(const float* x, const float* w, float* out, int64_t n, float eps) 
   }
 }
 
+// norm_row of the kind a call asks for (the branch outside the row's loop).
+void norm_row(bool gemma, const float* x, const float* w, float* out, int64_t n, double eps) {
+  if (gemma) norm_row<true>(x, w, out, n, static_cast<float>(eps));
+  else norm_row<false>(x, w, out, n, static_cast<float>(eps));
+}
+
 void check_rows(const torch::Tensor& x, const torch::Tensor& w, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(), name,
               ": x must be contiguous fp32 [T, hidden]");
@@ -54,8 +60,7 @@ void add_rms_norm_(torch::Tensor x, torch::Tensor residual, torch::Tensor weight
       float* r = rp + t * n;
       float* xr = xp + t * n;
       for (int64_t i = 0; i < n; ++i) r[i] += xr[i];
-      if (gemma) norm_row<true>(r, wp, xr, n, static_cast<float>(eps));
-      else norm_row<false>(r, wp, xr, n, static_cast<float>(eps));
+      norm_row(gemma, r, wp, xr, n, eps);
     }
   });
 }
@@ -68,10 +73,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps, bool g
   const float* wp = weight.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, T, grain_rows(n), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      if (gemma) norm_row<true>(xp + t * n, wp, op + t * n, n, static_cast<float>(eps));
-      else norm_row<false>(xp + t * n, wp, op + t * n, n, static_cast<float>(eps));
-    }
+    for (int64_t t = begin; t < end; ++t) norm_row(gemma, xp + t * n, wp, op + t * n, n, eps);
   });
   return out;
 }
@@ -90,14 +92,11 @@ void head_rms_norms_(torch::Tensor qkv, torch::Tensor q_w, torch::Tensor k_w, in
   const int64_t T = qkv.size(0), heads = H + KVH, row = (H + 2 * KVH) * d;
   float* p = qkv.data_ptr<float>();
   const float *qw = q_w.data_ptr<float>(), *kw = k_w.data_ptr<float>();
-  const float e = static_cast<float>(eps);
   at::parallel_for(0, T * heads, grain_rows(d), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / heads, h = i % heads;
       float* x = p + t * row + h * d;
-      const float* w = h < H ? qw : kw;
-      if (gemma) norm_row<true>(x, w, x, d, e);
-      else norm_row<false>(x, w, x, d, e);
+      norm_row(gemma, x, h < H ? qw : kw, x, d, eps);
     }
   });
 }

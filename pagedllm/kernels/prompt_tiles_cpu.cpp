@@ -77,13 +77,6 @@ inline V weights(VI codes, V dv, V mv) {
   return kAffine<F> ? _mm512_add_ps(w, mv) : w;
 }
 
-// 16 scales from index i of a panel's scale array (fp16 bits, or Q4_K's fp32).
-template <int F>
-inline V scales16(const uint16_t* s, int64_t i) {
-  if constexpr (kF32Scales<F>) return _mm512_loadu_ps(reinterpret_cast<const float*>(s) + i);
-  else return f16x(s + i);
-}
-
 // Byte b of each 32-bit lane of w as a code: 4-bit (low or high nibble) or Q8_0's s8 (stored
 // + 128 under VNNI, else as s8 bytes).
 template <int F>
@@ -108,8 +101,8 @@ void dequantize_panel(const uint8_t* pc, const uint16_t* pd, const uint16_t* pm,
   constexpr int lanes = kLanes<F>;
   for (int64_t j = 0; j < nb; ++j)
     for (int h = 0; h < 2; ++h) {
-      const V dv = scales16<F>(pd, j * kNB + 16 * h);
-      const V mv = kAffine<F> ? scales16<F>(pm, j * kNB + 16 * h) : vzero();
+      const V dv = scale_v<F>(pd, j * kNB + 16 * h);
+      const V mv = kAffine<F> ? scale_v<F>(pm, j * kNB + 16 * h) : vzero();
       uint16_t* tile = buf + (j * 2 + h) * 512;
       for (int g = 0; g < lanes; ++g) {
         const VI w = _mm512_loadu_si512(pc + ((j * lanes + g) * kNB + 16 * h) * 4);

@@ -82,20 +82,11 @@ inline VI widen16(VI s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
 inline VI iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline VI nib_lo(VI v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
 inline VI nib_hi(VI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15)); }
-inline V f16v(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 #else
 inline VI iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline VI nib_lo(VI v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
 inline VI nib_hi(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15)); }
-inline V f16v(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
-
-// kVW scales from index i of a panel's scale array: fp16 bits converted, or Q4_K's fp32.
-template <int F>
-inline V scale_v(const uint16_t* s, int64_t i) {
-  if constexpr (kF32Scales<F>) return vload(reinterpret_cast<const float*>(s) + i);
-  else return f16v(s + i);
-}
 
 // Keeps v in a register at this point of the schedule (an empty asm the compiler cannot
 // move sums across).

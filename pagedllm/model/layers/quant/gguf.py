@@ -87,7 +87,7 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 15, qs >> 4], axis=-1)
 
 
-def _decode(qtype: T, blocks: np.ndarray) -> dict[str, np.ndarray]:
+def decode_blocks(qtype: T, blocks: np.ndarray) -> dict[str, np.ndarray]:
     """Integer codes [N, K] and per-group / per-super-block scale parts of raw GGUF blocks
     [N, n_blocks, block_bytes] (the same field order gguf-py's dequantize_blocks reads)."""
     n, nb = blocks.shape[:2]
@@ -204,7 +204,7 @@ class GGUFWeight(QuantizedWeight):
         n, k = shape
         block, block_bytes = GGML_QUANT_SIZES[qtype]
         spec = SPECS[qtype]
-        parts = _decode(qtype, raw.reshape(n, k // block, block_bytes))
+        parts = decode_blocks(qtype, raw.reshape(n, k // block, block_bytes))
         nb_cols = ops.gguf_panel_width()
         tensors = {"q": torch.from_numpy(_pack_codes(_panels(parts.pop("codes"), nb_cols),
                                                      spec.bits, nb_cols))}

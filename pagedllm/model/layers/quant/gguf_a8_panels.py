@@ -30,12 +30,11 @@ from functools import cache
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
-from gguf.quants import Q4_K
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant import prompt_rows
 from pagedllm.model.layers.quant.base import LinearMethod, QuantizedWeight
-from pagedllm.model.layers.quant.gguf import SPECS, checked_rows
+from pagedllm.model.layers.quant.gguf import SPECS, checked_rows, decode_blocks
 
 T = GGMLQuantizationType
 _BLOCK = 32
@@ -56,21 +55,15 @@ def kernels():
     return cpu_ops.load_with("a8_panels")
 
 
-def _q5_0_as_q8_0(blk: torch.Tensor, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q5_0 blocks [N, K / 32, 22] (d fp16, 32 high bits, 16 bytes of low nibbles) as Q8_0's
-    (int8 codes [N, K], d [N, K / 32]): code q - 16 (-16..15) under the file's d, so d x code
-    is gguf-py's value to the bit. A code a byte (34 bytes a block for the file's 22) buys the
-    panels' kernels (VNNI, AMX-int8, the prompt tiles) in place of the per-row kernel: Gemma 3
-    270M's Q4_K_M file keeps most of its layers (q, k, v, gate, up: 640 columns, no 256-value
-    super-blocks) in Q5_0."""
-    d = blk[:, :, :2].contiguous().view(torch.float16)[:, :, 0]
-    high = blk[:, :, 2:6].to(torch.int32)
-    bits = high[..., 0] | high[..., 1] << 8 | high[..., 2] << 16 | high[..., 3] << 24
-    hi = (bits.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1  # [N, K / 32, 32]
-    qs = blk[:, :, 6:]
-    low = torch.cat([qs & 15, qs >> 4], dim=2).to(torch.int32)  # values 0..15, 16..31
-    codes = (low | hi << 4) - 16
-    return codes.to(torch.int8).reshape(n, k), d
+def _q5_0_as_q8_0(raw: np.ndarray, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0 blocks [N, K / 32 x 22] as Q8_0's (int8 codes [N, K], fp16 d [N, K / 32]): code
+    q - 16 (-16..15) under the file's d, so d x code is gguf-py's value to the bit. A code a
+    byte (34 bytes a block for the file's 22) buys the panels' kernels (VNNI, AMX-int8, the
+    prompt tiles) in place of the per-row kernel: Gemma 3 270M's Q4_K_M file keeps most of
+    its layers (q, k, v, gate, up: 640 columns, no 256-value super-blocks) in Q5_0."""
+    parts = decode_blocks(T.Q5_0, raw.reshape(n, k // 32, 22))  # codes 0..31, d's bits
+    codes = parts["codes"].astype(np.int16) - 16
+    return torch.from_numpy(codes.astype(np.int8)), torch.from_numpy(parts["d"].view(np.float16))
 
 
 def _q4_k_blocks(raw: np.ndarray, n: int, k: int
@@ -79,18 +72,13 @@ def _q4_k_blocks(raw: np.ndarray, n: int, k: int
     and each sub-block's S = d x sc and B = -(dmin x m) fp32 [N, K / 32], products of an fp16
     and a 6-bit integer, exact in fp32; S c + B is then gguf-py's d x sc x c - dmin x m to the
     bit."""
-    blocks = raw.reshape(n, k // 256, 144)
-    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)
-    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
-    sc, mi = Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(-1, 12))
-    scale = d * sc.reshape(n, -1, 8).astype(np.float32)
-    offset = -(dmin * mi.reshape(n, -1, 8).astype(np.float32))
-    # 32 bytes hold sub-blocks 2c (low nibbles) and 2c + 1 (high nibbles)
-    qs = blocks[..., 16:144].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(
-        1, 1, 1, 2, 1)
-    codes = torch.from_numpy((qs & 15).reshape(n, k).astype(np.uint8))
-    return (codes, torch.from_numpy(scale.reshape(n, -1)),
-            torch.from_numpy(offset.reshape(n, -1)))
+    parts = decode_blocks(T.Q4_K, raw.reshape(n, k // 256, 144))  # "m": -dmin's bits
+    d = np.repeat(parts["d"].view(np.float16).astype(np.float32), 8, axis=1)
+    neg_dmin = np.repeat(parts["m"].view(np.float16).astype(np.float32), 8, axis=1)
+    scale = d * parts["sc"].astype(np.float32)
+    offset = neg_dmin * parts["mi"].astype(np.float32)  # -(dmin x m), the same rounding
+    return (torch.from_numpy(np.ascontiguousarray(parts["codes"])), torch.from_numpy(scale),
+            torch.from_numpy(offset))
 
 
 def _codes(qtype: T, raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
@@ -164,9 +152,9 @@ class GGUFA8PanelWeight(QuantizedWeight):
         n, k = shape
         if qtype == T.Q4_K:
             return cls.from_rows(T.Q4_K, *_q4_k_blocks(np.asarray(raw), n, k))
-        blk = torch.from_numpy(np.require(raw, requirements=["C", "W"])).view(n, k // _BLOCK, -1)
         if qtype == T.Q5_0:
-            return cls.from_rows(T.Q8_0, *_q5_0_as_q8_0(blk, n, k))
+            return cls.from_rows(T.Q8_0, *_q5_0_as_q8_0(np.asarray(raw), n, k))
+        blk = torch.from_numpy(np.require(raw, requirements=["C", "W"])).view(n, k // _BLOCK, -1)
         half = blk[:, :, :_HEADER[qtype]].contiguous().view(torch.float16)
         m = half[:, :, 1] if qtype == T.Q4_1 else None
         return cls.from_rows(qtype, _codes(qtype, blk, n, k), half[:, :, 0], m)
