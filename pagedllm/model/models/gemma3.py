@@ -15,6 +15,10 @@ What differs from Llama, each as HF transformers computes it:
     every RMSNorm is normed(x) * (1 + weight)
     logits soft-capped by final_logit_softcapping if set
 
+A layer returns (h, residual) as Llama's do: the residual add after the MLP happens in the next
+layer's input norm (the fused add + norm), the same sums. Decode steps take the C++ layer loop
+(model/fused_decode.py), which computes these layers too.
+
 Weight names are Llama's (q/k/v and gate/up fused the same way) plus the q/k norms and the
 two feed-forward norms, so `LlamaForCausalLM.load_weights` loads them.
 """
@@ -26,6 +30,7 @@ import math
 import torch
 from torch import nn
 
+from pagedllm.model.fused_decode import FusedDecoder
 from pagedllm.model.layers.activation import gelu_tanh_and_mul
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.embedding import VocabEmbedding
@@ -100,42 +105,62 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
-    def forward(self, x: torch.Tensor, rope: RopeBatch, kv_cache: LayerKVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        h, _ = self.input_layernorm(x)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope: RopeBatch,
+                kv_cache: LayerKVCache, meta: AttentionMetadata
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.input_layernorm(x, residual)  # x + the last layer's output, normed
         h, _ = self.post_attention_layernorm(self.self_attn(h, rope, kv_cache, meta))
-        h, x = self.pre_feedforward_layernorm(h, x)     # h = norm(x + attn), x = x + attn
+        h, residual = self.pre_feedforward_layernorm(h, residual)
         h, _ = self.post_feedforward_layernorm(self.mlp(h))
-        return x + h
+        return h, residual
 
 
-class Gemma3Model(nn.Module):
+class Gemma3Model(FusedDecoder, nn.Module):
     layer_cls: type[Gemma3DecoderLayer] = Gemma3DecoderLayer
+    # The C++ decode loop runs these layers (model/fused_decode.py); Gemma 2 swaps the layer.
+    fused_layer = Gemma3DecoderLayer
+    fused_attention = (Gemma3Attention,)
 
     def __init__(self, config) -> None:
         super().__init__()
         _, _, head_dim = model_dims(config)
         self.layer_types = layer_types(config)
         max_len = rope_max_len(config)[0]
+        kinds = sorted(set(self.layer_types))
         self.rotary = nn.ModuleDict({
             t: RotaryEmbedding(head_dim, layer_type_rope_parameters(config, t),
                                int(config.max_position_embeddings), max_len)
-            for t in sorted(set(self.layer_types))})
+            for t in kinds})
         if any(r.is_dynamic for r in self.rotary.values()):
             raise ValueError("dynamic NTK RoPE is not supported for Gemma 3")
+        self.layer_ropes = [kinds.index(t) for t in self.layer_types]
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = math.sqrt(config.hidden_size)
         self.layers = nn.ModuleList(self.layer_cls(config, t) for t in self.layer_types)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def embed_multiplier(self) -> torch.Tensor:
+        """sqrt(hidden) in the table's dtype, as HF multiplies it (bf16 rounds sqrt(640))."""
+        return torch.tensor(self.embed_scale, dtype=self.embed_tokens.weight.dtype)
+
+    def rope_tables(self, positions: torch.Tensor, max_pos: int) -> list[torch.Tensor]:
+        """Each RoPE table's rows for `positions`, in the order `layer_ropes` names them."""
+        return [r.halves(positions, max_pos) for r in self.rotary.values()]
+
     def forward(self, input_ids, positions, max_pos, kv_caches, meta):
-        w = self.embed_tokens.weight
-        # HF multiplies by the scale cast to the weight dtype (bf16 rounds sqrt(640)).
-        x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=w.dtype)
-        ropes = {t: RopeBatch(r.halves(positions, max_pos)) for t, r in self.rotary.items()}
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, ropes[layer.layer_type], kv, meta)
-        x, _ = self.norm(x)
+        x = self.embed_tokens(input_ids) * self.embed_multiplier()
+        tables = self.rope_tables(positions, max_pos)
+        if meta.backend.fused_decode_applies(x, meta, kv_caches) and (
+                fused := self.fused_decode()):
+            x, residual = fused(x, tables, kv_caches, meta)  # the loop in one C++ call
+            if fused.applies_final_norm:
+                return x
+        else:
+            ropes = [RopeBatch(t) for t in tables]
+            residual = None
+            for layer, rope, kv in zip(self.layers, self.layer_ropes, kv_caches, strict=True):
+                x, residual = layer(x, residual, ropes[rope], kv, meta)
+        x, _ = self.norm(x, residual)
         return x
 
 
@@ -145,9 +170,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     model_cls = Gemma3Model
     per_layer_sliding_window = True  # the engine must not apply config.sliding_window to all
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden).float()
-        cap = getattr(self.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.logit_softcap = getattr(config, "final_logit_softcapping", None)

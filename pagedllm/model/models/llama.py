@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from pagedllm.model.fused_decode import FusedDecode
+from pagedllm.model.fused_decode import FusedDecoder
 from pagedllm.model.layers.activation import silu_and_mul
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.embedding import VocabEmbedding
@@ -98,11 +98,9 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(FusedDecoder, nn.Module):
     layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
-    # What the C++ decode loop runs (model/fused_decode.py): layers of exactly `fused_layer`,
-    # attention of exactly one of `fused_attention`; a variant that swaps either keeps these
-    # and so the Python layers, unless it says the loop computes its layers too.
+    # What the C++ decode loop runs (model/fused_decode.py: FusedDecoder)
     fused_layer: type[nn.Module] = LlamaDecoderLayer
     fused_attention: tuple[type[nn.Module], ...] = (LlamaAttention,)
 
@@ -121,7 +119,7 @@ class LlamaModel(nn.Module):
         rope = RopeBatch(self.rotary.halves(positions, max_pos, seq_lens))
         if meta.backend.fused_decode_applies(x, meta, kv_caches) and (
                 fused := self.fused_decode()):
-            x, residual = fused(x, rope, kv_caches, meta)  # the layer loop in one C++ call
+            x, residual = fused(x, [rope.halves], kv_caches, meta)  # the loop in one C++ call
             if fused.applies_final_norm:
                 return x
         else:
@@ -131,19 +129,15 @@ class LlamaModel(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def fused_decode(self) -> FusedDecode | None:
-        """The C++ decode loop over these layers (model/fused_decode.py), built at the first
-        decode step (after loading, LoRA and tensor-parallel set-up); None if it cannot run."""
-        if not hasattr(self, "_fused"):
-            self._fused = FusedDecode.build(self.layers, self.fused_layer,
-                                            self.fused_attention, self.norm)
-        return self._fused
+    def rope_tables(self, positions: torch.Tensor, max_pos: int) -> list[torch.Tensor]:
+        return [self.rotary.halves(positions, max_pos)]  # (not for a dynamic RoPE)
 
 
 class LlamaForCausalLM(nn.Module):
     """Decoder + lm_head; `compute_logits` runs only on the rows that sample."""
 
     model_cls: type[nn.Module] = LlamaModel  # variants (Qwen3, Gemma 3) swap the decoder
+    logit_softcap: float | None = None  # logits -> tanh(logits / cap) * cap (Gemma)
 
     def __init__(self, config) -> None:
         super().__init__()
@@ -158,7 +152,10 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, max_pos, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        if cap := self.logit_softcap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:

@@ -116,11 +116,11 @@ class CPUBackend(TorchBackend):
 
     def fused_decode_applies(self, x: torch.Tensor, meta: AttentionMetadata,
                              kv_caches: list[LayerKVCache]) -> bool:
-        """Decode-only steps (every row one token of its own sequence) with one KV group
-        and no prompt row bound for the bf16 tiles (quant/prompt_rows.py: the loop runs the
-        int8 kernels only)."""
-        return (meta.num_decodes == x.shape[0] > 0 and meta.groups is None
-                and meta.prefill_block_tables is None and prompt_rows.current() is None)
+        """Decode-only steps (every row one token of its own sequence; each KV group's
+        tables go to the loop) and no prompt row bound for the bf16 tiles
+        (quant/prompt_rows.py: the loop runs the int8 kernels only)."""
+        return (meta.num_decodes == x.shape[0] > 0 and meta.prefill_block_tables is None
+                and prompt_rows.current() is None)
 
     def write(self, cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor,
               x: torch.Tensor) -> None:
