@@ -152,6 +152,15 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+#if defined(__AVX512BW__)
+#include "q6_k_rows_avx512_cpu.h"  // q6_k_rows: Q6_K's rows a super-block at a time
+constexpr bool kWideQ6K = true;
+#else
+constexpr bool kWideQ6K = false;
+template <int MT>
+void q6_k_rows(const uint8_t*, const QuantizedX&, int64_t, float*, int64_t) {}
+#endif
+
 // MT rows of quantized x (from row m0) against one weight row: y[i * ldy] for i < MT. Per
 // block the x block's 32 int8 values meet the weight codes in one maddubs + madd; the
 // offset term is a scalar per block. noinline keeps the accumulators in registers (see
@@ -161,6 +170,7 @@ template <int F, int MT>
 __attribute__((noinline)) void dot_rows(const uint8_t* row, const QuantizedX& qx, int64_t m0,
                                         float* y, int64_t ldy) {
   using T = Traits<F>;
+  if constexpr (F == kQ6_K && kWideQ6K) return q6_k_rows<MT>(row, qx, m0, y, ldy);
   __m256 acc[MT];
   float off[MT];
   for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps(), off[i] = 0.f;
