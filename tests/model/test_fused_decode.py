@@ -1,7 +1,8 @@
 """The C++ decode loop (model/fused_decode.py) computes what the Python layers compute, to the
 bit: greedy tokens and logprobs equal with it on and off, across weight formats, an 8-bit KV
-cache, q/k/v biases, a sliding window and Qwen3's q/k norms; and it stays off where it does
-not apply (MoE layers: test_fused_decode_moe.py)."""
+cache, q/k/v biases, a sliding window, Qwen3's q/k norms and Gemma 3's layers (its KV groups,
+two RoPE tables); and it stays off where it does not apply (MoE layers:
+test_fused_decode_moe.py)."""
 
 from __future__ import annotations
 
@@ -128,9 +129,10 @@ def test_environment_turns_it_off(tiny_llama_dir: Path, make_llm, monkeypatch) -
     assert decoder(llm).fused_decode() is None
 
 
-def test_gemma3_in_the_loop(tiny_gemma3_dir: Path, make_llm) -> None:
+@pytest.mark.parametrize("extra", [{}, {"kv_cache_dtype": "int8"}], ids=["fp32-kv", "int8-kv"])
+def test_gemma3_in_the_loop(tiny_gemma3_dir: Path, make_llm, extra: dict) -> None:
     """Gemma 3's layers (sandwich norms times 1 + w, GELU, per-head q/k norms, two RoPE bases,
     sliding and full layers in their own KV groups) run in the loop; prompts past the window."""
-    llm = make_llm(tiny_gemma3_dir, max_num_seqs=4, enable_prefix_caching=False)
+    llm = make_llm(tiny_gemma3_dir, max_num_seqs=4, enable_prefix_caching=False, **extra)
     assert llm.llm_engine.kv_spec.groups.num_groups == 4  # 1 full + 3 sliding
     check_fused_equals_layers(llm)

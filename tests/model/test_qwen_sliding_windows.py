@@ -4,7 +4,8 @@ Qwen2-MoE: the layers `layer_types` marks sliding (by default the even layers be
 `max_window_layers`) see the last `sliding_window` keys, the others all keys. A tiny 4-layer
 model, window 16 on layers 0 and 2 (`max_window_layers` 3), against HF on prompts up to 75
 tokens + 32 generated: equal greedy tokens, with per-layer KV groups (sliding layers free
-out-of-window blocks) and with one table for all layers (`disable_hybrid_kv_cache_manager`).
+out-of-window blocks) and with one table for all layers (`disable_hybrid_kv_cache_manager`),
+its decode steps in the C++ layer loop (each layer's window within its group's).
 
 Qwen2 dense: HF slides the layers from `max_window_layers` on; pagedllm's Llama attention
 applies one window to all layers or none, so all-sliding and none-sliding configs equal HF
@@ -13,6 +14,8 @@ and a config sliding some layers only is refused with a clear error."""
 from __future__ import annotations
 
 import pytest
+
+from pagedllm.model.fused_decode import FusedDecode
 
 from pagedllm.errors import ModelLoadError
 from pagedllm.model.models.moe import qwen2_moe_windows
@@ -53,6 +56,7 @@ def test_sliding_qwen2_moe_matches_hf(one_table, sliding_dir, make_llm, hf_refer
     else:
         assert sorted((g.window or 0, g.layers) for g in groups) == [(0, (1, 3)), (WINDOW, (0, 2))]
     assert_matches_hf(llm, sliding_dir, hf_reference, PROMPTS)
+    assert isinstance(model.model.fused_decode(), FusedDecode)  # the decodes took the loop
 
 
 @pytest.mark.parametrize(("max_window_layers", "windows"), [(0, [WINDOW] * 2), (2, [None] * 2)])

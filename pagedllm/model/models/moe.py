@@ -228,7 +228,7 @@ class MixtralForCausalLM(MoEForCausalLM):
 
 class Qwen2MoeModel(MoEModel):
     attention_cls = Qwen2MoeAttention
-    fused_attention = (Qwen2MoeAttention,)  # Llama's, with q/k/v biases (sliding: refused)
+    fused_attention = (Qwen2MoeAttention,)  # Llama's, with q/k/v biases and its window
 
     def __init__(self, config) -> None:
         super().__init__(config)
