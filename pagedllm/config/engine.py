@@ -107,8 +107,8 @@ class EngineConfig:
     # Speculative decoding (speculative/): a SpeculativeConfig, its dict or JSON text.
     speculative_config: SpeculativeConfig | dict | str | None = None
     # Decode steps one engine step may run in one call to the model (vLLM's name): CPU,
-    # Llama-family models with the C++ layer loop, batches of greedy decodes with nothing
-    # waiting (core/multi_step.py, model/decode_steps.py); 1 = one step at a time. Fewer for
+    # Llama-family and Gemma 3 models in the C++ layer loop, batches of greedy decodes with
+    # nothing waiting (core/multi_step.py, model/decode_steps.py); 1 = one step at a time. Fewer for
     # larger batches (k x rows <= 32): a request arriving meanwhile waits up to k - 1 steps.
     num_scheduler_steps: int = 8
     # Keep sliding-window layers' KV for the whole sequence, like full attention (vLLM's

@@ -192,7 +192,7 @@ def _decode_steps(config: EngineConfig, model: nn.Module, vocab_size: int, plain
     if steps is None:
         logger.info("num_scheduler_steps=%d: one decode step at a time here (multi-step decode "
                     "needs the CPU with its C++ attention, one rank, no speculative decoding, "
-                    "LoRA or pooling, and a Llama-family model in the C++ decode loop)",
+                    "LoRA or pooling, and a Llama-family or Gemma 3 model in the C++ decode loop)",
                     config.num_scheduler_steps)
     else:
         logger.info("up to %d decode steps per engine step (batches of greedy decodes)",

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagedllm.model.fused_decode import FusedDecode
-
 from pagedllm.errors import ModelLoadError
+from pagedllm.model.fused_decode import FusedDecode
 from pagedllm.model.models.moe import qwen2_moe_windows
 from tests.conftest import make_tiny_checkpoint
 from tests.model.family_checkpoints import make_family_checkpoint
