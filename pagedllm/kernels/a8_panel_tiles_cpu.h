@@ -154,12 +154,13 @@ __attribute__((noinline)) void tile_rows16(const int8_t* xq, int64_t K, const fl
 }
 
 // Rows [m, m + 16 k) of a panel call on tiles (y: row m's outputs, row stride ldy): returns
-// the first row left for the VNNI rows.
+// the first row left for the VNNI rows. Q6_K, whose scale changes every 16 values (a product
+// and an epilogue a half block), keeps VNNI.
 template <int F>
 int64_t tile_rows_of_panel(TileMode mode, const QuantizedX& qx, int64_t m, int64_t end,
                            const uint8_t* pc, const uint16_t* pd, const uint16_t* pm, float* y,
                            int64_t ldy, int64_t ncols) {
-  if (mode == TileMode::kOff || end - m < kTileRows) return m;
+  if (kScalesPerBlock<F> != 1 || mode == TileMode::kOff || end - m < kTileRows) return m;
   const BTiles bt = b_tiles<F>(pc, qx.nblk);
   const int64_t K = qx.K, nb = qx.nblk;
   for (const int64_t first = m; m + kTileRows <= end; m += kTileRows) {

@@ -589,18 +589,26 @@ struct TileRows {
   }
 };
 
+// Refuses Q6_K panels, whose scale changes every 16 values (a B tile and an epilogue a half
+// block): their prompt rows keep the int8 panels (gguf_a8_panels.py).
+static void check_tile_format(const char* fn, int64_t fmt) {
+  TORCH_CHECK(scales_per_block(fmt) == 1, fn, ": Q6_K panels have no prompt tiles (a scale "
+              "every 16 values); their rows run with int8 activations");
+}
+
 // Every panel of a panel-layout matrix (a8_panel_linear's arguments) as the prompt tiles' B
 // tiles, int16 [P * K / 32 * 1024] of bf16 bits: the values a call dequantizes, kept so that
 // calls skip the dequantization (2 bytes a weight; model/layers/quant/prompt_tile_weights.py).
 torch::Tensor a8_panel_bf16_tiles(int64_t fmt, torch::Tensor codes, torch::Tensor d,
                                   torch::Tensor m, int64_t N, int64_t K) {
+  check_tile_format("a8_panel_bf16_tiles", fmt);
   check_a8_panel_weight("a8_panel_bf16_tiles", fmt, codes, d, m, N, K);
   const int64_t P = (N + 31) / 32, pv = tile_values(32, K);  // panels, values a panel
   auto tiles = torch::empty({tile_values(N, K)}, torch::dtype(torch::kInt16));
 #if PAGEDLLM_PROMPT_TILES
   const PanelPtrs w(fmt, codes, d, m);
   auto* out = reinterpret_cast<uint16_t*>(tiles.data_ptr<int16_t>());
-  with_format(fmt, [&](auto f) {
+  with_format<false>(fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
     const Panels<F> panels{w.codes, w.d, w.m, K / 32, nullptr};
     at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
@@ -621,6 +629,7 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
                                    torch::Tensor tiles) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
               "a8_panel_bf16_linear: x must be contiguous fp32 [M, K]");
+  check_tile_format("a8_panel_bf16_linear", fmt);
   check_a8_panel_weight("a8_panel_bf16_linear", fmt, codes, d, m, N, x.size(1));
   const uint16_t* kept = kept_tiles("a8_panel_bf16_linear", tiles, N, x.size(1));
   TileRows rows("a8_panel_bf16_linear", x);
@@ -628,7 +637,7 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
 #if PAGEDLLM_PROMPT_TILES
   const PanelPtrs w(fmt, codes, d, m);
   float* yp = y.data_ptr<float>();
-  with_format(fmt, [&](auto f) {
+  with_format<false>(fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
     linear_impl<F>(rows.xa, rows.Mp, rows.K, Panels<F>{w.codes, w.d, w.m, rows.K / 32, kept},
                    N, yp, rows.mode);
@@ -646,6 +655,8 @@ torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor g
                                 torch::Tensor down_codes, torch::Tensor down_d,
                                 torch::Tensor down_m, int64_t I, int64_t N,
                                 torch::Tensor gu_tiles, torch::Tensor down_tiles) {
+  check_tile_format("a8_panel_bf16_mlp", gu_fmt);
+  check_tile_format("a8_panel_bf16_mlp", down_fmt);
   check_a8_panel_mlp("a8_panel_bf16_mlp", x, gu_fmt, gu_codes, gu_d, gu_m, down_fmt, down_codes,
                      down_d, down_m, I, N);
   const int64_t K = x.size(1);
@@ -660,12 +671,12 @@ torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor g
   Bf16Buffer hidden;
   const PanelPtrs wg(gu_fmt, gu_codes, gu_d, gu_m), wd(down_fmt, down_codes, down_d, down_m);
   uint16_t* ha = hidden.reserve(Mp * I);
-  with_format(gu_fmt, [&](auto f) {
+  with_format<false>(gu_fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
     gate_up_silu<F>(xa, M, Mp, K, Panels<F>{wg.codes, wg.d, wg.m, K / 32, gu_kept}, I, ha,
                     mode);
   });
-  with_format(down_fmt, [&](auto f) {
+  with_format<false>(down_fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
     linear_impl<F>(ha, Mp, I, Panels<F>{wd.codes, wd.d, wd.m, I / 32, down_kept}, N,
                    y.data_ptr<float>(), mode);

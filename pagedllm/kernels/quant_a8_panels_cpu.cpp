@@ -1,4 +1,4 @@
-// GGUF Q8_0, Q4_0, Q4_1 and Q4_K weights with int8 activations (`--int8-activations` on a GGUF
+// GGUF Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights with int8 activations (`--int8-activations` on a GGUF
 // model): integer dot products at every M, llama.cpp's q8_0 / q4_0 / q4_1 x q8 dot products
 // laid out as a GEMM. An int8 dot product does 4x (AVX2 maddubs) to 8x (AVX-512 VNNI vpdpbusd)
 // the multiply-adds of an fp32 FMA per instruction: a decode step reads the file's bytes with
@@ -16,12 +16,15 @@
 //         m     fp16  [P, K / 32, kNB]        Q4_1's offset (w = d c + m); empty otherwise
 //   Q4_K  Q4_x's codes, d and m fp32          a 32-value sub-block's d x sc and -dmin x m
 //                                             (exact in fp32, not in fp16), w = d c + m
+//   Q6_K  codes uint8 [P, K / 32, 8, kNB, 4]  Q8_0's lanes of u8 codes 0..63, w = S (c - 32)
+//         d     fp32  [P, K / 32, 2, kNB]     S = d x sc of each 16-value half (exact)
 //
 // x is quantized per 32 values (a8_quantize_cpu.h: x ~ dx q, q in [-127, 127]); per block
 //
 //   sum_i w_i x_i  ~  d dx (sum c q - z sum q)  (+ m dx sum q for Q4_1)
 //
-// with z = 8 for Q4_0 (w = d (c - 8)) and z = 128 for VNNI's offset Q8_0 codes. The inner sums
+// with z = 8 for Q4_0 (w = d (c - 8)) and z = 128 for VNNI's offset Q8_0 codes; Q6_K sums each
+// half on its own, d dx sum c q - 32 d (dx sum q) with the quantizer's fp32 half sums. The inner sums
 // are exact in int32, the block sums run in fp32 in k order, the same instructions for a row
 // whatever M is: a row's result does not depend on the batch (batch-invariant). Not exact
 // against fp32: the activation rounding is the error (docs/benchmarks.md measures it).
@@ -92,77 +95,96 @@ inline VI nib_hi(VI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256
 // move sums across).
 inline void pin(VI& v) { asm volatile("" : "+x"(v)); }
 
-template <int F> constexpr int kLaneGroups = F == kQ8_0 ? 8 : 4;  // 4-byte lane rows per block
+// 4-byte lane rows per block: a byte a code (Q8_0, Q6_K) or two (the 4-bit formats)
+template <int F> constexpr int kLaneGroups = F == kQ8_0 || F == kQ6_K ? 8 : 4;
 // what the codes' sum x q carries beyond sum w x / d: z sum q
 template <int F> constexpr int kZero = F == kQ4_0 ? 8 : (F == kQ8_0 && kVNNI) ? 128 : 0;
 
-// MR rows of quantized x over one panel.
+// MR rows of quantized x over one panel. fq: the rows' fp32 block sums (Q6_K: half sums, two
+// a block).
 template <int F, int MR>
 __attribute__((noinline)) void micro(const int8_t* xq, int64_t K, const float* dx,
                                      const int32_t* sq, const float* fq, int64_t nb,
                                      const uint8_t* codes, const uint16_t* d, const uint16_t* mo,
                                      float* y, int64_t ldy, int64_t ncols) {
-  constexpr int G = kLaneGroups<F>;
+  constexpr int G = kLaneGroups<F>, H = kScalesPerBlock<F>, GH = G / H;
   V acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = vzero();
   for (int64_t j = 0; j < nb; ++j) {
-    acc8 dot[MR][2];
-    for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = zero8();
     const uint8_t* wj = codes + j * G * kNB * 4;
     const int8_t* xj = xq + 32 * j;
+    for (int hf = 0; hf < H; ++hf) {  // (one pass but for Q6_K's two halves)
+      acc8 dot[MR][2];
+      for (int i = 0; i < MR; ++i) dot[i][0] = dot[i][1] = zero8();
 #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      const VI w0 = iload(wj + g * kNB * 4), w1 = iload(wj + g * kNB * 4 + kVW * 4);
-      for (int i = 0; i < MR; ++i) {
-        int32_t xa;
-        if constexpr (F == kQ8_0) {
-          std::memcpy(&xa, xj + i * K + 4 * g, 4);
-          if constexpr (kVNNI) {
-            dotu(dot[i][0], w0, xa);
-            dotu(dot[i][1], w1, xa);
-          } else {  // s8 codes: |x| x sign(w, x)
-            dot4(dot[i][0], xa, reinterpret_cast<const int8_t*>(wj + g * kNB * 4));
-            dot4(dot[i][1], xa, reinterpret_cast<const int8_t*>(wj + g * kNB * 4 + kVW * 4));
-          }
-        } else {
-          int32_t xb;
-          std::memcpy(&xa, xj + i * K + 8 * g, 4);
-          std::memcpy(&xb, xj + i * K + 8 * g + 4, 4);
-          if constexpr (kVNNI) {
-            dotu(dot[i][0], nib_lo(w0), xa);
-            dotu(dot[i][0], nib_hi(w0), xb);
-            dotu(dot[i][1], nib_lo(w1), xa);
-            dotu(dot[i][1], nib_hi(w1), xb);
-          } else {  // int16 sums in dot until the block ends (widened below)
-            dot[i][0] = add16(dot[i][0], add16(pairs16(nib_lo(w0), xa), pairs16(nib_hi(w0), xb)));
-            dot[i][1] = add16(dot[i][1], add16(pairs16(nib_lo(w1), xa), pairs16(nib_hi(w1), xb)));
-            // integer adds reassociate: unpinned, GCC computed a block's 16 maddubs first and
-            // spilled them all to the stack before adding (AVX2, Zen 3 profile)
-            pin(dot[i][0]);
-            pin(dot[i][1]);
+      for (int gg = 0; gg < GH; ++gg) {
+        const int g = hf * GH + gg;
+        const VI w0 = iload(wj + g * kNB * 4), w1 = iload(wj + g * kNB * 4 + kVW * 4);
+        for (int i = 0; i < MR; ++i) {
+          int32_t xa;
+          if constexpr (F == kQ8_0) {
+            std::memcpy(&xa, xj + i * K + 4 * g, 4);
+            if constexpr (kVNNI) {
+              dotu(dot[i][0], w0, xa);
+              dotu(dot[i][1], w1, xa);
+            } else {  // s8 codes: |x| x sign(w, x)
+              dot4(dot[i][0], xa, reinterpret_cast<const int8_t*>(wj + g * kNB * 4));
+              dot4(dot[i][1], xa, reinterpret_cast<const int8_t*>(wj + g * kNB * 4 + kVW * 4));
+            }
+          } else if constexpr (F == kQ6_K) {  // u8 codes 0..63
+            std::memcpy(&xa, xj + i * K + 4 * g, 4);
+            if constexpr (kVNNI) {
+              dotu(dot[i][0], w0, xa);
+              dotu(dot[i][1], w1, xa);
+            } else {  // a pair sum reaches 2 x 63 x 127: widened at once
+              dot[i][0] = iadd(dot[i][0], widen16(pairs16(w0, xa)));
+              dot[i][1] = iadd(dot[i][1], widen16(pairs16(w1, xa)));
+            }
+          } else {
+            int32_t xb;
+            std::memcpy(&xa, xj + i * K + 8 * g, 4);
+            std::memcpy(&xb, xj + i * K + 8 * g + 4, 4);
+            if constexpr (kVNNI) {
+              dotu(dot[i][0], nib_lo(w0), xa);
+              dotu(dot[i][0], nib_hi(w0), xb);
+              dotu(dot[i][1], nib_lo(w1), xa);
+              dotu(dot[i][1], nib_hi(w1), xb);
+            } else {  // int16 sums in dot until the block ends (widened below)
+              dot[i][0] = add16(dot[i][0], add16(pairs16(nib_lo(w0), xa), pairs16(nib_hi(w0), xb)));
+              dot[i][1] = add16(dot[i][1], add16(pairs16(nib_lo(w1), xa), pairs16(nib_hi(w1), xb)));
+              // integer adds reassociate: unpinned, GCC computed a block's 16 maddubs first and
+              // spilled them all to the stack before adding (AVX2, Zen 3 profile)
+              pin(dot[i][0]);
+              pin(dot[i][1]);
+            }
           }
         }
       }
-    }
-    if constexpr (F != kQ8_0 && !kVNNI)
-      for (int i = 0; i < MR; ++i) dot[i][0] = widen16(dot[i][0]), dot[i][1] = widen16(dot[i][1]);
-    const V d0 = scale_v<F>(d, j * kNB), d1 = scale_v<F>(d, j * kNB + kVW);
-    V m0 = vzero(), m1 = vzero();
-    if constexpr (kAffine<F>) m0 = scale_v<F>(mo, j * kNB), m1 = scale_v<F>(mo, j * kNB + kVW);
-    for (int i = 0; i < MR; ++i) {
-      const V s = vset(dx[i * nb + j]);
-      VI a0 = dot[i][0], a1 = dot[i][1];
-      if constexpr (kZero<F> != 0) {
-        const VI z = iset(kZero<F> * sq[i * nb + j]);
-        a0 = isub(a0, z);
-        a1 = isub(a1, z);
-      }
-      acc[i][0] = vfma(vcvt(a0), vmul(d0, s), acc[i][0]);
-      acc[i][1] = vfma(vcvt(a1), vmul(d1, s), acc[i][1]);
-      if constexpr (kAffine<F>) {  // + m dx sum q
-        const V f = vset(fq[i * nb + j]);
-        acc[i][0] = vfma(m0, f, acc[i][0]);
-        acc[i][1] = vfma(m1, f, acc[i][1]);
+      if constexpr (F != kQ8_0 && F != kQ6_K && !kVNNI)
+        for (int i = 0; i < MR; ++i) dot[i][0] = widen16(dot[i][0]), dot[i][1] = widen16(dot[i][1]);
+      const int64_t si = (j * H + hf) * kNB;
+      const V d0 = scale_v<F>(d, si), d1 = scale_v<F>(d, si + kVW);
+      V m0 = vzero(), m1 = vzero();
+      if constexpr (kAffine<F>) m0 = scale_v<F>(mo, j * kNB), m1 = scale_v<F>(mo, j * kNB + kVW);
+      for (int i = 0; i < MR; ++i) {
+        const V s = vset(dx[i * nb + j]);
+        VI a0 = dot[i][0], a1 = dot[i][1];
+        if constexpr (kZero<F> != 0) {
+          const VI z = iset(kZero<F> * sq[i * nb + j]);
+          a0 = isub(a0, z);
+          a1 = isub(a1, z);
+        }
+        acc[i][0] = vfma(vcvt(a0), vmul(d0, s), acc[i][0]);
+        acc[i][1] = vfma(vcvt(a1), vmul(d1, s), acc[i][1]);
+        if constexpr (kAffine<F>) {  // + m dx sum q
+          const V f = vset(fq[i * nb + j]);
+          acc[i][0] = vfma(m0, f, acc[i][0]);
+          acc[i][1] = vfma(m1, f, acc[i][1]);
+        } else if constexpr (F == kQ6_K) {  // - 32 S dx sum q over the half
+          const V f = vset(-32.f * fq[i * 2 * nb + 2 * j + hf]);
+          acc[i][0] = vfma(d0, f, acc[i][0]);
+          acc[i][1] = vfma(d1, f, acc[i][1]);
+        }
       }
     }
   }
@@ -181,6 +203,13 @@ void micro_tail(int rows, const int8_t* xq, int64_t K, const float* dx, const in
 
 #include "a8_panel_tiles_cpu.h"
 
+// Row m's fp32 block sums as micro<F> reads them: the quantizer's half sums for Q6_K (two a
+// block), its block sums otherwise.
+template <int F>
+const float* block_sums(const QuantizedX& qx, int64_t m) {
+  return F == kQ6_K ? qx.f.data() + m * 2 * qx.nblk : qx.f32.data() + m * qx.nblk;
+}
+
 // Quantized rows [m0, m0 + M) of qx against panel p into y (row m0's kNB outputs, row stride
 // ldy); whole 16-row tiles on the matrix tiles when `tiles` is on (the caller's thread has
 // them configured: TileScope), the rest (all of them otherwise) on the vector micro-kernels.
@@ -193,15 +222,15 @@ void panel_rows(const QuantizedX& qx, int64_t m0, int64_t M, const uint8_t* code
   const int8_t* xq = qx.q.data();
   const int64_t ncols = std::min<int64_t>(kNB, N - p * kNB);
   const uint8_t* pc = codes + p * codes_per_panel;
-  const uint16_t *pd = scale_at<F>(d, p * nb * kNB),
+  const uint16_t *pd = scale_at<F>(d, p * nb * kScalesPerBlock<F> * kNB),
                  *pm = mo ? scale_at<F>(mo, p * nb * kNB) : nullptr;
   int64_t m = tile_rows_of_panel<F>(tiles, qx, m0, m0 + M, pc, pd, pm, y, ldy, ncols);
   for (; m + kMRQ <= m0 + M; m += kMRQ)
     micro<F, kMRQ>(xq + m * K, K, qx.d.data() + m * nb, qx.sum.data() + m * nb,
-                   qx.f32.data() + m * nb, nb, pc, pd, pm, y + (m - m0) * ldy, ldy, ncols);
+                   block_sums<F>(qx, m), nb, pc, pd, pm, y + (m - m0) * ldy, ldy, ncols);
   if (m < m0 + M)
     micro_tail<F, kMRQ - 1>(static_cast<int>(m0 + M - m), xq + m * K, K, qx.d.data() + m * nb,
-                            qx.sum.data() + m * nb, qx.f32.data() + m * nb, nb, pc, pd, pm,
+                            qx.sum.data() + m * nb, block_sums<F>(qx, m), nb, pc, pd, pm,
                             y + (m - m0) * ldy, ldy, ncols);
 }
 
@@ -363,23 +392,34 @@ constexpr bool kVNNI = false;
 #include "a8_panel_tiles_cpu.h"
 #endif
 
-// Bytes of one block's codes in the panel layout (Q8_0: 32, Q4_x and Q4_K: 16).
+// Bytes of one block's codes in the panel layout (Q8_0, Q6_K: 32, Q4_x and Q4_K: 16).
 int64_t code_bytes(int64_t fmt) {
-  TORCH_CHECK(fmt == kQ8_0 || fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ4_K,
+  TORCH_CHECK(fmt == kQ8_0 || fmt == kQ4_0 || fmt == kQ4_1 || fmt == kQ4_K || fmt == kQ6_K,
               "a8_panel_linear: format ", fmt,
-              " has no panel kernel (Q8_0, Q4_0, Q4_1 and Q4_K do)");
-  return fmt == kQ8_0 ? 32 : 16;
+              " has no panel kernel (Q8_0, Q4_0, Q4_1, Q4_K and Q6_K do)");
+  return fmt == kQ8_0 || fmt == kQ6_K ? 32 : 16;
 }
 
-// The dtype of a format's panel scales (Q4_K fp32, else fp16) and its name.
-torch::ScalarType scale_dtype(int64_t fmt) { return fmt == kQ4_K ? torch::kFloat32 : torch::kFloat16; }
-const char* scale_name(int64_t fmt) { return fmt == kQ4_K ? "fp32" : "fp16"; }
+// The dtype of a format's panel scales (Q4_K, Q6_K fp32, else fp16) and its name.
+torch::ScalarType scale_dtype(int64_t fmt) {
+  return f32_scale_format(fmt) ? torch::kFloat32 : torch::kFloat16;
+}
+const char* scale_name(int64_t fmt) { return f32_scale_format(fmt) ? "fp32" : "fp16"; }
+
+// A panel matrix's d shape: [P, K / 32, kNB], Q6_K's [P, K / 32, 2, kNB] (after `lead`, the
+// experts' dimension of a grouped call).
+std::vector<int64_t> scale_shape(int64_t fmt, std::vector<int64_t> lead, int64_t P, int64_t nb) {
+  lead.insert(lead.end(), {P, nb});
+  if (scales_per_block(fmt) == 2) lead.push_back(2);
+  lead.push_back(kNB);
+  return lead;
+}
 
 }  // namespace
 
 // One [N, K] matrix in the panel layout (the file header): codes uint8 [P, K / 32, lanes,
-// kNB, 4], d (and Q4_1's / Q4_K's m) [P, K / 32, kNB], fp16 (Q4_K: fp32); `fn` names the
-// caller in the errors.
+// kNB, 4], d (and Q4_1's / Q4_K's m) [P, K / 32, kNB] (Q6_K's d [P, K / 32, 2, kNB]), fp16
+// (Q4_K, Q6_K: fp32); `fn` names the caller in the errors.
 void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& codes,
                            const torch::Tensor& d, const torch::Tensor& m, int64_t N,
                            int64_t K) {
@@ -388,12 +428,12 @@ void check_a8_panel_weight(const char* fn, int64_t fmt, const torch::Tensor& cod
   TORCH_CHECK(codes.dtype() == torch::kUInt8 && codes.is_contiguous() &&
                   codes.sizes() == torch::IntArrayRef({P, nb, lanes, kNB, 4}),
               fn, ": codes must be uint8 [", P, ", ", nb, ", ", lanes, ", ", kNB, ", 4]");
-  const std::vector<int64_t> scale_shape{P, nb, kNB};
+  const std::vector<int64_t> ds = scale_shape(fmt, {}, P, nb), ms{P, nb, kNB};
   const auto sd = scale_dtype(fmt);
-  TORCH_CHECK(d.dtype() == sd && d.is_contiguous() && d.sizes() == torch::IntArrayRef(scale_shape),
-              fn, ": d must be ", scale_name(fmt), " [", P, ", ", nb, ", ", kNB, "]");
+  TORCH_CHECK(d.dtype() == sd && d.is_contiguous() && d.sizes() == torch::IntArrayRef(ds),
+              fn, ": d must be ", scale_name(fmt), " ", torch::IntArrayRef(ds));
   TORCH_CHECK(!affine_format(fmt) || (m.dtype() == sd && m.is_contiguous() &&
-                                      m.sizes() == torch::IntArrayRef(scale_shape)),
+                                      m.sizes() == torch::IntArrayRef(ms)),
               fn, ": Q4_1 / Q4_K need m ", scale_name(fmt), " [", P, ", ", nb, ", ", kNB, "]");
 }
 
@@ -477,7 +517,7 @@ torch::Tensor a8_panel_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor gu_cod
 
 // Rows `ids` of a panel-layout matrix (the token embedding of a tied GGUF model), exact:
 // d * (code - offset) (Q8_0; offset 128 where the layout stores VNNI's u8 codes), d * (code - 8)
-// (Q4_0), d * code + m (Q4_1, Q4_K), in fp32 as gguf_a8_panels.py's `embedding` computes them. One call
+// (Q4_0), d * code + m (Q4_1, Q4_K), S * (code - 32) (Q6_K, S its half's), in fp32 as gguf_a8_panels.py's `embedding` computes them. One call
 // instead of ~10 torch ops per decode step; an id outside [0, N) raises IndexError. No fused
 // multiply-add (-ffast-math would contract d * code + m): the same two roundings as torch.
 __attribute__((optimize("fp-contract=off")))
@@ -496,23 +536,27 @@ torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes,
   const PanelPtrs w(fmt, codes, d, m);
   const uint8_t* cp = w.codes;
   const uint16_t *dp = w.d, *mp = w.m;
-  const bool f32 = fmt == kQ4_K;
+  const bool f32 = f32_scale_format(fmt);
+  const int64_t H = scales_per_block(fmt);
   auto scale = [f32](const uint16_t* p, int64_t s) {
     return f32 ? reinterpret_cast<const float*>(p)[s] : c10::detail::fp16_ieee_to_fp32_value(p[s]);
   };
-  const int offset = fmt == kQ8_0 ? static_cast<int>(q8_0_code_offset()) : fmt == kQ4_0 ? 8 : 0;
+  const int offset = fmt == kQ8_0 ? static_cast<int>(q8_0_code_offset())
+                     : fmt == kQ4_0 ? 8 : fmt == kQ6_K ? 32 : 0;
   float* op = out.data_ptr<float>();
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = ip[t] / kNB, c = ip[t] % kNB;
     for (int64_t j = 0; j < nb; ++j) {
       const int64_t s = (p * nb + j) * kNB + c;
-      const float dj = scale(dp, s);
       const float mj = mp ? scale(mp, s) : 0.f;
       float* row = op + t * K + 32 * j;
       for (int64_t g = 0; g < lanes; ++g) {
         const uint8_t* b = cp + (((p * nb + j) * lanes + g) * kNB + c) * 4;
+        const float dj = scale(dp, ((p * nb + j) * H + g * H / lanes) * kNB + c);
         for (int i = 0; i < 4; ++i) {
-          if (fmt == kQ8_0) {
+          if (fmt == kQ6_K) {
+            row[4 * g + i] = static_cast<float>(b[i] - offset) * dj;
+          } else if (fmt == kQ8_0) {
             // s8 codes stored as bytes (offset 0), or VNNI's u8 = s8 + 128
             row[4 * g + i] = static_cast<float>(static_cast<int8_t>(b[i] - offset)) * dj;
           } else {  // lane g: codes 8g + i (low nibbles), 8g + 4 + i (high)
@@ -545,13 +589,12 @@ torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tenso
                   codes.sizes() == torch::IntArrayRef({E, P, nb, lanes, kNB, 4}),
               "a8_panel_grouped_linear: codes must be uint8 [", E, ", ", P, ", ", nb, ", ", lanes,
               ", ", kNB, ", 4]");
-  const std::vector<int64_t> scale_shape{E, P, nb, kNB};
+  const std::vector<int64_t> ds = scale_shape(fmt, {E}, P, nb), ms{E, P, nb, kNB};
   const auto sd = scale_dtype(fmt);
-  TORCH_CHECK(d.dtype() == sd && d.is_contiguous() && d.sizes() == torch::IntArrayRef(scale_shape),
-              "a8_panel_grouped_linear: d must be ", scale_name(fmt), " [", E, ", ", P, ", ", nb,
-              ", ", kNB, "]");
+  TORCH_CHECK(d.dtype() == sd && d.is_contiguous() && d.sizes() == torch::IntArrayRef(ds),
+              "a8_panel_grouped_linear: d must be ", scale_name(fmt), " ", torch::IntArrayRef(ds));
   TORCH_CHECK(!affine_format(fmt) || (m.dtype() == sd && m.is_contiguous() &&
-                                      m.sizes() == torch::IntArrayRef(scale_shape)),
+                                      m.sizes() == torch::IntArrayRef(ms)),
               "a8_panel_grouped_linear: Q4_1 / Q4_K need m ", scale_name(fmt), " [", E, ", ", P,
               ", ", nb, ", ", kNB, "]");
   const int64_t* off = checked_offsets(offsets, E, R);

@@ -31,6 +31,7 @@ inline VI iset(int x) { return _mm512_set1_epi32(x); }
 inline VI iand(VI a, VI b) { return _mm512_and_si512(a, b); }
 inline VI ior(VI a, VI b) { return _mm512_or_si512(a, b); }
 inline VI isub(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+inline VI iadd(VI a, VI b) { return _mm512_add_epi32(a, b); }
 inline VI isrl4(VI a) { return _mm512_srli_epi32(a, 4); }
 inline VI isll4(VI a) { return _mm512_slli_epi32(a, 4); }
 inline VI isrlv(VI a, VI s) { return _mm512_srlv_epi32(a, s); }
@@ -60,6 +61,7 @@ inline VI iset(int x) { return _mm256_set1_epi32(x); }
 inline VI iand(VI a, VI b) { return _mm256_and_si256(a, b); }
 inline VI ior(VI a, VI b) { return _mm256_or_si256(a, b); }
 inline VI isub(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+inline VI iadd(VI a, VI b) { return _mm256_add_epi32(a, b); }
 inline VI isrl4(VI a) { return _mm256_srli_epi32(a, 4); }
 inline VI isll4(VI a) { return _mm256_slli_epi32(a, 4); }
 inline VI isrlv(VI a, VI s) { return _mm256_srlv_epi32(a, s); }

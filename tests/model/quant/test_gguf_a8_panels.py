@@ -33,8 +33,9 @@ def test_values_rows_and_bytes_equal_the_file(qtype):
     stored = T.Q8_0 if qtype == T.Q5_0 else qtype  # Q5_0's codes in Q8_0's panels
     assert w.shape == (n, k) and w.format == f"gguf:{stored.name}+a8"
     panel = w.codes.shape[3]
-    # a 32-value block's bytes: the file's; Q4_K's sub-block 16 code bytes and fp32 d, m
-    block_bytes = 24 if qtype == T.Q4_K else GGML_QUANT_SIZES[stored][1]
+    # a 32-value block's bytes: the file's; Q4_K's sub-block 16 code bytes and fp32 d, m;
+    # Q6_K's 32 code bytes and two fp32 scales
+    block_bytes = {T.Q4_K: 24, T.Q6_K: 40}.get(qtype, GGML_QUANT_SIZES[stored][1])
     assert w.nbytes == -(-n // panel) * panel * (k // 32) * block_bytes  # + padding rows
     np.testing.assert_array_equal(w.dequantize().numpy().view(np.uint32), ref.view(np.uint32))
     ids = torch.tensor([44, 0, 7, 31, 7])
@@ -117,8 +118,8 @@ def test_bad_input_is_a_clear_error():
     raw = random_blocks(T.Q8_0, 4, 64)
     with pytest.raises(ValueError, match="bytes per row"):
         GGUFA8PanelWeight.from_blocks(T.Q8_0, raw[:, :-2], (4, 64), name="x")
-    with pytest.raises(ValueError, match="Q6_K has no panel kernel"):
-        GGUFA8PanelWeight.from_blocks(T.Q6_K, random_blocks(T.Q6_K, 4, 256), (4, 256))
+    with pytest.raises(ValueError, match="Q5_K has no panel kernel"):
+        GGUFA8PanelWeight.from_blocks(T.Q5_K, np.zeros((4, 176), np.uint8), (4, 256))
     w = GGUFA8PanelWeight.from_blocks(T.Q8_0, raw, (4, 64))
     with pytest.raises(RuntimeError, match="contiguous fp32"):
         w.linear(torch.randn(2, 64).t())

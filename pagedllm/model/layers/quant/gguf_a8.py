@@ -12,8 +12,10 @@ closeness with vLLM's logprob rule). Above `INT_ROWS` rows (prefill, big batches
 dequantizes the weights exactly and runs the fp32 micro-kernel, so prefill computes what the
 exact path computes. Embedding rows and `dequantize()` are exact (gguf-py's values).
 
-Q8_0, Q4_0 and Q4_1 matrices load as `gguf_a8_panels.GGUFA8PanelWeight` instead: repacked
-for integer dot products at every batch size (W8A8; its module says why).
+Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and Q5_0 matrices load as `gguf_a8_panels.GGUFA8PanelWeight`
+instead: repacked for integer dot products at every batch size (W8A8; its module says why).
+The rows here serve a caller that asks for them (tests, references) and the kernels' build
+without the panels.
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ class GGUFA8Weight(QuantizedWeight):
 
 
 def gguf_a8_weight(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> QuantizedWeight:
-    """`gguf.gguf_weight`'s contract, for the int8-activation kernels: Q8_0 / Q4_0 / Q4_1
-    matrices in the panels of `gguf_a8_panels`, the other block types in the file's rows."""
+    """`gguf.gguf_weight`'s contract, for the int8-activation kernels: the block types of
+    `gguf_a8_panels.PANEL_TYPES` in its panels, the others in the file's rows."""
     qtype, shape = matrix_type_and_shape(tensor)
     return a8_weight_from_blocks(qtype, np.asarray(tensor.data), shape, row_order, tensor.name)
 

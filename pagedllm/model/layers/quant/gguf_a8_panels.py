@@ -1,5 +1,5 @@
-"""GGUF Q8_0, Q4_0, Q4_1, Q4_K (and Q5_0, as Q8_0) weights with int8 activations, in panels:
-W8A8 at every batch size.
+"""GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (and Q5_0, as Q8_0) weights with int8 activations, in
+panels: W8A8 at every batch size.
 
 With `--int8-activations` a GGUF file's matrices of these block types (SmolLM2: Q4_1 layers,
 a Q8_0 embedding and tied lm_head; the common Q4_0 / Q8_0 files) are repacked once at load
@@ -16,9 +16,11 @@ call instead (prompt_rows.py, kernels/prompt_tiles_cpu.cpp; PAGEDLLM_PROMPT_TILE
 the same bf16 values kept once (`keep_bf16_tiles`; prompt_tile_weights.py decides).
 
 Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block; Q5_0's 22-byte
-blocks take Q8_0's 34, and Q4_K's 18 bytes a 32-value sub-block take 24: its scale d x sc and
-offset -dmin x m in fp32, where they are exact), plus 2 bytes a weight where the bf16 tiles
-are kept. Not exact: the activation rounding moves logits
+blocks take Q8_0's 34, Q4_K's 18 bytes a 32-value sub-block take 24: its scale d x sc and
+offset -dmin x m in fp32, where they are exact, and Q6_K's 26.25 take 40: a byte a code and
+each 16 values' d x sc in fp32), plus 2 bytes a weight where the bf16 tiles are kept. Q6_K's
+scale every 16 values keeps it off the AMX tiles (int8 and the bf16 prompt tiles): VNNI or
+AVX2 at every batch size. Not exact: the activation rounding moves logits
 slightly (docs/benchmarks.md). Embedding rows and `dequantize()` are exact (gguf-py's values).
 """
 
@@ -40,9 +42,11 @@ T = GGMLQuantizationType
 _BLOCK = 32
 # bytes before the codes in a file block: d (and Q4_1's m), fp16 each
 _HEADER = {T.Q8_0: 2, T.Q4_0: 2, T.Q4_1: 4}
-# File types the panels take: their own, Q4_K (`_q4_k_blocks`) and Q5_0 as Q8_0 panels
-# (`_q5_0_as_q8_0`)
-PANEL_TYPES = (*_HEADER, T.Q4_K, T.Q5_0)
+# File types the panels take: their own, Q4_K (`_q4_k_blocks`), Q6_K (`_q6_k_blocks`) and Q5_0
+# as Q8_0 panels (`_q5_0_as_q8_0`)
+PANEL_TYPES = (*_HEADER, T.Q4_K, T.Q6_K, T.Q5_0)
+# Byte codes (the others: 4 bits); Q6_K's stored + 32 (u8 0..63), Q8_0's + the VNNI offset
+_BYTE_CODES = (T.Q8_0, T.Q6_K)
 # Formats with an offset per block (w = d c + m)
 _AFFINE = (T.Q4_1, T.Q4_K)
 #: the panels' kind in the C++ decode loop (LinearKind in kernels/decode_layers_cpu.cpp)
@@ -81,6 +85,18 @@ def _q4_k_blocks(raw: np.ndarray, n: int, k: int
             torch.from_numpy(offset))
 
 
+def _q6_k_blocks(raw: np.ndarray, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K super-blocks [N, K / 256 x 210] as the panels' 32-value blocks: codes q - 32
+    (-32..31) int8 [N, K] and each 16-value half's S = d x sc fp32 [N, K / 32, 2], an fp16
+    times an int8, exact in fp32: S x code is gguf-py's value to the bit (40 bytes a block for
+    the file's 26.25; the panels' kernels in place of the per-row one at every batch size)."""
+    parts = decode_blocks(T.Q6_K, raw.reshape(n, k // 256, 210))
+    d = np.repeat(parts["d"].view(np.float16).astype(np.float32), 16, axis=1)
+    scale = d * np.ascontiguousarray(parts["sc"]).view(np.int8).astype(np.float32)
+    codes = (parts["codes"].astype(np.int16) - 32).astype(np.int8)
+    return torch.from_numpy(codes), torch.from_numpy(scale.reshape(n, k // _BLOCK, 2))
+
+
 def _codes(qtype: T, raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """Per-value codes [N, K] of the file's blocks (int8 for Q8_0, 0..15 for Q4_x)."""
     body = raw[:, :, _HEADER[qtype]:]
@@ -91,11 +107,14 @@ def _codes(qtype: T, raw: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 class GGUFA8PanelWeight(QuantizedWeight):
-    """A Q8_0 / Q4_0 / Q4_1 / Q4_K matrix in the int8-activation panels (module docstring).
+    """A Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrix in the int8-activation panels (module
+    docstring).
 
-    codes uint8 [P, K / 32, 8 (Q8_0) or 4 (Q4_x, Q4_K), NB, 4], d and m [P, K / 32, NB], fp16
-    (Q4_K: fp32) (m: Q4_1 and Q4_K only, else empty); tiles: the prompt tiles' bf16 B tiles of
-    every panel (int16 bits) once `keep_bf16_tiles` ran, else empty.
+    codes uint8 [P, K / 32, 8 (Q8_0, Q6_K) or 4 (Q4_x, Q4_K), NB, 4], d and m [P, K / 32, NB]
+    (Q6_K's d [P, K / 32, 2, NB]: a scale per 16 values), fp16 (Q4_K, Q6_K: fp32) (m: Q4_1
+    and Q4_K only, else empty); tiles: the prompt tiles' bf16 B tiles of every panel (int16
+    bits) once `keep_bf16_tiles` ran, else empty (Q6_K has no prompt tiles: its rows keep the
+    int8 panels).
     """
 
     def __init__(self, qtype: T, out_features: int, in_features: int, codes: torch.Tensor,
@@ -103,7 +122,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
         super().__init__(out_features, in_features)
         self.qtype, self.code = qtype, SPECS[qtype].code
         self.codes, self.d, self.m = codes, d, m
-        self.offset = int(kernels().q8_0_code_offset()) if qtype == T.Q8_0 else 0
+        self.offset = (int(kernels().q8_0_code_offset()) if qtype == T.Q8_0
+                       else 32 if qtype == T.Q6_K else 0)
         self.tiles = torch.empty(0, dtype=torch.int16)
 
     @property
@@ -113,8 +133,9 @@ class GGUFA8PanelWeight(QuantizedWeight):
     @classmethod
     def from_rows(cls, qtype: T, codes: torch.Tensor, d: torch.Tensor,
                   m: torch.Tensor | None = None) -> GGUFA8PanelWeight:
-        """From codes [N, K] (int8 for Q8_0, 0..15 for Q4_x and Q4_K) and d (and Q4_1's /
-        Q4_K's m) [N, K / 32] in row order, fp16 (Q4_K: fp32)."""
+        """From codes [N, K] (int8 for Q8_0 and Q6_K (q - 32), 0..15 for Q4_x and Q4_K) and d
+        (and Q4_1's / Q4_K's m) [N, K / 32] (Q6_K: [N, K / 32, 2]) in row order, fp16 (Q4_K,
+        Q6_K: fp32)."""
         ops = kernels()
         if ops is None:
             raise RuntimeError("GGUF int8-activation panel kernels are not built on this machine")
@@ -125,12 +146,13 @@ class GGUFA8PanelWeight(QuantizedWeight):
         def panels(t: torch.Tensor) -> torch.Tensor:  # [N, ...] -> [P, K / 32, ..., NB, ...]
             t = torch.nn.functional.pad(t, (0,) * (2 * t.dim() - 1) + (p * nb_cols - n,))
             t = t.view(p, nb_cols, *t.shape[1:])
-            return t.permute(0, 2, 3, 1, 4).contiguous() if t.dim() == 5 else \
-                t.permute(0, 2, 1).contiguous()
+            order = {5: (0, 2, 3, 1, 4), 4: (0, 2, 3, 1), 3: (0, 2, 1)}[t.dim()]
+            return t.permute(*order).contiguous()
 
         blocks = codes.view(n, k // _BLOCK, _BLOCK)
-        if qtype == T.Q8_0:  # lane g: codes 4g..4g+3, offset for VNNI's u8 x s8
-            lanes = (blocks.to(torch.int16) + int(ops.q8_0_code_offset())).to(torch.uint8)
+        if qtype in _BYTE_CODES:  # lane g: codes 4g..4g+3, as u8 (offset VNNI's / Q6_K's)
+            offset = int(ops.q8_0_code_offset()) if qtype == T.Q8_0 else 32
+            lanes = (blocks.to(torch.int16) + offset).to(torch.uint8)
             lanes = lanes.view(n, k // _BLOCK, 8, 4)
         else:  # lane u: codes 8u + b (low nibble), 8u + 4 + b (high)
             pairs = blocks.to(torch.uint8).view(n, k // _BLOCK, 4, 2, 4)
@@ -152,6 +174,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
         n, k = shape
         if qtype == T.Q4_K:
             return cls.from_rows(T.Q4_K, *_q4_k_blocks(np.asarray(raw), n, k))
+        if qtype == T.Q6_K:
+            return cls.from_rows(T.Q6_K, *_q6_k_blocks(np.asarray(raw), n, k))
         if qtype == T.Q5_0:
             return cls.from_rows(T.Q8_0, *_q5_0_as_q8_0(np.asarray(raw), n, k))
         blk = torch.from_numpy(np.require(raw, requirements=["C", "W"])).view(n, k // _BLOCK, -1)
@@ -160,32 +184,42 @@ class GGUFA8PanelWeight(QuantizedWeight):
         return cls.from_rows(qtype, _codes(qtype, blk, n, k), half[:, :, 0], m)
 
     def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(codes [T, K], d [T, K / 32], m [T, K / 32] or None) of rows `ids`, in row order."""
+        """(codes [T, K], d [T, K / 32] (Q6_K: [T, K / 32, 2]), m [T, K / 32] or None) of rows
+        `ids`, in row order: from_rows' arguments."""
         nb_cols = self.codes.shape[3]
         p, c = ids // nb_cols, ids % nb_cols
         lanes = self.codes[p, :, :, c, :]  # [T, K / 32, lanes, 4]
-        if self.qtype == T.Q8_0:
+        if self.qtype in _BYTE_CODES:
             codes = (lanes.to(torch.int16) - self.offset).to(torch.int8)
         else:
             codes = torch.stack([lanes & 15, lanes >> 4], dim=3)  # [T, K / 32, 4, 2, 4]
         m = self.m[p, :, c] if self.qtype in _AFFINE else None
-        return codes.reshape(len(ids), self.in_features), self.d[p, :, c], m
+        d = self.d[p, :, :, c] if self.qtype == T.Q6_K else self.d[p, :, c]
+        return codes.reshape(len(ids), self.in_features), d, m
 
     def keep_bf16_tiles(self) -> int:
         """Keeps the prompt tiles' bf16 B tiles of every panel (the values their calls
         dequantize, the same bits), so those calls skip the dequantization; returns the
-        bytes kept."""
+        bytes kept (none for Q6_K, which has no prompt tiles)."""
+        if not self.prompt_tiles:
+            return 0
         self.tiles = kernels().a8_panel_bf16_tiles(self.code, self.codes, self.d, self.m,
                                                    self.out_features, self.in_features)
         return self.tiles.numel() * self.tiles.element_size()
 
+    @property
+    def prompt_tiles(self) -> bool:
+        """Whether a step's prompt rows may take the bf16 tiles (not Q6_K: a scale every 16
+        values, which their kernels do not take; its prompt rows run with int8 activations)."""
+        return self.qtype != T.Q6_K
+
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """int8 activations; a step's prompt rows on the bf16 tiles when they are chosen
-        (prompt_rows.py: the runner scopes them only then)."""
+        (prompt_rows.py: the runner scopes them only then) and this format has them."""
         ops = kernels()
         args = (self.code, self.codes, self.d, self.m, self.out_features)
         step = prompt_rows.current(x.shape[0])
-        if step is None:
+        if step is None or not self.prompt_tiles:
             return ops.a8_panel_linear(x, *args)
         return step.apply(x, lambda rows: ops.a8_panel_bf16_linear(rows, *args, self.tiles),
                           lambda rows: ops.a8_panel_linear(rows, *args))
@@ -206,7 +240,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
                 inter, down.out_features)
         x = x.contiguous()
         step = prompt_rows.current(x.shape[0])
-        if step is None:
+        if step is None or not (self.prompt_tiles and down.prompt_tiles):
             return ops.a8_panel_mlp(x, *args)
         return step.apply(x, lambda rows: ops.a8_panel_bf16_mlp(rows, *args, self.tiles,
                                                                 down.tiles),
@@ -221,8 +255,8 @@ class GGUFA8PanelWeight(QuantizedWeight):
                             [self.codes, self.d, self.m])
 
     def embedding(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Exact rows: d * code (Q8_0), d * (code - 8) (Q4_0), d * code + m (Q4_1, Q4_K),
-        gguf-py's roundings; one C++ call (a decode step's embedding took ~10 torch ops, ~0.2 ms
+        """Exact rows: d * code (Q8_0), d * (code - 8) (Q4_0), d * code + m (Q4_1, Q4_K), S *
+        code (Q6_K, S its 16 values'), gguf-py's roundings; one C++ call (a decode step's embedding took ~10 torch ops, ~0.2 ms
         after the layers had streamed the weights through the caches)."""
         ids = token_ids.reshape(-1).to(torch.long)
         if ids.device.type == "cpu" and (ops := kernels()) is not None:
@@ -235,13 +269,14 @@ class GGUFA8PanelWeight(QuantizedWeight):
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.out_features):
             raise IndexError(f"row ids must be in [0, {self.out_features})")
         codes, d, m = self.rows(ids)
-        values = codes.view(len(ids), -1, _BLOCK).float()
+        group = _BLOCK // 2 if self.qtype == T.Q6_K else _BLOCK  # values a scale
+        values = codes.view(len(ids), -1, group).float()
         if self.qtype == T.Q4_0:
             values = values - 8
-        w = values * d.float().unsqueeze(-1)
+        w = values * d.float().reshape(len(ids), -1, 1)
         if m is not None:
             w = w + m.float().unsqueeze(-1)
-        return w.view(len(ids), self.in_features)
+        return w.reshape(len(ids), self.in_features)
 
     def dequantize(self) -> torch.Tensor:
         return self.embedding(torch.arange(self.out_features))
