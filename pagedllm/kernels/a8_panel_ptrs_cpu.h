@@ -49,14 +49,11 @@ struct PanelPtrs {
 };
 
 // f(std::integral_constant<int, F>{}) for the panel format fmt (Q8_0, Q4_0, Q4_K, Q6_K, else
-// Q4_1): the kernels' one dispatch from a run-time format to their template. kWithQ6K false:
-// not Q6_K (the prompt tiles have no kernel for its scale every 16 values; their callers
-// refuse it first).
-template <bool kWithQ6K = true, typename Fn>
+// Q4_1): the kernels' one dispatch from a run-time format to their template.
+template <typename Fn>
 void with_format(int64_t fmt, Fn&& f) {
-  if constexpr (kWithQ6K)
-    if (fmt == kQ6_K) return f(std::integral_constant<int, kQ6_K>{});
-  if (fmt == kQ8_0) f(std::integral_constant<int, kQ8_0>{});
+  if (fmt == kQ6_K) f(std::integral_constant<int, kQ6_K>{});
+  else if (fmt == kQ8_0) f(std::integral_constant<int, kQ8_0>{});
   else if (fmt == kQ4_0) f(std::integral_constant<int, kQ4_0>{});
   else if (fmt == kQ4_K) f(std::integral_constant<int, kQ4_K>{});
   else f(std::integral_constant<int, kQ4_1>{});

@@ -65,11 +65,12 @@ constexpr TileConfig bf16_tile_config() {
 }
 constexpr TileConfig kBf16Tiles = bf16_tile_config();
 
-// 4-byte lanes per block in a panel: Q8_0's 32 codes, or a 4-bit block's two nibbles a byte.
-template <int F> constexpr int kLanes = F == kQ8_0 ? 8 : 4;
+// 4-byte lanes per block in a panel: Q8_0's and Q6_K's 32 codes, or a 4-bit block's two
+// nibbles a byte.
+template <int F> constexpr int kLanes = F == kQ8_0 || F == kQ6_K ? 8 : 4;
 
 // Weights of one column half from 16 integer codes: d * (code - z), or d * code + m (Q4_1,
-// Q4_K).
+// Q4_K) (Q6_K: code_of has taken its 32 off).
 template <int F>
 inline V weights(VI codes, V dv, V mv) {
   constexpr int z = F == kQ4_0 ? 8 : 0;
@@ -77,11 +78,14 @@ inline V weights(VI codes, V dv, V mv) {
   return kAffine<F> ? _mm512_add_ps(w, mv) : w;
 }
 
-// Byte b of each 32-bit lane of w as a code: 4-bit (low or high nibble) or Q8_0's s8 (stored
-// + 128 under VNNI, else as s8 bytes).
+// Byte b of each 32-bit lane of w as a code: 4-bit (low or high nibble), Q8_0's s8 (stored
+// + 128 under VNNI, else as s8 bytes) or Q6_K's q - 32 (stored as q).
 template <int F>
 inline VI code_of(VI w, int b, bool high) {
-  if constexpr (F == kQ8_0) {
+  if constexpr (F == kQ6_K) {
+    return _mm512_sub_epi32(_mm512_and_si512(_mm512_srlv_epi32(w, iset(8 * b)), iset(255)),
+                            iset(32));
+  } else if constexpr (F == kQ8_0) {
     if constexpr (kXOffset)
       return _mm512_sub_epi32(_mm512_and_si512(_mm512_srlv_epi32(w, iset(8 * b)), iset(255)),
                               iset(128));
@@ -94,24 +98,26 @@ inline VI code_of(VI w, int b, bool high) {
 // Panel pc (nb blocks) as bf16 B tiles in buf [nb][2][16][16][2]: pair row t of block j holds
 // k = 2t, 2t + 1 of the block. Q8_0 lane g holds codes 4g .. 4g + 3 (pair rows 2g, 2g + 1);
 // a 4-bit lane u holds 8u + b in its low nibbles and 8u + 4 + b in its high ones (pair rows
-// 4u, 4u + 1 and 4u + 2, 4u + 3).
+// 4u, 4u + 1 and 4u + 2, 4u + 3). The scale goes into the bf16 values, so Q6_K's scale every
+// 16 values (lanes 0-3, 4-7) is only another scale vector.
 template <int F>
 void dequantize_panel(const uint8_t* pc, const uint16_t* pd, const uint16_t* pm, int64_t nb,
                       uint16_t* buf) {
-  constexpr int lanes = kLanes<F>;
+  constexpr int lanes = kLanes<F>, H = kScalesPerBlock<F>;
   for (int64_t j = 0; j < nb; ++j)
     for (int h = 0; h < 2; ++h) {
-      const V dv = scale_v<F>(pd, j * kNB + 16 * h);
+      V dv = scale_v<F>(pd, j * H * kNB + 16 * h);
       const V mv = kAffine<F> ? scale_v<F>(pm, j * kNB + 16 * h) : vzero();
       uint16_t* tile = buf + (j * 2 + h) * 512;
       for (int g = 0; g < lanes; ++g) {
+        if (H == 2 && g == lanes / 2) dv = scale_v<F>(pd, (j * H + 1) * kNB + 16 * h);
         const VI w = _mm512_loadu_si512(pc + ((j * lanes + g) * kNB + 16 * h) * 4);
         auto put = [&](int row, bool high, int b) {
           const V even = weights<F>(code_of<F>(w, b, high), dv, mv);
           const V odd = weights<F>(code_of<F>(w, b + 1, high), dv, mv);
           _mm512_storeu_si512(tile + row * 32, pair_row(even, odd));
         };
-        if constexpr (F == kQ8_0) {
+        if constexpr (F == kQ8_0 || F == kQ6_K) {
           put(2 * g, false, 0);
           put(2 * g + 1, false, 2);
         } else {
@@ -297,7 +303,8 @@ struct Panels {
   const uint16_t* tiles;  // null: dequantize per call
   int64_t values() const { return nb * 1024; }  // bf16 values of one panel's B tiles
   void dequantize(int64_t p, uint16_t* buf) const {
-    dequantize_panel<F>(codes + p * nb * kLanes<F> * kNB * 4, scale_at<F>(d, p * nb * kNB),
+    dequantize_panel<F>(codes + p * nb * kLanes<F> * kNB * 4,
+                        scale_at<F>(d, p * nb * kScalesPerBlock<F> * kNB),
                         m ? scale_at<F>(m, p * nb * kNB) : nullptr, nb, buf);
   }
   // Panel p's B tiles: the kept ones, or dequantized into buf.
@@ -589,26 +596,18 @@ struct TileRows {
   }
 };
 
-// Refuses Q6_K panels, whose scale changes every 16 values (a B tile and an epilogue a half
-// block): their prompt rows keep the int8 panels (gguf_a8_panels.py).
-static void check_tile_format(const char* fn, int64_t fmt) {
-  TORCH_CHECK(scales_per_block(fmt) == 1, fn, ": Q6_K panels have no prompt tiles (a scale "
-              "every 16 values); their rows run with int8 activations");
-}
-
 // Every panel of a panel-layout matrix (a8_panel_linear's arguments) as the prompt tiles' B
 // tiles, int16 [P * K / 32 * 1024] of bf16 bits: the values a call dequantizes, kept so that
 // calls skip the dequantization (2 bytes a weight; model/layers/quant/prompt_tile_weights.py).
 torch::Tensor a8_panel_bf16_tiles(int64_t fmt, torch::Tensor codes, torch::Tensor d,
                                   torch::Tensor m, int64_t N, int64_t K) {
-  check_tile_format("a8_panel_bf16_tiles", fmt);
   check_a8_panel_weight("a8_panel_bf16_tiles", fmt, codes, d, m, N, K);
   const int64_t P = (N + 31) / 32, pv = tile_values(32, K);  // panels, values a panel
   auto tiles = torch::empty({tile_values(N, K)}, torch::dtype(torch::kInt16));
 #if PAGEDLLM_PROMPT_TILES
   const PanelPtrs w(fmt, codes, d, m);
   auto* out = reinterpret_cast<uint16_t*>(tiles.data_ptr<int16_t>());
-  with_format<false>(fmt, [&](auto f) {
+  with_format(fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
     const Panels<F> panels{w.codes, w.d, w.m, K / 32, nullptr};
     at::parallel_for(0, P, 1, [&](int64_t begin, int64_t end) {
@@ -629,7 +628,6 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
                                    torch::Tensor tiles) {
   TORCH_CHECK(x.dim() == 2 && x.dtype() == torch::kFloat32 && x.is_contiguous(),
               "a8_panel_bf16_linear: x must be contiguous fp32 [M, K]");
-  check_tile_format("a8_panel_bf16_linear", fmt);
   check_a8_panel_weight("a8_panel_bf16_linear", fmt, codes, d, m, N, x.size(1));
   const uint16_t* kept = kept_tiles("a8_panel_bf16_linear", tiles, N, x.size(1));
   TileRows rows("a8_panel_bf16_linear", x);
@@ -637,7 +635,7 @@ torch::Tensor a8_panel_bf16_linear(torch::Tensor x, int64_t fmt, torch::Tensor c
 #if PAGEDLLM_PROMPT_TILES
   const PanelPtrs w(fmt, codes, d, m);
   float* yp = y.data_ptr<float>();
-  with_format<false>(fmt, [&](auto f) {
+  with_format(fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
     linear_impl<F>(rows.xa, rows.Mp, rows.K, Panels<F>{w.codes, w.d, w.m, rows.K / 32, kept},
                    N, yp, rows.mode);
@@ -655,8 +653,6 @@ torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor g
                                 torch::Tensor down_codes, torch::Tensor down_d,
                                 torch::Tensor down_m, int64_t I, int64_t N,
                                 torch::Tensor gu_tiles, torch::Tensor down_tiles) {
-  check_tile_format("a8_panel_bf16_mlp", gu_fmt);
-  check_tile_format("a8_panel_bf16_mlp", down_fmt);
   check_a8_panel_mlp("a8_panel_bf16_mlp", x, gu_fmt, gu_codes, gu_d, gu_m, down_fmt, down_codes,
                      down_d, down_m, I, N);
   const int64_t K = x.size(1);
@@ -671,12 +667,12 @@ torch::Tensor a8_panel_bf16_mlp(torch::Tensor x, int64_t gu_fmt, torch::Tensor g
   Bf16Buffer hidden;
   const PanelPtrs wg(gu_fmt, gu_codes, gu_d, gu_m), wd(down_fmt, down_codes, down_d, down_m);
   uint16_t* ha = hidden.reserve(Mp * I);
-  with_format<false>(gu_fmt, [&](auto f) {
+  with_format(gu_fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
     gate_up_silu<F>(xa, M, Mp, K, Panels<F>{wg.codes, wg.d, wg.m, K / 32, gu_kept}, I, ha,
                     mode);
   });
-  with_format<false>(down_fmt, [&](auto f) {
+  with_format(down_fmt, [&](auto f) {
     constexpr int F = decltype(f)::value;
     linear_impl<F>(ha, Mp, I, Panels<F>{wd.codes, wd.d, wd.m, I / 32, down_kept}, N,
                    y.data_ptr<float>(), mode);

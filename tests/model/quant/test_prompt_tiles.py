@@ -21,7 +21,7 @@ from pagedllm import SamplingParams
 from pagedllm.errors import InvalidInputError
 from pagedllm.kernels import cpu_features, cpu_ops
 from pagedllm.model.layers.linear import Linear
-from pagedllm.model.layers.quant import prompt_rows, prompt_tile_weights
+from pagedllm.model.layers.quant import prompt_tile_weights
 from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight
 from pagedllm.model.layers.quant.prompt_rows import PromptRows
 from tests.conftest import make_tiny_checkpoint
@@ -68,12 +68,8 @@ def _bf16_reference(x: torch.Tensor, w: GGUFA8PanelWeight) -> tuple[torch.Tensor
     return xb @ wb.T, xb.abs() @ wb.abs().T
 
 
-# Q6_K (a scale every 16 values) has no prompt tiles: test_q6_k_prompt_rows_keep_int8
-TILE_TYPES = [t for t in PANEL_TYPES if t != gguf.GGMLQuantizationType.Q6_K]
-
-
 @pytest.mark.parametrize("mode", ["emulated", "amx"])
-@pytest.mark.parametrize("qtype", TILE_TYPES)
+@pytest.mark.parametrize("qtype", PANEL_TYPES)
 @pytest.mark.parametrize("n,k", [(70, 256), (33, 96), (64, 64), (32, 1536)])
 def test_kernel_equals_bf16_product(ops, mode, qtype, n, k):
     """Partial panels (70, 33: the last panel's columns past N never written), K of 2 to 48
@@ -141,27 +137,16 @@ def test_mlp_is_the_three_calls(ops, mode, gu_type, down_type):
 
 
 @pytest.mark.parametrize("mode", ["emulated", "amx"])
-def test_q6_k_prompt_rows_keep_int8(ops, mode):
-    """Q6_K panels have no prompt tiles: the kernels refuse them by name, nothing is kept, and
-    a step's prompt rows (the linear and a Llama MLP with a Q6_K down matrix) run the int8
-    panels: the bits of the calls without the step."""
+def test_q6_k_down_in_the_mlp(ops, mode):
+    """A Q4_K_M file's MLP: Q4_K gate / up, Q6_K down (a scale every 16 values) on the prompt
+    tiles, the bits of the three calls."""
     q6, q4 = gguf.GGMLQuantizationType.Q6_K, gguf.GGMLQuantizationType.Q4_K
-    w = GGUFA8PanelWeight.from_blocks(q6, random_blocks(q6, 40, 256, seed=2), (40, 256))
+    down = GGUFA8PanelWeight.from_blocks(q6, random_blocks(q6, 40, 256, seed=2), (40, 256))
     gu = GGUFA8PanelWeight.from_blocks(q4, random_blocks(q4, 512, 256, seed=3), (512, 256))
-    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(5))
-    step = PromptRows.build(np.array([1, 8]), np.array([5, 0]), np.array([3, 8]))
+    x = torch.randn(37, 256, generator=torch.Generator().manual_seed(5))
     with prompt_tiles(ops, mode):
-        with pytest.raises(RuntimeError, match="Q6_K panels have no prompt tiles"):
-            bf16_linear(ops, x, w)
-        with pytest.raises(RuntimeError, match="Q6_K panels have no prompt tiles"):
-            bf16_mlp(ops, x, gu, w)
-        assert w.keep_bf16_tiles() == 0 and w.tiles.numel() == 0
-        with prompt_rows.step_scope(step):
-            assert prompt_rows.current(9) is step
-            assert torch.equal(w.linear(x), ops.a8_panel_linear(x, w.code, w.codes, w.d, w.m, 40))
-            want = ops.a8_panel_mlp(x, gu.code, gu.codes, gu.d, gu.m, w.code, w.codes, w.d, w.m,
-                                    256, 40)
-            assert torch.equal(gu.gated_mlp(w, x), want)
+        want = bf16_linear(ops, ops.silu_mul(bf16_linear(ops, x, gu).contiguous()), down)
+        assert torch.equal(bf16_mlp(ops, x, gu, down), want)
 
 
 def test_amx_equals_the_software_model_closely(ops):

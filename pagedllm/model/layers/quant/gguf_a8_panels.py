@@ -19,8 +19,9 @@ Resident bytes equal the file's (codes + fp16 scale (+ fp16 offset) per block; Q
 blocks take Q8_0's 34, Q4_K's 18 bytes a 32-value sub-block take 24: its scale d x sc and
 offset -dmin x m in fp32, where they are exact, and Q6_K's 26.25 take 40: a byte a code and
 each 16 values' d x sc in fp32), plus 2 bytes a weight where the bf16 tiles are kept. Q6_K's
-scale every 16 values keeps it off the AMX tiles (int8 and the bf16 prompt tiles): VNNI or
-AVX2 at every batch size. Not exact: the activation rounding moves logits
+scale every 16 values keeps it off the AMX-int8 tiles (two products and epilogues a block):
+its decode batches run VNNI (its prompt rows take the bf16 tiles, whose B tiles hold the
+scaled values). Not exact: the activation rounding moves logits
 slightly (docs/benchmarks.md). Embedding rows and `dequantize()` are exact (gguf-py's values).
 """
 
@@ -113,8 +114,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
     codes uint8 [P, K / 32, 8 (Q8_0, Q6_K) or 4 (Q4_x, Q4_K), NB, 4], d and m [P, K / 32, NB]
     (Q6_K's d [P, K / 32, 2, NB]: a scale per 16 values), fp16 (Q4_K, Q6_K: fp32) (m: Q4_1
     and Q4_K only, else empty); tiles: the prompt tiles' bf16 B tiles of every panel (int16
-    bits) once `keep_bf16_tiles` ran, else empty (Q6_K has no prompt tiles: its rows keep the
-    int8 panels).
+    bits) once `keep_bf16_tiles` ran, else empty.
     """
 
     def __init__(self, qtype: T, out_features: int, in_features: int, codes: torch.Tensor,
@@ -200,26 +200,18 @@ class GGUFA8PanelWeight(QuantizedWeight):
     def keep_bf16_tiles(self) -> int:
         """Keeps the prompt tiles' bf16 B tiles of every panel (the values their calls
         dequantize, the same bits), so those calls skip the dequantization; returns the
-        bytes kept (none for Q6_K, which has no prompt tiles)."""
-        if not self.prompt_tiles:
-            return 0
+        bytes kept."""
         self.tiles = kernels().a8_panel_bf16_tiles(self.code, self.codes, self.d, self.m,
                                                    self.out_features, self.in_features)
         return self.tiles.numel() * self.tiles.element_size()
 
-    @property
-    def prompt_tiles(self) -> bool:
-        """Whether a step's prompt rows may take the bf16 tiles (not Q6_K: a scale every 16
-        values, which their kernels do not take; its prompt rows run with int8 activations)."""
-        return self.qtype != T.Q6_K
-
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """int8 activations; a step's prompt rows on the bf16 tiles when they are chosen
-        (prompt_rows.py: the runner scopes them only then) and this format has them."""
+        (prompt_rows.py: the runner scopes them only then)."""
         ops = kernels()
         args = (self.code, self.codes, self.d, self.m, self.out_features)
         step = prompt_rows.current(x.shape[0])
-        if step is None or not self.prompt_tiles:
+        if step is None:
             return ops.a8_panel_linear(x, *args)
         return step.apply(x, lambda rows: ops.a8_panel_bf16_linear(rows, *args, self.tiles),
                           lambda rows: ops.a8_panel_linear(rows, *args))
@@ -240,7 +232,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
                 inter, down.out_features)
         x = x.contiguous()
         step = prompt_rows.current(x.shape[0])
-        if step is None or not (self.prompt_tiles and down.prompt_tiles):
+        if step is None:
             return ops.a8_panel_mlp(x, *args)
         return step.apply(x, lambda rows: ops.a8_panel_bf16_mlp(rows, *args, self.tiles,
                                                                 down.tiles),
