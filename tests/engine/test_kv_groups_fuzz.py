@@ -37,7 +37,10 @@ class GroupFakeRunner(FakeRunner):
 
 def test_fuzz_with_sliding_window_groups(tiny_gemma3_dir, make_llm) -> None:
     rng = random.Random(4321)
-    engine = make_engine(make_llm, tiny_gemma3_dir).llm_engine
+    # one decode step at a time: the fake runner samples one token a scheduled request (runs
+    # of several steps would be cut to one every time, and their blocks, handed out and given
+    # back each step, would keep the pool from the pressure that preempts)
+    engine = make_engine(make_llm, tiny_gemma3_dir, num_scheduler_steps=1).llm_engine
     bm = engine.block_manager
     assert bm.enable_caching and bm.layout.num_groups == 4 and bm.layout.frees_blocks
     engine.runner = GroupFakeRunner(bm.layout, bm.num_blocks, rng)
