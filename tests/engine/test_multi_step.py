@@ -104,6 +104,15 @@ def test_gemma3_groups_and_ropes(tiny_gemma3_dir: Path, make_llm, hf_reference) 
     assert steps < single_steps // 3
     for prompt, out in zip(prompts, got, strict=True):
         assert out.token_ids == hf_reference.greedy(tiny_gemma3_dir, prompt, 30)[0]
+    # seeded random rows: the draws single steps make
+    sampled = [SamplingParams(temperature=0.9, top_k=20, max_tokens=30, ignore_eos=True,
+                              seed=s) for s in (1, 2, 3)]
+    multi_s = make_llm(tiny_gemma3_dir, enable_prefix_caching=False)
+    single_s = make_llm(tiny_gemma3_dir, enable_prefix_caching=False, num_scheduler_steps=1)
+    got, steps = run(multi_s, prompts, sampled)
+    want, single_steps = run(single_s, prompts, sampled)
+    same(got, want)
+    assert steps < single_steps // 3
 
 
 def test_max_model_len_cuts_a_run(tiny_llama_dir: Path, make_llm) -> None:
