@@ -396,6 +396,18 @@ void register_decode_layers(pybind11::module_& m) {
         "up to `steps` decode steps in one call, greedy or (with temperature [B] and u "
         "[steps, B]) sampled: the tokens [B, n] (n < steps after a stop id, or before a step "
         "whose logits are not finite)");
+  m.def("greedy_rows",
+        [](const torch::Tensor& logits) {
+          TORCH_CHECK(logits.dim() == 2 && logits.dtype() == torch::kFloat32 &&
+                          logits.is_contiguous() && logits.size(1) > 0,
+                      "greedy_rows: logits must be contiguous fp32 [B, V], V > 0");
+          auto ids = torch::empty({logits.size(0)}, torch::dtype(torch::kInt64));
+          greedy_rows(logits, logits.size(1), ids.data_ptr<int64_t>());
+          return ids;
+        },
+        py::call_guard<py::gil_scoped_release>(),
+        "each row's first maximum (numpy's and torch's argmax), or -1 where the row is not "
+        "finite (a NaN or +inf anywhere, or an infinite maximum); the rows in parallel");
   m.def("decode_layers", &decode_layers_py, py::call_guard<py::gil_scoped_release>(),
         "a decode step through every decoder layer: (h, residual) before the final norm, or "
         "after it when final_norm (the model's RMSNorm weight) is given");

@@ -43,9 +43,10 @@ def test_greedy_is_argmax() -> None:
 
 
 def test_greedy_host_path_matches_torch_argmax_ties_and_non_finite_rows() -> None:
-    """An all-greedy CPU batch with nothing to process is answered on the host (numpy):
-    the same ids as torch's argmax (first maximum on ties, a NaN wins), and per row whether
-    the chosen logit is finite (what the runner reports as a failed request)."""
+    """An all-greedy CPU batch with nothing to process is answered on the host (C++
+    greedy_rows; numpy for strided logits): the same ids as torch's argmax (first maximum on
+    ties, a NaN wins), and per row whether the chosen logit is finite (what the runner
+    reports as a failed request)."""
     logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(3))
     logits[1, 7] = logits[1, 200] = logits[1].max() + 1  # a tie: the first one
     logits[2, 11] = float("nan")
@@ -58,6 +59,12 @@ def test_greedy_host_path_matches_torch_argmax_ties_and_non_finite_rows() -> Non
     assert torch.equal(out.sampled_token_ids, want) and out.sampled_token_ids.dtype == torch.int64
     assert out.host == (want.tolist(), [True, True, False, False, False, True])
     assert out.host[0][1] == 7 and out.host[0][2] == 5  # first max / first NaN
+    wide = torch.randn(300, 6, generator=torch.Generator().manual_seed(4)).t()  # strided: numpy
+    assert Sampler()(wide, md).host == (wide.argmax(-1).tolist(), [True] * 6)
+    big = torch.randn(64, 49152, generator=torch.Generator().manual_seed(5))
+    big[9, 100] = big[9, 30000] = big[9].max() + 1  # a tie past the first 64-value block
+    md64 = SamplingMetadata.build([row(SamplingParams(temperature=0.0))] * 64, 49152, DEVICE)
+    assert Sampler()(big, md64).host == (big.argmax(-1).tolist(), [True] * 64)
     # Anything to process (here: logprobs) takes the tensor path, with no host copy.
     md = SamplingMetadata.build([row(SamplingParams(temperature=0.0, logprobs=1))] * 6, 300,
                                 DEVICE)

@@ -252,7 +252,19 @@ def _greedy_on_host(logits: torch.Tensor) -> SamplerOutput:
     """Greedy rows of CPU logits with nothing to process, by numpy: its argmax (the first
     maximum, a NaN counting as the maximum, as torch's) and the finiteness check cost ~15 us
     for a 49,152-token row where torch's argmax, gather, isfinite and stack cost ~0.2 ms
-    (~0.1 vs ~0.35 ms in a decode step, whose weight streaming has evicted the caches)."""
+    (~0.1 vs ~0.35 ms in a decode step, whose weight streaming has evicted the caches).
+    Contiguous fp32 logits take the C++ `greedy_rows` instead (the same first maximum, the
+    rows split over the threads; a row that is not finite, which the runner reports, gets
+    numpy's pick): Gemma 3 270M's 64 rows of 262,144 logits, offline, 1.022x (SmolLM2's
+    49,152: even)."""
+    ops = cpu_ops.fp32_ops(logits)
+    if ops is not None and logits.dim() == 2 and logits.is_contiguous() and logits.shape[1]:
+        found = ops.greedy_rows(logits)
+        finite = (found >= 0).tolist()
+        if not all(finite):  # such a row's id as numpy's / torch's argmax gives it
+            bad = found < 0
+            found[bad] = torch.from_numpy(logits[bad].detach().numpy().argmax(axis=-1))
+        return SamplerOutput(found, None, host=(found.tolist(), finite))
     a = logits.detach().numpy()
     ids = a.argmax(axis=-1)
     finite = np.isfinite(a[np.arange(len(ids)), ids])
