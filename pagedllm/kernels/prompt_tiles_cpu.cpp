@@ -82,13 +82,15 @@ inline V weights(VI codes, V dv, V mv) {
 // + 128 under VNNI, else as s8 bytes) or Q6_K's q - 32 (stored as q).
 template <int F>
 inline VI code_of(VI w, int b, bool high) {
-  if constexpr (F == kQ6_K) {
+  // byte b as u8, less what the layout added
+  auto less = [&](int z) {
     return _mm512_sub_epi32(_mm512_and_si512(_mm512_srlv_epi32(w, iset(8 * b)), iset(255)),
-                            iset(32));
+                            iset(z));
+  };
+  if constexpr (F == kQ6_K) {
+    return less(32);
   } else if constexpr (F == kQ8_0) {
-    if constexpr (kXOffset)
-      return _mm512_sub_epi32(_mm512_and_si512(_mm512_srlv_epi32(w, iset(8 * b)), iset(255)),
-                              iset(128));
+    if constexpr (kXOffset) return less(128);
     return _mm512_srai_epi32(_mm512_sllv_epi32(w, iset(24 - 8 * b)), 24);
   } else {
     return _mm512_and_si512(_mm512_srlv_epi32(w, iset(8 * b + (high ? 4 : 0))), iset(15));

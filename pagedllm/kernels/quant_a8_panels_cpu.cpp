@@ -122,21 +122,15 @@ __attribute__((noinline)) void micro(const int8_t* xq, int64_t K, const float* d
         const VI w0 = iload(wj + g * kNB * 4), w1 = iload(wj + g * kNB * 4 + kVW * 4);
         for (int i = 0; i < MR; ++i) {
           int32_t xa;
-          if constexpr (F == kQ8_0) {
+          if constexpr (F == kQ8_0 || F == kQ6_K) {  // a byte a code
             std::memcpy(&xa, xj + i * K + 4 * g, 4);
             if constexpr (kVNNI) {
               dotu(dot[i][0], w0, xa);
               dotu(dot[i][1], w1, xa);
-            } else {  // s8 codes: |x| x sign(w, x)
+            } else if constexpr (F == kQ8_0) {  // s8 codes: |x| x sign(w, x)
               dot4(dot[i][0], xa, reinterpret_cast<const int8_t*>(wj + g * kNB * 4));
               dot4(dot[i][1], xa, reinterpret_cast<const int8_t*>(wj + g * kNB * 4 + kVW * 4));
-            }
-          } else if constexpr (F == kQ6_K) {  // u8 codes 0..63
-            std::memcpy(&xa, xj + i * K + 4 * g, 4);
-            if constexpr (kVNNI) {
-              dotu(dot[i][0], w0, xa);
-              dotu(dot[i][1], w1, xa);
-            } else {  // a pair sum reaches 2 x 63 x 127: widened at once
+            } else {  // Q6_K's u8 codes 0..63: a pair sum reaches 2 x 63 x 127, widened at once
               dot[i][0] = iadd(dot[i][0], widen16(pairs16(w0, xa)));
               dot[i][1] = iadd(dot[i][1], widen16(pairs16(w1, xa)));
             }
@@ -618,7 +612,8 @@ torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tenso
 void register_a8_panel_kernels(pybind11::module_& m) {
   const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("a8_panels_available", &a8_panels_available, nogil,
-        "whether the int8-activation panel kernels (Q8_0, Q4_0, Q4_1, Q4_K) are built (AVX2 + FMA + F16C)");
+        "whether the int8-activation panel kernels (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) are built "
+        "(AVX2 + FMA + F16C)");
   m.def("int8_dot_isa", &int8_dot_isa,
         "instructions of the int8 dot products: avx512_vnni, avx512bw, avx2 or scalar");
   m.def("a8_panel_width", &a8_panel_width, nogil, "output rows per int8-activation panel");
@@ -628,7 +623,8 @@ void register_a8_panel_kernels(pybind11::module_& m) {
         "choose the int8-activation panels' tiles (auto, amx, emulated: the software model "
         "for tests, off); returns the tiles now in use");
   m.def("a8_panel_rows", &a8_panel_rows, nogil,
-        "rows ids of a panel-layout Q8_0 / Q4_0 / Q4_1 / Q4_K matrix, dequantized exactly (fp32)");
+        "rows ids of a panel-layout Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrix, dequantized "
+        "exactly (fp32)");
   m.def("q8_0_code_offset", &q8_0_code_offset, nogil,
         "what the panel layout adds to each Q8_0 code (128 for VNNI's u8 codes, else 0)");
   m.def("a8_panel_grouped_linear", &a8_panel_grouped_linear, nogil,
@@ -639,6 +635,7 @@ void register_a8_panel_kernels(pybind11::module_& m) {
         "[gate | up] [2 I, K] and down [N, I]) in two parallel regions: the bits of "
         "a8_panel_linear, silu_mul, a8_panel_linear");
   m.def("a8_panel_linear", &a8_panel_linear, nogil,
-        "y = x @ W^T, W GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K repacked into panels, x quantized per 32 "
+        "y = x @ W^T, W GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K repacked into panels, x quantized "
+        "per 32 "
         "values, integer dot products");
 }

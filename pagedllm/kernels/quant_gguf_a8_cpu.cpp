@@ -38,6 +38,10 @@ namespace {
 
 #include "gguf_formats_cpu.h"
 
+// Q6_K's scale changes every 16 values: a 32-value block has two
+template <int F>
+constexpr bool kSplit = Traits<F>::group < 32;
+
 struct Layout {
   int64_t values, bytes;  // per GGUF block
 };
@@ -148,44 +152,45 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-#include "q6_k_rows_cpu.h"  // q6_k_rows: Q6_K's rows a super-block at a time
-
 // MT rows of quantized x (from row m0) against one weight row: y[i * ldy] for i < MT. Per
 // block the x block's 32 int8 values meet the weight codes in one maddubs + madd; the
 // offset term is a scalar per block. noinline keeps the accumulators in registers (see
 // simd_cpu.h's micro_f). (Four weight rows per call with the offsets as vector FMAs measured
-// slower: 6.9 against 5.5 ms for SmolLM2's linears at M = 1, AVX2.) Q6_K, whose scale
-// changes every 16 values, runs q6_k_rows.
+// slower: 6.9 against 5.5 ms for SmolLM2's linears at M = 1, AVX2.)
 template <int F, int MT>
 __attribute__((noinline)) void dot_rows(const uint8_t* row, const QuantizedX& qx, int64_t m0,
                                         float* y, int64_t ldy) {
   using T = Traits<F>;
-  if constexpr (F == kQ6_K) {
-    q6_k_rows<MT>(row, qx, m0, y, ldy);
-  } else {
-    __m256 acc[MT];
-    float off[MT];
-    for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps(), off[i] = 0.f;
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int64_t nb = qx.nblk, K = qx.K;
-    for (int64_t j = 0; j < nb; ++j) {
-      const Block b = block<F>(row, j);
-      const __m256i wa = F == kQ8_0 ? _mm256_sign_epi8(b.c, b.c) : b.c;
-      const __m256 sv = _mm256_set1_ps(b.s0);
-      const float o = b.b - b.s0 * static_cast<float>(T::zero);  // per unit of the code sums
+  __m256 acc[MT];
+  float off[MT];
+  for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_ps(), off[i] = 0.f;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t nb = qx.nblk, K = qx.K;
+  for (int64_t j = 0; j < nb; ++j) {
+    const Block b = block<F>(row, j);
+    const __m256i wa = F == kQ8_0 ? _mm256_sign_epi8(b.c, b.c) : b.c;
+    const __m256 sv = kSplit<F> ? _mm256_set_m128(_mm_set1_ps(b.s1), _mm_set1_ps(b.s0))
+                               : _mm256_set1_ps(b.s0);
+    // offset per unit of the scaled code sums: B - S * zero (per 16 values for Q6_K)
+    const float o0 = b.b - b.s0 * static_cast<float>(T::zero);
+    const float o1 = b.b - b.s1 * static_cast<float>(T::zero);
 #pragma GCC unroll 4
-      for (int i = 0; i < MT; ++i) {
-        const int64_t m = m0 + i;
-        const __m256i xq = load256(reinterpret_cast<const uint8_t*>(qx.q.data() + m * K + 32 * j));
-        const __m256i p = _mm256_maddubs_epi16(wa, F == kQ8_0 ? _mm256_sign_epi8(xq, b.c) : xq);
-        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-        const __m256 dx = _mm256_broadcast_ss(qx.d.data() + m * nb + j);
-        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(pf, dx), sv, acc[i]);
-        if constexpr (T::affine || T::zero != 0) off[i] += o * qx.f32[m * nb + j];
+    for (int i = 0; i < MT; ++i) {
+      const int64_t m = m0 + i;
+      const __m256i xq = load256(reinterpret_cast<const uint8_t*>(qx.q.data() + m * K + 32 * j));
+      const __m256i p = _mm256_maddubs_epi16(wa, F == kQ8_0 ? _mm256_sign_epi8(xq, b.c) : xq);
+      const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+      const __m256 dx = _mm256_broadcast_ss(qx.d.data() + m * nb + j);
+      acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(pf, dx), sv, acc[i]);
+      if constexpr (kSplit<F>) {
+        const float* f = qx.f.data() + m * 2 * nb + 2 * j;
+        off[i] += o0 * f[0] + o1 * f[1];
+      } else if constexpr (T::affine || T::zero != 0) {
+        off[i] += o0 * qx.f32[m * nb + j];
       }
     }
-    for (int i = 0; i < MT; ++i) y[i * ldy] = hsum(acc[i]) + off[i];
   }
+  for (int i = 0; i < MT; ++i) y[i * ldy] = hsum(acc[i]) + off[i];
 }
 
 template <int F, int MT>
