@@ -111,12 +111,11 @@ class DecodeSteps:
         offsets = np.zeros(len(stop_ids) + 1, np.int64)
         offsets[1:] = np.cumsum([len(s) for s in stop_ids])
         flat = torch.tensor([t for s in stop_ids for t in s], dtype=torch.int64)
-        groups = meta.groups or [meta]
         return f.ops.decode_steps(
             input_ids, f.layers, self.embed, self.embed_scale, self.lm_head, f.final_norm,
             self.vocab_size, f.num_heads, f.num_kv_heads, f.head_dim, f.scale, f.eps, tables,
             *f.cache_args(kv_caches), [t.contiguous() for t in block_tables],
-            meta.decode_seq_lens, block_size, [g.sliding_window or 0 for g in groups], flat,
+            meta.decode_seq_lens, block_size, f.group_windows(f.kv_groups(meta)), flat,
             torch.from_numpy(offsets), steps,
             *((None,) * 4 if rows is None else (rows.temperature, rows.top_k, rows.top_p,
                                                 draws.u)), CANDIDATES)

@@ -37,6 +37,7 @@ from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.attention import AttentionMetadata, LayerKVCache
 from pagedllm.model.layers.moe import FusedMoE
 from pagedllm.model.layers.norm import GemmaRMSNorm, RMSNorm
+from pagedllm.model.layers.rotary import RopeBatch
 
 
 class FusedDecode:
@@ -125,12 +126,22 @@ class FusedDecode:
         """(h, residual) after the last layer, before the final norm, or after it when
         `applies_final_norm` (x is overwritten). `tables`: the rows' RoPE rows of each table
         the layers name."""
-        groups = meta.groups or [meta]
+        groups = self.kv_groups(meta)
         return self.ops.decode_layers(
             x.contiguous(), self.layers, self.num_heads, self.num_kv_heads, self.head_dim,
             self.scale, self.eps, tables, *self.cache_args(kv_caches),
             [g.slot_mapping for g in groups], [g.decode_block_tables for g in groups],
-            meta.decode_seq_lens, [g.sliding_window or 0 for g in groups], self.final_norm)
+            meta.decode_seq_lens, self.group_windows(groups), self.final_norm)
+
+    @staticmethod
+    def kv_groups(meta: AttentionMetadata) -> list[AttentionMetadata]:
+        """The step's metadata of each KV group ([meta] with one group)."""
+        return meta.groups or [meta]
+
+    @staticmethod
+    def group_windows(groups: list[AttentionMetadata]) -> list[int]:
+        """Each KV group's sliding window as the C++ loop takes it (0: none)."""
+        return [g.sliding_window or 0 for g in groups]
 
     @staticmethod
     def cache_args(kv_caches: list[LayerKVCache]) -> tuple[list, list, list, list, list]:
@@ -146,8 +157,9 @@ class FusedDecoder:
     """A decoder model whose decode steps may take the C++ loop: it names the layer and
     attention types the loop runs (`fused_layer`, `fused_attention`: a variant that swaps
     either keeps these and so the Python layers, unless it says the loop computes its layers
-    too) and each layer's RoPE table (`layer_ropes`, None: one table), and has `layers` and
-    the final `norm`."""
+    too) and each layer's RoPE table (`layer_ropes`, None: one table), and has `layers` (each
+    called as `layer(x, residual, rope, kv_cache, meta)`, returning (h, residual)) and the
+    final `norm`."""
 
     fused_layer: type[torch.nn.Module]
     fused_attention: tuple[type[torch.nn.Module], ...]
@@ -160,6 +172,25 @@ class FusedDecoder:
     def embed_multiplier(self) -> torch.Tensor | None:
         """What the embedding rows are multiplied by (Gemma: sqrt(hidden)), or None."""
         return None
+
+    def run_layers(self, x: torch.Tensor, tables: list[torch.Tensor],
+                   kv_caches: list[LayerKVCache], meta: AttentionMetadata) -> torch.Tensor:
+        """The layers and the final norm over the embeddings x, the rows' RoPE rows of each
+        table in `tables`: one C++ call for a step the loop takes, else the Python layers,
+        each with its table (`layer_ropes`)."""
+        ropes = [RopeBatch(t) for t in tables]
+        if meta.backend.fused_decode_applies(x, meta, kv_caches) and (
+                fused := self.fused_decode()):
+            x, residual = fused(x, [r.halves for r in ropes], kv_caches, meta)
+            if fused.applies_final_norm:
+                return x
+        else:
+            residual = None
+            per_layer = self.layer_ropes or [0] * len(self.layers)
+            for layer, rope, kv in zip(self.layers, per_layer, kv_caches, strict=True):
+                x, residual = layer(x, residual, ropes[rope], kv, meta)
+        x, _ = self.norm(x, residual)
+        return x
 
     def fused_decode(self) -> FusedDecode | None:
         """The C++ decode loop over these layers, built at the first decode step (after

@@ -149,19 +149,7 @@ class Gemma3Model(FusedDecoder, nn.Module):
 
     def forward(self, input_ids, positions, max_pos, kv_caches, meta):
         x = self.embed_tokens(input_ids) * self.embed_multiplier()
-        tables = self.rope_tables(positions, max_pos)
-        if meta.backend.fused_decode_applies(x, meta, kv_caches) and (
-                fused := self.fused_decode()):
-            x, residual = fused(x, tables, kv_caches, meta)  # the loop in one C++ call
-            if fused.applies_final_norm:
-                return x
-        else:
-            ropes = [RopeBatch(t) for t in tables]
-            residual = None
-            for layer, rope, kv in zip(self.layers, self.layer_ropes, kv_caches, strict=True):
-                x, residual = layer(x, residual, ropes[rope], kv, meta)
-        x, _ = self.norm(x, residual)
-        return x
+        return self.run_layers(x, self.rope_tables(positions, max_pos), kv_caches, meta)
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):

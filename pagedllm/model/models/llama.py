@@ -114,20 +114,9 @@ class LlamaModel(FusedDecoder, nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, positions, max_pos, kv_caches, meta):
-        x = self.embed_tokens(input_ids)
         seq_lens = sequence_lengths(positions, meta) if self.rotary.is_dynamic else None
-        rope = RopeBatch(self.rotary.halves(positions, max_pos, seq_lens))
-        if meta.backend.fused_decode_applies(x, meta, kv_caches) and (
-                fused := self.fused_decode()):
-            x, residual = fused(x, [rope.halves], kv_caches, meta)  # the loop in one C++ call
-            if fused.applies_final_norm:
-                return x
-        else:
-            residual = None
-            for layer, kv in zip(self.layers, kv_caches, strict=True):
-                x, residual = layer(x, residual, rope, kv, meta)
-        x, _ = self.norm(x, residual)
-        return x
+        tables = [self.rotary.halves(positions, max_pos, seq_lens)]
+        return self.run_layers(self.embed_tokens(input_ids), tables, kv_caches, meta)
 
     def rope_tables(self, positions: torch.Tensor, max_pos: int) -> list[torch.Tensor]:
         return [self.rotary.halves(positions, max_pos)]  # (not for a dynamic RoPE)

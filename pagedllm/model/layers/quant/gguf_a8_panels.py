@@ -60,6 +60,15 @@ def kernels():
     return cpu_ops.load_with("a8_panels")
 
 
+def _code_offset(qtype: T) -> int:
+    """What the panel layout adds to each code of `qtype` (stored as u8): VNNI's 128 for Q8_0
+    where the kernels take u8 x s8 (else 0: s8 bytes), 32 for Q6_K (q - 32 stored as q), 0
+    for the 4-bit codes."""
+    if qtype == T.Q8_0:
+        return int(kernels().q8_0_code_offset())
+    return 32 if qtype == T.Q6_K else 0
+
+
 def _q5_0_as_q8_0(raw: np.ndarray, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Q5_0 blocks [N, K / 32 x 22] as Q8_0's (int8 codes [N, K], fp16 d [N, K / 32]): code
     q - 16 (-16..15) under the file's d, so d x code is gguf-py's value to the bit. A code a
@@ -122,8 +131,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
         super().__init__(out_features, in_features)
         self.qtype, self.code = qtype, SPECS[qtype].code
         self.codes, self.d, self.m = codes, d, m
-        self.offset = (int(kernels().q8_0_code_offset()) if qtype == T.Q8_0
-                       else 32 if qtype == T.Q6_K else 0)
+        self.offset = _code_offset(qtype)
         self.tiles = torch.empty(0, dtype=torch.int16)
 
     @property
@@ -151,8 +159,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
 
         blocks = codes.view(n, k // _BLOCK, _BLOCK)
         if qtype in _BYTE_CODES:  # lane g: codes 4g..4g+3, as u8 (offset VNNI's / Q6_K's)
-            offset = int(ops.q8_0_code_offset()) if qtype == T.Q8_0 else 32
-            lanes = (blocks.to(torch.int16) + offset).to(torch.uint8)
+            lanes = (blocks.to(torch.int16) + _code_offset(qtype)).to(torch.uint8)
             lanes = lanes.view(n, k // _BLOCK, 8, 4)
         else:  # lane u: codes 8u + b (low nibble), 8u + 4 + b (high)
             pairs = blocks.to(torch.uint8).view(n, k // _BLOCK, 4, 2, 4)
