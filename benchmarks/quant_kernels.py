@@ -9,12 +9,12 @@ For each row count M it times, per decode step of SmolLM2's 30 layers + lm_head 
   fp32      packed_linear on the dequantized weights (today's path)
   q-reg     gguf_linear, codes dequantized inside the micro-kernel (in registers)
   q-scratch gguf_linear, each panel dequantized once into an L2 scratch, fp32 micro-kernel
-  a8-int    gguf_a8_linear (blocks in the file's rows), x quantized to int8, maddubs dots
-  a8-deq    gguf_a8_linear, 16 rows at a time dequantized into an fp32 panel (its prefill path)
-  a8        what `--int8-activations` runs: a8-int up to INT_ROWS rows, a8-deq above; Q8_0
-            / Q4_0 / Q4_1 matrices as W8A8 panels at every M (quant/gguf_a8_panels.py)
+  a8        what `--int8-activations` (the default where the CPU has VNNI or AMX) runs: the
+            matrices as int8-activation panels at every M (quant/gguf_a8_panels.py)
 and prints ms per step and tokens/s if a step served M rows, plus each variant's ratio to
-fp32. The crossovers decide `quant.gguf.IN_REGISTER_ROWS` and `quant.gguf_a8.INT_ROWS`.
+fp32. The crossover of q-reg and q-scratch decides `quant.gguf.IN_REGISTER_ROWS`.
+(Sessions before 2026-12-06 also timed the GGUF rows kernel, `a8-int` / `a8-deq`, since
+removed: the panels took every block type it served.)
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ from gguf.quants import quantize  # noqa: E402
 from benchmarks.timing import run_times  # noqa: E402
 from pagedllm.kernels import cpu_ops  # noqa: E402
 from pagedllm.model.layers.quant.gguf import GGUFWeight  # noqa: E402
-from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight  # noqa: E402
-from pagedllm.model.layers.quant.gguf_a8_panels import PANEL_TYPES, GGUFA8PanelWeight  # noqa: E402
+from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight  # noqa: E402
 
-VARIANTS = ("fp32", "q-reg", "q-scratch", "a8-int", "a8-deq", "a8")
+VARIANTS = ("fp32", "q-reg", "q-scratch", "a8")
 
 LAYERS = 30
 SHAPES = [("qkv", 960, 576, T.Q4_1, LAYERS), ("o", 576, 576, T.Q4_1, LAYERS),
@@ -72,28 +71,22 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(count):
             raw = quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05, qtype)
             q = GGUFWeight.from_blocks(qtype, raw, (n, k))
-            a8 = GGUFA8Weight.from_blocks(qtype, raw, (n, k))
-            engine = (GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
-                      if qtype in PANEL_TYPES else a8)
-            weights.append((name, q, ops.pack_linear_weight(q.dequantize()), a8, engine))
+            a8 = GGUFA8PanelWeight.from_blocks(qtype, raw, (n, k))
+            weights.append((name, q, ops.pack_linear_weight(q.dequantize()), a8))
     rows = []
     for m in [int(r) for r in args.rows.split(",")]:
         x = torch.randn(m, 1536)
         res = {"rows": m}
         for variant in VARIANTS:
             fns = []
-            for _name, q, packed, a8, engine in weights:
+            for _name, q, packed, a8 in weights:
                 xi = x[:, :q.in_features].contiguous()
                 code, n, *parts = q.kernel_args()
                 if variant == "a8":
-                    fn = partial(engine.linear, xi)
+                    fn = partial(a8.linear, xi)
                 elif variant == "fp32":
                     def fn(xi=xi, packed=packed, n=n):
                         return ops.packed_linear(xi, packed, n, None)
-                elif variant.startswith("a8"):
-                    limit = 1 << 30 if variant == "a8-int" else 0
-                    def fn(xi=xi, a8=a8, limit=limit):
-                        return ops.gguf_a8_linear(xi, a8.code, a8.rows, a8.in_features, limit)
                 else:
                     limit = 1 << 30 if variant == "q-reg" else 0
                     def fn(xi=xi, code=code, n=n, parts=parts, limit=limit):

@@ -91,7 +91,7 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # adapters cached in CPU memory (default: max_loras)
     # with quantization="int8": W8A8 (dynamic int8 x, a scale per 32 values); a GGUF model:
-    # its int8-activation kernels (model/layers/quant/gguf_a8.py). None = auto: on where the
+    # its int8-activation kernels (model/layers/quant/gguf_a8_panels.py). None = auto: on where the
     # CPU kernels' int8 dot products are SIMD (kernels/cpu_features.py), resolved by
     # `resolve_int8_activations` once the checkpoint's kind is known; False = exact path.
     int8_activations: bool | None = None

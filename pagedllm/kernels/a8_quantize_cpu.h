@@ -1,5 +1,5 @@
 // Rows of x quantized per 32 values to int8, llama.cpp's q8 activations, for the GGUF kernels
-// with int8 activations (quant_gguf_a8_cpu.cpp; quant_a8_panels_cpu.cpp). Included inside each
+// with int8 activations (quant_a8_panels_cpu.cpp). Included inside each
 // file's anonymous namespace, after <ATen/Parallel.h>, <immintrin.h>, <cstdint> and <vector>;
 // needs AVX2.
 //

@@ -6,7 +6,6 @@
 #include "kernels_cpu.h"
 
 void register_gguf_kernels(pybind11::module_& m);  // quant_gguf_cpu.cpp
-void register_gguf_a8_kernels(pybind11::module_& m);  // quant_gguf_a8_cpu.cpp
 void register_a8_panel_kernels(pybind11::module_& m);  // quant_a8_panels_cpu.cpp
 void register_prompt_tiles(pybind11::module_& m);  // prompt_tiles_cpu.cpp
 void register_decode_layers(pybind11::module_& m);  // decode_layers_cpu.cpp
@@ -86,7 +85,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("release_thread_team", &release_thread_team, kNoGil,
         "the calling thread's OpenMP team: one thread from now on, idle workers released");
   register_gguf_kernels(m);
-  register_gguf_a8_kernels(m);
   register_a8_panel_kernels(m);
   register_prompt_tiles(m);
   register_decode_layers(m);

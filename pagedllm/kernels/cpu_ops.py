@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 # `--quantization int8`, which a GGUF or float model never builds.
 FAMILIES = {
     "core": ("paged_attention_cpu.cpp", "gemm_cpu.cpp", "bf16_linear_cpu.cpp", "fused_cpu.cpp",
-             "quant_gguf_cpu.cpp", "quant_gguf_a8_cpu.cpp", "quant_a8_panels_cpu.cpp",
+             "quant_gguf_cpu.cpp", "quant_a8_panels_cpu.cpp",
              "prompt_tiles_cpu.cpp",
              "decode_layers_cpu.cpp", "varlen_attention_cpu.cpp", "grouped_bf16_cpu.cpp",
              "sampling_cpu.cpp", "top_k_top_p_cpu.cpp", "bindings.cpp"),

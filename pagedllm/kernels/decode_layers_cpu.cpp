@@ -21,9 +21,8 @@
 // base 10k on sliding layers, 1M on full ones).
 //
 // A `LinearRef` is one linear layer's weight in the form its kernel takes: packed fp32
-// panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF rows with int8
-// activations (quant_gguf_a8_cpu.cpp), Q8_0 / Q4_0 / Q4_1 panels with int8 activations
-// (quant_a8_panels_cpu.cpp) or a bf16 [N, K] matrix (bf16_linear_cpu.cpp);
+// panels (gemm_cpu.cpp), GGUF panels (quant_gguf_cpu.cpp), GGUF panels with int8
+// activations (quant_a8_panels_cpu.cpp) or a bf16 [N, K] matrix (bf16_linear_cpu.cpp);
 // pagedllm/model/fused_decode.py builds them. Kind kExtern calls a kernel of the "int" module
 // (int8, W8A8, int4 weights) through the address it handed out (extern_linear_cpu.h).
 #include <torch/csrc/utils/pybind.h>  // register_*(m): pybind11, torch's Tensor casters
@@ -42,14 +41,14 @@
 namespace {
 
 enum LinearKind : int64_t {
-  kPacked = 0, kGGUFPanels = 1, kGGUFRows = 2, kA8Panels = 3, kBf16 = 4, kExtern = 5
+  kPacked = 0, kGGUFPanels = 1, kA8Panels = 3, kBf16 = 4, kExtern = 5  // 2: GGUF rows, gone
 };
 
 // The tensors a kind's kernel takes (0: not a kind, or kExtern, whose kernel takes its own);
 // a `LinearRef` and an `ExpertsRef` (moe_decode_cpu.h) of one kind hold the same fields.
 inline size_t tensors_of_kind(int64_t kind) {
   switch (kind) {
-    case kPacked: case kGGUFRows: case kBf16: return 1;
+    case kPacked: case kBf16: return 1;
     case kGGUFPanels: return 5;
     case kA8Panels: return 3;
     default: return 0;
@@ -76,8 +75,8 @@ struct LinearRef {
     }
   }
 
-  // Whether the kernel asks for a plan's lines as it goes: the int8-activation ones.
-  bool carries_plans() const { return kind == kA8Panels || kind == kGGUFRows; }
+  // Whether the kernel asks for a plan's lines as it goes: the int8-activation panels.
+  bool carries_plans() const { return kind == kA8Panels; }
 
   // `plan` (or none): lines the kernel asks for as it goes (prefetch_plan_cpu.h) where it
   // carries_plans(); the other kinds ignore it.
@@ -89,10 +88,9 @@ struct LinearRef {
       return y;
     }
     if (kind == kBf16) return bf16_linear(x, t[0], bias, rows);  // rows: its torch_rows
-    torch::Tensor y =
-        kind == kGGUFPanels ? gguf_linear(x, fmt, N, t[0], t[1], t[2], t[3], t[4], rows)
-        : kind == kA8Panels ? a8_panel_linear_prefetching(x, fmt, t[0], t[1], t[2], N, plan)
-                            : gguf_a8_linear_prefetching(x, fmt, t[0], K, rows, plan);
+    torch::Tensor y = kind == kGGUFPanels
+                          ? gguf_linear(x, fmt, N, t[0], t[1], t[2], t[3], t[4], rows)
+                          : a8_panel_linear_prefetching(x, fmt, t[0], t[1], t[2], N, plan);
     if (bias) y.add_(*bias);
     return y;
   }
@@ -242,7 +240,7 @@ std::tuple<torch::Tensor, torch::Tensor> decode_layers(
 // A token embedding table as decode_steps looks rows up, with the kernel each format's
 // Python `embedding` calls (the same rows): kPacked here means a dense fp32 table [N, K]
 // (rows copied, as F.embedding does), kBf16 a bf16 table (rows widened, as .float() does),
-// kGGUFPanels gguf_embedding, kGGUFRows gguf_a8_rows, kA8Panels a8_panel_rows; the tensors of
+// kGGUFPanels gguf_embedding, kA8Panels a8_panel_rows; the tensors of
 // a LinearRef of that kind.
 struct EmbedRef {
   int64_t kind, fmt, N, K;
@@ -258,7 +256,6 @@ struct EmbedRef {
     switch (kind) {
       case kA8Panels: return a8_panel_rows(ids, fmt, t[0], t[1], t[2], N, K);
       case kGGUFPanels: return gguf_embedding(ids, fmt, N, t[0], t[1], t[2], t[3], t[4]);
-      case kGGUFRows: return gguf_a8_rows(ids, fmt, t[0], K);
       case kBf16: return t[0].index_select(0, ids).to(torch::kFloat);
       default: return t[0].index_select(0, ids);
     }

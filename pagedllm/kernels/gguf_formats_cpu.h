@@ -1,6 +1,6 @@
-// The GGUF block formats both GGUF kernels handle (quant_gguf_cpu.cpp: panels, exact;
-// quant_gguf_a8_cpu.cpp: the file's rows, int8 activations). Included inside each file's
-// anonymous namespace, after <cstdint>.
+// The GGUF block formats the GGUF kernels handle (quant_gguf_cpu.cpp: panels, exact;
+// quant_a8_panels_cpu.cpp and prompt_tiles_cpu.cpp: int8-activation panels). Included inside
+// each file's anonymous namespace, after <cstdint>.
 //
 // A weight is w = S (code - zero) + B, with S = d (x sub-scale for K types) per `group` values
 // along K, and B (affine formats only) = m (Q4_1) or -dmin x sub-min (Q4_K).

@@ -57,14 +57,8 @@ void silu_mul_span(const float* g, const float* u, float* o, int64_t n);
 torch::Tensor gguf_linear(torch::Tensor x, int64_t fmt, int64_t N, torch::Tensor q, torch::Tensor d,
                           torch::Tensor sc, torch::Tensor m, torch::Tensor mi,
                           int64_t in_register_rows);
-torch::Tensor gguf_a8_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
-                             int64_t int_rows);
-// gguf_a8_linear while `plan` (or none) asks for its lines between the integer path's row tiles
-torch::Tensor gguf_a8_linear_prefetching(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
-                                         int64_t int_rows, PrefetchPlan* plan);
 torch::Tensor gguf_embedding(torch::Tensor ids, int64_t fmt, int64_t N, torch::Tensor q,
                              torch::Tensor d, torch::Tensor sc, torch::Tensor m, torch::Tensor mi);
-torch::Tensor gguf_a8_rows(torch::Tensor ids, int64_t fmt, torch::Tensor w, int64_t K);
 torch::Tensor a8_panel_rows(torch::Tensor ids, int64_t fmt, torch::Tensor codes, torch::Tensor d,
                             torch::Tensor m, int64_t N, int64_t K);
 torch::Tensor a8_panel_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes, torch::Tensor d,
@@ -92,8 +86,6 @@ torch::Tensor gguf_grouped_linear(torch::Tensor x, int64_t fmt, int64_t N, torch
                                   torch::Tensor d, torch::Tensor sc, torch::Tensor m,
                                   torch::Tensor mi, torch::Tensor offsets,
                                   int64_t in_register_rows);
-torch::Tensor gguf_a8_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tensor w, int64_t K,
-                                     torch::Tensor offsets, int64_t int_rows);
 torch::Tensor a8_panel_grouped_linear(torch::Tensor x, int64_t fmt, torch::Tensor codes,
                                       torch::Tensor d, torch::Tensor m, int64_t N,
                                       torch::Tensor offsets);

@@ -48,7 +48,6 @@ struct ExpertsRef {
       case kPacked: return grouped_packed_linear(xs, t[0], N, offsets);
       case kGGUFPanels:
         return gguf_grouped_linear(xs, fmt, N, t[0], t[1], t[2], t[3], t[4], offsets, rows);
-      case kGGUFRows: return gguf_a8_grouped_linear(xs, fmt, t[0], K, offsets, rows);
       // rows: the group size from which x is rounded for the bf16 dot product; this CPU's ISA
       case kBf16: return bf16_grouped_linear(xs, t[0], N, offsets, rows, "");
       default: return a8_panel_grouped_linear(xs, fmt, t[0], t[1], t[2], N, offsets);

@@ -1,5 +1,5 @@
 // SIMD vocabulary and the fp32 panel micro-kernel shared by the GGUF kernels
-// (quant_gguf_cpu.cpp: weights in panels; quant_gguf_a8_cpu.cpp: weights in GGUF rows) and the
+// (quant_gguf_cpu.cpp: weights in panels; the int8-activation panels) and the
 // varlen attention kernel and the sampler (varlen_attention_cpu.cpp, sampling_cpu.cpp: lane
 // masks and e^x).
 // Included inside each file's anonymous namespace, after <immintrin.h>, <cstdint> and

@@ -150,7 +150,7 @@ def load_gguf_checkpoint(
 ) -> Checkpoint:
     """Load ``path`` quantized (see the module docstring) or dense from its cache entry,
     converting and caching what is missing first. `int8_activations`: the quantized weights
-    stay in the file's layout for the int8-activation kernels (`quant.gguf_a8`)."""
+    are repacked into the int8-activation kernels' panels (`quant.gguf_a8_panels`)."""
     start = time.perf_counter()
     if quantization == "int8":
         warn_int8_of_quantized(path)

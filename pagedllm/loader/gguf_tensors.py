@@ -24,7 +24,7 @@ from transformers import PretrainedConfig
 from pagedllm.loader import gguf_moe
 from pagedllm.loader.errors import UnsupportedModelError
 from pagedllm.loader.gguf_reader import GGUFFile, hf_shape
-from pagedllm.model.layers.quant import QuantizedWeight, gguf_a8
+from pagedllm.model.layers.quant import QuantizedWeight, gguf_a8_panels
 from pagedllm.model.layers.quant import gguf as gguf_quant
 from pagedllm.model.layers.quant.gguf_matrix import GGUFMatrix
 
@@ -68,10 +68,10 @@ def iter_gguf_quantized(
     unbuilt: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight | GGUFMatrix]]:
     """Yield ``(hf_name, weight)``: block-quantized matrices as `GGUFWeight` (kept quantized;
-    `GGUFA8Weight` in the file's row layout with `int8_activations`), F32/F16/BF16 tensors as
+    `GGUFA8PanelWeight` panels with `int8_activations`), F32/F16/BF16 tensors as
     float32 tensors (the architecture's value fixes applied). `unbuilt`: each 2-D quantized
     matrix as a `GGUFMatrix` (the file's bytes, for a tensor-parallel rank to cut)."""
-    make = gguf_a8.gguf_a8_weight if int8_activations else gguf_quant.gguf_weight
+    make = gguf_a8_panels.gguf_a8_weight if int8_activations else gguf_quant.gguf_weight
     if unbuilt:
         def make(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> GGUFMatrix:
             qtype, shape = gguf_quant.matrix_type_and_shape(tensor)

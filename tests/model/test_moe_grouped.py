@@ -140,7 +140,7 @@ def quantized_experts(qtype_name: str, int8_activations: bool) -> StackedExperts
     from gguf import GGMLQuantizationType as T
 
     from pagedllm.model.layers.quant.gguf import GGUFWeight
-    from pagedllm.model.layers.quant.gguf_a8 import a8_weight_from_blocks
+    from pagedllm.model.layers.quant.gguf_a8_panels import a8_weight_from_blocks
     from tests.model.quant.test_gguf_formats import random_blocks
 
     qtype = T[qtype_name]

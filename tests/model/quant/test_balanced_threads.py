@@ -18,7 +18,6 @@ from pagedllm.model.layers.attention_backends.cpu import CPUBackend
 from pagedllm.model.layers.quant import gguf as gguf_weights
 from pagedllm.model.layers.quant.bf16 import Bf16Weight
 from pagedllm.model.layers.quant.dense import dense_method
-from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
 from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight
 from pagedllm.model.layers.quant.int4 import Int4GroupWeight
 from pagedllm.model.layers.quant.int8 import Int8Weight
@@ -51,20 +50,20 @@ def _panels(qtype, n: int, k: int, seed: int) -> GGUFA8PanelWeight:
 
 def _formats(n: int, k: int) -> dict:
     """Each format's [n, k] weight as its LinearMethod (each split over its panels / blocks of
-    output columns, or the GGUF row kernel's 16-row tiles)."""
+    output columns)."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(10))
     g = torch.Generator().manual_seed(11)
     q4, z4 = torch.randint(0, 16, (n, k), generator=g), torch.randint(0, 16, (n, 2), generator=g)
     s4 = torch.rand(n, 2, generator=g) * 0.1
     kernels = cpu_ops.load()
-    if kernels is None or not gguf_weights.available() or cpu_ops.load_with("gguf_a8") is None:
+    if kernels is None or not gguf_weights.available() or cpu_ops.load_with("a8_panels") is None:
         pytest.fail("the CPU kernels did not build")
     q4_k = gguf.GGMLQuantizationType.Q4_K
     return {"fp32": dense_method(w, keep_dense=False), "bf16": Bf16Weight(kernels, w, 10 ** 6),
             "int8": Int8Weight.quantize(w), "w8a8": Int8Weight.quantize(w, w8a8=True),
             "int4": Int4GroupWeight(q4, z4, s4, k // 2),
             "gguf_q4_k": gguf_weights.GGUFWeight.from_blocks(q4_k, random_blocks(q4_k, n, k), (n, k)),
-            "gguf_a8_q4_k": GGUFA8Weight.from_blocks(q4_k, random_blocks(q4_k, n, k), (n, k))}
+            "a8_panels_q4_k": GGUFA8PanelWeight.from_blocks(q4_k, random_blocks(q4_k, n, k), (n, k))}
 
 
 @pytest.mark.parametrize("rows", [1, 64, 300])

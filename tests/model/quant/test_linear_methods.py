@@ -13,7 +13,6 @@ from pagedllm.model.layers.linear import Linear
 from pagedllm.model.layers.parallel import tensor_parallel_layers
 from pagedllm.model.layers.quant import LinearMethod, concat_quantized, gguf, gguf_a8_panels
 from pagedllm.model.layers.quant.dense import DenseWeight, TransposedWeight, dense_method
-from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
 from pagedllm.model.layers.quant.int4 import Int4GroupWeight
 from pagedllm.model.layers.quant.int8 import Int8Weight
 from tests.model.quant.test_gguf_formats import random_blocks
@@ -52,12 +51,11 @@ def _formats() -> dict[str, LinearMethod]:
         blocks = random_blocks(T.Q4_1, N, K)
         out["gguf"] = gguf.GGUFWeight.from_blocks(T.Q4_1, blocks, (N, K))
         out["stacked"] = concat_quantized([out["gguf"], Int8Weight.quantize(w)])
-    if cpu_ops.load_with("gguf_a8") is not None:
-        out["gguf_a8"] = GGUFA8Weight.from_blocks(T.Q4_K, random_blocks(T.Q4_K, N, 256),
-                                                  (N, 256))
     if gguf_a8_panels.kernels() is not None:
         out["a8_panels"] = gguf_a8_panels.GGUFA8PanelWeight.from_blocks(
             T.Q8_0, random_blocks(T.Q8_0, N, K), (N, K))
+        out["a8_panels_q4_k"] = gguf_a8_panels.GGUFA8PanelWeight.from_blocks(
+            T.Q4_K, random_blocks(T.Q4_K, N, 256), (N, 256))
     return out
 
 

@@ -4,7 +4,6 @@ Each format keeps its dense linear's layout, one more leading dimension over the
 one pointer + stride reaches expert e and each work item runs that linear's own per-panel code:
 
     gguf:T       GGUFWeight panels       q [E, P, K, RB], d / sc / m / mi [E, ...]
-    gguf:T+a8    GGUFA8Weight rows       rows [E, N, K / block * block bytes]
     gguf:T+a8    GGUFA8PanelWeight       codes [E, P, K / 32, lanes, NB, 4], d / m [E, ...]
     int8         Int8Weight              qp [E, P, K, NB] (W8A8: uint8 [E, P, K32 / 4, NB, 4]),
                                          scale [E, P * NB]
@@ -22,10 +21,9 @@ import torch
 
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.moe.grouped import GroupedLinear
-from pagedllm.model.layers.quant import gguf, gguf_a8, gguf_a8_panels
+from pagedllm.model.layers.quant import gguf, gguf_a8_panels
 from pagedllm.model.layers.quant.base import QuantizedWeight
 from pagedllm.model.layers.quant.gguf import GGUFWeight
-from pagedllm.model.layers.quant.gguf_a8 import GGUFA8Weight
 from pagedllm.model.layers.quant.gguf_a8_panels import GGUFA8PanelWeight
 from pagedllm.model.layers.quant.int8 import Int8Weight
 
@@ -80,19 +78,6 @@ def _gguf(parts: Sequence[GGUFWeight]) -> tuple[GroupedLinear, list[QuantizedWei
     return StackedQuantized(parts, fields, call, ref), views
 
 
-def _gguf_a8_rows(parts: Sequence[GGUFA8Weight]) -> tuple[GroupedLinear, list[QuantizedWeight]]:
-    first = parts[0]
-    fields = {"rows": torch.stack([p.rows for p in parts])}
-    ops, code, k = gguf_a8.kernels(), first.code, first.in_features
-
-    def call(xs, offsets, rows):
-        return ops.gguf_a8_grouped_linear(xs, code, rows, k, offsets, gguf_a8.INT_ROWS)
-
-    views = [GGUFA8Weight(first.qtype, k, fields["rows"][e]) for e in range(len(parts))]
-    ref = (gguf_a8.FUSED_KIND, code, gguf_a8.INT_ROWS)
-    return StackedQuantized(parts, fields, call, ref), views
-
-
 def _a8_panels(parts: Sequence[GGUFA8PanelWeight]) -> tuple[GroupedLinear,
                                                            list[QuantizedWeight]]:
     first = parts[0]
@@ -136,15 +121,14 @@ def _built(parts: Sequence[QuantizedWeight]) -> bool:
                     and first.code_offset == ops.w8a8_code_offset())
         return hasattr(ops, "int8_grouped_linear")
     ops, name = {GGUFWeight: (gguf.kernels, "gguf_grouped_linear"),
-                 GGUFA8Weight: (gguf_a8.kernels, "gguf_a8_grouped_linear"),
                  GGUFA8PanelWeight: (gguf_a8_panels.kernels, "a8_panel_grouped_linear"),
                  }[type(first)]
     return hasattr(ops(), name)
 
 
 # format class -> its stacker
-_STACKERS: dict[type, Callable] = {GGUFWeight: _gguf, GGUFA8Weight: _gguf_a8_rows,
-                                   GGUFA8PanelWeight: _a8_panels, Int8Weight: _int8}
+_STACKERS: dict[type, Callable] = {GGUFWeight: _gguf, GGUFA8PanelWeight: _a8_panels,
+                                   Int8Weight: _int8}
 
 
 def _same_layout(parts: Sequence[QuantizedWeight]) -> bool:

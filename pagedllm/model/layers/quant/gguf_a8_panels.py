@@ -6,7 +6,7 @@ a Q8_0 embedding and tied lm_head; the common Q4_0 / Q8_0 files) are repacked on
 into panels of `NB` output rows (pagedllm/kernels/quant_a8_panels_cpu.cpp draws the layout),
 four consecutive codes of a row in one 32-bit lane, where AVX-512 VNNI's `vpdpbusd` (or
 AVX2's `maddubs`) multiplies 4 codes by 4 int8 activations per lane. Each row of x is quantized
-per 32 values, as the row kernel of `gguf_a8` does for the other block types, and every batch
+per 32 values (round to nearest, d = max|x| / 127), and every batch
 size runs integer dot products: a decode step reads the file's bytes with a fraction of a
 per-row kernel's instructions, and large batches and prefill get past the fp32 path's FMA
 ceiling (the issue's W8A8 for Q8_0).
@@ -32,12 +32,18 @@ from functools import cache
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGMLQuantizationType, ReaderTensor
 
+from pagedllm.errors import EngineError
 from pagedllm.kernels import cpu_ops
 from pagedllm.model.layers.quant import prompt_rows
 from pagedllm.model.layers.quant.base import LinearMethod, QuantizedWeight
-from pagedllm.model.layers.quant.gguf import SPECS, checked_rows, decode_blocks
+from pagedllm.model.layers.quant.gguf import (
+    SPECS,
+    checked_rows,
+    decode_blocks,
+    matrix_type_and_shape,
+)
 
 T = GGMLQuantizationType
 _BLOCK = 32
@@ -291,3 +297,20 @@ class GGUFA8PanelWeight(QuantizedWeight):
         m = torch.cat([r[2] for r in rows]) if qtype in _AFFINE else None
         return cls.from_rows(qtype, torch.cat([r[0] for r in rows]),
                              torch.cat([r[1] for r in rows]), m)
+
+
+def gguf_a8_weight(tensor: ReaderTensor, row_order: np.ndarray | None = None) -> QuantizedWeight:
+    """`gguf.gguf_weight`'s contract for the int8-activation kernels: the matrix in panels."""
+    qtype, shape = matrix_type_and_shape(tensor)
+    return a8_weight_from_blocks(qtype, np.asarray(tensor.data), shape, row_order, tensor.name)
+
+
+def a8_weight_from_blocks(qtype: T, blocks: np.ndarray, shape: tuple[int, int],
+                          row_order: np.ndarray | None = None,
+                          name: str = "tensor") -> GGUFA8PanelWeight:
+    """`gguf_a8_weight` from raw GGUF bytes [N, K / block * block bytes] of HF shape (N, K);
+    a clear error where this machine's kernels lack the panels (a build without AVX2)."""
+    if kernels() is None:
+        raise EngineError("GGUF int8-activation kernels are not built on this machine "
+                          "(run without --int8-activations)")
+    return GGUFA8PanelWeight.from_blocks(qtype, blocks, shape, row_order=row_order, name=name)

@@ -1,7 +1,7 @@
 """A GGUF block-quantized matrix before its kernel layout is built: what tensor parallelism
 slices.
 
-Each kernel layout (`gguf.GGUFWeight` panels, `gguf_a8` rows, `gguf_a8_panels`) is built once
+Each kernel layout (`gguf.GGUFWeight` panels, `gguf_a8_panels`) is built once
 from the file's bytes. A tensor-parallel rank needs only part of each matrix, so the loader can
 hand over the file's rows unbuilt (`iter_gguf_quantized(..., unbuilt=True)`); the rank picks
 its rows (output features: a column-parallel q/k/v/gate/up, a vocabulary shard) or its columns
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from pagedllm.model.layers.quant import gguf_a8
+from pagedllm.model.layers.quant import gguf_a8_panels
 from pagedllm.model.layers.quant.base import QuantizedWeight
 from pagedllm.model.layers.quant.gguf import SPECS, GGUFWeight, checked_rows
 
@@ -85,6 +85,6 @@ class GGUFMatrix:
     def build(self) -> QuantizedWeight:
         """The kernel layout of these bytes, as the loader would have built it."""
         if self.int8_activations:
-            return gguf_a8.a8_weight_from_blocks(self.qtype, self.blocks(), self.shape,
-                                                 name=self.name)
+            return gguf_a8_panels.a8_weight_from_blocks(self.qtype, self.blocks(), self.shape,
+                                                        name=self.name)
         return GGUFWeight.from_blocks(self.qtype, self.blocks(), self.shape, name=self.name)
