@@ -88,7 +88,7 @@ def test_decode_matches_dense(block_size, use_kernel, window):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8], ids=str)
 @pytest.mark.parametrize("window", [None, 20])
-@pytest.mark.parametrize("d", [64, 128, 80])
+@pytest.mark.parametrize("d", [64, 128, 256, 80])
 def test_kernel_decode_alone_equals_batched(dtype, window, d):
     """The C++ kernel splits one sequence across threads (fewer sequences than threads: by
     chunks of its tokens and KV heads, or whole chunks once they are many) and a batch by
