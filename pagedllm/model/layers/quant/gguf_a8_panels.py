@@ -6,7 +6,7 @@ a Q8_0 embedding and tied lm_head; the common Q4_0 / Q8_0 files) are repacked on
 into panels of `NB` output rows (pagedllm/kernels/quant_a8_panels_cpu.cpp draws the layout),
 four consecutive codes of a row in one 32-bit lane, where AVX-512 VNNI's `vpdpbusd` (or
 AVX2's `maddubs`) multiplies 4 codes by 4 int8 activations per lane. Each row of x is quantized
-per 32 values (round to nearest, d = max|x| / 127), and every batch
+per 32 values (d = max|x| / 127, codes rounded half to even), and every batch
 size runs integer dot products: a decode step reads the file's bytes with a fraction of a
 per-row kernel's instructions, and large batches and prefill get past the fp32 path's FMA
 ceiling (the issue's W8A8 for Q8_0).
