@@ -470,7 +470,8 @@ static void scores_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
 
 // acc [h1 - h0, d] += the softmax weights (scores, as scores_range laid them out) times the V
 // rows of tokens [t_a, t_b): a tile's rows once, then kHeads heads at a time with their sums
-// in registers, NVC vectors of columns at a time (below); stored between tiles: exact, so a head's sums do not depend on its neighbours.
+// in registers, NVC vectors of columns at a time (below); stored between tiles: exact, so a
+// head's sums do not depend on its neighbours.
 // With GQA and room for a row's vectors beside the sums, a chunk's heads share one KV head,
 // whose rows tile_values (shared) converts once for all of them.
 template <int NV, typename T>
@@ -596,6 +597,19 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
     }
   }
 }
+
+// fn(integral_constant<NV>) for a head size the tiles take (64, 128, 256: NV vectors a
+// row); false for the others, which run the per-token path. One list for both of decode's
+// paths.
+template <typename Fn>
+static inline bool with_tile_head(int64_t d, Fn&& fn) {
+  switch (d) {
+    case 64: fn(std::integral_constant<int, 64 / kVW>{}); return true;
+    case 128: fn(std::integral_constant<int, 128 / kVW>{}); return true;
+    case 256: fn(std::integral_constant<int, 256 / kVW>{}); return true;
+    default: return false;
+  }
+}
 #endif
 
 // Work items: with at least as many sequences as threads, one per sequence, where each cached
@@ -618,18 +632,11 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
   // us; a 64-token head split ran slower than one thread)
   const bool split = D < at::get_num_threads() && tokens >= kSplitTokens;
 #if defined(PAGEDLLM_PA_TILES)
-  if (split && kTiles<T> && (d == 64 || d == 128 || d == 256)) {
-    if (d == 64)
-      decode_split<64 / kVW, T>(op, qp, kp, vp, ks, vs, bt, lens, D, H, d, bs, kvh, max_blocks,
-                                fscale, window, q_stride);
-    else if (d == 128)
-      decode_split<128 / kVW, T>(op, qp, kp, vp, ks, vs, bt, lens, D, H, d, bs, kvh,
-                                 max_blocks, fscale, window, q_stride);
-    else
-      decode_split<256 / kVW, T>(op, qp, kp, vp, ks, vs, bt, lens, D, H, d, bs, kvh,
-                                 max_blocks, fscale, window, q_stride);
+  if (split && kTiles<T> && with_tile_head(d, [&](auto nv) {
+        decode_split<decltype(nv)::value, T>(op, qp, kp, vp, ks, vs, bt, lens, D, H, d, bs, kvh,
+                                             max_blocks, fscale, window, q_stride);
+      }))
     return;
-  }
 #endif
   const int64_t per_seq = split ? 1 : H;  // query heads per work item
   const int64_t items_per_seq = H / per_seq;
@@ -714,10 +721,7 @@ static void decode(float* op, const float* qp, const T* kp, const T* vp, const u
         const int64_t last = std::min(items_per_seq, first + (run_end - it));
         const int64_t h0 = first * per_seq, h1 = last * per_seq;
 #if defined(PAGEDLLM_PA_TILES)
-        if (kTiles<T> && d == 64) attend_tiles(std::integral_constant<int, 64 / kVW>{}, b);
-        else if (kTiles<T> && d == 128) attend_tiles(std::integral_constant<int, 128 / kVW>{}, b);
-        else if (kTiles<T> && d == 256) attend_tiles(std::integral_constant<int, 256 / kVW>{}, b);
-        else
+        if (!(kTiles<T> && with_tile_head(d, [&](auto nv) { attend_tiles(nv, b); })))
 #endif
         attend(b, h0, h1);
         it += last - first;
