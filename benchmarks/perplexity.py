@@ -68,8 +68,8 @@ def window_nll(llm: LLM, tokens: list[int]) -> tuple[float, int]:
     # prompts there (PAGEDLLM_PROMPT_TILES; a model with such matrices), as
     # worker/model_runner.py scopes a step
     on_tiles = engine.runner.prompt_tiles_apply and cpu_features.prompt_tiles_on()
-    scope = prompt_rows.step_scope(prompt_rows.PromptRows(len(tokens))) if on_tiles \
-        else contextlib.nullcontext()
+    rows = prompt_rows.PromptRows(len(tokens), matrices=cpu_features.prompt_matrix_tiles_on())
+    scope = prompt_rows.step_scope(rows) if on_tiles else contextlib.nullcontext()
     with scope:
         hidden = engine.model(batch.input_ids, batch.positions, batch.max_pos,
                               engine.cache.layer_caches, batch.meta)

@@ -38,8 +38,9 @@ struct TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 
-// Which tiles the int8-activation kernels use at run time.
-enum class TileMode : int { kOff = 0, kAmx = 1, kEmulated = 2 };
+// Which tiles the int8-activation kernels use at run time (kVector: the bf16 tiles on AVX-512
+// BF16 vectors, VecTiles below; prompt rows only).
+enum class TileMode : int { kOff = 0, kAmx = 1, kEmulated = 2, kVector = 3 };
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define PAGEDLLM_HAVE_AMX 1
@@ -110,22 +111,33 @@ inline std::string tile_mode_name(TileMode mode) {
   switch (mode) {
     case TileMode::kAmx: return "amx";
     case TileMode::kEmulated: return "emulated";
+    case TileMode::kVector: return "vector";
     default: return "off";
   }
 }
 
 // The TileMode `name` chooses for `what` (say "int8 tiles"): off is off; auto is amx where
 // `auto_amx` (the family's tiles were measured faster than its other path on an AMX machine),
-// the build has them and the OS grants the tile state, else off; amx where the build has them
-// (else `amx_missing` says what it lacks) and the OS grants the tile state; emulated where the
-// kernel is built (else `emulated_missing`). Anything else, or a choice that cannot run, is
-// std::invalid_argument (a ValueError in Python).
+// the build has them and the OS grants the tile state, else `auto_vector` (vector tiles the
+// build has, or off); amx where the build has them (else `amx_missing` says what it lacks)
+// and the OS grants the tile state; emulated where the kernel is built (else
+// `emulated_missing`); vector for a family that has the form (`vector_missing` not null:
+// what the build lacks when `vector_built` is false). Anything else, or a choice that cannot
+// run, is std::invalid_argument (a ValueError in Python).
 inline TileMode choose_tiles(const std::string& what, const std::string& name, bool amx_built,
                              const char* amx_missing, bool emulated_built,
-                             const char* emulated_missing, bool auto_amx = false) {
-  if (name == "auto")
-    return auto_amx && amx_built && amx_permitted() ? TileMode::kAmx : TileMode::kOff;
+                             const char* emulated_missing, bool auto_amx = false,
+                             bool vector_built = false, const char* vector_missing = nullptr,
+                             TileMode auto_vector = TileMode::kOff) {
+  if (name == "auto") {
+    if (auto_amx && amx_built && amx_permitted()) return TileMode::kAmx;
+    return vector_built ? auto_vector : TileMode::kOff;
+  }
   if (name == "off") return TileMode::kOff;
+  if (name == "vector" && vector_missing != nullptr) {
+    if (!vector_built) throw std::invalid_argument(what + " 'vector': " + vector_missing);
+    return TileMode::kVector;
+  }
   if (name == "amx") {
     if (!amx_built) throw std::invalid_argument(what + " 'amx': " + amx_missing);
     if (!amx_permitted())
@@ -137,7 +149,9 @@ inline TileMode choose_tiles(const std::string& what, const std::string& name, b
     if (!emulated_built) throw std::invalid_argument(what + " 'emulated': " + emulated_missing);
     return TileMode::kEmulated;
   }
-  throw std::invalid_argument(what + " must be auto, amx, emulated or off, got '" + name + "'");
+  throw std::invalid_argument(what + " must be auto, amx, emulated" +
+                              (vector_missing != nullptr ? ", vector" : "") + " or off, got '" +
+                              name + "'");
 }
 
 // The tiles in software: each thread's eight registers, the instructions' definitions.
@@ -208,6 +222,70 @@ struct EmuTiles {
       }
   }
 };
+
+// The bf16 tiles on AVX-512 BF16 vectors (Zen 4 on, Cooper Lake): TDPBF16PS as 256 VDPBF16PS
+// a product, for CPUs without AMX. A load keeps the operand's address (the kernels leave an
+// operand in place until the products that read it are done); the C tiles live in memory (L1,
+// 4 KB a thread). C row r's 16 lanes take the k pairs in order, each VDPBF16PS adding one
+// pair's two products (exact in fp32) to the lane: the tiles' sums in their order. Loads go
+// to tiles 4-7 and products to C tiles 0-3, as every bf16 kernel here uses them.
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define PAGEDLLM_HAVE_VEC_BF16 1
+struct VecTiles {
+  struct State {
+    alignas(64) float c[4][16][16];
+    const uint8_t* p[8];
+    int64_t stride[8];
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+  static void config(const TileConfig&) {}
+  static void release() {}
+  template <int T> static void zero() {
+    static_assert(T < 4, "C tiles are 0-3");
+    for (int r = 0; r < 16; ++r) _mm512_store_ps(state().c[T][r], _mm512_setzero_ps());
+  }
+  template <int T> static void load(const void* p, int64_t stride) {
+    static_assert(T >= 4 && T < 8, "operands are tiles 4-7");
+    state().p[T] = static_cast<const uint8_t*>(p);
+    state().stride[T] = stride;
+  }
+  template <int T> static void store(void* p, int64_t stride) {
+    static_assert(T < 4, "C tiles are 0-3");
+    for (int r = 0; r < 16; ++r)
+      _mm512_storeu_ps(static_cast<uint8_t*>(p) + r * stride, _mm512_load_ps(state().c[T][r]));
+  }
+  template <int C, int A, int B> static void dpbf16ps() {
+    State& s = state();
+    __m512bh b[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k)
+      b[k] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(s.p[B] + k * s.stride[B]));
+    const uint8_t* a = s.p[A];
+    const int64_t sa = s.stride[A];
+    for (int r0 = 0; r0 < 16; r0 += 8) {  // 8 rows' chains at a time: the adds' latency
+      __m512 acc[8];
+      for (int i = 0; i < 8; ++i) acc[i] = _mm512_load_ps(s.c[C][r0 + i]);
+#pragma GCC unroll 16
+      for (int k = 0; k < 16; ++k)
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          // the A pair as the instruction's broadcast memory operand (GCC does not fold an
+          // _mm512_set1_epi32 into it: one instruction less a product)
+          const int32_t* pair = reinterpret_cast<const int32_t*>(a + (r0 + i) * sa + 4 * k);
+          asm("vdpbf16ps %[m]%{1to16%}, %[b], %[acc]"
+              : [acc] "+v"(acc[i])
+              : [b] "v"(b[k]), [m] "m"(*pair));
+        }
+      for (int i = 0; i < 8; ++i) _mm512_store_ps(s.c[C][r0 + i], acc[i]);
+    }
+  }
+};
+#else
+#define PAGEDLLM_HAVE_VEC_BF16 0
+#endif
 
 // The tile configuration of `mode` loaded for the lifetime of the object (one thread's share
 // of a kernel call), released after: another library's AMX code (oneDNN's bf16 matmul)

@@ -24,7 +24,9 @@ a prompt position, never because of its batch: model/layers/quant/prompt_rows.py
 PAGEDLLM_PROMPT_TILES chooses the same way, but its auto is amx wherever the build, CPU and OS
 run the tiles: on a Sapphire Rapids class Xeon they prefill 1.4-1.6x the int8 panels' speed
 and score a lower perplexity (14.94 against 14.996 int8, 14.95 exact fp32; docs/benchmarks.md);
-amx, emulated (tests), off.
+else vector where the build has AVX-512 BF16 (Zen 4 class): the tiles' products as VDPBF16PS
+vector dot products, for the prompt rows' attention only (the int8 panels' VNNI out-runs them
+on the matrices); amx, vector, emulated (tests), off.
 
 The default dtype follows the CPU instead (torch's bf16 matmul, oneDNN, dispatches at run
 time): `--dtype auto` may pick bf16 linear weights where the CPU has amx_bf16 or avx512_bf16
@@ -85,7 +87,7 @@ def int8_dot_isa() -> str | None:
 
 
 INT8_TILES = ("auto", "amx", "emulated", "off")
-PROMPT_TILES = INT8_TILES
+PROMPT_TILES = ("auto", "amx", "vector", "emulated", "off")
 
 
 class TilesUnavailableError(InvalidInputError):
@@ -126,8 +128,9 @@ def int8_tiles() -> str | None:
 
 
 def prompt_tiles() -> str | None:
-    """The tiles the GGUF panels' prompt rows run on ("amx", "emulated", "off"; bf16 over
-    weights dequantized per call), None without the C++ kernels."""
+    """The tiles the GGUF panels' prompt rows run on ("amx", "vector", "emulated", "off"; bf16
+    over weights dequantized per call; vector: their attention only), None without the C++
+    kernels."""
     from pagedllm.kernels import cpu_ops
 
     ops = cpu_ops.load()
@@ -136,10 +139,17 @@ def prompt_tiles() -> str | None:
 
 def prompt_tiles_on() -> bool:
     """Whether a step's prompt rows go to the tiles now: the core kernels are loaded (this
-    never builds them) and their prompt tiles are amx or emulated."""
+    never builds them) and their prompt tiles are amx, vector or emulated."""
     from pagedllm.kernels import cpu_ops
 
     return "core" in cpu_ops.loaded_families() and prompt_tiles() != "off"
+
+
+def prompt_matrix_tiles_on() -> bool:
+    """Whether the panel matrices run the prompt rows on the tiles too (amx, emulated), not
+    only their attention (vector: AVX-512 BF16 dot products lose to the int8 panels' VNNI
+    on the matrices, 0.56x at a 512-token prefill on a Zen 4 class VM)."""
+    return prompt_tiles_on() and prompt_tiles() != "vector"
 
 
 def default_int8_activations() -> bool:

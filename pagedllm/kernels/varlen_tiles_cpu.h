@@ -18,7 +18,10 @@
 // lane of Q^T once per item (write_query_block); K and V^T are packed once per call for each
 // (sequence, KV head), bf16, keys from the first any prompt row sees (a multiple of 32) to
 // past the last, zero beyond the sequence. Q x scale, K, V and p are rounded to bf16;
-// sums and the softmax are fp32. Two blocks go through a chunk together (attend_tiles). HwTiles on an AMX-bf16 build, EmuTiles (the software model) for tests elsewhere.
+// sums and the softmax are fp32. Two blocks go through a chunk together (attend_tiles).
+// HwTiles on an AMX-bf16 build; VecTiles (VDPBF16PS) on an AVX-512 BF16 build without AMX
+// (Zen 4 class: a 2,000-token prefill 1.2x faster than on the fp32 kernel, 512 tokens 1.1x);
+// EmuTiles (the software model) for tests elsewhere.
 // Included inside varlen_attention_cpu.cpp's anonymous namespace, after its Layout,
 // BlockState and load_chunk.
 #pragma once

@@ -236,8 +236,9 @@ class ModelRunner:
             return contextlib.nullcontext()
         prompt_lens = np.fromiter((s.request.num_prompt_tokens for s in batch.order), np.int64,
                                   len(batch.order))
-        return prompt_rows.step_scope(
-            prompt_rows.PromptRows.build(batch.host.q_lens, batch.host.starts, prompt_lens))
+        return prompt_rows.step_scope(prompt_rows.PromptRows.build(
+            batch.host.q_lens, batch.host.starts, prompt_lens,
+            matrices=cpu_features.prompt_matrix_tiles_on()))
 
     def _lora_step(self, batch):
         """The adapters' row -> slot mapping, scoped to this forward pass (LoRA on)."""

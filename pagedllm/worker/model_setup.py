@@ -99,7 +99,8 @@ def build_model(ckpt: Checkpoint, config: EngineConfig, tp=None) -> nn.Module:
         weights = tp[0].shard_weights(weights)
     model.load_weights(weights)
     model.eval()
-    if tp is None and config.torch_device.type == "cpu" and cpu_features.prompt_tiles_on():
+    if (tp is None and config.torch_device.type == "cpu"
+            and cpu_features.prompt_matrix_tiles_on()):
         prompt_tile_weights.keep_tiles(model)  # one rank: its prompt rows run on the tiles
     if config.torch_device.type == "cpu":
         weight_arena.into_huge_pages(model)  # the kept tiles too

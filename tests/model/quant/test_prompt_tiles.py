@@ -5,10 +5,12 @@ not depend on the other rows of its call; through the engine a prompt's tokens a
 do not depend on chunking, prefix caching or batching, and only prompt positions take the
 tiles.
 
-The tiles run two ways here: `emulated` (the software model of AMX's tiles, the same kernel
-code around it: any AVX-512 BW build) and `amx` (TDPBF16PS, on a CPU with AMX-bf16; skipped
-elsewhere with the reason). The default (auto) is amx wherever they run, else off
-(cpu_features.py)."""
+The tiles run three ways here: `emulated` (the software model of AMX's tiles, the same kernel
+code around it: any AVX-512 BW build), `amx` (TDPBF16PS, on a CPU with AMX-bf16) and `vector`
+(VDPBF16PS, on a CPU with AVX-512 BF16), each skipped with the reason where the CPU lacks it.
+The default (auto) is amx wherever it runs, else vector, else off (cpu_features.py); under
+vector the engine sends only the prompt rows' attention to the tiles, their matrices stay on
+the int8 panels."""
 
 from __future__ import annotations
 
@@ -41,7 +43,12 @@ def _why_not(mode: str) -> str | None:
         return f"PAGEDLLM_CPU_MARCH={cpu_ops._march()}: not this CPU's build"
     if mode == "amx" and "amx_bf16" not in flags:
         return "this CPU has no AMX-bf16 (amx_bf16 not in /proc/cpuinfo)"
+    if mode == "vector" and "avx512_bf16" not in flags:
+        return "this CPU has no AVX-512 BF16 (avx512_bf16 not in /proc/cpuinfo)"
     return None
+
+
+MODES = ["emulated", "amx", "vector"]
 
 
 def prompt_tiles(ops, mode: str):
@@ -68,7 +75,7 @@ def _bf16_reference(x: torch.Tensor, w: GGUFA8PanelWeight) -> tuple[torch.Tensor
     return xb @ wb.T, xb.abs() @ wb.abs().T
 
 
-@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("qtype", PANEL_TYPES)
 @pytest.mark.parametrize("n,k", [(70, 256), (33, 96), (64, 64), (32, 1536)])
 def test_kernel_equals_bf16_product(ops, mode, qtype, n, k):
@@ -94,7 +101,7 @@ def test_kernel_equals_bf16_product(ops, mode, qtype, n, k):
             assert err < 1e-6, f"M={m}: relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 def test_rows_do_not_depend_on_the_call(ops, mode, qtype):
     """A row alone, in a 16-row tile or in the second tile of a 32-row pass: the same bits."""
@@ -109,7 +116,7 @@ def test_rows_do_not_depend_on_the_call(ops, mode, qtype):
             assert torch.equal(alone[0], whole[r]), f"row {r}"
 
 
-@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("gu_type, down_type", [("Q4_1", "Q4_1"), ("Q8_0", "Q4_0")])
 def test_mlp_is_the_three_calls(ops, mode, gu_type, down_type):
     """a8_panel_bf16_mlp gives the bits of bf16 linear, silu_mul, bf16 linear, for row
@@ -136,7 +143,7 @@ def test_mlp_is_the_three_calls(ops, mode, gu_type, down_type):
             bf16_mlp(ops, x, gu, down, inter=40)
 
 
-@pytest.mark.parametrize("mode", ["emulated", "amx"])
+@pytest.mark.parametrize("mode", MODES)
 def test_q6_k_down_in_the_mlp(ops, mode):
     """A Q4_K_M file's MLP: Q4_K gate / up, Q6_K down (a scale every 16 values) on the prompt
     tiles, the bits of the three calls."""
@@ -149,15 +156,16 @@ def test_q6_k_down_in_the_mlp(ops, mode):
         assert torch.equal(bf16_mlp(ops, x, gu, down), want)
 
 
-def test_amx_equals_the_software_model_closely(ops):
-    """Where the CPU has AMX-bf16: the instructions against the model (the hardware may
-    flush denormals and sum a pair at once: close, not necessarily equal)."""
+@pytest.mark.parametrize("mode", ["amx", "vector"])
+def test_hardware_equals_the_software_model_closely(ops, mode):
+    """Where the CPU has the instructions (TDPBF16PS, VDPBF16PS) against the model (the
+    hardware may flush denormals and sum a pair at once: close, not necessarily equal)."""
     raw = random_blocks(gguf.GGMLQuantizationType.Q4_1, 96, 576, seed=5)
     w = GGUFA8PanelWeight.from_blocks(gguf.GGMLQuantizationType.Q4_1, raw, (96, 576))
     x = torch.randn(50, 576, generator=torch.Generator().manual_seed(6))
     with prompt_tiles(ops, "emulated"):
         model = bf16_linear(ops, x, w)
-    with prompt_tiles(ops, "amx"):
+    with prompt_tiles(ops, mode):
         hw = bf16_linear(ops, x, w)
     torch.testing.assert_close(hw, model, rtol=1e-5, atol=1e-4)
 
@@ -165,18 +173,24 @@ def test_amx_equals_the_software_model_closely(ops):
 def test_choices_and_errors(ops):
     with prompt_tiles(ops, "off"):
         assert ops.set_prompt_tiles("off") == "off"
-        with pytest.raises(ValueError, match="auto, amx, emulated or off"):
+        with pytest.raises(ValueError, match="auto, amx, emulated, vector or off"):
             ops.set_prompt_tiles("tiles")
-        try:  # can this build, CPU and OS run the tiles?
-            runs_amx = ops.set_prompt_tiles("amx") == "amx"
-        except ValueError:
-            runs_amx = False
-        # auto: the tiles wherever they run (measured faster than the int8 panels on AMX)
-        assert ops.set_prompt_tiles("auto") == ("amx" if runs_amx else "off")
+        runs = {}
+        for mode in ("amx", "vector"):  # can this build, CPU and OS run them?
+            try:
+                runs[mode] = ops.set_prompt_tiles(mode) == mode
+            except ValueError:
+                runs[mode] = False
+        # auto: the tiles wherever they run (measured faster than the int8 panels on AMX; on
+        # vectors for the attention, faster than the fp32 kernel on a Zen 4 class VM)
+        assert ops.set_prompt_tiles("auto") == next((m for m in runs if runs[m]), "off")
         ops.set_prompt_tiles("off")
         if "amx_bf16" not in cpu_features.cpu_flags():
             with pytest.raises(ValueError, match="built without AMX-bf16"):
                 ops.set_prompt_tiles("amx")
+        if "avx512_bf16" not in cpu_features.cpu_flags():
+            with pytest.raises(ValueError, match="built without AVX-512 BF16"):
+                ops.set_prompt_tiles("vector")
         raw = random_blocks(gguf.GGMLQuantizationType.Q8_0, 32, 64, seed=1)
         w = GGUFA8PanelWeight.from_blocks(gguf.GGMLQuantizationType.Q8_0, raw, (32, 64))
         with pytest.raises(RuntimeError, match="no prompt tiles chosen"):
@@ -267,6 +281,50 @@ def test_engine_prompts_on_tiles_do_not_depend_on_how_they_run(ops, q4_1_gguf, m
     assert all(a != (b.token_ids[0], b.logprobs[0][b.token_ids[0]].logprob)
                for a, b in zip(first, batched, strict=True))
     assert min(check_logprobs_close(a, b) for a, b in zip(int8, batched, strict=True)) >= 1
+
+
+@pytest.fixture(scope="module")
+def q4_1_gguf_d32(tmp_path_factory, tiny_tokenizer):
+    """The tiny model with two heads of 32 (one KV head): a head size the attention tiles
+    take (the default tiny model's 16 stays on the fp32 kernel)."""
+    root = tmp_path_factory.mktemp("prompt_tiles_d32")
+    src = make_tiny_checkpoint(root / "hf", "llama", tiny_tokenizer, tie_word_embeddings=True,
+                               num_attention_heads=2, num_key_value_heads=1)
+    return write_gguf(src, root / "q4_1.gguf", "llama", gguf.GGMLQuantizationType.Q4_1)
+
+
+def test_engine_vector_tiles_take_only_the_attention(ops, q4_1_gguf_d32, make_llm,
+                                                     monkeypatch):
+    """vector: the prompt rows' attention runs on the tiles, their matrices stay on the int8
+    panels (no bf16 matrix call, no bf16 tiles kept even when asked to keep them). The same
+    tokens and logprobs, to the bit, batched, alone in chunks of 16 tokens and from the
+    prefix cache; against the tiles off the first logprobs differ (the attention did run on
+    the tiles) and the outputs are close by vLLM's rule."""
+    calls = []
+    for name in ("a8_panel_bf16_linear", "a8_panel_bf16_mlp"):
+        kernel = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
+    monkeypatch.setenv(prompt_tile_weights.VARIABLE, "keep")
+    with prompt_tiles(ops, "vector"):
+        base = make_llm(q4_1_gguf_d32, enable_prefix_caching=True)
+        assert not any(_kept(base))
+        batched = _generate(base, PROMPTS)
+        cached = _generate(base, PROMPTS)
+        chunked_llm = make_llm(q4_1_gguf_d32, enable_prefix_caching=False,
+                               max_num_batched_tokens=16)
+        alone = [_generate(chunked_llm, [p])[0] for p in PROMPTS]
+    assert calls == []
+    with prompt_tiles(ops, "emulated"):  # (the matrices' calls are seen where they run)
+        _generate(make_llm(q4_1_gguf_d32, enable_prefix_caching=False), PROMPTS[:1], 1)
+    assert "a8_panel_bf16_linear" in calls
+    assert _bits(cached) == _bits(batched)
+    assert _bits(alone) == _bits(batched)
+    with prompt_tiles(ops, "off"):
+        fp32 = _generate(make_llm(q4_1_gguf_d32, enable_prefix_caching=False), PROMPTS)
+    first = [(o.token_ids[0], o.logprobs[0][o.token_ids[0]].logprob) for o in fp32]
+    assert all(a != (b.token_ids[0], b.logprobs[0][b.token_ids[0]].logprob)
+               for a, b in zip(first, batched, strict=True))
+    assert min(check_logprobs_close(a, b) for a, b in zip(fp32, batched, strict=True)) >= 1
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ prompt scope) keep the fp32 kernel's bits; a one-token prompt chunk among the de
 the tiles too.
 
 `emulated` runs the software model of the tiles (any AVX-512 BW build); `amx` TDPBF16PS on a
-CPU with AMX-bf16 (skipped elsewhere with the reason)."""
+CPU with AMX-bf16, `vector` VDPBF16PS on a CPU with AVX-512 BF16 (each skipped elsewhere with
+the reason)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ import torch
 
 from pagedllm.model.layers.quant import prompt_rows
 from pagedllm.model.layers.quant.prompt_rows import PromptRows
-from tests.model.quant.test_prompt_tiles import prompt_tiles
+from tests.model.quant.test_prompt_tiles import MODES, prompt_tiles
 from tests.model.test_varlen_attention import _backend, _run, chunked_rows
 
-MODES = ["emulated", "amx"]
 BF16 = {"atol": 3e-2, "rtol": 3e-2}  # q, k, v and the probabilities rounded to bf16
 
 
@@ -100,13 +100,14 @@ def test_prompt_rows_do_not_depend_on_chunking_or_neighbours(ops, mode):
     assert torch.equal(one, two)
 
 
-def test_amx_equals_the_software_model_closely(ops):
+@pytest.mark.parametrize("mode", ["amx", "vector"])
+def test_hardware_equals_the_software_model_closely(ops, mode):
     """The hardware's sums may round differently from the model's by an ulp; a probability
     rounded to bf16 can then move by one bf16 step (2^-8 of it)."""
     case = CASES["mixed"]
     with prompt_tiles(ops, "emulated"):
         model, _ = _on_tiles(None, **case)
-    with prompt_tiles(ops, "amx"):
+    with prompt_tiles(ops, mode):
         hw, _ = _on_tiles(None, **case)
     torch.testing.assert_close(hw, model, rtol=1e-3, atol=1e-3)
 

@@ -223,7 +223,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
         (prompt_rows.py: the runner scopes them only then)."""
         ops = kernels()
         args = (self.code, self.codes, self.d, self.m, self.out_features)
-        step = prompt_rows.current(x.shape[0])
+        step = prompt_rows.matrices_step(x.shape[0])
         if step is None:
             return ops.a8_panel_linear(x, *args)
         return step.apply(x, lambda rows: ops.a8_panel_bf16_linear(rows, *args, self.tiles),
@@ -244,7 +244,7 @@ class GGUFA8PanelWeight(QuantizedWeight):
         args = (self.code, self.codes, self.d, self.m, down.code, down.codes, down.d, down.m,
                 inter, down.out_features)
         x = x.contiguous()
-        step = prompt_rows.current(x.shape[0])
+        step = prompt_rows.matrices_step(x.shape[0])
         if step is None:
             return ops.a8_panel_mlp(x, *args)
         return step.apply(x, lambda rows: ops.a8_panel_bf16_mlp(rows, *args, self.tiles,

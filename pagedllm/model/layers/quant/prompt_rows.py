@@ -2,11 +2,15 @@
 
 On a CPU with AMX-bf16 the int8-activation panels (gguf_a8_panels.py) can run prompt rows as
 bf16 over weights dequantized a panel at a time (kernels/prompt_tiles_cpu.cpp; chosen by
-PAGEDLLM_PROMPT_TILES, kernels/cpu_features.py). The two paths round differently, so a row
-goes by what it is, never by the size of the batch or chunk it came in: a position before
-its request's prompt length runs on the tiles, any other row (a decode, a draft, an output
-token recomputed after a preemption) on the int8 kernel. A prompt computed in one chunk or
-ten, after a cached prefix or not, batched or alone, gives the same K/V and logits.
+PAGEDLLM_PROMPT_TILES, kernels/cpu_features.py), and their attention on the same tiles
+(kernels/varlen_tiles_cpu.h). On a CPU with AVX-512 BF16 but no AMX (Zen 4 class) the tiles
+run as vector dot products (`vector`): only the attention takes them there (`matrices`
+False: the int8 panels out-run bf16 vectors on the matrices). The paths round differently,
+so a row goes by what it is, never by the size of the batch or chunk it came in: a position
+before its request's prompt length runs on the tiles, any other row (a decode, a draft, an
+output token recomputed after a preemption) on the int8 / fp32 kernels. A prompt computed
+in one chunk or ten, after a cached prefix or not, batched or alone, gives the same K/V and
+logits.
 
     step rows      d0 d1 | p0 p0 p0 p0 | p1 p1 p1      decodes first, then prefill chunks
     prompt rows     .  . |  x  x  x  x |  x  .  .      p1's chunk crosses its prompt's end
@@ -36,16 +40,18 @@ class PromptRows:
     """The prompt rows of one step of `total` rows: every row (`rows` None) or the sorted
     indices `rows`, the others in `rest`; `span` (start, stop) when the prompt rows are one
     run of rows at either end of the step (the usual mix: decodes, then prompt chunks), so
-    `apply` splits and joins by slices instead of gathers and scatters."""
+    `apply` splits and joins by slices instead of gathers and scatters. `matrices`: whether
+    the panel matrices take them too (else only their attention: `matrices_step`)."""
 
     total: int
     rows: torch.Tensor | None = None
     rest: torch.Tensor | None = None
     span: tuple[int, int] | None = None
+    matrices: bool = True
 
     @classmethod
-    def build(cls, q_lens: np.ndarray, starts: np.ndarray,
-              prompt_lens: np.ndarray) -> PromptRows | None:
+    def build(cls, q_lens: np.ndarray, starts: np.ndarray, prompt_lens: np.ndarray,
+              matrices: bool = True) -> PromptRows | None:
         """Request i's rows are positions starts[i] .. starts[i] + q_lens[i] - 1 (batch
         order); its prompt has prompt_lens[i] tokens. None when no row is a prompt row."""
         counts = np.clip(prompt_lens - starts, 0, q_lens)
@@ -53,7 +59,7 @@ class PromptRows:
             return None
         total = int(q_lens.sum())
         if (counts == q_lens).all():
-            return cls(total)
+            return cls(total, matrices=matrices)
         request = np.repeat(np.arange(len(q_lens)), q_lens)
         first = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
         prompt = np.arange(total) - first[request] < counts[request]
@@ -62,7 +68,7 @@ class PromptRows:
         span = (start, stop) if stop - start == len(rows) and (start == 0 or stop == total) \
             else None
         return cls(total, torch.from_numpy(rows), torch.from_numpy(np.flatnonzero(~prompt)),
-                   span)
+                   span, matrices)
 
     def mask(self, start: int, stop: int) -> torch.Tensor:
         """[stop - start] bool: which of rows start .. stop - 1 are prompt rows."""
@@ -104,6 +110,13 @@ def current(rows: int | None = None) -> PromptRows | None:
     only if the step has that many rows (a linear's input is the step's rows)."""
     step = _STEP.get()
     return step if step is not None and (rows is None or rows == step.total) else None
+
+
+def matrices_step(rows: int) -> PromptRows | None:
+    """`current(rows)` where the panel matrices run the step's prompt rows on the tiles; None
+    where only their attention does (vector tiles) or outside such a step."""
+    step = current(rows)
+    return step if step is not None and step.matrices else None
 
 
 @contextlib.contextmanager
