@@ -107,9 +107,10 @@ def test_choices_and_errors(ops):
                 ops.set_int8_tiles("amx")
 
 
-@pytest.mark.parametrize("variable,getter", [("PAGEDLLM_INT8_TILES", "int8_tiles"),
-                                             ("PAGEDLLM_PROMPT_TILES", "prompt_tiles")])
-def test_environment_choice_is_applied_and_checked_at_load(variable, getter):
+@pytest.mark.parametrize("variable,getter,choices", [
+    ("PAGEDLLM_INT8_TILES", "int8_tiles", "auto, amx, emulated, off"),
+    ("PAGEDLLM_PROMPT_TILES", "prompt_tiles", "auto, amx, vector, emulated, off")])
+def test_environment_choice_is_applied_and_checked_at_load(variable, getter, choices):
     """PAGEDLLM_INT8_TILES (the int8 panels' tiles) and PAGEDLLM_PROMPT_TILES (the prompt
     rows' bf16 tiles, test_prompt_tiles.py) reach the kernels when they load; a value that is
     no choice (or tiles this machine cannot run) is one clear error, not a silent fallback."""
@@ -123,7 +124,7 @@ def test_environment_choice_is_applied_and_checked_at_load(variable, getter):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode != 0
-    assert f"{variable} must be one of auto, amx, emulated, off, got 'matrix'" in out.stderr
+    assert f"{variable} must be one of {choices}, got 'matrix'" in out.stderr
 
 
 @pytest.mark.parametrize("mode", ["emulated", "amx"])
