@@ -7,8 +7,8 @@ whose speed drifts by up to 1.6x between minutes that ordering alone moved a rat
 1.28x to 0.93x (docs/benchmarks.md). Here both engines load first (vLLM in its own venv,
 benchmarks/peers_lib/vllm.py prepares it), then alternate rounds through a turn file, each
 measuring only on its turn while the other sleeps: per round the median of three 512-token
-prefills (max_tokens=1, tok/s) and 64 requests x 128 / 128 offline (output tok/s, prefill
-included), greedy, the same token ids for both. Prints a table of the per-round medians and
+prefills and of two 2,000-token ones (max_tokens=1, tok/s) and 64 requests x 128 / 128
+offline (output tok/s, prefill included), greedy, the same token ids for both. Prints a table of the per-round medians and
 ratios, writes JSON (`--out`), with the round trip of a cache line between the first two CPUs
 before and after the run (benchmarks/placement.py: on this project's VMs ~80 ns on one die,
 ~350 on two, and the engines' speeds follow it).
@@ -28,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = [(11 * j) % 5000 + 100 for j in range(512)]
+LONG_2K = [(11 * j) % 5000 + 100 for j in range(2000)]  # where attention is ~half a prefill
+WORKLOADS = ("prefill_512", "prefill_2000", "offline_64")
 BATCH = [[(7 * i + j) % 1000 + 100 for j in range(128)] for i in range(64)]
 
 
@@ -36,12 +38,12 @@ def _engine(name: str, model: str, dtype: str, threads: int):
     if name == "vllm":
         from vllm import LLM, SamplingParams
 
-        llm = LLM(model=model, dtype=dtype, max_model_len=1024, max_num_seqs=64,
+        llm = LLM(model=model, dtype=dtype, max_model_len=2048, max_num_seqs=64,
                   enable_prefix_caching=False, seed=0)
     else:
         from pagedllm import LLM, SamplingParams
 
-        llm = LLM(model or None, num_threads=threads, max_model_len=1024,
+        llm = LLM(model or None, num_threads=threads, max_model_len=2048,
                   enable_prefix_caching=False)
 
     def generate(prompts, max_tokens):
@@ -57,6 +59,7 @@ def _turns(name: str, other: str, first: bool, rounds: int, directory: Path,
     turn = directory / "turn"
     generate(BATCH[:8], 16)
     generate([LONG], 1)
+    generate([LONG_2K], 1)
     (directory / f"ready_{name}").write_text("1")
     if first:
         while not (directory / f"ready_{other}").exists():
@@ -66,16 +69,19 @@ def _turns(name: str, other: str, first: bool, rounds: int, directory: Path,
         while not (turn.exists() and turn.read_text() == f"{name}:{r}"):
             time.sleep(0.2)
         time.sleep(1)  # the other engine's threads go quiet
-        prefill = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            generate([LONG], 1)
-            prefill.append(len(LONG) / (time.perf_counter() - t0))
+        prefill = {}
+        for prompt, times in ((LONG, 3), (LONG_2K, 2)):
+            speeds = []
+            for _ in range(times):
+                t0 = time.perf_counter()
+                generate([prompt], 1)
+                speeds.append(len(prompt) / (time.perf_counter() - t0))
+            prefill[f"prefill_{len(prompt)}"] = statistics.median(speeds)
         t0 = time.perf_counter()
         generate(BATCH, 128)
         offline = len(BATCH) * 128 / (time.perf_counter() - t0)
-        print(json.dumps({"engine": name, "round": r, "prefill_512": statistics.median(prefill),
-                          "offline_64": offline}), flush=True)
+        print(json.dumps({"engine": name, "round": r, **prefill, "offline_64": offline}),
+              flush=True)
         turn.write_text(f"{other}:{r}" if first else f"{other}:{r + 1}")
 
 
@@ -125,10 +131,10 @@ def main() -> None:
                          f"{vllm.returncode}); run one side by hand to see why")
     rows = [json.loads(ln) for ln in lines if ln.startswith("{")]
     med = {(e, k): statistics.median(r[k] for r in rows if r["engine"] == e)
-           for e in ("pagedllm", "vllm") for k in ("prefill_512", "offline_64")}
+           for e in ("pagedllm", "vllm") for k in WORKLOADS}
     print(f"| workload (median of {args.rounds} turns) | pagedllm | vLLM {args.dtype} | ratio |")
     print("|---|---:|---:|---:|")
-    for k in ("prefill_512", "offline_64"):
+    for k in WORKLOADS:
         print(f"| {k} | {med['pagedllm', k]:.0f} | {med['vllm', k]:.0f} | "
               f"{med['pagedllm', k] / med['vllm', k]:.2f}x |")
     print("cache line between the first two CPUs and back: "
