@@ -267,20 +267,33 @@ def test_engine_prompts_on_tiles_do_not_depend_on_how_they_run(ops, q4_1_gguf, m
     first logprobs differ (the prompt rows did run on them) and the outputs are close by
     vLLM's rule."""
     with prompt_tiles(ops, "emulated"):
-        base = make_llm(q4_1_gguf, enable_prefix_caching=True)
-        batched = _generate(base, PROMPTS)
-        cached = _generate(base, PROMPTS)  # every full block of each prompt from the cache
-        chunked_llm = make_llm(q4_1_gguf, enable_prefix_caching=False,
-                               max_num_batched_tokens=16)
-        alone = [_generate(chunked_llm, [p])[0] for p in PROMPTS]
+        batched = _same_bits_however_run(make_llm, q4_1_gguf)
+    _differ_first_and_close(ops, make_llm, q4_1_gguf, batched)
+
+
+def _same_bits_however_run(make_llm, path):
+    """The PROMPTS' outputs batched, checked to the bit against the same engine again (every
+    full block of each prompt from the prefix cache) and against each prompt alone in chunks
+    of 16 tokens."""
+    base = make_llm(path, enable_prefix_caching=True)
+    batched = _generate(base, PROMPTS)
+    cached = _generate(base, PROMPTS)
+    chunked_llm = make_llm(path, enable_prefix_caching=False, max_num_batched_tokens=16)
+    alone = [_generate(chunked_llm, [p])[0] for p in PROMPTS]
     assert _bits(cached) == _bits(batched)
     assert _bits(alone) == _bits(batched)
+    return batched
+
+
+def _differ_first_and_close(ops, make_llm, path, on_tiles):
+    """Against the tiles off the first logprobs of `on_tiles` differ (the prompt rows did run
+    on them) and the outputs are close by vLLM's rule."""
     with prompt_tiles(ops, "off"):
-        int8 = _generate(make_llm(q4_1_gguf, enable_prefix_caching=False), PROMPTS)
-    first = [(o.token_ids[0], o.logprobs[0][o.token_ids[0]].logprob) for o in int8]
+        off = _generate(make_llm(path, enable_prefix_caching=False), PROMPTS)
+    first = [(o.token_ids[0], o.logprobs[0][o.token_ids[0]].logprob) for o in off]
     assert all(a != (b.token_ids[0], b.logprobs[0][b.token_ids[0]].logprob)
-               for a, b in zip(first, batched, strict=True))
-    assert min(check_logprobs_close(a, b) for a, b in zip(int8, batched, strict=True)) >= 1
+               for a, b in zip(first, on_tiles, strict=True))
+    assert min(check_logprobs_close(a, b) for a, b in zip(off, on_tiles, strict=True)) >= 1
 
 
 @pytest.fixture(scope="module")
@@ -306,25 +319,13 @@ def test_engine_vector_tiles_take_only_the_attention(ops, q4_1_gguf_d32, make_ll
         monkeypatch.setattr(ops, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
     monkeypatch.setenv(prompt_tile_weights.VARIABLE, "keep")
     with prompt_tiles(ops, "vector"):
-        base = make_llm(q4_1_gguf_d32, enable_prefix_caching=True)
-        assert not any(_kept(base))
-        batched = _generate(base, PROMPTS)
-        cached = _generate(base, PROMPTS)
-        chunked_llm = make_llm(q4_1_gguf_d32, enable_prefix_caching=False,
-                               max_num_batched_tokens=16)
-        alone = [_generate(chunked_llm, [p])[0] for p in PROMPTS]
+        assert not any(_kept(make_llm(q4_1_gguf_d32)))
+        batched = _same_bits_however_run(make_llm, q4_1_gguf_d32)
     assert calls == []
     with prompt_tiles(ops, "emulated"):  # (the matrices' calls are seen where they run)
         _generate(make_llm(q4_1_gguf_d32, enable_prefix_caching=False), PROMPTS[:1], 1)
     assert "a8_panel_bf16_linear" in calls
-    assert _bits(cached) == _bits(batched)
-    assert _bits(alone) == _bits(batched)
-    with prompt_tiles(ops, "off"):
-        fp32 = _generate(make_llm(q4_1_gguf_d32, enable_prefix_caching=False), PROMPTS)
-    first = [(o.token_ids[0], o.logprobs[0][o.token_ids[0]].logprob) for o in fp32]
-    assert all(a != (b.token_ids[0], b.logprobs[0][b.token_ids[0]].logprob)
-               for a, b in zip(first, batched, strict=True))
-    assert min(check_logprobs_close(a, b) for a, b in zip(fp32, batched, strict=True)) >= 1
+    _differ_first_and_close(ops, make_llm, q4_1_gguf_d32, batched)
 
 
 @pytest.mark.slow
