@@ -118,23 +118,23 @@ inline std::string tile_mode_name(TileMode mode) {
 
 // The TileMode `name` chooses for `what` (say "int8 tiles"): off is off; auto is amx where
 // `auto_amx` (the family's tiles were measured faster than its other path on an AMX machine),
-// the build has them and the OS grants the tile state, else `auto_vector` (vector tiles the
-// build has, or off); amx where the build has them (else `amx_missing` says what it lacks)
-// and the OS grants the tile state; emulated where the kernel is built (else
+// the build has them and the OS grants the tile state, else vector where the family has that
+// form and the build has it, else off; amx where the build has them (else `amx_missing` says
+// what it lacks) and the OS grants the tile state; emulated where the kernel is built (else
 // `emulated_missing`); vector for a family that has the form (`vector_missing` not null:
 // what the build lacks when `vector_built` is false). Anything else, or a choice that cannot
 // run, is std::invalid_argument (a ValueError in Python).
 inline TileMode choose_tiles(const std::string& what, const std::string& name, bool amx_built,
                              const char* amx_missing, bool emulated_built,
                              const char* emulated_missing, bool auto_amx = false,
-                             bool vector_built = false, const char* vector_missing = nullptr,
-                             TileMode auto_vector = TileMode::kOff) {
+                             bool vector_built = false, const char* vector_missing = nullptr) {
+  const bool has_vector = vector_missing != nullptr;  // the family's vector form
   if (name == "auto") {
     if (auto_amx && amx_built && amx_permitted()) return TileMode::kAmx;
-    return vector_built ? auto_vector : TileMode::kOff;
+    return has_vector && vector_built ? TileMode::kVector : TileMode::kOff;
   }
   if (name == "off") return TileMode::kOff;
-  if (name == "vector" && vector_missing != nullptr) {
+  if (name == "vector" && has_vector) {
     if (!vector_built) throw std::invalid_argument(what + " 'vector': " + vector_missing);
     return TileMode::kVector;
   }
@@ -150,8 +150,7 @@ inline TileMode choose_tiles(const std::string& what, const std::string& name, b
     return TileMode::kEmulated;
   }
   throw std::invalid_argument(what + " must be auto, amx, emulated" +
-                              (vector_missing != nullptr ? ", vector" : "") + " or off, got '" +
-                              name + "'");
+                              (has_vector ? ", vector" : "") + " or off, got '" + name + "'");
 }
 
 // The tiles in software: each thread's eight registers, the instructions' definitions.
@@ -286,6 +285,20 @@ struct VecTiles {
 #else
 #define PAGEDLLM_HAVE_VEC_BF16 0
 #endif
+
+// f(tiles) with the bf16 tile type of `mode`: HwTiles{} (AMX-bf16), VecTiles{} (AVX-512 BF16)
+// or EmuTiles{} (the software model). The bf16 kernels' one dispatch (prompt_tiles_cpu.cpp's
+// matrices, varlen_tiles_cpu.h's attention).
+template <typename Fn>
+void with_bf16_tiles(TileMode mode, Fn&& f) {
+#if PAGEDLLM_HAVE_AMX_BF16
+  if (mode == TileMode::kAmx) return f(HwTiles{});
+#endif
+#if PAGEDLLM_HAVE_VEC_BF16
+  if (mode == TileMode::kVector) return f(VecTiles{});
+#endif
+  f(EmuTiles{});
+}
 
 // The tile configuration of `mode` loaded for the lifetime of the object (one thread's share
 // of a kernel call), released after: another library's AMX code (oneDNN's bf16 matmul)

@@ -285,19 +285,6 @@ void panel_rows(const uint16_t* xa, int64_t Mp, int64_t K, const uint16_t* bt, i
   if (m < Mp) tile_pass<T, 1>(xa + m * K, K, bt, nb, y + m * ldy, ldy, ncols, next(Mp), ahead(m));
 }
 
-// f(tiles) with the mode's tile type: HwTiles{} (AMX), VecTiles{} (AVX-512 BF16) or
-// EmuTiles{} (the software model).
-template <typename Fn>
-void with_tiles(TileMode mode, Fn&& f) {
-#if PAGEDLLM_HAVE_AMX_BF16
-  if (mode == TileMode::kAmx) return f(HwTiles{});
-#endif
-#if PAGEDLLM_HAVE_VEC_BF16
-  if (mode == TileMode::kVector) return f(VecTiles{});
-#endif
-  f(EmuTiles{});
-}
-
 // A panel-layout matrix of format F whose panels are B tiles of nb blocks: kept (`tiles`, every
 // panel's, a8_panel_bf16_tiles) or dequantized when a call needs them.
 template <int F>
@@ -382,7 +369,7 @@ void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp,
     WorkShares units(T * cpt * items, T, cpt * items, true);
     balanced_for(units, [&](BalancedTurn& turn) {
       const TileScope scope(mode, kBf16Tiles);
-      with_tiles(mode, [&](auto tiles) {
+      with_bf16_tiles(mode, [&](auto tiles) {
         for (int64_t u; (u = turn.next()) >= 0;) {
           const Unit n = unit_of(u);
           if (n.rows <= 0) continue;  // past Mp: the last threads' shares may end early
@@ -416,7 +403,7 @@ void tile_items(const Panels<F>& w, int64_t items, PanelOf panel_of, int64_t Mp,
     thread_local Bf16Buffer buffer, taken;
     thread_local std::vector<const uint16_t*> panels;
     const uint16_t* other[W];  // an item of another thread's share
-    with_tiles(mode, [&](auto tiles) {
+    with_bf16_tiles(mode, [&](auto tiles) {
       int64_t ready = -1;  // first item of the group whose panels `panels` holds
       for (int64_t u; (u = turn.next()) >= 0;) {
         const Unit n = unit_of(u);
@@ -570,7 +557,7 @@ std::string set_prompt_tiles(const std::string& name) {
       PAGEDLLM_PROMPT_TILES, "the kernel needs an AVX-512 BW build", /*auto_amx=*/true,
       PAGEDLLM_PROMPT_TILES && PAGEDLLM_HAVE_VEC_BF16,
       "these kernels were built without AVX-512 BF16 (the CPU or PAGEDLLM_CPU_MARCH lacks "
-      "avx512_bf16, or the build lacks AVX-512 BW)", /*auto_vector=*/TileMode::kVector);
+      "avx512_bf16, or the build lacks AVX-512 BW)");
   g_prompt_tiles.store(static_cast<int>(mode), std::memory_order_relaxed);
   return prompt_tiles();
 }

@@ -325,20 +325,13 @@ void varlen(float* out, const float* q, const T* kc, const T* vc, const uint16_t
       auto attend_pair = [&](const BlockState* bs, const uint32_t* const* qbs, int64_t c0,
                              int64_t nk, const bool* masks, int n) {
         const PackedKV& kv = packed[p * lo.kvh + hk];
-        auto run = [&](auto tiles) {  // HwTiles, VecTiles or EmuTiles
+        with_bf16_tiles(mode, [&](auto tiles) {
           using Tl = decltype(tiles);
           if (n == 2)
             attend_tiles<Tl, true>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
           else
             attend_tiles<Tl, false>(bs, qbs, kv, c0, nk, masks, lo, sbuf.data(), pb.data(), tmp.data());
-        };
-#if PAGEDLLM_HAVE_AMX_BF16
-        if (mode == TileMode::kAmx) return run(HwTiles{});
-#endif
-#if PAGEDLLM_HAVE_VEC_BF16
-        if (mode == TileMode::kVector) return run(VecTiles{});
-#endif
-        run(EmuTiles{});
+        });
       };
 #else
       const int64_t chunk = kKC;
