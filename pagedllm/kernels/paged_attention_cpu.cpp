@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -511,6 +512,29 @@ static void values_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
   }
 }
 
+// n floats that keep their memory from call to call and start unfilled (the caller writes
+// each before reading it).
+class ReusedFloats {
+ public:
+  float* at_least(int64_t n) {
+    if (static_cast<size_t>(n) > size_) {
+      data_.reset(new float[n]);
+      size_ = static_cast<size_t>(n);
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<float[]> data_;
+  size_t size_ = 0;
+};
+
+// decode_split's per-call arrays, kept by the calling thread.
+struct SplitScratch {
+  std::vector<int64_t> starts, ns, first_chunk, score_at;
+  ReusedFloats scores, partial;
+};
+
 // One stream (or fewer sequences than threads) over many tokens, in three passes whose items
 // are (sequence, KV head, chunk of kChunk tokens): the scores of the KV head's G query heads
 // (its rows read once for all of them, only its slice of each row fetched); each head's
@@ -523,6 +547,11 @@ static void values_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
 // of each pass's items. Three regions (a fork and a join each, and the pass's imbalance at
 // every join) took one stream of 256 tokens 11.8 us a layer on 2 threads, in cache, against
 // ~16 on one thread; one region 10.7 (128 tokens 8.5 -> 7.0, 1,000 34 -> 32; Zen 4).
+//
+// Its buffers (SplitScratch) stay with the calling thread from call to call, unfilled: a
+// zeroed scores / partial-sums pair per layer was memset, malloc and free on the calling
+// thread while the others waited for the region (~4% of a one-stream token's samples on
+// that thread, 2 threads, Zen 4).
 template <int NV, typename T>
 static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
                          const uint16_t* ks, const uint16_t* vs, const int64_t* bt,
@@ -530,7 +559,10 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
                          int64_t kvh, int64_t max_blocks, float fscale, int64_t window,
                          int64_t q_stride) {
   const int64_t G = H / kvh, row_len = kvh * d;
-  std::vector<int64_t> starts(D), ns(D), first_chunk(D + 1, 0), score_at(D + 1, 0);
+  thread_local SplitScratch sx;
+  std::vector<int64_t>&starts = sx.starts, &ns = sx.ns, &first_chunk = sx.first_chunk,
+                       &score_at = sx.score_at;
+  starts.resize(D), ns.resize(D), first_chunk.assign(D + 1, 0), score_at.assign(D + 1, 0);
   for (int64_t b = 0; b < D; ++b) {
     starts[b] = visible_start(lens[b], window);
     ns[b] = lens[b] - starts[b];
@@ -538,7 +570,10 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
     score_at[b + 1] = score_at[b] + H * ns[b];
   }
   const int64_t chunks = first_chunk[D];
-  std::vector<float> scores(score_at[D]), partial(chunks * H * d);
+  // every score is written by scores_range and every partial sum by its item's fill before
+  // they are read
+  float* const scores_p = sx.scores.at_least(score_at[D]);
+  float* const partial_p = sx.partial.at_least(chunks * H * d);
   auto seq = [&](int64_t b) {
     return TileSeq<T>{qp + b * q_stride, kp, vp, ks, vs, b, G, d, starts[b], ns[b], lens[b],
                       fscale};
@@ -565,18 +600,18 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
     TileRows<T> rd(bt, max_blocks, bs, kvh, row_len);
     for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t, int64_t h0,
                              int64_t h1, int64_t t_a, int64_t t_b) {
-      scores_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
+      scores_range<NV, T>(r, s, h0, h1, t_a, t_b, scores_p + score_at[s.b] + h0 * s.n,
                           s.n);
     });
     sync();
     for (int64_t i = D * H * t / nt; i < D * H * (t + 1) / nt; ++i)
-      softmax_(scores.data() + score_at[i / H] + (i % H) * ns[i / H], ns[i / H]);
+      softmax_(scores_p + score_at[i / H] + (i % H) * ns[i / H], ns[i / H]);
     sync();
     for_items(t, nt, rd, [&](TileRows<T>& r, const TileSeq<T>& s, int64_t c, int64_t h0,
                              int64_t h1, int64_t t_a, int64_t t_b) {
-      float* acc = partial.data() + (c * H + h0) * d;
+      float* acc = partial_p + (c * H + h0) * d;
       std::fill(acc, acc + (h1 - h0) * d, 0.f);
-      values_range<NV, T>(r, s, h0, h1, t_a, t_b, scores.data() + score_at[s.b] + h0 * s.n,
+      values_range<NV, T>(r, s, h0, h1, t_a, t_b, scores_p + score_at[s.b] + h0 * s.n,
                           s.n, acc);
     });
   };
@@ -592,7 +627,7 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
     float* out = op + b * H * d;
     std::fill(out, out + H * d, 0.f);
     for (int64_t c = first_chunk[b]; c < first_chunk[b + 1]; ++c) {
-      const float* part = partial.data() + c * H * d;
+      const float* part = partial_p + c * H * d;
       for (int64_t i = 0; i < H * d; ++i) out[i] += part[i];
     }
   }
