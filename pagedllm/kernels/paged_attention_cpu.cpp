@@ -550,8 +550,9 @@ struct SplitScratch {
 //
 // Its buffers (SplitScratch) stay with the calling thread from call to call, unfilled: a
 // zeroed scores / partial-sums pair per layer was memset, malloc and free on the calling
-// thread while the others waited for the region (~4% of a one-stream token's samples on
-// that thread, 2 threads, Zen 4).
+// thread while the others waited for the region (the memset alone 2% of that thread's
+// samples in a one-stream profile, 2 threads, Zen 4); one sequence of 600 float16 tokens,
+// SmolLM2 shapes: 19.0-19.4 us a call against 20.1-22.3 (minimum of 300).
 template <int NV, typename T>
 static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
                          const uint16_t* ks, const uint16_t* vs, const int64_t* bt,
