@@ -1,31 +1,11 @@
 // Rows of x quantized per 32 values to int8, llama.cpp's q8 activations, for the GGUF kernels
 // with int8 activations (quant_a8_panels_cpu.cpp). Included inside each
-// file's anonymous namespace, after <ATen/Parallel.h>, <immintrin.h>, <cstdint> and <vector>;
-// needs AVX2.
+// file's anonymous namespace, after <ATen/Parallel.h>, <immintrin.h>, <cstdint>, <vector> and
+// filled_cpu.h (its buffers are Filled); needs AVX2.
 //
 // Block j of row m: d = max|x| / 127, q = round-half-even(x / d) in [-127, 127], x ~ d q.
 #pragma once
 
-// Storage that quantize_x fills completely, so its elements start uninitialized: a vector's
-// zero fill was 2-2.5% of a prefill or a 64-row decode step, on one thread (perf, Zen 4).
-// 64-byte aligned: the AMX-int8 panels load 32-byte pieces of the int8 rows as tile rows
-// (a8_panel_tiles_cpu.h), and malloc's 16-byte alignment split half of them across two
-// cache lines.
-template <typename T>
-struct Uninitialized : std::allocator<T> {
-  template <typename U> struct rebind { using other = Uninitialized<U>; };
-  Uninitialized() = default;
-  template <typename U> Uninitialized(const Uninitialized<U>&) {}
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
-  }
-  void deallocate(T* p, size_t) noexcept { ::operator delete(p, std::align_val_t(64)); }
-  template <typename U> void construct(U* p) noexcept { ::new (static_cast<void*>(p)) U; }
-  template <typename U, typename... A> void construct(U* p, A&&... a) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
-  }
-};
-template <typename T> using Filled = std::vector<T, Uninitialized<T>>;
 
 // Rows of x quantized per 32 values: q int8 [M, K], d [M, K / 32] the scales, and the
 // scaled code sums of each 16 values, f [M, K / 16], and of each 32, f32 [M, K / 32]

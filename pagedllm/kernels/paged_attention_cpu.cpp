@@ -24,11 +24,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "kv_rows_cpu.h"
+#include "filled_cpu.h"  // Filled: storage that starts uninitialized
 #include "balanced_for_cpu.h"  // balanced_for: threads that finish together
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -512,27 +512,10 @@ static void values_range(TileRows<T>& rd, const TileSeq<T>& s, int64_t h0, int64
   }
 }
 
-// n floats that keep their memory from call to call and start unfilled (the caller writes
-// each before reading it).
-class ReusedFloats {
- public:
-  float* at_least(int64_t n) {
-    if (static_cast<size_t>(n) > size_) {
-      data_.reset(new float[n]);
-      size_ = static_cast<size_t>(n);
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<float[]> data_;
-  size_t size_ = 0;
-};
-
 // decode_split's per-call arrays, kept by the calling thread.
 struct SplitScratch {
   std::vector<int64_t> starts, ns, first_chunk, score_at;
-  ReusedFloats scores, partial;
+  Filled<float> scores, partial;
 };
 
 // One stream (or fewer sequences than threads) over many tokens, in three passes whose items
@@ -573,8 +556,10 @@ static void decode_split(float* op, const float* qp, const T* kp, const T* vp,
   const int64_t chunks = first_chunk[D];
   // every score is written by scores_range and every partial sum by its item's fill before
   // they are read
-  float* const scores_p = sx.scores.at_least(score_at[D]);
-  float* const partial_p = sx.partial.at_least(chunks * H * d);
+  sx.scores.resize(score_at[D]);
+  sx.partial.resize(chunks * H * d);
+  float* const scores_p = sx.scores.data();
+  float* const partial_p = sx.partial.data();
   auto seq = [&](int64_t b) {
     return TileSeq<T>{qp + b * q_stride, kp, vp, ks, vs, b, G, d, starts[b], ns[b], lens[b],
                       fscale};

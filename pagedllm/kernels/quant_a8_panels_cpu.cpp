@@ -32,6 +32,7 @@
 #include "torch_lite_cpu.h"
 #include "kernels_cpu.h"  // PrefetchPlan, and this file's entry points
 #include "balanced_for_cpu.h"  // balanced_for: threads that finish together
+#include "filled_cpu.h"  // Filled: storage that starts uninitialized
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
