@@ -267,14 +267,14 @@ def test_engine_prompts_on_tiles_do_not_depend_on_how_they_run(ops, q4_1_gguf, m
     first logprobs differ (the prompt rows did run on them) and the outputs are close by
     vLLM's rule."""
     with prompt_tiles(ops, "emulated"):
-        batched = _same_bits_however_run(make_llm, q4_1_gguf)
+        _, batched = _same_bits_however_run(make_llm, q4_1_gguf)
     _differ_first_and_close(ops, make_llm, q4_1_gguf, batched)
 
 
 def _same_bits_however_run(make_llm, path):
-    """The PROMPTS' outputs batched, checked to the bit against the same engine again (every
-    full block of each prompt from the prefix cache) and against each prompt alone in chunks
-    of 16 tokens."""
+    """The engine (prefix caching on) and the PROMPTS' outputs batched through it, checked to
+    the bit against the same engine again (every full block of each prompt from the prefix
+    cache) and against each prompt alone in chunks of 16 tokens."""
     base = make_llm(path, enable_prefix_caching=True)
     batched = _generate(base, PROMPTS)
     cached = _generate(base, PROMPTS)
@@ -282,7 +282,7 @@ def _same_bits_however_run(make_llm, path):
     alone = [_generate(chunked_llm, [p])[0] for p in PROMPTS]
     assert _bits(cached) == _bits(batched)
     assert _bits(alone) == _bits(batched)
-    return batched
+    return base, batched
 
 
 def _differ_first_and_close(ops, make_llm, path, on_tiles):
@@ -319,8 +319,8 @@ def test_engine_vector_tiles_take_only_the_attention(ops, q4_1_gguf_d32, make_ll
         monkeypatch.setattr(ops, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
     monkeypatch.setenv(prompt_tile_weights.VARIABLE, "keep")
     with prompt_tiles(ops, "vector"):
-        assert not any(_kept(make_llm(q4_1_gguf_d32)))
-        batched = _same_bits_however_run(make_llm, q4_1_gguf_d32)
+        base, batched = _same_bits_however_run(make_llm, q4_1_gguf_d32)
+        assert not any(_kept(base))
     assert calls == []
     with prompt_tiles(ops, "emulated"):  # (the matrices' calls are seen where they run)
         _generate(make_llm(q4_1_gguf_d32, enable_prefix_caching=False), PROMPTS[:1], 1)
